@@ -1,0 +1,56 @@
+//! A routing decision and its explanation: which pod, through which branch, and what the
+//! router believed about every pod. Kept for every decision (`/debug/decisions`,
+//! `kvgate decide`), so it is plain data that serialises the same way everywhere.
+
+use serde::Serialize;
+
+/// Why the policy chose what it chose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Branch {
+    /// Affinity gate: the ε coin skipped the gate; best latency over all pods.
+    Explore,
+    /// Affinity gate: best latency among the sticky pods (score > τ).
+    Exploit,
+    /// Affinity gate: no pod passed τ; best latency over all pods.
+    NoSticky,
+    /// Affinity gate: the best sticky pod was more than the penalty slower than the best pod.
+    LoadBreak,
+    /// Any other policy: a short policy-specific reason (`least_loaded`, `cache_hit`, …).
+    #[serde(untagged)]
+    Reason(&'static str),
+}
+
+impl Branch {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Branch::Explore => "explore",
+            Branch::Exploit => "exploit",
+            Branch::NoSticky => "no_sticky",
+            Branch::LoadBreak => "load_break",
+            Branch::Reason(r) => r,
+        }
+    }
+}
+
+/// What the router believed about one pod when it decided.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PodExplanation {
+    pub id: String,
+    pub prefix_score: f64,
+    pub predicted_ttft_ms: f64,
+    pub predicted_tpot_ms: f64,
+    /// Whether the pod was in the set the policy chose from in its final step.
+    pub eligible: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Decision {
+    /// Name of the chosen pod.
+    pub pod: String,
+    /// Id of the chosen pod.
+    #[serde(skip)]
+    pub pod_id: crate::pod::PodId,
+    pub branch: Branch,
+    pub pods: Vec<PodExplanation>,
+}

@@ -1,0 +1,43 @@
+//! Prefix indexes: which pod holds which prompt blocks.
+//!
+//! Two kinds live behind [`PrefixIndex`]: the *routed* index ([`routed::RoutedIndex`], records
+//! where requests were sent) and, later, the *engine* index fed by vLLM KV-cache events.
+
+pub mod routed;
+
+use crate::blocks::BlockHash;
+use crate::pod::PodId;
+
+/// Default per-pod capacity in blocks when the pod has not reported its KV size (llm-d's
+/// `lruCapacityPerServer`: ~500k tokens of an H100 80 GB for Llama-3-8B / 16 tokens).
+pub const DEFAULT_POD_CAPACITY_BLOCKS: u32 = 31_250;
+
+pub trait PrefixIndex {
+    /// Leading-block match per pod: clears `matched`, resizes it to cover every pod id the index
+    /// knows (dense by [`PodId::index`]), and sets `matched[p]` to the number of leading blocks
+    /// of `blocks` (blocks 0..k, all of them) that pod p holds. Cost O(blocks × pods per block),
+    /// never O(indexed blocks × pods).
+    fn match_prefix(&self, blocks: &[BlockHash], matched: &mut Vec<u32>);
+
+    /// Records that a request with these blocks was sent to `pod` (the routed index learns from
+    /// this; an engine index may ignore it).
+    fn record_routed(&mut self, pod: PodId, blocks: &[BlockHash]);
+
+    /// Sets a pod's capacity in blocks (evicting least-recently-used blocks if it shrinks).
+    fn set_capacity(&mut self, pod: PodId, capacity_blocks: u32);
+
+    /// Forgets everything about a pod (removed from the fleet, or restarted).
+    fn remove_pod(&mut self, pod: PodId);
+
+    /// Blocks indexed over all pods (a block held by two pods counts twice).
+    fn indexed_blocks(&self) -> usize;
+}
+
+/// Prefix score of a pod: leading blocks held / blocks in the prompt; 0 for an empty prompt.
+pub fn prefix_score(matched_blocks: u32, prompt_blocks: usize) -> f64 {
+    if prompt_blocks == 0 {
+        0.0
+    } else {
+        (matched_blocks as f64 / prompt_blocks as f64).min(1.0)
+    }
+}

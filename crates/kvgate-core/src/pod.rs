@@ -1,0 +1,72 @@
+//! What the router knows about one pod at decision time.
+
+use serde::{Deserialize, Serialize};
+
+/// Dense pod handle (0, 1, 2, …) assigned by whoever owns the pod table. Indexes and the
+/// predictor key their per-pod state by it, so it stays small and cheap to copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct PodId(pub u32);
+
+impl PodId {
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// The router's own exact accounting of work it dispatched to a pod and that has not finished.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct InFlight {
+    /// Requests dispatched and not yet finished (any path: done, error, abort).
+    #[serde(default)]
+    pub requests: u32,
+    /// Uncached prompt tokens of requests dispatched whose first token has not arrived yet.
+    #[serde(default)]
+    pub prefill_tokens: u64,
+    /// Prompt + generated tokens of requests past their first token (the decode working set).
+    #[serde(default)]
+    pub decode_tokens: u64,
+}
+
+/// One pod as seen at dispatch: scraped engine metrics plus the router's in-flight counters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PodSnapshot {
+    pub id: PodId,
+    /// Human-readable name (URL or pod name); used in explanations and metrics.
+    pub name: String,
+    /// Hardware/model profile name (e.g. `llama3-8b-h100`); the predictor learns per class.
+    pub class: String,
+    /// `vllm:num_requests_waiting` at the last scrape.
+    pub waiting: u32,
+    /// `vllm:num_requests_running` at the last scrape.
+    pub running: u32,
+    /// `vllm:kv_cache_usage_perc` at the last scrape, 0..=1.
+    pub kv_usage: f64,
+    /// Total KV blocks of the pod (`num_gpu_blocks` of `vllm:cache_config_info`).
+    pub kv_blocks: u32,
+    pub in_flight: InFlight,
+    /// False when the last scrape or connection failed; unhealthy pods are never chosen.
+    pub healthy: bool,
+}
+
+impl PodSnapshot {
+    /// A healthy, idle pod; handy for tests and drivers that fill fields afterwards.
+    pub fn idle(id: u32, class: &str, kv_blocks: u32) -> Self {
+        PodSnapshot {
+            id: PodId(id),
+            name: format!("pod-{id}"),
+            class: class.to_string(),
+            waiting: 0,
+            running: 0,
+            kv_usage: 0.0,
+            kv_blocks,
+            in_flight: InFlight::default(),
+            healthy: true,
+        }
+    }
+
+    /// Queue length used by load-based policies: the larger of what the engine reported
+    /// (waiting + running) and what we know we dispatched, so a stale scrape cannot hide load.
+    pub fn load_requests(&self) -> u32 {
+        (self.waiting + self.running).max(self.in_flight.requests)
+    }
+}

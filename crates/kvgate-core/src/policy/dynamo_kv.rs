@@ -1,0 +1,103 @@
+//! `dynamo-kv`: NVIDIA Dynamo's KV router cost function (`DefaultWorkerSelector`).
+//!
+//! ```text
+//! prefill_blocks(p) = (prefill tokens in flight on p + request tokens not cached on p) / block
+//! decode_blocks(p)  = decode tokens in flight on p / block
+//! cost(p)           = overlap_score_weight × prefill_blocks(p) + decode_blocks(p)
+//! temperature 0:  argmin cost, ties to fewer requests, then the lower index
+//! temperature T:  min-max normalise costs to [0, 1]; sample p ∝ exp(−normalised / T)
+//! ```
+//!
+//! "Request tokens not cached on p" = input tokens − matched blocks × block size (≥ 0).
+//!
+//! Parameters (Dynamo `KvRouterConfig` defaults):
+//! - `overlap_score_weight` = 1.0
+//! - `router_temperature` = 0.0
+
+use super::{Candidate, Pick, Policy, PolicyError, PolicyKind, RequestFacts, argmin_by};
+use crate::DecisionRng;
+use crate::config::RouterConfig;
+use crate::decision::Branch;
+use rand::RngExt;
+
+#[derive(Debug, Clone, Copy)]
+pub struct DynamoKv {
+    overlap_score_weight: f64,
+    router_temperature: f64,
+}
+
+impl DynamoKv {
+    pub fn new(config: &RouterConfig) -> Self {
+        DynamoKv {
+            overlap_score_weight: config.overlap_score_weight,
+            router_temperature: config.router_temperature,
+        }
+    }
+
+    /// The cost of sending this request to one candidate (lower is better).
+    pub fn cost(&self, request: &RequestFacts, c: &Candidate<'_>) -> f64 {
+        let block = request.block_size_tokens.max(1) as f64;
+        let cached = c.matched_blocks as f64 * block;
+        let uncached = (request.input_tokens as f64 - cached).max(0.0);
+        let prefill_blocks = (c.pod.in_flight.prefill_tokens as f64 + uncached) / block;
+        let decode_blocks = c.pod.in_flight.decode_tokens as f64 / block;
+        self.overlap_score_weight * prefill_blocks + decode_blocks
+    }
+}
+
+impl Policy for DynamoKv {
+    fn kind(&self) -> PolicyKind {
+        PolicyKind::DynamoKv
+    }
+
+    fn pick(
+        &mut self,
+        request: &RequestFacts,
+        candidates: &[Candidate<'_>],
+        eligible: &mut [bool],
+        rng: &mut DecisionRng,
+    ) -> Result<Pick, PolicyError> {
+        if self.router_temperature <= 0.0 {
+            let index = argmin_by(candidates, eligible, |c| self.cost(request, c))
+                .ok_or(PolicyError::NoCandidates)?;
+            return Ok(Pick {
+                index,
+                branch: Branch::Reason("min_cost"),
+            });
+        }
+        // Softmax sampling over min-max normalised costs.
+        let (lo, hi) = candidates
+            .iter()
+            .map(|c| self.cost(request, c))
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), x| {
+                (lo.min(x), hi.max(x))
+            });
+        if candidates.is_empty() {
+            return Err(PolicyError::NoCandidates);
+        }
+        let range = hi - lo;
+        let weight = |c: &Candidate<'_>| {
+            let norm = if range > 0.0 {
+                (self.cost(request, c) - lo) / range
+            } else {
+                0.0
+            };
+            (-norm / self.router_temperature).exp()
+        };
+        let total: f64 = candidates.iter().map(weight).sum();
+        let mut draw = rng.random::<f64>() * total;
+        for (index, c) in candidates.iter().enumerate() {
+            draw -= weight(c);
+            if draw < 0.0 {
+                return Ok(Pick {
+                    index,
+                    branch: Branch::Reason("sampled_cost"),
+                });
+            }
+        }
+        Ok(Pick {
+            index: candidates.len() - 1,
+            branch: Branch::Reason("sampled_cost"),
+        })
+    }
+}

@@ -1,0 +1,174 @@
+//! Routing policies: one file each, behind the small [`Policy`] trait.
+//!
+//! A policy sees the healthy candidates with everything already computed (prefix score,
+//! predicted TTFT/TPOT, load) and returns the index of its pick and a reason. It never hashes,
+//! scores or predicts itself, so every policy is judged on the same inputs.
+
+pub mod affinity_gate;
+pub mod dynamo_kv;
+pub mod latency;
+pub mod least_kv;
+pub mod least_request;
+pub mod prefix;
+pub mod random;
+pub mod round_robin;
+pub mod sglang_cache_aware;
+pub mod weighted;
+
+use crate::DecisionRng;
+use crate::config::RouterConfig;
+use crate::decision::Branch;
+use crate::pod::PodSnapshot;
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// One healthy pod as a policy sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Candidate<'a> {
+    pub pod: &'a PodSnapshot,
+    /// Leading prompt blocks this pod holds.
+    pub matched_blocks: u32,
+    /// matched_blocks / prompt blocks, in [0, 1].
+    pub prefix_score: f64,
+    pub predicted_ttft_ms: f64,
+    pub predicted_tpot_ms: f64,
+}
+
+/// The request as a policy sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestFacts {
+    /// Blocks in the prompt.
+    pub prompt_blocks: usize,
+    /// Estimated prompt tokens.
+    pub input_tokens: u32,
+    pub block_size_tokens: u32,
+}
+
+/// A policy's answer: the index into the candidate slice, and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pick {
+    pub index: usize,
+    pub branch: Branch,
+}
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum PolicyError {
+    #[error("no healthy pod to route to")]
+    NoCandidates,
+}
+
+pub trait Policy: Send {
+    fn kind(&self) -> PolicyKind;
+
+    /// Picks one of `candidates` (never empty when called by the router, but every policy
+    /// returns [`PolicyError::NoCandidates`] rather than panicking if it is). `eligible` has one
+    /// entry per candidate, all true on entry; a policy that narrows the set (the affinity gate)
+    /// clears the entries it excluded, for the explanation.
+    fn pick(
+        &mut self,
+        request: &RequestFacts,
+        candidates: &[Candidate<'_>],
+        eligible: &mut [bool],
+        rng: &mut DecisionRng,
+    ) -> Result<Pick, PolicyError>;
+}
+
+/// Every policy kvgate ships, by its CLI/config name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "kebab-case")]
+pub enum PolicyKind {
+    RoundRobin,
+    Random,
+    LeastRequest,
+    LeastKv,
+    Prefix,
+    Weighted,
+    SglangCacheAware,
+    DynamoKv,
+    Latency,
+    AffinityGate,
+}
+
+impl PolicyKind {
+    pub const ALL: [PolicyKind; 10] = [
+        PolicyKind::RoundRobin,
+        PolicyKind::Random,
+        PolicyKind::LeastRequest,
+        PolicyKind::LeastKv,
+        PolicyKind::Prefix,
+        PolicyKind::Weighted,
+        PolicyKind::SglangCacheAware,
+        PolicyKind::DynamoKv,
+        PolicyKind::Latency,
+        PolicyKind::AffinityGate,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            PolicyKind::RoundRobin => "round-robin",
+            PolicyKind::Random => "random",
+            PolicyKind::LeastRequest => "least-request",
+            PolicyKind::LeastKv => "least-kv",
+            PolicyKind::Prefix => "prefix",
+            PolicyKind::Weighted => "weighted",
+            PolicyKind::SglangCacheAware => "sglang-cache-aware",
+            PolicyKind::DynamoKv => "dynamo-kv",
+            PolicyKind::Latency => "latency",
+            PolicyKind::AffinityGate => "affinity-gate",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<PolicyKind> {
+        PolicyKind::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    /// Builds the policy with the parameters from `config`.
+    pub fn build(self, config: &RouterConfig) -> Box<dyn Policy> {
+        match self {
+            PolicyKind::RoundRobin => Box::new(round_robin::RoundRobin::default()),
+            PolicyKind::Random => Box::new(random::RandomPick),
+            PolicyKind::LeastRequest => Box::new(least_request::LeastRequest),
+            PolicyKind::LeastKv => Box::new(least_kv::LeastKv),
+            PolicyKind::Prefix => Box::new(prefix::MaxPrefix),
+            PolicyKind::Weighted => Box::new(weighted::Weighted::new(config)),
+            PolicyKind::SglangCacheAware => {
+                Box::new(sglang_cache_aware::SglangCacheAware::new(config))
+            }
+            PolicyKind::DynamoKv => Box::new(dynamo_kv::DynamoKv::new(config)),
+            PolicyKind::Latency => Box::new(latency::LowestLatency),
+            PolicyKind::AffinityGate => Box::new(affinity_gate::AffinityGate::new(config)),
+        }
+    }
+}
+
+impl std::fmt::Display for PolicyKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Index of the candidate minimising `key`, ties broken by the lower load, then the lower
+/// index (so results are deterministic). Only candidates with `eligible[i]` are considered.
+pub(crate) fn argmin_by(
+    candidates: &[Candidate<'_>],
+    eligible: &[bool],
+    mut key: impl FnMut(&Candidate<'_>) -> f64,
+) -> Option<usize> {
+    let mut best: Option<(usize, f64, u32)> = None;
+    for (i, c) in candidates.iter().enumerate() {
+        if !eligible.get(i).copied().unwrap_or(false) {
+            continue;
+        }
+        let k = key(c);
+        let k = if k.is_nan() { f64::INFINITY } else { k };
+        let load = c.pod.load_requests();
+        let better = match best {
+            None => true,
+            Some((_, bk, bl)) => k < bk || (k == bk && load < bl),
+        };
+        if better {
+            best = Some((i, k, load));
+        }
+    }
+    best.map(|(i, _, _)| i)
+}

@@ -1,0 +1,76 @@
+//! `weighted`: llm-d's default scheduling profile without a predictor — a weighted sum of three
+//! scorers, highest total wins (max-score picker), ties by fewer requests, then the lower index.
+//!
+//! ```text
+//! prefix_scorer = prefix score                       (matched blocks / prompt blocks)
+//! queue_scorer  = (max_q − q) / (max_q − min_q)      (1 for every pod when all queues are equal)
+//! kv_scorer     = 1 − kv_usage
+//! total         = (w_p·prefix + w_q·queue + w_kv·kv) / (w_p + w_q + w_kv)
+//! ```
+//!
+//! `q` is the pod's request load ([`crate::PodSnapshot::load_requests`]).
+//!
+//! Parameters (defaults from llm-d's default `EndpointPickerConfig`, "prefix 3 : queue 2 : KV 2"):
+//! - `weighted_prefix_weight` = 3
+//! - `weighted_queue_weight` = 2
+//! - `weighted_kv_weight` = 2
+
+use super::{Candidate, Pick, Policy, PolicyError, PolicyKind, RequestFacts, argmin_by};
+use crate::DecisionRng;
+use crate::config::RouterConfig;
+use crate::decision::Branch;
+
+#[derive(Debug, Clone, Copy)]
+pub struct Weighted {
+    prefix_weight: f64,
+    queue_weight: f64,
+    kv_weight: f64,
+}
+
+impl Weighted {
+    pub fn new(config: &RouterConfig) -> Self {
+        Weighted {
+            prefix_weight: config.weighted_prefix_weight,
+            queue_weight: config.weighted_queue_weight,
+            kv_weight: config.weighted_kv_weight,
+        }
+    }
+
+    /// The combined score of one candidate, given the queue range over the candidates.
+    pub fn score(&self, c: &Candidate<'_>, min_q: u32, max_q: u32) -> f64 {
+        let q = c.pod.load_requests();
+        let queue = if max_q > min_q {
+            (max_q - q) as f64 / (max_q - min_q) as f64
+        } else {
+            1.0
+        };
+        let kv = 1.0 - c.pod.kv_usage.clamp(0.0, 1.0);
+        let total = self.prefix_weight + self.queue_weight + self.kv_weight;
+        (self.prefix_weight * c.prefix_score + self.queue_weight * queue + self.kv_weight * kv)
+            / total
+    }
+}
+
+impl Policy for Weighted {
+    fn kind(&self) -> PolicyKind {
+        PolicyKind::Weighted
+    }
+
+    fn pick(
+        &mut self,
+        _request: &RequestFacts,
+        candidates: &[Candidate<'_>],
+        eligible: &mut [bool],
+        _rng: &mut DecisionRng,
+    ) -> Result<Pick, PolicyError> {
+        let loads = candidates.iter().map(|c| c.pod.load_requests());
+        let min_q = loads.clone().min().ok_or(PolicyError::NoCandidates)?;
+        let max_q = loads.max().ok_or(PolicyError::NoCandidates)?;
+        let index = argmin_by(candidates, eligible, |c| -self.score(c, min_q, max_q))
+            .ok_or(PolicyError::NoCandidates)?;
+        Ok(Pick {
+            index,
+            branch: Branch::Reason("max_weighted_score"),
+        })
+    }
+}
