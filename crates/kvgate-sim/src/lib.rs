@@ -1,1 +1,34 @@
 //! # kvgate-sim — a fleet of vLLM-like pods in discrete time, with kvgate's router in the loop
+//!
+//! - `engine`: the engine model of one pod (KV blocks with prefix caching, continuous batching,
+//!   chunked prefill, preemption, profile step times). Also driven in real time by the mock pod.
+//! - `profiles`: step-time profiles calibrated from `shared/profiles/`.
+//! - `workload`: trace readers (Mooncake JSONL, Azure CSV) and generators (chat, shared-prefix).
+
+pub mod engine;
+pub mod profiles;
+pub mod workload;
+
+use kvgate_core::BlockHash;
+
+/// Tokens per KV block in the simulated engines (vLLM's CUDA default).
+pub const SIM_BLOCK_SIZE_TOKENS: u32 = 16;
+
+/// One request of a workload, as both the router and the engine model see it.
+///
+/// The prompt is carried as the chained hashes of its full 16-token blocks (the same hashes a
+/// router in token mode computes with `BlockHasher::hash_tokens`), not as token ids: equal
+/// prefixes give equal leading hashes, and a 100k-token prompt costs 6k hashes, not 100k ids.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimRequest {
+    /// Position in the workload (0, 1, 2, …).
+    pub id: u64,
+    /// Arrival time in milliseconds from the start of the run.
+    pub arrival_ms: f64,
+    /// Prompt length in tokens (the last block may be partial, so this can exceed 16 × blocks).
+    pub input_tokens: u32,
+    /// Tokens to generate (`max_tokens` with `ignore_eos`).
+    pub output_tokens: u32,
+    /// Chained hashes of the prompt's full 16-token blocks; `blocks.len() == input_tokens / 16`.
+    pub blocks: Vec<BlockHash>,
+}

@@ -1,0 +1,1 @@
+//! Engine model of one vLLM-like pod (to be implemented).

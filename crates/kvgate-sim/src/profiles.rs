@@ -1,0 +1,1 @@
+//! Step-time profiles (to be implemented).

@@ -1,0 +1,1 @@
+//! Workloads: trace readers and generators (to be implemented).
