@@ -101,3 +101,65 @@ impl Policy for DynamoKv {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::testutil::*;
+
+    #[test]
+    fn cost_is_uncached_prefill_blocks_plus_decode_blocks() {
+        let d = DynamoKv::new(&RouterConfig::default());
+        let mut a = pod(0, 0, 0, 0.0);
+        a.in_flight.prefill_tokens = 320; // 20 blocks
+        a.in_flight.decode_tokens = 1600; // 100 blocks
+        // 10 prompt blocks (160 tokens), 4 cached → 6 uncached blocks.
+        let c = cand(&a, 4, 10, 1.0);
+        assert_eq!(d.cost(&facts(10), &c), 20.0 + 6.0 + 100.0);
+    }
+
+    #[test]
+    fn temperature_zero_picks_the_cheapest() {
+        let mut a = pod(0, 0, 0, 0.0);
+        a.in_flight.decode_tokens = 16 * 50;
+        let b = pod(1, 0, 0, 0.0);
+        // a: 0 uncached + 50 decode = 50; b: 10 uncached blocks = 10.
+        let cands = [cand(&a, 10, 10, 1.0), cand(&b, 0, 10, 1.0)];
+        let (pick, _) = run(
+            &mut DynamoKv::new(&RouterConfig::default()),
+            &facts(10),
+            &cands,
+            &mut rng(1),
+        );
+        assert_eq!(
+            pick.unwrap(),
+            Pick {
+                index: 1,
+                branch: Branch::Reason("min_cost")
+            }
+        );
+    }
+
+    #[test]
+    fn temperature_samples_mostly_the_cheaper_pod() {
+        let config = RouterConfig {
+            router_temperature: 0.5,
+            ..RouterConfig::default()
+        };
+        let mut policy = DynamoKv::new(&config);
+        let (a, b) = (pod(0, 0, 0, 0.0), pod(1, 0, 0, 0.0));
+        let cands = [cand(&a, 10, 10, 1.0), cand(&b, 0, 10, 1.0)];
+        let mut r = rng(3);
+        let picks_a = (0..10_000)
+            .filter(|_| {
+                run(&mut policy, &facts(10), &cands, &mut r)
+                    .0
+                    .unwrap()
+                    .index
+                    == 0
+            })
+            .count();
+        // Weights exp(0) : exp(−1/0.5) → P(a) = 1 / (1 + e^−2) ≈ 0.881.
+        assert!((8600..=9000).contains(&picks_a), "{picks_a}");
+    }
+}

@@ -30,3 +30,17 @@ impl Policy for LowestLatency {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::testutil::*;
+
+    #[test]
+    fn picks_the_lowest_predicted_ttft_ignoring_cache() {
+        let (a, b) = (pod(0, 0, 0, 0.0), pod(1, 0, 0, 0.0));
+        let cands = [cand(&a, 10, 10, 120.0), cand(&b, 0, 10, 80.0)];
+        let (pick, _) = run(&mut LowestLatency, &facts(10), &cands, &mut rng(1));
+        assert_eq!(pick.unwrap().index, 1);
+    }
+}

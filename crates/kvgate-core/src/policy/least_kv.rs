@@ -30,3 +30,21 @@ impl Policy for LeastKv {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::testutil::*;
+
+    #[test]
+    fn picks_the_lowest_kv_usage_ties_by_load() {
+        let (a, b, c) = (pod(0, 1, 0, 0.6), pod(1, 5, 0, 0.2), pod(2, 3, 0, 0.2));
+        let cands = [
+            cand(&a, 0, 1, 1.0),
+            cand(&b, 0, 1, 1.0),
+            cand(&c, 0, 1, 1.0),
+        ];
+        let (pick, _) = run(&mut LeastKv, &facts(1), &cands, &mut rng(1));
+        assert_eq!(pick.unwrap().index, 2);
+    }
+}

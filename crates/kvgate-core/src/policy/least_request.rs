@@ -30,3 +30,30 @@ impl Policy for LeastRequest {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::testutil::*;
+
+    #[test]
+    fn picks_the_pod_with_fewest_requests_counting_in_flight() {
+        let a = pod(0, 2, 1, 0.0); // 3 scraped
+        let mut b = pod(1, 0, 0, 0.0); // scrape says idle, but we sent it 5
+        b.in_flight.requests = 5;
+        let c = pod(2, 4, 0, 0.0); // 4
+        let cands = [
+            cand(&a, 0, 1, 1.0),
+            cand(&b, 0, 1, 1.0),
+            cand(&c, 0, 1, 1.0),
+        ];
+        let (pick, _) = run(&mut LeastRequest, &facts(1), &cands, &mut rng(1));
+        assert_eq!(
+            pick.unwrap(),
+            Pick {
+                index: 0,
+                branch: Branch::Reason("least_request")
+            }
+        );
+    }
+}

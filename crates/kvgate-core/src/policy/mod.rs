@@ -172,3 +172,131 @@ pub(crate) fn argmin_by(
     }
     best.map(|(i, _, _)| i)
 }
+
+#[cfg(test)]
+pub(crate) mod testutil {
+    //! Hand-built candidates for policy tests.
+    use super::*;
+    use rand::SeedableRng;
+
+    /// A pod with the given load figures.
+    pub fn pod(id: u32, running: u32, waiting: u32, kv_usage: f64) -> PodSnapshot {
+        let mut p = PodSnapshot::idle(id, "test", 1000);
+        p.running = running;
+        p.waiting = waiting;
+        p.kv_usage = kv_usage;
+        p
+    }
+
+    pub fn cand(
+        pod: &PodSnapshot,
+        matched_blocks: u32,
+        prompt_blocks: u32,
+        ttft: f64,
+    ) -> Candidate<'_> {
+        Candidate {
+            pod,
+            matched_blocks,
+            prefix_score: crate::index::prefix_score(matched_blocks, prompt_blocks as usize),
+            predicted_ttft_ms: ttft,
+            predicted_tpot_ms: 10.0,
+        }
+    }
+
+    pub fn facts(prompt_blocks: usize) -> RequestFacts {
+        RequestFacts {
+            prompt_blocks,
+            input_tokens: prompt_blocks as u32 * 16,
+            block_size_tokens: 16,
+        }
+    }
+
+    pub fn rng(seed: u64) -> DecisionRng {
+        DecisionRng::seed_from_u64(seed)
+    }
+
+    /// Runs one pick with a fresh eligibility vector; returns the pick and the vector.
+    pub fn run(
+        policy: &mut dyn Policy,
+        request: &RequestFacts,
+        candidates: &[Candidate<'_>],
+        rng: &mut DecisionRng,
+    ) -> (Result<Pick, PolicyError>, Vec<bool>) {
+        let mut eligible = vec![true; candidates.len()];
+        let pick = policy.pick(request, candidates, &mut eligible, rng);
+        (pick, eligible)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testutil::*;
+    use super::*;
+
+    #[test]
+    fn every_policy_returns_an_error_on_an_empty_candidate_set() {
+        let config = RouterConfig::default();
+        for kind in PolicyKind::ALL {
+            let mut policy = kind.build(&config);
+            let (pick, _) = run(policy.as_mut(), &facts(4), &[], &mut rng(1));
+            assert_eq!(pick, Err(PolicyError::NoCandidates), "{kind}");
+        }
+    }
+
+    #[test]
+    fn every_policy_picks_the_only_candidate() {
+        let config = RouterConfig::default();
+        let p = pod(0, 3, 1, 0.5);
+        let cands = [cand(&p, 2, 4, 100.0)];
+        for kind in PolicyKind::ALL {
+            let mut policy = kind.build(&config);
+            let (pick, _) = run(policy.as_mut(), &facts(4), &cands, &mut rng(1));
+            assert_eq!(pick.unwrap().index, 0, "{kind}");
+        }
+    }
+
+    #[test]
+    fn policy_names_round_trip() {
+        for kind in PolicyKind::ALL {
+            assert_eq!(PolicyKind::from_name(kind.name()), Some(kind));
+            let json = serde_json::to_string(&kind).unwrap();
+            assert_eq!(json, format!("\"{}\"", kind.name()));
+        }
+        assert_eq!(PolicyKind::from_name("nope"), None);
+    }
+
+    #[test]
+    fn argmin_breaks_ties_by_load_then_index() {
+        let a = pod(0, 5, 0, 0.0);
+        let b = pod(1, 2, 0, 0.0);
+        let c = pod(2, 2, 0, 0.0);
+        let cands = [
+            cand(&a, 0, 1, 10.0),
+            cand(&b, 0, 1, 10.0),
+            cand(&c, 0, 1, 10.0),
+        ];
+        assert_eq!(
+            argmin_by(&cands, &[true; 3], |c| c.predicted_ttft_ms),
+            Some(1)
+        );
+        assert_eq!(
+            argmin_by(&cands, &[true, false, true], |c| c.predicted_ttft_ms),
+            Some(2)
+        );
+        assert_eq!(
+            argmin_by(&cands, &[false; 3], |c| c.predicted_ttft_ms),
+            None
+        );
+    }
+
+    #[test]
+    fn argmin_treats_nan_as_worst() {
+        let a = pod(0, 0, 0, 0.0);
+        let b = pod(1, 9, 0, 0.0);
+        let cands = [cand(&a, 0, 1, f64::NAN), cand(&b, 0, 1, 50.0)];
+        assert_eq!(
+            argmin_by(&cands, &[true; 2], |c| c.predicted_ttft_ms),
+            Some(1)
+        );
+    }
+}

@@ -36,3 +36,37 @@ impl Policy for MaxPrefix {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::testutil::*;
+
+    #[test]
+    fn picks_the_longest_match_even_when_loaded() {
+        let (a, b) = (pod(0, 0, 0, 0.0), pod(1, 50, 20, 0.9));
+        let cands = [cand(&a, 3, 10, 1.0), cand(&b, 7, 10, 1.0)];
+        let (pick, _) = run(&mut MaxPrefix, &facts(10), &cands, &mut rng(1));
+        assert_eq!(
+            pick.unwrap(),
+            Pick {
+                index: 1,
+                branch: Branch::Reason("cache_hit")
+            }
+        );
+    }
+
+    #[test]
+    fn without_any_hit_falls_to_the_least_loaded() {
+        let (a, b) = (pod(0, 4, 0, 0.0), pod(1, 1, 0, 0.0));
+        let cands = [cand(&a, 0, 10, 1.0), cand(&b, 0, 10, 1.0)];
+        let (pick, _) = run(&mut MaxPrefix, &facts(10), &cands, &mut rng(1));
+        assert_eq!(
+            pick.unwrap(),
+            Pick {
+                index: 1,
+                branch: Branch::Reason("no_hit")
+            }
+        );
+    }
+}

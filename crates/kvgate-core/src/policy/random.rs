@@ -32,3 +32,33 @@ impl Policy for RandomPick {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::testutil::*;
+
+    #[test]
+    fn spreads_uniformly_and_repeats_under_the_same_seed() {
+        let pods: Vec<_> = (0..4).map(|i| pod(i, 0, 0, 0.0)).collect();
+        let cands: Vec<_> = pods.iter().map(|p| cand(p, 0, 1, 1.0)).collect();
+        let picks = |seed| {
+            let mut r = rng(seed);
+            (0..4000)
+                .map(|_| {
+                    run(&mut RandomPick, &facts(1), &cands, &mut r)
+                        .0
+                        .unwrap()
+                        .index
+                })
+                .collect::<Vec<_>>()
+        };
+        let a = picks(5);
+        assert_eq!(a, picks(5));
+        for pod in 0..4 {
+            let n = a.iter().filter(|&&i| i == pod).count();
+            // Binomial(4000, 0.25): sigma ≈ 27; 4 sigma ≈ 110.
+            assert!((890..=1110).contains(&n), "pod {pod} got {n}");
+        }
+    }
+}

@@ -35,3 +35,25 @@ impl Policy for RoundRobin {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::testutil::*;
+
+    #[test]
+    fn cycles_through_candidates_in_order() {
+        let pods: Vec<_> = (0..3).map(|i| pod(i, 0, 0, 0.0)).collect();
+        let cands: Vec<_> = pods.iter().map(|p| cand(p, 0, 1, 1.0)).collect();
+        let mut rr = RoundRobin::default();
+        let picks: Vec<_> = (0..7)
+            .map(|_| {
+                run(&mut rr, &facts(1), &cands, &mut rng(1))
+                    .0
+                    .unwrap()
+                    .index
+            })
+            .collect();
+        assert_eq!(picks, vec![0, 1, 2, 0, 1, 2, 0]);
+    }
+}

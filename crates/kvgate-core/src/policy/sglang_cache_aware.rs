@@ -87,3 +87,80 @@ impl Policy for SglangCacheAware {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::testutil::*;
+
+    fn with_in_flight(id: u32, requests: u32) -> crate::PodSnapshot {
+        let mut p = pod(id, 0, 0, 0.0);
+        p.in_flight.requests = requests;
+        p
+    }
+
+    #[test]
+    fn balanced_load_follows_the_cache_above_threshold() {
+        let (a, b) = (with_in_flight(0, 10), with_in_flight(1, 0));
+        let cands = [cand(&a, 4, 10, 1.0), cand(&b, 0, 10, 1.0)];
+        let (pick, _) = run(
+            &mut SglangCacheAware::new(&RouterConfig::default()),
+            &facts(10),
+            &cands,
+            &mut rng(1),
+        );
+        assert_eq!(
+            pick.unwrap(),
+            Pick {
+                index: 0,
+                branch: Branch::Reason("cache_hit")
+            }
+        );
+    }
+
+    #[test]
+    fn match_at_or_below_threshold_goes_to_least_loaded() {
+        let (a, b) = (with_in_flight(0, 10), with_in_flight(1, 2));
+        let cands = [cand(&a, 3, 10, 1.0), cand(&b, 0, 10, 1.0)];
+        let (pick, _) = run(
+            &mut SglangCacheAware::new(&RouterConfig::default()),
+            &facts(10),
+            &cands,
+            &mut rng(1),
+        );
+        assert_eq!(
+            pick.unwrap(),
+            Pick {
+                index: 1,
+                branch: Branch::Reason("cache_miss")
+            }
+        );
+    }
+
+    #[test]
+    fn imbalance_needs_both_the_absolute_and_relative_threshold() {
+        let mut policy = SglangCacheAware::new(&RouterConfig::default());
+        // 100 vs 30: diff 70 > 64 and 100 > 1.5 × 30 → imbalanced → least loaded.
+        let (a, b) = (with_in_flight(0, 100), with_in_flight(1, 30));
+        let cands = [cand(&a, 10, 10, 1.0), cand(&b, 0, 10, 1.0)];
+        let (pick, _) = run(&mut policy, &facts(10), &cands, &mut rng(1));
+        assert_eq!(
+            pick.unwrap(),
+            Pick {
+                index: 1,
+                branch: Branch::Reason("imbalanced")
+            }
+        );
+        // 200 vs 140: diff 60 ≤ 64 → balanced → cache.
+        let (a, b) = (with_in_flight(0, 200), with_in_flight(1, 140));
+        let cands = [cand(&a, 10, 10, 1.0), cand(&b, 0, 10, 1.0)];
+        let (pick, _) = run(&mut policy, &facts(10), &cands, &mut rng(1));
+        assert_eq!(
+            pick.unwrap(),
+            Pick {
+                index: 0,
+                branch: Branch::Reason("cache_hit")
+            }
+        );
+    }
+}

@@ -74,3 +74,40 @@ impl Policy for Weighted {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::testutil::*;
+
+    #[test]
+    fn score_combines_prefix_queue_and_kv_three_two_two() {
+        let w = Weighted::new(&RouterConfig::default());
+        let a = pod(0, 0, 0, 0.5);
+        // prefix 1.0, queue (10−0)/(10−0) = 1, kv 0.5 → (3 + 2 + 1) / 7.
+        let s = w.score(&cand(&a, 10, 10, 1.0), 0, 10);
+        assert!((s - 6.0 / 7.0).abs() < 1e-12, "{s}");
+    }
+
+    #[test]
+    fn a_full_cache_hit_outweighs_a_moderately_busier_queue() {
+        let (a, b) = (pod(0, 4, 0, 0.3), pod(1, 0, 0, 0.3));
+        // a: prefix 1, queue 0, kv .7 → 3 + 0 + 1.4 = 4.4; b: prefix 0, queue 1, kv .7 → 2 + 1.4 = 3.4
+        let cands = [cand(&a, 10, 10, 1.0), cand(&b, 0, 10, 1.0)];
+        let (pick, _) = run(
+            &mut Weighted::new(&RouterConfig::default()),
+            &facts(10),
+            &cands,
+            &mut rng(1),
+        );
+        assert_eq!(pick.unwrap().index, 0);
+    }
+
+    #[test]
+    fn equal_queues_count_as_fully_free() {
+        let w = Weighted::new(&RouterConfig::default());
+        let a = pod(0, 3, 0, 0.0);
+        let s = w.score(&cand(&a, 0, 10, 1.0), 3, 3);
+        assert!((s - 4.0 / 7.0).abs() < 1e-12, "{s}");
+    }
+}
