@@ -1,5 +1,7 @@
 //! The `kvgate` command line.
 
+mod decide;
+
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -14,9 +16,24 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
-enum Command {}
+enum Command {
+    /// One routing decision from a JSON case (what-if questions, debugging, conformance).
+    Decide {
+        /// The case file, or `-` for stdin.
+        #[arg(long, short)]
+        input: String,
+        /// Run the case N times with consecutive seeds and count picks per pod and branch.
+        #[arg(long)]
+        repeat: Option<u64>,
+    },
+}
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    match cli.command {}
+    match cli.command {
+        Command::Decide { input, repeat } => {
+            println!("{}", decide::run(&input, repeat)?);
+        }
+    }
+    Ok(())
 }
