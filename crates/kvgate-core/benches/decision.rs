@@ -1,1 +1,135 @@
-fn main() {}
+//! Decision-path benchmarks (criterion). Run: `cargo bench -p kvgate-core --bench decision`.
+//!
+//! - `decision/full/{16,64,256}`: one full decision — parse-free hashing of a 32,000-character
+//!   prompt, prefix match over the routed index, predict for every pod, affinity gate — with
+//!   the request's prefix cached on a quarter of the pods and a trained predictor.
+//! - `index/record_routed_500_blocks`: recording one routed request of 500 blocks.
+//! - `predictor/predict`, `predictor/observe`: one prediction / one training sample.
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use kvgate_core::index::PrefixIndex;
+use kvgate_core::index::routed::RoutedIndex;
+use kvgate_core::policy::PolicyKind;
+use kvgate_core::predictor::{Features, LatencyPredictor, PredictorConfig};
+use kvgate_core::{BlockHasher, DecisionRng, PodId, PodSnapshot, Router, RouterConfig};
+use rand::SeedableRng;
+use std::hint::black_box;
+
+const CLASS: &str = "llama3-8b-h100";
+
+fn prompt(chars: usize, salt: u64) -> String {
+    // Deterministic pseudo-text: words drawn from a fixed list by an LCG.
+    const WORDS: [&str; 8] = [
+        "cache ", "router ", "token ", "prefix ", "latency ", "pod ", "gate ", "block ",
+    ];
+    let mut s = String::with_capacity(chars + 16);
+    let mut x = salt
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    while s.len() < chars {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        s.push_str(WORDS[(x >> 61) as usize]);
+    }
+    s.truncate(chars);
+    s
+}
+
+fn trained_predictor() -> LatencyPredictor {
+    let mut p = LatencyPredictor::new(PredictorConfig::default());
+    for i in 0..2000u64 {
+        let mut pod = PodSnapshot::idle(0, CLASS, 29_000);
+        pod.running = (i % 17) as u32;
+        pod.waiting = (i % 5) as u32;
+        pod.kv_usage = (i % 10) as f64 / 10.0;
+        pod.in_flight.prefill_tokens = (i * 37) % 20_000;
+        let f = Features::new(&pod, 1000 + (i as u32 * 13) % 8000, (i % 4) as f64 / 4.0);
+        let ttft = 6.0 + f.uncached_prompt_tokens() * 0.018 + f.prefill_tokens_in_flight * 0.018;
+        p.observe(CLASS, &f, ttft, Some(6.0 + 0.2 * f.running));
+    }
+    p
+}
+
+fn bench_decision(c: &mut Criterion) {
+    let hasher = BlockHasher::default();
+    let seed = BlockHasher::chain_seed("llama3-8b", None);
+    let text = prompt(32_000, 1);
+    let predictor = trained_predictor();
+    let mut group = c.benchmark_group("decision/full");
+    for pods_n in [16u32, 64, 256] {
+        let mut index = RoutedIndex::new();
+        let mut blocks = Vec::new();
+        hasher.hash_text(seed, &text, &mut blocks);
+        let mut other = Vec::new();
+        let pods: Vec<PodSnapshot> = (0..pods_n)
+            .map(|i| {
+                let mut p = PodSnapshot::idle(i, CLASS, 29_000);
+                p.running = i % 7;
+                p.kv_usage = (i % 10) as f64 / 10.0;
+                p.in_flight.prefill_tokens = (i as u64 * 997) % 8000;
+                p
+            })
+            .collect();
+        for p in &pods {
+            index.set_capacity(p.id, 29_000);
+            if p.id.0 % 4 == 0 {
+                index.record_routed(p.id, &blocks);
+            }
+            other.clear();
+            hasher.hash_text(seed, &prompt(8_000, 100 + p.id.0 as u64), &mut other);
+            index.record_routed(p.id, &other);
+        }
+        let mut router = Router::new(RouterConfig::default(), PolicyKind::AffinityGate);
+        let mut rng = DecisionRng::seed_from_u64(1);
+        let mut scratch = Vec::with_capacity(1024);
+        group.bench_function(BenchmarkId::from_parameter(pods_n), |b| {
+            b.iter(|| {
+                scratch.clear();
+                hasher.hash_text(seed, black_box(&text), &mut scratch);
+                let d = router
+                    .decide(&scratch, 8000, &pods, &index, &predictor, &mut rng)
+                    .unwrap();
+                black_box(d.pod_id)
+            })
+        });
+    }
+    group.finish();
+}
+
+fn bench_index(c: &mut Criterion) {
+    let hasher = BlockHasher::default();
+    let seed = BlockHasher::chain_seed("llama3-8b", None);
+    let mut blocks = Vec::new();
+    hasher.hash_text(seed, &prompt(32_000, 7), &mut blocks);
+    let mut index = RoutedIndex::new();
+    index.set_capacity(PodId(0), 29_000);
+    let mut n = 0u64;
+    c.bench_function("index/record_routed_500_blocks", |b| {
+        b.iter(|| {
+            // A fresh prompt each time so the LRU keeps inserting and evicting.
+            n += 1;
+            for h in blocks.iter_mut() {
+                *h = h.wrapping_add(n);
+            }
+            index.record_routed(PodId(0), black_box(&blocks));
+        })
+    });
+}
+
+fn bench_predictor(c: &mut Criterion) {
+    let mut predictor = trained_predictor();
+    let mut pod = PodSnapshot::idle(0, CLASS, 29_000);
+    pod.running = 5;
+    pod.in_flight.prefill_tokens = 3000;
+    let f = Features::new(&pod, 4000, 0.5);
+    c.bench_function("predictor/predict", |b| {
+        b.iter(|| black_box(predictor.predict(CLASS, black_box(&f))))
+    });
+    c.bench_function("predictor/observe", |b| {
+        b.iter(|| predictor.observe(CLASS, black_box(&f), 60.0, Some(7.0)))
+    });
+}
+
+criterion_group!(benches, bench_decision, bench_index, bench_predictor);
+criterion_main!(benches);
