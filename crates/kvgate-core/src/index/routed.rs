@@ -516,3 +516,342 @@ impl PrefixIndex for RoutedIndex {
         self.indexed_blocks
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+    fn matched(index: &RoutedIndex, blocks: &[BlockHash]) -> Vec<u32> {
+        let mut m = vec![99; 7];
+        index.match_prefix(blocks, &mut m);
+        m
+    }
+
+    /// Checks every internal invariant: list links, free list, slots, holders ↔ LRUs, counts.
+    fn check_invariants(index: &RoutedIndex) {
+        let mut derived: BTreeMap<BlockHash, BTreeSet<u16>> = BTreeMap::new();
+        let mut total = 0;
+        for (p, lru) in index.pods.iter().enumerate() {
+            let Some(lru) = lru else { continue };
+            let pod = p as u16;
+            assert!(lru.len <= lru.capacity, "pod {p} over capacity");
+            let slots: Vec<u32> = lru.iter_slots().collect();
+            assert_eq!(slots.len(), lru.len as usize, "pod {p} list length");
+            let mut prev = NIL;
+            for &s in &slots {
+                assert_eq!(lru.nodes[s as usize].prev, prev, "pod {p} prev link");
+                prev = s;
+            }
+            assert_eq!(lru.tail, prev, "pod {p} tail");
+            let mut free = 0;
+            let mut f = lru.free;
+            while f != NIL {
+                free += 1;
+                f = lru.nodes[f as usize].next;
+            }
+            assert_eq!(free + slots.len(), lru.nodes.len(), "pod {p} free list");
+            for &s in &slots {
+                let hash = lru.nodes[s as usize].hash;
+                assert!(derived.entry(hash).or_default().insert(pod), "duplicate");
+                let slot = index.holders.get(&hash).and_then(|h| h.slot_of(pod));
+                assert_eq!(slot, Some(s), "pod {p} block {hash} slot");
+            }
+            total += slots.len();
+        }
+        assert_eq!(index.indexed_blocks, total);
+        let mut actual: BTreeMap<BlockHash, BTreeSet<u16>> = BTreeMap::new();
+        for (&hash, h) in &index.holders {
+            if let Holders::Many(v) = h {
+                assert!(v.len() >= 3, "Many with {} holders", v.len());
+            }
+            let mut n = 0;
+            h.for_each_pod(|p| {
+                n += 1;
+                actual.entry(hash).or_default().insert(p);
+            });
+            assert_eq!(
+                actual.get(&hash).map_or(0, BTreeSet::len),
+                n,
+                "duplicate holder"
+            );
+        }
+        assert_eq!(
+            actual, derived,
+            "block → pods map out of sync with the LRUs"
+        );
+    }
+
+    #[test]
+    fn node_and_holders_are_sixteen_bytes() {
+        assert_eq!(std::mem::size_of::<Node>(), 16);
+        assert_eq!(std::mem::size_of::<Holders>(), 16);
+    }
+
+    #[test]
+    fn pod_holding_a_later_block_but_not_the_first_scores_zero() {
+        let mut index = RoutedIndex::new();
+        index.record_routed(PodId(0), &[10, 11, 12]);
+        index.record_routed(PodId(1), &[11, 12]);
+        assert_eq!(matched(&index, &[10, 11, 12]), vec![3, 0]);
+        check_invariants(&index);
+    }
+
+    #[test]
+    fn match_stops_at_the_first_block_a_pod_lacks() {
+        let mut index = RoutedIndex::new();
+        index.record_routed(PodId(0), &[1, 2, 3]);
+        assert_eq!(matched(&index, &[1, 2, 9, 3]), vec![2]);
+        assert_eq!(matched(&index, &[1, 2, 3, 4]), vec![3]);
+    }
+
+    #[test]
+    fn empty_prompt_matches_nothing_but_covers_every_known_pod() {
+        let mut index = RoutedIndex::new();
+        assert_eq!(matched(&index, &[]), Vec::<u32>::new());
+        assert_eq!(matched(&index, &[1]), Vec::<u32>::new());
+        index.record_routed(PodId(2), &[1]);
+        assert_eq!(matched(&index, &[]), vec![0, 0, 0]);
+        index.record_routed(PodId(0), &[]);
+        assert_eq!(index.indexed_blocks(), 1);
+        assert_eq!(
+            index.capacity_blocks(PodId(0)),
+            Some(DEFAULT_POD_CAPACITY_BLOCKS)
+        );
+    }
+
+    #[test]
+    fn lru_evicts_a_prompts_tail_blocks_first() {
+        let mut index = RoutedIndex::new();
+        index.set_capacity(PodId(0), 4);
+        index.record_routed(PodId(0), &[1, 2, 3, 4]);
+        assert_eq!(index.blocks_mru_first(PodId(0)), vec![1, 2, 3, 4]);
+        index.record_routed(PodId(0), &[5, 6]);
+        assert_eq!(index.blocks_mru_first(PodId(0)), vec![5, 6, 1, 2]);
+        assert_eq!(matched(&index, &[1, 2, 3, 4]), vec![2]);
+        assert_eq!(index.indexed_blocks(), 4);
+        check_invariants(&index);
+    }
+
+    #[test]
+    fn recording_again_refreshes_a_prompt_so_other_blocks_are_evicted() {
+        let mut index = RoutedIndex::new();
+        index.set_capacity(PodId(0), 4);
+        index.record_routed(PodId(0), &[1, 2]);
+        index.record_routed(PodId(0), &[3, 4]);
+        index.record_routed(PodId(0), &[1, 2]);
+        index.record_routed(PodId(0), &[5, 6]);
+        assert_eq!(index.blocks_mru_first(PodId(0)), vec![5, 6, 1, 2]);
+        check_invariants(&index);
+    }
+
+    #[test]
+    fn prompt_longer_than_capacity_keeps_its_first_blocks() {
+        let mut index = RoutedIndex::new();
+        let blocks: Vec<BlockHash> = (0..DEFAULT_POD_CAPACITY_BLOCKS as u64 + 10).collect();
+        index.record_routed(PodId(0), &blocks);
+        assert_eq!(index.indexed_blocks(), DEFAULT_POD_CAPACITY_BLOCKS as usize);
+        assert_eq!(matched(&index, &blocks), vec![DEFAULT_POD_CAPACITY_BLOCKS]);
+        check_invariants(&index);
+    }
+
+    #[test]
+    fn capacity_shrink_evicts_least_recently_used_blocks() {
+        let mut index = RoutedIndex::new();
+        index.record_routed(PodId(0), &[1, 2, 3, 4, 5, 6]);
+        index.set_capacity(PodId(0), 2);
+        assert_eq!(index.blocks_mru_first(PodId(0)), vec![1, 2]);
+        assert_eq!(index.indexed_blocks(), 2);
+        assert_eq!(index.distinct_blocks(), 2);
+        assert_eq!(matched(&index, &[1, 2, 3]), vec![2]);
+        check_invariants(&index);
+        // The compacted slab keeps working.
+        index.record_routed(PodId(0), &[7]);
+        assert_eq!(index.blocks_mru_first(PodId(0)), vec![7, 1]);
+        check_invariants(&index);
+    }
+
+    #[test]
+    fn zero_capacity_pod_holds_nothing() {
+        let mut index = RoutedIndex::new();
+        index.set_capacity(PodId(1), 0);
+        index.record_routed(PodId(1), &[1, 2]);
+        assert_eq!(index.indexed_blocks(), 0);
+        assert_eq!(matched(&index, &[1, 2]), vec![0, 0]);
+        check_invariants(&index);
+    }
+
+    #[test]
+    fn two_pods_sharing_blocks_match_independently() {
+        let mut index = RoutedIndex::new();
+        index.set_capacity(PodId(0), 3);
+        index.record_routed(PodId(0), &[1, 2, 3]);
+        index.record_routed(PodId(1), &[1, 2]);
+        assert_eq!(matched(&index, &[1, 2, 3]), vec![3, 2]);
+        assert_eq!(index.indexed_blocks(), 5);
+        assert_eq!(index.distinct_blocks(), 3);
+        // Pod 0 evicting shared blocks leaves pod 1's copies.
+        index.record_routed(PodId(0), &[7, 8, 9]);
+        assert_eq!(matched(&index, &[1, 2, 3]), vec![0, 2]);
+        assert_eq!(index.distinct_blocks(), 5);
+        check_invariants(&index);
+    }
+
+    #[test]
+    fn remove_pod_clears_its_map_entries() {
+        let mut index = RoutedIndex::new();
+        index.record_routed(PodId(0), &[1, 2]);
+        index.record_routed(PodId(1), &[1, 3]);
+        index.remove_pod(PodId(1));
+        assert_eq!(index.indexed_blocks(), 2);
+        assert_eq!(index.distinct_blocks(), 2);
+        assert_eq!(matched(&index, &[1, 3]), vec![1]);
+        assert_eq!(index.capacity_blocks(PodId(1)), None);
+        index.remove_pod(PodId(0));
+        assert_eq!(index.indexed_blocks(), 0);
+        assert_eq!(index.distinct_blocks(), 0);
+        assert_eq!(matched(&index, &[1]), Vec::<u32>::new());
+        index.remove_pod(PodId(0));
+        index.remove_pod(PodId(u32::MAX));
+        check_invariants(&index);
+    }
+
+    #[test]
+    fn many_pods_sharing_a_block_all_match() {
+        let mut index = RoutedIndex::new();
+        for p in 0..5 {
+            index.record_routed(PodId(p), &[1, 2 + p as u64]);
+        }
+        assert_eq!(matched(&index, &[1, 2]), vec![2, 1, 1, 1, 1]);
+        index.remove_pod(PodId(0));
+        index.remove_pod(PodId(2));
+        index.remove_pod(PodId(4));
+        assert_eq!(matched(&index, &[1, 3]), vec![0, 2, 0, 1]);
+        check_invariants(&index);
+    }
+
+    #[test]
+    fn pod_ids_at_or_above_max_pods_are_rejected() {
+        let mut index = RoutedIndex::new();
+        index.record_routed(PodId(MAX_PODS as u32), &[1]);
+        index.set_capacity(PodId(u32::MAX), 5);
+        assert_eq!(index.rejected_pod_ids(), 2);
+        assert_eq!(index.indexed_blocks(), 0);
+        assert_eq!(matched(&index, &[1]), Vec::<u32>::new());
+        index.record_routed(PodId(MAX_PODS as u32 - 1), &[1]);
+        assert_eq!(index.pod_blocks(PodId(MAX_PODS as u32 - 1)), 1);
+        check_invariants(&index);
+    }
+
+    /// Reference model: per-pod `VecDeque` (front = most recently used) and its capacity.
+    #[derive(Default)]
+    struct Model {
+        pods: BTreeMap<u32, (VecDeque<BlockHash>, u32)>,
+    }
+
+    impl Model {
+        fn record(&mut self, pod: u32, blocks: &[BlockHash]) {
+            if pod as usize >= MAX_PODS {
+                return;
+            }
+            let (lru, cap) = self
+                .pods
+                .entry(pod)
+                .or_insert_with(|| (VecDeque::new(), DEFAULT_POD_CAPACITY_BLOCKS));
+            for &b in blocks.iter().rev() {
+                if let Some(pos) = lru.iter().position(|&x| x == b) {
+                    lru.remove(pos);
+                } else if *cap == 0 {
+                    continue;
+                } else if lru.len() >= *cap as usize {
+                    lru.pop_back();
+                }
+                lru.push_front(b);
+            }
+        }
+        fn set_capacity(&mut self, pod: u32, cap: u32) {
+            if pod as usize >= MAX_PODS {
+                return;
+            }
+            let entry = self
+                .pods
+                .entry(pod)
+                .or_insert_with(|| (VecDeque::new(), cap));
+            entry.1 = cap;
+            entry.0.truncate(cap as usize);
+        }
+        fn matched(&self, blocks: &[BlockHash]) -> Vec<u32> {
+            let n = self.pods.keys().next_back().map_or(0, |&p| p as usize + 1);
+            let mut m = vec![0; n];
+            for (&p, (lru, _)) in &self.pods {
+                m[p as usize] = blocks.iter().take_while(|b| lru.contains(b)).count() as u32;
+            }
+            m
+        }
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Record(u32, Vec<BlockHash>),
+        SetCapacity(u32, u32),
+        Remove(u32),
+        Match(Vec<BlockHash>),
+    }
+
+    fn pod_id() -> impl Strategy<Value = u32> {
+        prop_oneof![8 => 0u32..5, 1 => Just(MAX_PODS as u32), 1 => Just(u32::MAX)]
+    }
+
+    fn blocks() -> impl Strategy<Value = Vec<BlockHash>> {
+        prop::collection::vec(0u64..16, 0..10)
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            6 => (pod_id(), blocks()).prop_map(|(p, b)| Op::Record(p, b)),
+            2 => (pod_id(), 0u32..10).prop_map(|(p, c)| Op::SetCapacity(p, c)),
+            1 => pod_id().prop_map(Op::Remove),
+            3 => blocks().prop_map(Op::Match),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn index_agrees_with_reference_lru_model(ops in prop::collection::vec(op(), 1..80)) {
+            let mut index = RoutedIndex::new();
+            let mut model = Model::default();
+            let mut m = Vec::new();
+            for op in ops {
+                match op {
+                    Op::Record(p, b) => {
+                        index.record_routed(PodId(p), &b);
+                        model.record(p, &b);
+                    }
+                    Op::SetCapacity(p, c) => {
+                        index.set_capacity(PodId(p), c);
+                        model.set_capacity(p, c);
+                    }
+                    Op::Remove(p) => {
+                        index.remove_pod(PodId(p));
+                        model.pods.remove(&p);
+                    }
+                    Op::Match(b) => {
+                        index.match_prefix(&b, &mut m);
+                        prop_assert_eq!(&m, &model.matched(&b));
+                    }
+                }
+                check_invariants(&index);
+                for (&p, (lru, cap)) in &model.pods {
+                    prop_assert!(lru.len() <= *cap as usize);
+                    prop_assert_eq!(index.blocks_mru_first(PodId(p)), Vec::from(lru.clone()));
+                    prop_assert_eq!(index.capacity_blocks(PodId(p)), Some(*cap));
+                }
+                let total: usize = model.pods.values().map(|(l, _)| l.len()).sum();
+                prop_assert_eq!(index.indexed_blocks(), total);
+            }
+        }
+    }
+}
