@@ -462,3 +462,515 @@ fn write_json_string(out: &mut String, s: &str) {
     }
     out.push('"');
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    fn parse(path: &str, body: Value) -> Result<ParsedRequest, RequestError> {
+        parse_request(path, body.to_string().as_bytes())
+    }
+
+    fn chat_text(body: Value) -> String {
+        match parse(CHAT_COMPLETIONS_PATH, body).map(|r| r.prompt) {
+            Ok(Prompt::Text(text)) => text,
+            other => panic!("expected a text prompt, got {other:?}"),
+        }
+    }
+
+    fn completion_prompt(prompt: Value) -> Result<Prompt, RequestError> {
+        parse(COMPLETIONS_PATH, json!({"model": "m", "prompt": prompt})).map(|r| r.prompt)
+    }
+
+    #[test]
+    fn completions_string_prompt_is_the_text_unchanged() {
+        let request = parse(
+            COMPLETIONS_PATH,
+            json!({"model": "llama", "prompt": "Hello, world", "stream": true,
+                   "max_tokens": 7, "cache_salt": "tenant-a"}),
+        )
+        .unwrap();
+        assert_eq!(
+            request,
+            ParsedRequest {
+                endpoint: Endpoint::Completions,
+                model: "llama".into(),
+                prompt: Prompt::Text("Hello, world".into()),
+                cache_salt: Some("tenant-a".into()),
+                stream: true,
+                max_tokens: Some(7),
+            }
+        );
+    }
+
+    #[test]
+    fn completions_defaults_are_no_stream_no_salt_no_max_tokens() {
+        let request = parse(COMPLETIONS_PATH, json!({"model": "m", "prompt": "x"})).unwrap();
+        assert!(!request.stream);
+        assert_eq!(request.cache_salt, None);
+        assert_eq!(request.max_tokens, None);
+    }
+
+    #[test]
+    fn completions_single_string_list_equals_the_string() {
+        assert_eq!(
+            completion_prompt(json!(["abc"])),
+            Ok(Prompt::Text("abc".into()))
+        );
+    }
+
+    #[test]
+    fn completions_string_list_is_joined_with_length_prefixes() {
+        assert_eq!(
+            completion_prompt(json!(["ab", "c"])),
+            Ok(Prompt::Text("2:ab1:c".into()))
+        );
+        assert_eq!(
+            completion_prompt(json!(["a", "bc"])),
+            Ok(Prompt::Text("1:a2:bc".into()))
+        );
+    }
+
+    #[test]
+    fn completions_token_list_gives_token_prompt() {
+        assert_eq!(
+            completion_prompt(json!([1, 2, 4294967295u64])),
+            Ok(Prompt::Tokens(vec![1, 2, u32::MAX]))
+        );
+    }
+
+    #[test]
+    fn completions_token_batch_routes_the_first_list() {
+        assert_eq!(
+            completion_prompt(json!([[5, 6], [7]])),
+            Ok(Prompt::Tokens(vec![5, 6]))
+        );
+    }
+
+    #[test]
+    fn completions_rejects_bad_token_ids() {
+        let expected = Err(wrong_type("prompt", "token ids between 0 and 4294967295"));
+        assert_eq!(completion_prompt(json!([1, -2])), expected);
+        assert_eq!(completion_prompt(json!([4294967296u64])), expected);
+        assert_eq!(completion_prompt(json!([1.5])), expected);
+        assert_eq!(completion_prompt(json!([[1], [2, -1]])), expected);
+        assert_eq!(completion_prompt(json!([1e300])), expected);
+    }
+
+    #[test]
+    fn completions_rejects_mixed_and_empty_prompt_lists() {
+        assert!(matches!(
+            completion_prompt(json!(["a", 1])),
+            Err(RequestError::WrongType {
+                field: "prompt",
+                ..
+            })
+        ));
+        assert!(matches!(
+            completion_prompt(json!([[1], 2])),
+            Err(RequestError::WrongType {
+                field: "prompt",
+                ..
+            })
+        ));
+        assert!(matches!(
+            completion_prompt(json!([{}])),
+            Err(RequestError::WrongType {
+                field: "prompt",
+                ..
+            })
+        ));
+        assert_eq!(
+            completion_prompt(json!([])),
+            Err(wrong_type("prompt", "a non-empty array"))
+        );
+        assert!(matches!(
+            completion_prompt(json!(42)),
+            Err(RequestError::WrongType {
+                field: "prompt",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn chat_renders_roles_contents_and_parts() {
+        let text = chat_text(json!({
+            "model": "m",
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "name": "ann", "content": [
+                    {"type": "text", "text": "What is this?"},
+                    {"type": "image_url", "image_url": {"url": "http://x/y.png"}}
+                ]}
+            ]
+        }));
+        assert_eq!(
+            text,
+            "r6:systemc9:Be brief.\n\
+             r4:usern3:annl2:t13:What is this?\
+             p57:{\"image_url\":{\"url\":\"http://x/y.png\"},\"type\":\"image_url\"}\n"
+        );
+    }
+
+    #[test]
+    fn chat_renders_tools_first_then_tool_calls_and_tool_results() {
+        let text = chat_text(json!({
+            "model": "m",
+            "messages": [
+                {"role": "user", "content": "weather?"},
+                {"role": "assistant", "content": null,
+                 "tool_calls": [{"id": "c1", "type": "function",
+                                 "function": {"name": "w", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "sunny"}
+            ],
+            "tools": [{"type": "function", "function": {"name": "w"}}]
+        }));
+        assert_eq!(
+            text,
+            "T45:[{\"function\":{\"name\":\"w\"},\"type\":\"function\"}]\n\
+             r4:userc8:weather?\n\
+             r9:assistant\
+             f72:[{\"function\":{\"arguments\":\"{}\",\"name\":\"w\"},\"id\":\"c1\",\"type\":\"function\"}]\n\
+             r4:toolc5:sunnyi2:c1\n"
+        );
+    }
+
+    #[test]
+    fn chat_rendering_covers_every_message_not_only_the_first() {
+        let a = chat_text(json!({"model": "m", "messages": [
+            {"role": "user", "content": "same"}, {"role": "assistant", "content": "one"}]}));
+        let b = chat_text(json!({"model": "m", "messages": [
+            {"role": "user", "content": "same"}, {"role": "assistant", "content": "two"}]}));
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn chat_rendering_of_fewer_messages_is_a_prefix() {
+        let messages = vec![
+            json!({"role": "system", "content": "s"}),
+            json!({"role": "user", "content": [{"type": "text", "text": "q"}]}),
+            json!({"role": "assistant", "content": "a"}),
+        ];
+        let tools = json!([{"type": "function"}]);
+        let full = render_chat(&messages, Some(&tools)).unwrap();
+        for k in 0..messages.len() {
+            let prefix = render_chat(&messages[..k], Some(&tools)).unwrap();
+            assert!(full.starts_with(&prefix), "k={k}");
+            assert!(prefix.len() < full.len());
+        }
+    }
+
+    #[test]
+    fn chat_string_content_differs_from_same_text_split_across_fields() {
+        // Length prefixes keep field boundaries: content "ab" + name "c" differs from
+        // content "a" + name "bc" and from a role that swallows part of the content.
+        let a = render_chat(
+            &[json!({"role": "user", "name": "c", "content": "ab"})],
+            None,
+        );
+        let b = render_chat(
+            &[json!({"role": "user", "name": "bc", "content": "a"})],
+            None,
+        );
+        let c = render_chat(&[json!({"role": "userc", "content": "b"})], None);
+        assert_ne!(a, b);
+        assert_ne!(a, c);
+    }
+
+    #[test]
+    fn chat_absent_tools_and_null_tools_render_the_same() {
+        let messages = [json!({"role": "user", "content": "x"})];
+        assert_eq!(
+            render_chat(&messages, None),
+            render_chat(&messages, Some(&Value::Null))
+        );
+        assert_ne!(
+            render_chat(&messages, None),
+            render_chat(&messages, Some(&json!([])))
+        );
+    }
+
+    #[test]
+    fn chat_canonical_json_ignores_key_order() {
+        let a: Value = serde_json::from_str(r#"[{"a":1,"b":[true,null,"\u0001"]}]"#).unwrap();
+        let b: Value = serde_json::from_str(r#"[{"b":[true,null,"\u0001"],"a":1}]"#).unwrap();
+        let messages = [json!({"role": "user", "content": "x"})];
+        assert_eq!(
+            render_chat(&messages, Some(&a)),
+            render_chat(&messages, Some(&b))
+        );
+        assert_eq!(
+            canonical_json(&a, "tools"),
+            Ok(r#"[{"a":1,"b":[true,null,"\u0001"]}]"#.to_owned())
+        );
+    }
+
+    #[test]
+    fn max_completion_tokens_wins_over_max_tokens() {
+        let request = parse(
+            CHAT_COMPLETIONS_PATH,
+            json!({"model": "m", "messages": [], "max_tokens": 10, "max_completion_tokens": 20}),
+        )
+        .unwrap();
+        assert_eq!(request.max_tokens, Some(20));
+        let request = parse(
+            CHAT_COMPLETIONS_PATH,
+            json!({"model": "m", "messages": [], "max_tokens": 10}),
+        )
+        .unwrap();
+        assert_eq!(request.max_tokens, Some(10));
+    }
+
+    #[test]
+    fn estimated_input_tokens_is_token_count_or_bytes_over_four_rounded_up() {
+        let mut request =
+            parse(COMPLETIONS_PATH, json!({"model": "m", "prompt": "12345"})).unwrap();
+        assert_eq!(request.estimated_input_tokens(), 2);
+        request.prompt = Prompt::Text("1234".into());
+        assert_eq!(request.estimated_input_tokens(), 1);
+        request.prompt = Prompt::Text(String::new());
+        assert_eq!(request.estimated_input_tokens(), 0);
+        request.prompt = Prompt::Tokens(vec![1, 2, 3]);
+        assert_eq!(request.estimated_input_tokens(), 3);
+    }
+
+    #[test]
+    fn unsupported_path_is_rejected() {
+        for path in [
+            "/v1/embeddings",
+            "/v1/completions/",
+            "/v1/completions?x=1",
+            "/completions",
+        ] {
+            assert_eq!(
+                parse_request(path, b"{}"),
+                Err(RequestError::UnsupportedPath(path.into()))
+            );
+        }
+    }
+
+    #[test]
+    fn invalid_json_is_rejected() {
+        assert!(matches!(
+            parse_request(COMPLETIONS_PATH, b"{\"model\": "),
+            Err(RequestError::InvalidJson(_))
+        ));
+        assert!(matches!(
+            parse_request(COMPLETIONS_PATH, &[0xff, 0xfe]),
+            Err(RequestError::InvalidJson(_))
+        ));
+    }
+
+    #[test]
+    fn deeply_nested_body_is_rejected_as_invalid_json() {
+        let body = format!(
+            "{{\"model\":\"m\",\"prompt\":{}{}}}",
+            "[".repeat(100_000),
+            "]".repeat(100_000)
+        );
+        assert!(matches!(
+            parse_request(COMPLETIONS_PATH, body.as_bytes()),
+            Err(RequestError::InvalidJson(_))
+        ));
+    }
+
+    #[test]
+    fn hand_built_deep_json_in_tools_is_rejected() {
+        let mut deep = json!(0);
+        for _ in 0..200 {
+            deep = json!([deep]);
+        }
+        let body = json!({"model": "m", "messages": [], "tools": deep});
+        assert_eq!(
+            parse_request_value(CHAT_COMPLETIONS_PATH, &body),
+            Err(wrong_type("tools", "JSON nested at most 128 levels deep"))
+        );
+    }
+
+    #[test]
+    fn non_object_body_is_rejected() {
+        for body in ["[]", "1", "\"s\"", "null"] {
+            assert_eq!(
+                parse_request(CHAT_COMPLETIONS_PATH, body.as_bytes()),
+                Err(RequestError::NotAnObject)
+            );
+        }
+    }
+
+    #[test]
+    fn missing_fields_are_rejected() {
+        assert_eq!(
+            parse(COMPLETIONS_PATH, json!({"prompt": "x"})),
+            Err(RequestError::MissingField("model"))
+        );
+        assert_eq!(
+            parse(COMPLETIONS_PATH, json!({"model": "m"})),
+            Err(RequestError::MissingField("prompt"))
+        );
+        assert_eq!(
+            parse(CHAT_COMPLETIONS_PATH, json!({"model": "m", "prompt": "x"})),
+            Err(RequestError::MissingField("messages"))
+        );
+        assert_eq!(
+            parse(
+                CHAT_COMPLETIONS_PATH,
+                json!({"model": "m", "messages": [{"content": "x"}]})
+            ),
+            Err(RequestError::MissingField("messages[].role"))
+        );
+    }
+
+    #[test]
+    fn wrong_types_are_rejected_with_the_field_name() {
+        let cases = [
+            (json!({"model": 1, "prompt": "x"}), "model"),
+            (
+                json!({"model": "m", "prompt": "x", "stream": "yes"}),
+                "stream",
+            ),
+            (
+                json!({"model": "m", "prompt": "x", "cache_salt": 3}),
+                "cache_salt",
+            ),
+            (
+                json!({"model": "m", "prompt": "x", "max_tokens": -1}),
+                "max_tokens",
+            ),
+            (
+                json!({"model": "m", "prompt": "x", "max_tokens": 1.5}),
+                "max_tokens",
+            ),
+            (
+                json!({"model": "m", "prompt": "x", "max_tokens": 1e20}),
+                "max_tokens",
+            ),
+            (
+                json!({"model": "m", "prompt": "x", "max_tokens": "9"}),
+                "max_tokens",
+            ),
+            (
+                json!({"model": "m", "prompt": "x", "max_completion_tokens": 4294967296u64}),
+                "max_completion_tokens",
+            ),
+        ];
+        for (body, field) in cases {
+            assert!(
+                matches!(parse(COMPLETIONS_PATH, body.clone()),
+                         Err(RequestError::WrongType { field: f, .. }) if f == field),
+                "{body}"
+            );
+        }
+        let chat_cases = [
+            (json!({"model": "m", "messages": {}}), "messages"),
+            (json!({"model": "m", "messages": [1]}), "messages[]"),
+            (
+                json!({"model": "m", "messages": [{"role": 1}]}),
+                "messages[].role",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "u", "content": 1}]}),
+                "messages[].content",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "u", "name": []}]}),
+                "messages[].name",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "u", "tool_calls": "x"}]}),
+                "messages[].tool_calls",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "u", "tool_call_id": 5}]}),
+                "messages[].tool_call_id",
+            ),
+            (json!({"model": "m", "messages": [], "tools": {}}), "tools"),
+        ];
+        for (body, field) in chat_cases {
+            assert!(
+                matches!(parse(CHAT_COMPLETIONS_PATH, body.clone()),
+                         Err(RequestError::WrongType { field: f, .. }) if f == field),
+                "{body}"
+            );
+        }
+    }
+
+    /// Any JSON value, a few levels deep.
+    fn arbitrary_json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<f64>().prop_map(Value::from),
+            ".{0,8}".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 32, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                prop::collection::btree_map(
+                    prop_oneof![
+                        Just("role".to_owned()),
+                        Just("content".to_owned()),
+                        Just("type".to_owned()),
+                        Just("text".to_owned()),
+                        Just("name".to_owned()),
+                        Just("tool_calls".to_owned()),
+                        Just("tool_call_id".to_owned()),
+                        ".{0,4}"
+                    ],
+                    inner,
+                    0..6
+                )
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// A body with the known fields, each either absent or an arbitrary value.
+    fn arbitrary_body() -> impl Strategy<Value = Value> {
+        let fields = [
+            "model",
+            "prompt",
+            "messages",
+            "tools",
+            "stream",
+            "cache_salt",
+            "max_tokens",
+            "max_completion_tokens",
+        ];
+        prop::collection::vec(prop::option::of(arbitrary_json()), fields.len()).prop_map(
+            move |values| {
+                let mut body = Map::new();
+                for (field, value) in fields.iter().zip(values) {
+                    if let Some(value) = value {
+                        body.insert((*field).to_owned(), value);
+                    }
+                }
+                Value::Object(body)
+            },
+        )
+    }
+
+    proptest! {
+        #[test]
+        fn random_bytes_never_panic(body in prop::collection::vec(any::<u8>(), 0..512)) {
+            let _ = parse_request(COMPLETIONS_PATH, &body);
+            let _ = parse_request(CHAT_COMPLETIONS_PATH, &body);
+        }
+
+        #[test]
+        fn random_json_bodies_never_panic(body in arbitrary_body()) {
+            let bytes = body.to_string();
+            for path in [COMPLETIONS_PATH, CHAT_COMPLETIONS_PATH] {
+                let from_bytes = parse_request(path, bytes.as_bytes());
+                // Float rendering may not round-trip bit-exactly; only compare on success.
+                if let (Ok(a), Ok(b)) = (&from_bytes, &parse_request_value(path, &body)) {
+                    prop_assert_eq!(a.endpoint, b.endpoint);
+                }
+            }
+        }
+    }
+}
