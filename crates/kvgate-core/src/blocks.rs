@@ -131,3 +131,343 @@ fn serialize_tokens(tokens: &[u32], buffer: &mut [u8; TOKEN_BUFFER_BYTES]) -> us
     }
     tokens.len() * 4
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::request::{CHAT_COMPLETIONS_PATH, Endpoint, parse_request_value, render_chat};
+    use proptest::prelude::*;
+    use serde_json::{Value, json};
+
+    const HASHER: BlockHasher = BlockHasher {
+        block_size_tokens: 16,
+        chars_per_token: 4,
+    };
+
+    fn text_request(model: &str, salt: Option<&str>, text: &str) -> ParsedRequest {
+        ParsedRequest {
+            endpoint: Endpoint::Completions,
+            model: model.into(),
+            prompt: Prompt::Text(text.into()),
+            cache_salt: salt.map(Into::into),
+            stream: false,
+            max_tokens: None,
+        }
+    }
+
+    fn hashes(request: &ParsedRequest) -> Vec<BlockHash> {
+        let mut out = Vec::new();
+        HASHER.hash_request(request, &mut out);
+        out
+    }
+
+    /// The chain written the obvious way, with an allocation per block.
+    fn reference_token_hashes(seed: u64, tokens: &[u32], block: usize) -> Vec<BlockHash> {
+        let mut previous = seed;
+        tokens
+            .chunks_exact(block)
+            .map(|chunk| {
+                let bytes: Vec<u8> = chunk.iter().flat_map(|t| t.to_le_bytes()).collect();
+                previous = xxh3_64_with_seed(&bytes, previous);
+                previous
+            })
+            .collect()
+    }
+
+    #[test]
+    fn default_block_is_16_tokens_of_4_chars() {
+        assert_eq!(BlockHasher::default(), HASHER);
+        assert_eq!(HASHER.text_block_bytes(), 64);
+    }
+
+    #[test]
+    fn text_of_130_bytes_gives_exactly_two_64_byte_blocks() {
+        let text = "a".repeat(130);
+        let seed = BlockHasher::chain_seed("m", None);
+        let mut out = Vec::new();
+        HASHER.hash_text(seed, &text, &mut out);
+        let first = xxh3_64_with_seed(&text.as_bytes()[..64], seed);
+        let second = xxh3_64_with_seed(&text.as_bytes()[64..128], first);
+        assert_eq!(out, vec![first, second]);
+    }
+
+    #[test]
+    fn text_shorter_than_a_block_gives_no_blocks() {
+        assert_eq!(
+            hashes(&text_request("m", None, &"x".repeat(63))),
+            Vec::<u64>::new()
+        );
+        assert_eq!(hashes(&text_request("m", None, "")), Vec::<u64>::new());
+    }
+
+    #[test]
+    fn text_blocks_are_counted_in_bytes_not_chars() {
+        // 32 two-byte characters = 64 bytes = one block.
+        assert_eq!(hashes(&text_request("m", None, &"é".repeat(32))).len(), 1);
+        // A block boundary may split a character; hashing still works.
+        assert_eq!(hashes(&text_request("m", None, &"é".repeat(33))).len(), 1);
+        assert_eq!(hashes(&text_request("m", None, &"€".repeat(43))).len(), 2);
+    }
+
+    #[test]
+    fn hash_text_appends_to_out() {
+        let mut out = vec![7];
+        HASHER.hash_text(1, &"a".repeat(64), &mut out);
+        assert_eq!(out.len(), 2);
+        assert_eq!(out[0], 7);
+    }
+
+    #[test]
+    fn hash_request_clears_out_first() {
+        let mut out = vec![1, 2, 3];
+        HASHER.hash_request(&text_request("m", None, &"a".repeat(64)), &mut out);
+        assert_eq!(out.len(), 1);
+    }
+
+    #[test]
+    fn token_blocks_are_chained_little_endian_u32() {
+        let tokens: Vec<u32> = (0..40).map(|i| i * 0x0101_0101).collect();
+        let seed = BlockHasher::chain_seed("m", None);
+        let mut out = Vec::new();
+        HASHER.hash_tokens(seed, &tokens, &mut out);
+        let mut first_bytes = Vec::new();
+        for t in &tokens[..16] {
+            first_bytes.extend_from_slice(&t.to_le_bytes());
+        }
+        let first = xxh3_64_with_seed(&first_bytes, seed);
+        assert_eq!(out.len(), 2);
+        assert_eq!(out[0], first);
+        assert_eq!(out, reference_token_hashes(seed, &tokens, 16));
+    }
+
+    #[test]
+    fn token_blocks_larger_than_the_stack_buffer_hash_like_one_shot() {
+        let hasher = BlockHasher {
+            block_size_tokens: 1000,
+            chars_per_token: 4,
+        };
+        let tokens: Vec<u32> = (0..2500).map(|i| i * 7919).collect();
+        let mut out = Vec::new();
+        hasher.hash_tokens(42, &tokens, &mut out);
+        assert_eq!(out, reference_token_hashes(42, &tokens, 1000));
+    }
+
+    #[test]
+    fn token_request_hashes_token_blocks() {
+        let mut request = text_request("m", None, "");
+        request.prompt = Prompt::Tokens((0..33).collect());
+        let seed = BlockHasher::chain_seed("m", None);
+        assert_eq!(
+            hashes(&request),
+            reference_token_hashes(seed, &(0..33).collect::<Vec<_>>(), 16)
+        );
+    }
+
+    #[test]
+    fn zero_block_size_gives_no_blocks() {
+        let hasher = BlockHasher {
+            block_size_tokens: 0,
+            chars_per_token: 4,
+        };
+        let mut out = Vec::new();
+        hasher.hash_text(0, &"a".repeat(1000), &mut out);
+        hasher.hash_tokens(0, &[1; 100], &mut out);
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn chain_seed_is_xxh3_of_model_then_salt() {
+        let model = xxh3_64(b"llama");
+        assert_eq!(BlockHasher::chain_seed("llama", None), model);
+        assert_eq!(
+            BlockHasher::chain_seed("llama", Some("t")),
+            xxh3_64_with_seed(b"t", model)
+        );
+    }
+
+    #[test]
+    fn empty_salt_differs_from_no_salt() {
+        assert_ne!(
+            BlockHasher::chain_seed("m", None),
+            BlockHasher::chain_seed("m", Some(""))
+        );
+    }
+
+    #[test]
+    fn equal_prompts_give_equal_hashes() {
+        let text = "The quick brown fox. ".repeat(20);
+        let a = hashes(&text_request("m", Some("s"), &text));
+        assert_eq!(a.len(), 420 / 64);
+        assert_eq!(a, hashes(&text_request("m", Some("s"), &text)));
+    }
+
+    #[test]
+    fn cache_salt_changes_every_hash() {
+        let text = "x".repeat(64 * 5);
+        let none = hashes(&text_request("m", None, &text));
+        let empty = hashes(&text_request("m", Some(""), &text));
+        let a = hashes(&text_request("m", Some("a"), &text));
+        let b = hashes(&text_request("m", Some("b"), &text));
+        for i in 0..5 {
+            let at_i = [none[i], empty[i], a[i], b[i]];
+            for j in 0..4 {
+                for k in j + 1..4 {
+                    assert_ne!(at_i[j], at_i[k], "block {i}, variants {j} and {k}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn model_changes_every_hash() {
+        let text = "x".repeat(64 * 5);
+        let a = hashes(&text_request("llama", None, &text));
+        let b = hashes(&text_request("qwen", None, &text));
+        assert_eq!(a.len(), 5);
+        assert!(a.iter().zip(&b).all(|(x, y)| x != y));
+    }
+
+    #[test]
+    fn changing_one_block_changes_it_and_every_later_block_only() {
+        let mut text = "y".repeat(64 * 4).into_bytes();
+        let before = hashes(&text_request(
+            "m",
+            None,
+            std::str::from_utf8(&text).unwrap(),
+        ));
+        text[64 + 10] = b'z';
+        let after = hashes(&text_request(
+            "m",
+            None,
+            std::str::from_utf8(&text).unwrap(),
+        ));
+        assert_eq!(before[0], after[0]);
+        assert!((1..4).all(|i| before[i] != after[i]));
+    }
+
+    fn message() -> impl Strategy<Value = Value> {
+        let content = prop_oneof![
+            Just(Value::Null),
+            ".{0,120}".prop_map(Value::String),
+            prop::collection::vec(
+                prop_oneof![
+                    ".{0,60}".prop_map(|t| json!({"type": "text", "text": t})),
+                    "[a-z]{0,20}"
+                        .prop_map(|u| json!({"type": "image_url", "image_url": {"url": u}})),
+                ],
+                0..4
+            )
+            .prop_map(Value::Array),
+        ];
+        (
+            prop::sample::select(vec!["system", "user", "assistant", "tool"]),
+            content,
+            prop::option::of("[a-z]{1,6}"),
+            prop::option::of("[a-z]{1,8}"),
+            prop::option::of("[a-z]{1,4}"),
+        )
+            .prop_map(|(role, content, name, call, call_id)| {
+                let mut m = json!({"role": role, "content": content});
+                if let Some(name) = name {
+                    m["name"] = json!(name);
+                }
+                if let Some(call) = call {
+                    m["tool_calls"] = json!([{"id": "c", "type": "function",
+                        "function": {"name": call, "arguments": "{}"}}]);
+                }
+                if let Some(id) = call_id {
+                    m["tool_call_id"] = json!(id);
+                }
+                m
+            })
+    }
+
+    fn tools() -> impl Strategy<Value = Option<Value>> {
+        prop::option::of(
+            prop::collection::vec("[a-z]{1,10}", 0..3).prop_map(|names| {
+                Value::Array(
+                    names
+                        .into_iter()
+                        .map(|n| json!({"type": "function", "function": {"name": n}}))
+                        .collect(),
+                )
+            }),
+        )
+    }
+
+    fn chat_hashes(messages: &[Value], tools: &Option<Value>) -> Vec<BlockHash> {
+        let mut body = json!({"model": "m", "messages": messages});
+        if let Some(tools) = tools {
+            body["tools"] = tools.clone();
+        }
+        let request = parse_request_value(CHAT_COMPLETIONS_PATH, &body).unwrap();
+        hashes(&request)
+    }
+
+    proptest! {
+        #[test]
+        fn changing_message_i_changes_blocks_from_its_first_differing_byte_on(
+            messages in prop::collection::vec(message(), 1..8),
+            tools in tools(),
+            index in any::<prop::sample::Index>(),
+            replacement in message(),
+        ) {
+            let i = index.index(messages.len());
+            prop_assume!(messages[i] != replacement);
+            let mut changed = messages.clone();
+            changed[i] = replacement;
+
+            let old_text = render_chat(&messages, tools.as_ref()).unwrap();
+            let new_text = render_chat(&changed, tools.as_ref()).unwrap();
+            let start = render_chat(&messages[..i], tools.as_ref()).unwrap().len();
+            let first_diff = old_text
+                .bytes()
+                .zip(new_text.bytes())
+                .position(|(a, b)| a != b)
+                .unwrap_or(old_text.len().min(new_text.len()));
+            prop_assert!(first_diff >= start, "rendering changed before message {}", i);
+            prop_assert!(old_text != new_text);
+
+            let old = chat_hashes(&messages, &tools);
+            let new = chat_hashes(&changed, &tools);
+            let block = HASHER.text_block_bytes();
+            for j in 0..old.len().min(new.len()) {
+                if (j + 1) * block <= start {
+                    prop_assert_eq!(old[j], new[j], "block {} lies before message {}", j, i);
+                } else if j >= first_diff / block {
+                    prop_assert_ne!(old[j], new[j], "block {} is at or after the change", j);
+                }
+            }
+        }
+
+        #[test]
+        fn appending_a_message_keeps_every_earlier_full_block(
+            messages in prop::collection::vec(message(), 0..8),
+            tools in tools(),
+            next in message(),
+        ) {
+            let mut longer = messages.clone();
+            longer.push(next);
+            let short_text = render_chat(&messages, tools.as_ref()).unwrap();
+            let long_text = render_chat(&longer, tools.as_ref()).unwrap();
+            prop_assert!(long_text.starts_with(&short_text));
+
+            let short = chat_hashes(&messages, &tools);
+            let long = chat_hashes(&longer, &tools);
+            prop_assert_eq!(short.len(), short_text.len() / HASHER.text_block_bytes());
+            prop_assert_eq!(&long[..short.len()], &short[..]);
+        }
+
+        #[test]
+        fn token_hashing_matches_the_reference_chain(
+            tokens in prop::collection::vec(any::<u32>(), 0..600),
+            block in 1u32..300,
+            seed in any::<u64>(),
+        ) {
+            let hasher = BlockHasher { block_size_tokens: block, chars_per_token: 4 };
+            let mut out = Vec::new();
+            hasher.hash_tokens(seed, &tokens, &mut out);
+            prop_assert_eq!(out, reference_token_hashes(seed, &tokens, block as usize));
+        }
+    }
+}

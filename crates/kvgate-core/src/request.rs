@@ -152,6 +152,11 @@ impl ParsedRequest {
 }
 
 /// Parse a raw body for `path` (`/v1/completions` or `/v1/chat/completions`).
+///
+/// # Errors
+/// [`RequestError::UnsupportedPath`] for any other path (checked before the body is decoded),
+/// [`RequestError::InvalidJson`] for a body that is not JSON, and the errors of
+/// [`parse_request_value`].
 pub fn parse_request(path: &str, body: &[u8]) -> Result<ParsedRequest, RequestError> {
     // Check the path first: no point decoding a body we would reject anyway.
     if Endpoint::from_path(path).is_none() {
@@ -163,6 +168,11 @@ pub fn parse_request(path: &str, body: &[u8]) -> Result<ParsedRequest, RequestEr
 }
 
 /// Parse an already-decoded JSON body.
+///
+/// # Errors
+/// [`RequestError::UnsupportedPath`], [`RequestError::NotAnObject`], and
+/// [`RequestError::MissingField`] / [`RequestError::WrongType`] naming the offending field
+/// (`messages[].content` and the like for fields inside a message).
 pub fn parse_request_value(path: &str, body: &Value) -> Result<ParsedRequest, RequestError> {
     let endpoint =
         Endpoint::from_path(path).ok_or_else(|| RequestError::UnsupportedPath(path.to_owned()))?;
@@ -207,6 +217,9 @@ pub fn parse_request_value(path: &str, body: &Value) -> Result<ParsedRequest, Re
 /// Renders a chat conversation (`messages` and the optional `tools` array) as described in the
 /// module docs. `render_chat(&messages[..k], tools)` is a prefix of
 /// `render_chat(&messages[..k + 1], tools)`.
+///
+/// # Errors
+/// The field errors of [`parse_request_value`] for a malformed message or `tools`.
 pub fn render_chat(messages: &[Value], tools: Option<&Value>) -> Result<String, RequestError> {
     let mut out = String::new();
     match tools {
