@@ -1,42 +1,877 @@
 //! The routed (approximate) prefix index.
 //!
-//! CONTRACT (to be implemented): per-pod strict LRU of block hashes with a capacity in blocks
-//! (default [`super::DEFAULT_POD_CAPACITY_BLOCKS`], or the pod's reported KV block count); a
-//! block → pods map kept exactly in sync with the LRUs, so scoring costs O(prompt blocks).
-//! Recording touches the prompt's blocks last-to-first, so a prompt's first blocks are the most
-//! recently used and evicted last (as vLLM frees a request's tail blocks first).
+//! It learns from where the router *sent* requests, not from the pods: after a request with
+//! blocks `b0..bn` goes to pod p, p is assumed to hold those blocks until p's strict LRU (with a
+//! capacity in blocks equal to the pod's KV blocks) pushes them out. This mirrors vLLM's prefix
+//! cache, which evicts free blocks in LRU order.
+//!
+//! # Structure
+//!
+//! - One slab-backed doubly linked LRU list per pod ([`PodLru`]): a `Vec` of 16-byte nodes
+//!   (`hash: u64, prev: u32, next: u32`), freed slots chained in a free list. Pods are dense
+//!   [`PodId`]s, so per-pod state lives in a `Vec` indexed by [`PodId::index`]; ids at or above
+//!   [`MAX_PODS`] are rejected (ignored and counted in [`RoutedIndex::rejected_pod_ids`]) rather
+//!   than allocating without bound.
+//! - One global block → holders map (`FxHashMap<BlockHash, Holders>`, deterministic hashing).
+//!   A holder is `(pod, slot in that pod's slab)`, so the global map doubles as each pod's
+//!   hash → node lookup and there is no per-pod hash map at all. One or two holders are stored
+//!   inline (16-byte value); three or more spill to a boxed `Vec`.
+//!
+//! The two are kept exactly in sync: every LRU node has a holder entry pointing at it and vice
+//! versa; evicting a node removes the pod from the block's holders, and an empty entry is removed.
+//!
+//! # Parameters
+//!
+//! - Capacity per pod: [`super::DEFAULT_POD_CAPACITY_BLOCKS`] (31,250, llm-d's default) for a pod
+//!   first seen via `record_routed`; `set_capacity` sets the pod's real KV block count
+//!   (clamped to [`MAX_POD_CAPACITY_BLOCKS`]).
+//! - [`MAX_PODS`] = 65,536: pod ids are stored as `u16` in the holders.
+//!
+//! # Behaviour
+//!
+//! - `record_routed` touches blocks from last to first, so the prompt's first blocks end up most
+//!   recently used and are evicted last (vLLM frees a finished request's tail blocks first).
+//! - `match_prefix` walks the prompt's blocks in order and advances pod p at step i only if p
+//!   matched all of blocks `0..i`; it stops at the first step where no pod advanced. Cost
+//!   O(prompt blocks × pods per block). It does not touch the LRUs.
+//!
+//! # Memory
+//!
+//! Per indexed (pod, block): one 16-byte slab node, plus one global map entry per distinct block
+//! (8-byte key + 16-byte value + 1 control byte; hashbrown keeps its load between 7/16 and 7/8).
+//! A slab grows by doubling but never past the pod's capacity, so a full pod's slab is exact.
+//! Worst case for a block held by one pod: 16 × 2 (slab just after doubling) + 25 × 16 / 7 (map
+//! just after doubling) ≈ 89 bytes. The documented bound is [`MAX_BYTES_PER_INDEXED_BLOCK`] =
+//! 96 bytes of live heap (requested sizes; malloc's own per-allocation overhead not included),
+//! checked by `tests/index_memory.rs` with a counting global allocator: live bytes /
+//! [`PrefixIndex::indexed_blocks`] after every recorded 20-block prompt once ≥ 4,096 blocks are
+//! indexed. Measured (x86-64 Linux):
+//!
+//! | scenario | at the end | worst step |
+//! |---|---|---|
+//! | 200,000 distinct blocks, 1 pod | 48.8 | 82.0 |
+//! | 100,000 blocks shared by 2 pods (200,000 indexed) | 32.4 | 57.0 |
+//! | 200,000 blocks through 1 pod of capacity 50,000 | 48.8 | 82.0 |
+//! | 25,000 blocks shared by 4 pods (boxed holder lists) | 42.2 | 62.5 |
+//!
+//! While the map resizes, its old and new tables coexist for a moment (not in the figures).
+//! The index as a whole is bounded by Σ pod capacities × 96 bytes plus per-pod headers
+//! (≤ [`MAX_PODS`] of them). Removing a pod or shrinking a capacity compacts the slab and
+//! shrinks the map once it is under a quarter full.
+//!
+//! The `lru` crate (0.19) was considered and not used: it allocates each entry separately and
+//! keeps its own hash map per pod, so it would cost a per-pod map entry *and* a heap node on top
+//! of the global block → pods map that scoring needs.
 
-use super::PrefixIndex;
+use super::{DEFAULT_POD_CAPACITY_BLOCKS, PrefixIndex};
 use crate::blocks::BlockHash;
 use crate::pod::PodId;
+use rustc_hash::FxHashMap;
 
+/// Pod ids at or above this are rejected (pods are stored as `u16` in the block → pods map).
+pub const MAX_PODS: usize = 1 << 16;
+
+/// Largest per-pod capacity: slab slots are `u32` and `u32::MAX` terminates the lists.
+pub const MAX_POD_CAPACITY_BLOCKS: u32 = u32::MAX - 1;
+
+/// Documented bound on live heap bytes per indexed (pod, block); see the module docs.
+pub const MAX_BYTES_PER_INDEXED_BLOCK: usize = 96;
+
+const NIL: u32 = u32::MAX;
+
+/// One entry of a pod's LRU list. `next` also chains the free list.
+#[derive(Debug, Clone, Copy)]
+struct Node {
+    hash: BlockHash,
+    prev: u32,
+    next: u32,
+}
+
+/// A pod that holds a block, and where the block sits in that pod's slab.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Holder {
+    pod: u16,
+    slot: u32,
+}
+
+/// The pods holding one block. Most blocks are held by one or two pods, stored inline.
+#[derive(Debug)]
+enum Holders {
+    One {
+        pod: u16,
+        slot: u32,
+    },
+    Two {
+        pods: [u16; 2],
+        slots: [u32; 2],
+    },
+    #[expect(
+        clippy::box_collection,
+        reason = "a thin pointer keeps Holders at 16 bytes; a Vec or Box<[_]> would make it 24-32"
+    )]
+    Many(Box<Vec<Holder>>),
+}
+
+impl Holders {
+    fn slot_of(&self, pod: u16) -> Option<u32> {
+        match self {
+            Holders::One { pod: p, slot } => (*p == pod).then_some(*slot),
+            Holders::Two { pods, slots } => {
+                if pods[0] == pod {
+                    Some(slots[0])
+                } else if pods[1] == pod {
+                    Some(slots[1])
+                } else {
+                    None
+                }
+            }
+            Holders::Many(v) => v.iter().find(|h| h.pod == pod).map(|h| h.slot),
+        }
+    }
+
+    fn for_each_pod(&self, mut f: impl FnMut(u16)) {
+        match self {
+            Holders::One { pod, .. } => f(*pod),
+            Holders::Two { pods, .. } => {
+                f(pods[0]);
+                f(pods[1]);
+            }
+            Holders::Many(v) => v.iter().for_each(|h| f(h.pod)),
+        }
+    }
+
+    /// Adds a pod known not to be a holder yet.
+    fn insert(&mut self, pod: u16, slot: u32) {
+        *self = match std::mem::replace(self, Holders::One { pod: 0, slot: 0 }) {
+            Holders::One { pod: p, slot: s } => Holders::Two {
+                pods: [p, pod],
+                slots: [s, slot],
+            },
+            Holders::Two { pods, slots } => Holders::Many(Box::new(vec![
+                Holder {
+                    pod: pods[0],
+                    slot: slots[0],
+                },
+                Holder {
+                    pod: pods[1],
+                    slot: slots[1],
+                },
+                Holder { pod, slot },
+            ])),
+            Holders::Many(mut v) => {
+                v.push(Holder { pod, slot });
+                Holders::Many(v)
+            }
+        };
+    }
+
+    fn set_slot(&mut self, pod: u16, slot: u32) {
+        match self {
+            Holders::One { pod: p, slot: s } => {
+                if *p == pod {
+                    *s = slot;
+                }
+            }
+            Holders::Two { pods, slots } => {
+                for (p, s) in pods.iter().zip(slots.iter_mut()) {
+                    if *p == pod {
+                        *s = slot;
+                    }
+                }
+            }
+            Holders::Many(v) => {
+                for h in v.iter_mut().filter(|h| h.pod == pod) {
+                    h.slot = slot;
+                }
+            }
+        }
+    }
+
+    /// Removes a pod; returns true when no holder is left.
+    fn remove(&mut self, pod: u16) -> bool {
+        match self {
+            Holders::One { pod: p, .. } => *p == pod,
+            Holders::Two { pods, slots } => {
+                if pods[0] == pod {
+                    *self = Holders::One {
+                        pod: pods[1],
+                        slot: slots[1],
+                    };
+                } else if pods[1] == pod {
+                    *self = Holders::One {
+                        pod: pods[0],
+                        slot: slots[0],
+                    };
+                }
+                false
+            }
+            Holders::Many(v) => {
+                v.retain(|h| h.pod != pod);
+                if let [a, b] = v.as_slice() {
+                    *self = Holders::Two {
+                        pods: [a.pod, b.pod],
+                        slots: [a.slot, b.slot],
+                    };
+                }
+                false
+            }
+        }
+    }
+}
+
+/// Removes `pod` from the holders of `hash`, dropping the entry when it becomes empty.
+fn drop_holder(holders: &mut FxHashMap<BlockHash, Holders>, hash: BlockHash, pod: u16) {
+    if let Some(h) = holders.get_mut(&hash)
+        && h.remove(pod)
+    {
+        holders.remove(&hash);
+    }
+}
+
+/// One pod's strict LRU over a slab. `head` is the most recently used block, `tail` the least.
+#[derive(Debug)]
+struct PodLru {
+    nodes: Vec<Node>,
+    head: u32,
+    tail: u32,
+    free: u32,
+    len: u32,
+    capacity: u32,
+}
+
+impl PodLru {
+    fn new(capacity: u32) -> Self {
+        PodLru {
+            nodes: Vec::new(),
+            head: NIL,
+            tail: NIL,
+            free: NIL,
+            len: 0,
+            capacity: capacity.min(MAX_POD_CAPACITY_BLOCKS),
+        }
+    }
+
+    fn unlink(&mut self, slot: u32) {
+        let Node { prev, next, .. } = self.nodes[slot as usize];
+        if prev == NIL {
+            self.head = next;
+        } else {
+            self.nodes[prev as usize].next = next;
+        }
+        if next == NIL {
+            self.tail = prev;
+        } else {
+            self.nodes[next as usize].prev = prev;
+        }
+    }
+
+    fn link_front(&mut self, slot: u32) {
+        let old_head = self.head;
+        let node = &mut self.nodes[slot as usize];
+        node.prev = NIL;
+        node.next = old_head;
+        if old_head == NIL {
+            self.tail = slot;
+        } else {
+            self.nodes[old_head as usize].prev = slot;
+        }
+        self.head = slot;
+    }
+
+    fn move_to_front(&mut self, slot: u32) {
+        if self.head != slot {
+            self.unlink(slot);
+            self.link_front(slot);
+        }
+    }
+
+    /// Inserts a block as most recently used (the caller made room) and returns its slot.
+    fn push_front(&mut self, hash: BlockHash) -> u32 {
+        let node = Node {
+            hash,
+            prev: NIL,
+            next: NIL,
+        };
+        let slot = if self.free != NIL {
+            let slot = self.free;
+            self.free = self.nodes[slot as usize].next;
+            self.nodes[slot as usize] = node;
+            slot
+        } else {
+            if self.nodes.len() == self.nodes.capacity() {
+                // Double, but never past the capacity: a full pod's slab is exactly its size.
+                let len = self.nodes.len();
+                let room = (self.capacity as usize).saturating_sub(len).max(1);
+                self.nodes.reserve_exact(len.max(16).min(room));
+            }
+            self.nodes.push(node);
+            (self.nodes.len() - 1) as u32
+        };
+        self.link_front(slot);
+        self.len += 1;
+        slot
+    }
+
+    /// Removes the least recently used block and returns its hash.
+    fn pop_back(&mut self) -> Option<BlockHash> {
+        let slot = self.tail;
+        if slot == NIL {
+            return None;
+        }
+        self.unlink(slot);
+        let node = &mut self.nodes[slot as usize];
+        let hash = node.hash;
+        node.next = self.free;
+        self.free = slot;
+        self.len -= 1;
+        Some(hash)
+    }
+
+    /// Slots from most to least recently used.
+    fn iter_slots(&self) -> impl Iterator<Item = u32> + '_ {
+        std::iter::successors((self.head != NIL).then_some(self.head), |&s| {
+            let next = self.nodes[s as usize].next;
+            (next != NIL).then_some(next)
+        })
+    }
+
+    /// Rebuilds the slab without holes (after a shrink), fixing the slots in `holders`.
+    fn compact(&mut self, pod: u16, holders: &mut FxHashMap<BlockHash, Holders>) {
+        let mut nodes = Vec::with_capacity(self.len as usize);
+        for (new_slot, old_slot) in self.iter_slots().enumerate() {
+            let hash = self.nodes[old_slot as usize].hash;
+            let new_slot = new_slot as u32;
+            nodes.push(Node {
+                hash,
+                prev: new_slot.checked_sub(1).unwrap_or(NIL),
+                next: new_slot + 1,
+            });
+            if let Some(h) = holders.get_mut(&hash) {
+                h.set_slot(pod, new_slot);
+            }
+        }
+        if let Some(last) = nodes.last_mut() {
+            last.next = NIL;
+        }
+        self.head = if nodes.is_empty() { NIL } else { 0 };
+        self.tail = (nodes.len() as u32).checked_sub(1).unwrap_or(NIL);
+        self.free = NIL;
+        self.nodes = nodes;
+    }
+}
+
+/// The routed prefix index; see the module docs.
 #[derive(Debug, Default)]
-pub struct RoutedIndex {}
+pub struct RoutedIndex {
+    /// Per-pod LRUs, indexed by [`PodId::index`]; `None` for ids never seen or removed.
+    pods: Vec<Option<PodLru>>,
+    /// Block → pods holding it, with each pod's slab slot.
+    holders: FxHashMap<BlockHash, Holders>,
+    /// Σ per-pod LRU lengths.
+    indexed_blocks: usize,
+    /// Calls ignored because the pod id was ≥ [`MAX_PODS`].
+    rejected_pod_ids: u64,
+}
 
 impl RoutedIndex {
     pub fn new() -> Self {
-        RoutedIndex {}
+        RoutedIndex::default()
+    }
+
+    /// Calls to `record_routed` / `set_capacity` ignored because the pod id was ≥ [`MAX_PODS`].
+    pub fn rejected_pod_ids(&self) -> u64 {
+        self.rejected_pod_ids
+    }
+
+    /// Distinct blocks held by at least one pod.
+    pub fn distinct_blocks(&self) -> usize {
+        self.holders.len()
+    }
+
+    /// Blocks the index believes `pod` holds.
+    pub fn pod_blocks(&self, pod: PodId) -> usize {
+        self.lru(pod).map_or(0, |l| l.len as usize)
+    }
+
+    /// The pod's capacity in blocks, or `None` if the pod is unknown.
+    pub fn capacity_blocks(&self, pod: PodId) -> Option<u32> {
+        self.lru(pod).map(|l| l.capacity)
+    }
+
+    fn lru(&self, pod: PodId) -> Option<&PodLru> {
+        self.pods.get(pod.index()).and_then(Option::as_ref)
+    }
+
+    /// Creates the pod's LRU with `capacity` if unseen and returns the id as stored in the
+    /// holders; `None` (and counted) if the id is ≥ [`MAX_PODS`].
+    fn ensure_pod(&mut self, pod: PodId, capacity: u32) -> Option<u16> {
+        let Ok(pod16) = u16::try_from(pod.0) else {
+            self.rejected_pod_ids += 1;
+            return None;
+        };
+        let i = pod.index();
+        if self.pods.len() <= i {
+            self.pods.resize_with(i + 1, || None);
+        }
+        if let Some(entry) = self.pods.get_mut(i) {
+            entry.get_or_insert_with(|| PodLru::new(capacity));
+        }
+        Some(pod16)
+    }
+
+    /// Frees hash-map memory after large removals (never on the recording path).
+    fn maybe_shrink_map(&mut self) {
+        if self.holders.capacity() > 4 * self.holders.len().max(1024) {
+            self.holders.shrink_to_fit();
+        }
+    }
+
+    /// Blocks of `pod` from most to least recently used (tests only).
+    #[cfg(test)]
+    fn blocks_mru_first(&self, pod: PodId) -> Vec<BlockHash> {
+        self.lru(pod).map_or_else(Vec::new, |l| {
+            l.iter_slots().map(|s| l.nodes[s as usize].hash).collect()
+        })
     }
 }
 
 impl PrefixIndex for RoutedIndex {
     fn match_prefix(&self, blocks: &[BlockHash], matched: &mut Vec<u32>) {
-        let _ = (blocks, matched);
-        todo!()
+        matched.clear();
+        matched.resize(self.pods.len(), 0);
+        for (i, hash) in blocks.iter().enumerate() {
+            let (Ok(i), Some(holders)) = (u32::try_from(i), self.holders.get(hash)) else {
+                break;
+            };
+            let Some(next) = i.checked_add(1) else { break };
+            let mut advanced = false;
+            holders.for_each_pod(|pod| {
+                if let Some(m) = matched.get_mut(pod as usize)
+                    && *m == i
+                {
+                    *m = next;
+                    advanced = true;
+                }
+            });
+            if !advanced {
+                break;
+            }
+        }
     }
+
     fn record_routed(&mut self, pod: PodId, blocks: &[BlockHash]) {
-        let _ = (pod, blocks);
-        todo!()
+        let Some(pod16) = self.ensure_pod(pod, DEFAULT_POD_CAPACITY_BLOCKS) else {
+            return;
+        };
+        let Some(Some(lru)) = self.pods.get_mut(pod.index()) else {
+            return;
+        };
+        let holders = &mut self.holders;
+        for &hash in blocks.iter().rev() {
+            if let Some(slot) = holders.get(&hash).and_then(|h| h.slot_of(pod16)) {
+                lru.move_to_front(slot);
+                continue;
+            }
+            if lru.capacity == 0 {
+                continue;
+            }
+            if lru.len >= lru.capacity
+                && let Some(evicted) = lru.pop_back()
+            {
+                drop_holder(holders, evicted, pod16);
+                self.indexed_blocks -= 1;
+            }
+            let slot = lru.push_front(hash);
+            holders
+                .entry(hash)
+                .and_modify(|h| h.insert(pod16, slot))
+                .or_insert(Holders::One { pod: pod16, slot });
+            self.indexed_blocks += 1;
+        }
     }
+
     fn set_capacity(&mut self, pod: PodId, capacity_blocks: u32) {
-        let _ = (pod, capacity_blocks);
-        todo!()
+        let capacity = capacity_blocks.min(MAX_POD_CAPACITY_BLOCKS);
+        let Some(pod16) = self.ensure_pod(pod, capacity) else {
+            return;
+        };
+        let Some(Some(lru)) = self.pods.get_mut(pod.index()) else {
+            return;
+        };
+        let shrunk = capacity < lru.capacity;
+        lru.capacity = capacity;
+        let mut evicted_any = false;
+        while lru.len > capacity {
+            let Some(hash) = lru.pop_back() else { break };
+            drop_holder(&mut self.holders, hash, pod16);
+            self.indexed_blocks -= 1;
+            evicted_any = true;
+        }
+        if shrunk && lru.nodes.capacity() > capacity as usize {
+            lru.compact(pod16, &mut self.holders);
+        }
+        if evicted_any {
+            self.maybe_shrink_map();
+        }
     }
+
     fn remove_pod(&mut self, pod: PodId) {
-        let _ = pod;
-        todo!()
+        let Ok(pod16) = u16::try_from(pod.0) else {
+            return;
+        };
+        let Some(lru) = self.pods.get_mut(pod.index()).and_then(Option::take) else {
+            return;
+        };
+        for slot in lru.iter_slots() {
+            drop_holder(&mut self.holders, lru.nodes[slot as usize].hash, pod16);
+        }
+        self.indexed_blocks -= lru.len as usize;
+        while matches!(self.pods.last(), Some(None)) {
+            self.pods.pop();
+        }
+        self.maybe_shrink_map();
     }
+
     fn indexed_blocks(&self) -> usize {
-        todo!()
+        self.indexed_blocks
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+    fn matched(index: &RoutedIndex, blocks: &[BlockHash]) -> Vec<u32> {
+        let mut m = vec![99; 7];
+        index.match_prefix(blocks, &mut m);
+        m
+    }
+
+    /// Checks every internal invariant: list links, free list, slots, holders ↔ LRUs, counts.
+    fn check_invariants(index: &RoutedIndex) {
+        let mut derived: BTreeMap<BlockHash, BTreeSet<u16>> = BTreeMap::new();
+        let mut total = 0;
+        for (p, lru) in index.pods.iter().enumerate() {
+            let Some(lru) = lru else { continue };
+            let pod = p as u16;
+            assert!(lru.len <= lru.capacity, "pod {p} over capacity");
+            let slots: Vec<u32> = lru.iter_slots().collect();
+            assert_eq!(slots.len(), lru.len as usize, "pod {p} list length");
+            let mut prev = NIL;
+            for &s in &slots {
+                assert_eq!(lru.nodes[s as usize].prev, prev, "pod {p} prev link");
+                prev = s;
+            }
+            assert_eq!(lru.tail, prev, "pod {p} tail");
+            let mut free = 0;
+            let mut f = lru.free;
+            while f != NIL {
+                free += 1;
+                f = lru.nodes[f as usize].next;
+            }
+            assert_eq!(free + slots.len(), lru.nodes.len(), "pod {p} free list");
+            for &s in &slots {
+                let hash = lru.nodes[s as usize].hash;
+                assert!(derived.entry(hash).or_default().insert(pod), "duplicate");
+                let slot = index.holders.get(&hash).and_then(|h| h.slot_of(pod));
+                assert_eq!(slot, Some(s), "pod {p} block {hash} slot");
+            }
+            total += slots.len();
+        }
+        assert_eq!(index.indexed_blocks, total);
+        let mut actual: BTreeMap<BlockHash, BTreeSet<u16>> = BTreeMap::new();
+        for (&hash, h) in &index.holders {
+            if let Holders::Many(v) = h {
+                assert!(v.len() >= 3, "Many with {} holders", v.len());
+            }
+            let mut n = 0;
+            h.for_each_pod(|p| {
+                n += 1;
+                actual.entry(hash).or_default().insert(p);
+            });
+            assert_eq!(
+                actual.get(&hash).map_or(0, BTreeSet::len),
+                n,
+                "duplicate holder"
+            );
+        }
+        assert_eq!(
+            actual, derived,
+            "block → pods map out of sync with the LRUs"
+        );
+    }
+
+    #[test]
+    fn node_and_holders_are_sixteen_bytes() {
+        assert_eq!(std::mem::size_of::<Node>(), 16);
+        assert_eq!(std::mem::size_of::<Holders>(), 16);
+    }
+
+    #[test]
+    fn pod_holding_a_later_block_but_not_the_first_scores_zero() {
+        let mut index = RoutedIndex::new();
+        index.record_routed(PodId(0), &[10, 11, 12]);
+        index.record_routed(PodId(1), &[11, 12]);
+        assert_eq!(matched(&index, &[10, 11, 12]), vec![3, 0]);
+        check_invariants(&index);
+    }
+
+    #[test]
+    fn match_stops_at_the_first_block_a_pod_lacks() {
+        let mut index = RoutedIndex::new();
+        index.record_routed(PodId(0), &[1, 2, 3]);
+        assert_eq!(matched(&index, &[1, 2, 9, 3]), vec![2]);
+        assert_eq!(matched(&index, &[1, 2, 3, 4]), vec![3]);
+    }
+
+    #[test]
+    fn empty_prompt_matches_nothing_but_covers_every_known_pod() {
+        let mut index = RoutedIndex::new();
+        assert_eq!(matched(&index, &[]), Vec::<u32>::new());
+        assert_eq!(matched(&index, &[1]), Vec::<u32>::new());
+        index.record_routed(PodId(2), &[1]);
+        assert_eq!(matched(&index, &[]), vec![0, 0, 0]);
+        index.record_routed(PodId(0), &[]);
+        assert_eq!(index.indexed_blocks(), 1);
+        assert_eq!(
+            index.capacity_blocks(PodId(0)),
+            Some(DEFAULT_POD_CAPACITY_BLOCKS)
+        );
+    }
+
+    #[test]
+    fn lru_evicts_a_prompts_tail_blocks_first() {
+        let mut index = RoutedIndex::new();
+        index.set_capacity(PodId(0), 4);
+        index.record_routed(PodId(0), &[1, 2, 3, 4]);
+        assert_eq!(index.blocks_mru_first(PodId(0)), vec![1, 2, 3, 4]);
+        index.record_routed(PodId(0), &[5, 6]);
+        assert_eq!(index.blocks_mru_first(PodId(0)), vec![5, 6, 1, 2]);
+        assert_eq!(matched(&index, &[1, 2, 3, 4]), vec![2]);
+        assert_eq!(index.indexed_blocks(), 4);
+        check_invariants(&index);
+    }
+
+    #[test]
+    fn recording_again_refreshes_a_prompt_so_other_blocks_are_evicted() {
+        let mut index = RoutedIndex::new();
+        index.set_capacity(PodId(0), 4);
+        index.record_routed(PodId(0), &[1, 2]);
+        index.record_routed(PodId(0), &[3, 4]);
+        index.record_routed(PodId(0), &[1, 2]);
+        index.record_routed(PodId(0), &[5, 6]);
+        assert_eq!(index.blocks_mru_first(PodId(0)), vec![5, 6, 1, 2]);
+        check_invariants(&index);
+    }
+
+    #[test]
+    fn prompt_longer_than_capacity_keeps_its_first_blocks() {
+        let mut index = RoutedIndex::new();
+        let blocks: Vec<BlockHash> = (0..DEFAULT_POD_CAPACITY_BLOCKS as u64 + 10).collect();
+        index.record_routed(PodId(0), &blocks);
+        assert_eq!(index.indexed_blocks(), DEFAULT_POD_CAPACITY_BLOCKS as usize);
+        assert_eq!(matched(&index, &blocks), vec![DEFAULT_POD_CAPACITY_BLOCKS]);
+        check_invariants(&index);
+    }
+
+    #[test]
+    fn capacity_shrink_evicts_least_recently_used_blocks() {
+        let mut index = RoutedIndex::new();
+        index.record_routed(PodId(0), &[1, 2, 3, 4, 5, 6]);
+        index.set_capacity(PodId(0), 2);
+        assert_eq!(index.blocks_mru_first(PodId(0)), vec![1, 2]);
+        assert_eq!(index.indexed_blocks(), 2);
+        assert_eq!(index.distinct_blocks(), 2);
+        assert_eq!(matched(&index, &[1, 2, 3]), vec![2]);
+        check_invariants(&index);
+        // The compacted slab keeps working.
+        index.record_routed(PodId(0), &[7]);
+        assert_eq!(index.blocks_mru_first(PodId(0)), vec![7, 1]);
+        check_invariants(&index);
+    }
+
+    #[test]
+    fn zero_capacity_pod_holds_nothing() {
+        let mut index = RoutedIndex::new();
+        index.set_capacity(PodId(1), 0);
+        index.record_routed(PodId(1), &[1, 2]);
+        assert_eq!(index.indexed_blocks(), 0);
+        assert_eq!(matched(&index, &[1, 2]), vec![0, 0]);
+        check_invariants(&index);
+    }
+
+    #[test]
+    fn two_pods_sharing_blocks_match_independently() {
+        let mut index = RoutedIndex::new();
+        index.set_capacity(PodId(0), 3);
+        index.record_routed(PodId(0), &[1, 2, 3]);
+        index.record_routed(PodId(1), &[1, 2]);
+        assert_eq!(matched(&index, &[1, 2, 3]), vec![3, 2]);
+        assert_eq!(index.indexed_blocks(), 5);
+        assert_eq!(index.distinct_blocks(), 3);
+        // Pod 0 evicting shared blocks leaves pod 1's copies.
+        index.record_routed(PodId(0), &[7, 8, 9]);
+        assert_eq!(matched(&index, &[1, 2, 3]), vec![0, 2]);
+        assert_eq!(index.distinct_blocks(), 5);
+        check_invariants(&index);
+    }
+
+    #[test]
+    fn remove_pod_clears_its_map_entries() {
+        let mut index = RoutedIndex::new();
+        index.record_routed(PodId(0), &[1, 2]);
+        index.record_routed(PodId(1), &[1, 3]);
+        index.remove_pod(PodId(1));
+        assert_eq!(index.indexed_blocks(), 2);
+        assert_eq!(index.distinct_blocks(), 2);
+        assert_eq!(matched(&index, &[1, 3]), vec![1]);
+        assert_eq!(index.capacity_blocks(PodId(1)), None);
+        index.remove_pod(PodId(0));
+        assert_eq!(index.indexed_blocks(), 0);
+        assert_eq!(index.distinct_blocks(), 0);
+        assert_eq!(matched(&index, &[1]), Vec::<u32>::new());
+        index.remove_pod(PodId(0));
+        index.remove_pod(PodId(u32::MAX));
+        check_invariants(&index);
+    }
+
+    #[test]
+    fn many_pods_sharing_a_block_all_match() {
+        let mut index = RoutedIndex::new();
+        for p in 0..5 {
+            index.record_routed(PodId(p), &[1, 2 + p as u64]);
+        }
+        assert_eq!(matched(&index, &[1, 2]), vec![2, 1, 1, 1, 1]);
+        index.remove_pod(PodId(0));
+        index.remove_pod(PodId(2));
+        index.remove_pod(PodId(4));
+        assert_eq!(matched(&index, &[1, 3]), vec![0, 2, 0, 1]);
+        check_invariants(&index);
+    }
+
+    #[test]
+    fn pod_ids_at_or_above_max_pods_are_rejected() {
+        let mut index = RoutedIndex::new();
+        index.record_routed(PodId(MAX_PODS as u32), &[1]);
+        index.set_capacity(PodId(u32::MAX), 5);
+        assert_eq!(index.rejected_pod_ids(), 2);
+        assert_eq!(index.indexed_blocks(), 0);
+        assert_eq!(matched(&index, &[1]), Vec::<u32>::new());
+        index.record_routed(PodId(MAX_PODS as u32 - 1), &[1]);
+        assert_eq!(index.pod_blocks(PodId(MAX_PODS as u32 - 1)), 1);
+        check_invariants(&index);
+    }
+
+    /// Reference model: per-pod `VecDeque` (front = most recently used) and its capacity.
+    #[derive(Default)]
+    struct Model {
+        pods: BTreeMap<u32, (VecDeque<BlockHash>, u32)>,
+    }
+
+    impl Model {
+        fn record(&mut self, pod: u32, blocks: &[BlockHash]) {
+            if pod as usize >= MAX_PODS {
+                return;
+            }
+            let (lru, cap) = self
+                .pods
+                .entry(pod)
+                .or_insert_with(|| (VecDeque::new(), DEFAULT_POD_CAPACITY_BLOCKS));
+            for &b in blocks.iter().rev() {
+                if let Some(pos) = lru.iter().position(|&x| x == b) {
+                    lru.remove(pos);
+                } else if *cap == 0 {
+                    continue;
+                } else if lru.len() >= *cap as usize {
+                    lru.pop_back();
+                }
+                lru.push_front(b);
+            }
+        }
+        fn set_capacity(&mut self, pod: u32, cap: u32) {
+            if pod as usize >= MAX_PODS {
+                return;
+            }
+            let entry = self
+                .pods
+                .entry(pod)
+                .or_insert_with(|| (VecDeque::new(), cap));
+            entry.1 = cap;
+            entry.0.truncate(cap as usize);
+        }
+        fn matched(&self, blocks: &[BlockHash]) -> Vec<u32> {
+            let n = self.pods.keys().next_back().map_or(0, |&p| p as usize + 1);
+            let mut m = vec![0; n];
+            for (&p, (lru, _)) in &self.pods {
+                m[p as usize] = blocks.iter().take_while(|b| lru.contains(b)).count() as u32;
+            }
+            m
+        }
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Record(u32, Vec<BlockHash>),
+        SetCapacity(u32, u32),
+        Remove(u32),
+        Match(Vec<BlockHash>),
+    }
+
+    fn pod_id() -> impl Strategy<Value = u32> {
+        prop_oneof![8 => 0u32..5, 1 => Just(MAX_PODS as u32), 1 => Just(u32::MAX)]
+    }
+
+    fn blocks() -> impl Strategy<Value = Vec<BlockHash>> {
+        prop::collection::vec(0u64..16, 0..10)
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            6 => (pod_id(), blocks()).prop_map(|(p, b)| Op::Record(p, b)),
+            2 => (pod_id(), 0u32..10).prop_map(|(p, c)| Op::SetCapacity(p, c)),
+            1 => pod_id().prop_map(Op::Remove),
+            3 => blocks().prop_map(Op::Match),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn index_agrees_with_reference_lru_model(ops in prop::collection::vec(op(), 1..80)) {
+            let mut index = RoutedIndex::new();
+            let mut model = Model::default();
+            let mut m = Vec::new();
+            for op in ops {
+                match op {
+                    Op::Record(p, b) => {
+                        index.record_routed(PodId(p), &b);
+                        model.record(p, &b);
+                    }
+                    Op::SetCapacity(p, c) => {
+                        index.set_capacity(PodId(p), c);
+                        model.set_capacity(p, c);
+                    }
+                    Op::Remove(p) => {
+                        index.remove_pod(PodId(p));
+                        model.pods.remove(&p);
+                    }
+                    Op::Match(b) => {
+                        index.match_prefix(&b, &mut m);
+                        prop_assert_eq!(&m, &model.matched(&b));
+                    }
+                }
+                check_invariants(&index);
+                for (&p, (lru, cap)) in &model.pods {
+                    prop_assert!(lru.len() <= *cap as usize);
+                    prop_assert_eq!(index.blocks_mru_first(PodId(p)), Vec::from(lru.clone()));
+                    prop_assert_eq!(index.capacity_blocks(PodId(p)), Some(*cap));
+                }
+                let total: usize = model.pods.values().map(|(l, _)| l.len()).sum();
+                prop_assert_eq!(index.indexed_blocks(), total);
+            }
+        }
     }
 }
