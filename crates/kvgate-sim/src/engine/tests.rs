@@ -355,3 +355,30 @@ proptest! {
         );
     }
 }
+
+#[test]
+fn request_arriving_during_a_step_joins_the_next_step() {
+    let p = h100();
+    let mut e = Engine::new(p, None);
+    assert_eq!(e.next_step_time(), None);
+    e.add_request(5.0, req(1, 1, 160, 3)).unwrap();
+    assert_eq!(e.next_step_time(), Some(5.0));
+    let first = e.step(5.0).clone();
+    assert_eq!(first.end_ms, 5.0 + p.step_ms(160, 0, 160));
+    // Arrives mid-step: waits for the step's end, then prefills alongside request 1's decode.
+    e.add_request(6.0, req(2, 2, 32, 1)).unwrap();
+    assert_eq!(e.next_step_time(), Some(first.end_ms));
+    let second = e.step(first.end_ms).clone();
+    assert_eq!(second.start_ms, first.end_ms);
+    assert_eq!((second.prefill_tokens, second.decode_seqs), (32, 1));
+    assert_eq!(second.context_tokens_read, 161 + 32);
+    assert_eq!(second.duration_ms, p.step_ms(32, 1, 193));
+    let ids: Vec<_> = second
+        .emissions
+        .iter()
+        .map(|x| (x.request_id, x.output_tokens_so_far))
+        .collect();
+    assert_eq!(ids, vec![(1, 2), (2, 1)]);
+    assert!(second.emissions[1].finished);
+    assert_eq!(e.metrics().num_requests_running, 1);
+}
