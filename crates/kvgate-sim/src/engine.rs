@@ -1,1 +1,0 @@
-//! Engine model of one vLLM-like pod (to be implemented).

@@ -1,0 +1,384 @@
+use super::*;
+use proptest::prelude::*;
+use rustc_hash::FxHashMap;
+
+fn h100() -> &'static Profile {
+    Profile::default_profile()
+}
+
+/// `n` distinct block hashes for "document" `doc`.
+fn hashes(doc: u64, n: u32) -> Arc<[BlockHash]> {
+    (0..u64::from(n)).map(|i| (doc << 32) | i).collect()
+}
+
+fn req(id: u64, doc: u64, input_tokens: u32, output_tokens: u32) -> EngineRequest {
+    EngineRequest {
+        id,
+        blocks: hashes(doc, input_tokens / 16),
+        input_tokens,
+        output_tokens,
+    }
+}
+
+/// Everything observable about one step, for exact comparisons.
+#[derive(Debug, Clone, PartialEq)]
+struct StepRecord {
+    start_ms: f64,
+    duration_ms: f64,
+    prefill_tokens: u64,
+    decode_seqs: u64,
+    context_tokens_read: u64,
+    scheduled_seqs: u32,
+    emissions: Vec<Emission>,
+    preempted: Vec<u64>,
+    kv_events: Vec<KvEvent>,
+    running: u32,
+    kv_blocks_used: u32,
+}
+
+/// Drives `engine` through `arrivals` (sorted by time) until idle; arrivals at or before a step's
+/// start join that step. Panics after `max_steps` steps.
+fn run(
+    engine: &mut Engine,
+    arrivals: &[(f64, EngineRequest)],
+    max_steps: usize,
+) -> Vec<StepRecord> {
+    let mut out = Vec::new();
+    let mut next = 0;
+    loop {
+        let step_at = engine.next_step_time();
+        if next < arrivals.len() && step_at.is_none_or(|t| arrivals[next].0 <= t) {
+            let (t, r) = &arrivals[next];
+            engine.add_request(*t, r.clone()).unwrap();
+            next += 1;
+            continue;
+        }
+        let Some(t) = step_at else { break };
+        assert!(
+            out.len() < max_steps,
+            "engine did not drain in {max_steps} steps"
+        );
+        let o = engine.step(t).clone();
+        let m = engine.metrics();
+        assert!(o.scheduled_seqs > 0, "a step with work scheduled nothing");
+        out.push(StepRecord {
+            start_ms: o.start_ms,
+            duration_ms: o.duration_ms,
+            prefill_tokens: o.prefill_tokens,
+            decode_seqs: o.decode_seqs,
+            context_tokens_read: o.context_tokens_read,
+            scheduled_seqs: o.scheduled_seqs,
+            emissions: o.emissions,
+            preempted: o.preempted,
+            kv_events: o.kv_events,
+            running: m.num_requests_running,
+            kv_blocks_used: m.kv_blocks_used,
+        });
+    }
+    out
+}
+
+/// Per request: (tokens emitted, times finished).
+fn tally(steps: &[StepRecord]) -> FxHashMap<u64, (u32, u32)> {
+    let mut t: FxHashMap<u64, (u32, u32)> = FxHashMap::default();
+    for s in steps {
+        for e in &s.emissions {
+            let entry = t.entry(e.request_id).or_default();
+            entry.0 += 1;
+            assert_eq!(
+                e.output_tokens_so_far, entry.0,
+                "tokens of {} out of order",
+                e.request_id
+            );
+            entry.1 += u32::from(e.finished);
+        }
+    }
+    t
+}
+
+#[test]
+fn lone_request_ttft_is_one_prefill_step_and_decodes_one_token_per_step() {
+    let p = h100();
+    let mut e = Engine::new(p, None);
+    let steps = run(&mut e, &[(10.0, req(1, 1, 1000, 4))], 100);
+    assert_eq!(steps.len(), 4);
+    // TTFT = t0 + a·1000 + k·1000 (the prefill reads its own 1000 tokens of context).
+    let ttft =
+        (p.t0_us + 1000.0 * p.a_us_per_prefill_token + 1000.0 * p.k_us_per_context_token) / 1000.0;
+    assert_eq!(steps[0].start_ms, 10.0);
+    assert_eq!(steps[0].duration_ms, ttft);
+    assert_eq!(steps[0].prefill_tokens, 1000);
+    assert!(steps[0].emissions[0].is_first());
+    // Decode step i reads 1000 + i tokens of context.
+    for (i, s) in steps.iter().enumerate().skip(1) {
+        let ctx = 1000 + i as u64;
+        assert_eq!(
+            (s.prefill_tokens, s.decode_seqs, s.context_tokens_read),
+            (0, 1, ctx)
+        );
+        assert_eq!(s.duration_ms, p.step_ms(0, 1, ctx));
+        assert_eq!(s.start_ms, steps[i - 1].start_ms + steps[i - 1].duration_ms);
+    }
+    assert!(steps[3].emissions[0].finished);
+    assert_eq!(e.metrics().kv_blocks_used, 0);
+    assert_eq!(e.next_step_time(), None);
+}
+
+#[test]
+fn prompt_longer_than_token_budget_takes_ceil_n_over_8192_steps() {
+    let mut e = Engine::new(h100(), None);
+    let steps = run(&mut e, &[(0.0, req(1, 1, 20_000, 1))], 100);
+    // ceil(20000 / 8192) = 3 chunks: 8192, 8192, 3616; the first token comes with the last.
+    let chunks: Vec<_> = steps.iter().map(|s| s.prefill_tokens).collect();
+    assert_eq!(chunks, vec![8192, 8192, 3616]);
+    let ctx: Vec<_> = steps.iter().map(|s| s.context_tokens_read).collect();
+    assert_eq!(ctx, vec![8192, 16_384, 20_000]);
+    assert!(steps[0].emissions.is_empty() && steps[1].emissions.is_empty());
+    assert_eq!(steps[2].emissions.len(), 1);
+}
+
+#[test]
+fn repeated_prompt_recomputes_only_the_tokens_past_the_last_cached_block_short_of_the_end() {
+    // 100 tokens = 6 full blocks + 4: all 6 blocks hit, 4 tokens recomputed.
+    let mut e = Engine::new(h100(), None);
+    run(&mut e, &[(0.0, req(1, 7, 100, 2))], 100);
+    let steps = run(&mut e, &[(1000.0, req(2, 7, 100, 2))], 100);
+    assert_eq!(steps[0].prefill_tokens, 4);
+    assert_eq!(steps[0].context_tokens_read, 100);
+    let m = e.metrics();
+    assert_eq!(m.prefix_cache_queries_tokens, 200);
+    assert_eq!(m.prefix_cache_hits_tokens, 96);
+
+    // 96 tokens = exactly 6 full blocks: the hit is capped at (96 − 1) / 16 = 5 blocks, so the
+    // whole last block (16 tokens) is recomputed, as in vLLM v1.
+    let mut e = Engine::new(h100(), None);
+    run(&mut e, &[(0.0, req(1, 8, 96, 2))], 100);
+    let steps = run(&mut e, &[(1000.0, req(2, 8, 96, 2))], 100);
+    assert_eq!(steps[0].prefill_tokens, 16);
+    assert_eq!(e.metrics().prefix_cache_hits_tokens, 80);
+}
+
+#[test]
+fn free_blocks_are_evicted_tail_first_and_oldest_freed_first() {
+    // Two 48-token prompts (3 blocks each) fill a 6-block pod one after the other.
+    let mut e = Engine::new(h100(), Some(6));
+    e.set_record_kv_events(true);
+    run(&mut e, &[(0.0, req(1, 1, 48, 1))], 10);
+    run(&mut e, &[(100.0, req(2, 2, 48, 1))], 10);
+    assert_eq!(e.metrics().kv_blocks_cached, 6);
+    assert_eq!(e.metrics().kv_blocks_used, 0);
+    // A new 32-token prompt needs 2 blocks: it evicts the tail of the first prompt, then its middle.
+    let steps = run(&mut e, &[(200.0, req(3, 3, 32, 1))], 10);
+    assert_eq!(
+        steps[0].kv_events,
+        vec![
+            KvEvent::Removed(1 << 32 | 2),
+            KvEvent::Removed(1 << 32 | 1),
+            KvEvent::Stored(3 << 32),
+            KvEvent::Stored(3 << 32 | 1),
+        ]
+    );
+    assert_eq!(e.cached_prefix_blocks(&hashes(1, 3)), 1);
+    assert_eq!(e.cached_prefix_blocks(&hashes(2, 3)), 3);
+}
+
+#[test]
+fn newest_request_is_preempted_when_blocks_run_out_and_still_completes() {
+    // Each request needs ceil((64 + 60 − 1) / 16) = 8 blocks by its end; 10 blocks hold one.
+    let mut e = Engine::new(h100(), Some(10));
+    let arrivals = [(0.0, req(1, 1, 64, 60)), (0.0, req(2, 2, 64, 60))];
+    let steps = run(&mut e, &arrivals, 1000);
+    let preempted: Vec<u64> = steps.iter().flat_map(|s| s.preempted.clone()).collect();
+    assert!(!preempted.is_empty());
+    assert!(preempted.iter().all(|&id| id == 2), "{preempted:?}");
+    assert_eq!(e.metrics().preemptions, preempted.len() as u64);
+    let t = tally(&steps);
+    assert_eq!(t[&1], (60, 1));
+    assert_eq!(t[&2], (60, 1));
+    assert!(steps.iter().all(|s| s.kv_blocks_used <= 10));
+    // Request 1 was never held up: it decodes every step until it finishes.
+    let finish_1 = steps
+        .iter()
+        .position(|s| s.emissions.iter().any(|x| x.request_id == 1 && x.finished))
+        .unwrap();
+    assert_eq!(finish_1, 59);
+    assert_eq!(e.metrics().kv_blocks_used, 0);
+}
+
+#[test]
+fn running_requests_never_exceed_max_num_seqs() {
+    let mut p = h100().clone();
+    p.max_num_seqs = 2;
+    let mut e = Engine::new(&p, None);
+    let arrivals: Vec<_> = (0..5).map(|i| (0.0, req(i, i, 40, 3))).collect();
+    let steps = run(&mut e, &arrivals, 100);
+    assert!(
+        steps
+            .iter()
+            .all(|s| s.scheduled_seqs <= 2 && s.running <= 2)
+    );
+    assert_eq!(steps[0].scheduled_seqs, 2);
+    // 5 requests × 3 tokens, at most 2 at a time, each admitted in a prefill step: 9 steps.
+    assert_eq!(steps.len(), 9);
+    assert_eq!(tally(&steps).len(), 5);
+}
+
+#[test]
+fn waiting_requests_are_refused_past_capacity_and_model_length() {
+    let mut e = Engine::new(h100(), Some(4));
+    // 64 + 2 − 1 = 65 tokens need 5 blocks.
+    assert_eq!(
+        e.add_request(0.0, req(1, 1, 64, 2)),
+        Err(AdmitError::ExceedsKvCapacity {
+            id: 1,
+            blocks: 5,
+            kv_blocks: 4
+        })
+    );
+    assert!(e.add_request(0.0, req(2, 1, 64, 1)).is_ok());
+    assert_eq!(
+        e.add_request(0.0, req(3, 1, 0, 1)),
+        Err(AdmitError::EmptyPrompt(3))
+    );
+    assert_eq!(
+        e.add_request(0.0, req(4, 1, 5, 0)),
+        Err(AdmitError::NoOutput(4))
+    );
+    assert!(matches!(
+        e.add_request(0.0, req(5, 1, 131_000, 100)),
+        Err(AdmitError::ExceedsMaxModelLen { id: 5, .. })
+    ));
+    assert_eq!(e.metrics().requests_rejected, 4);
+    assert_eq!(e.metrics().num_requests_waiting, 1);
+}
+
+#[test]
+fn shared_prefix_blocks_are_reused_while_in_use() {
+    // Request 2 arrives while request 1 decodes: its 4 leading blocks are already cached.
+    let mut e = Engine::new(h100(), None);
+    let arrivals = [(0.0, req(1, 1, 64, 10)), (50.0, req(2, 1, 80, 1))];
+    let steps = run(&mut e, &arrivals, 100);
+    let admit = steps
+        .iter()
+        .find(|s| s.prefill_tokens > 0 && s.start_ms > 0.0)
+        .unwrap();
+    assert_eq!(admit.prefill_tokens, 16);
+    assert_eq!(e.metrics().prefix_cache_hits_tokens, 64);
+}
+
+fn workload(seed_reqs: &[(u8, u8, u8, u8, u8)]) -> Vec<(f64, EngineRequest)> {
+    // (arrival step, doc, shared blocks, extra tokens, output tokens)
+    let mut t = 0.0;
+    seed_reqs
+        .iter()
+        .enumerate()
+        .map(|(i, &(gap, doc, shared, extra, out))| {
+            t += f64::from(gap);
+            let shared = u32::from(shared % 8);
+            let input = shared * 16 + u32::from(extra % 40) + 1;
+            let mut h: Vec<BlockHash> = hashes(u64::from(doc % 3), shared).to_vec();
+            h.extend((shared..input / 16).map(|j| (1000 + i as u64) << 32 | u64::from(j)));
+            (
+                t,
+                EngineRequest {
+                    id: i as u64,
+                    blocks: h.into(),
+                    input_tokens: input,
+                    output_tokens: u32::from(out % 40) + 1,
+                },
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn same_inputs_give_identical_steps() {
+    let reqs: Vec<_> = (0..40u8)
+        .map(|i| {
+            (
+                i % 7,
+                i % 5,
+                i.wrapping_mul(37),
+                i.wrapping_mul(11),
+                i.wrapping_mul(13),
+            )
+        })
+        .collect();
+    let w = workload(&reqs);
+    let go = || {
+        let mut e = Engine::new(h100(), Some(24));
+        e.set_record_kv_events(true);
+        run(&mut e, &w, 100_000)
+    };
+    let a = go();
+    assert_eq!(a, go());
+    assert!(
+        a.iter().any(|s| !s.preempted.is_empty()),
+        "workload should preempt"
+    );
+}
+
+proptest! {
+    #[test]
+    fn every_request_completes_once_with_all_its_tokens_and_blocks_stay_within_capacity(
+        reqs in prop::collection::vec(any::<(u8, u8, u8, u8, u8)>(), 1..30),
+        kv_blocks in 8u32..40,
+        max_num_seqs in 1u32..6,
+        budget in 1u32..64,
+    ) {
+        let mut p = h100().clone();
+        p.max_num_seqs = max_num_seqs;
+        p.max_num_batched_tokens = budget;
+        let w = workload(&reqs);
+        let mut e = Engine::new(&p, Some(kv_blocks));
+        // A request fits when (input + output − 1) ≤ 16 · kv_blocks; the workload's largest is
+        // 7·16 + 40 + 40 − 1 = 191 tokens = 12 blocks, so drop what cannot fit.
+        let w: Vec<_> = w
+            .into_iter()
+            .filter(|(_, r)| (r.input_tokens + r.output_tokens - 1).div_ceil(16) <= kv_blocks)
+            .collect();
+        let steps = run(&mut e, &w, 200_000);
+        let t = tally(&steps);
+        prop_assert_eq!(t.len(), w.len());
+        for (_, r) in &w {
+            prop_assert_eq!(t[&r.id], (r.output_tokens, 1));
+        }
+        prop_assert!(steps.iter().all(|s| s.kv_blocks_used <= kv_blocks));
+        prop_assert!(steps.iter().all(|s| s.running <= max_num_seqs));
+        let m = e.metrics();
+        prop_assert_eq!(m.kv_blocks_used, 0);
+        prop_assert_eq!(m.kv_cache_usage, 0.0);
+        prop_assert_eq!(m.requests_finished, w.len() as u64);
+        prop_assert_eq!(
+            m.generation_tokens,
+            w.iter().map(|(_, r)| u64::from(r.output_tokens)).sum::<u64>()
+        );
+    }
+}
+
+#[test]
+fn request_arriving_during_a_step_joins_the_next_step() {
+    let p = h100();
+    let mut e = Engine::new(p, None);
+    assert_eq!(e.next_step_time(), None);
+    e.add_request(5.0, req(1, 1, 160, 3)).unwrap();
+    assert_eq!(e.next_step_time(), Some(5.0));
+    let first = e.step(5.0).clone();
+    assert_eq!(first.end_ms, 5.0 + p.step_ms(160, 0, 160));
+    // Arrives mid-step: waits for the step's end, then prefills alongside request 1's decode.
+    e.add_request(6.0, req(2, 2, 32, 1)).unwrap();
+    assert_eq!(e.next_step_time(), Some(first.end_ms));
+    let second = e.step(first.end_ms).clone();
+    assert_eq!(second.start_ms, first.end_ms);
+    assert_eq!((second.prefill_tokens, second.decode_seqs), (32, 1));
+    assert_eq!(second.context_tokens_read, 161 + 32);
+    assert_eq!(second.duration_ms, p.step_ms(32, 1, 193));
+    let ids: Vec<_> = second
+        .emissions
+        .iter()
+        .map(|x| (x.request_id, x.output_tokens_so_far))
+        .collect();
+    assert_eq!(ids, vec![(1, 2), (2, 1)]);
+    assert!(second.emissions[1].finished);
+    assert_eq!(e.metrics().num_requests_running, 1);
+}
