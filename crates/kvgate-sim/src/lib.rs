@@ -5,8 +5,10 @@
 //! - `profiles`: step-time profiles calibrated from `shared/profiles/`.
 //! - `workload`: trace readers (Mooncake JSONL, Azure CSV) and generators (chat, shared-prefix).
 
+pub mod cluster;
 pub mod engine;
 pub mod profiles;
+pub mod report;
 pub mod workload;
 
 use kvgate_core::BlockHash;

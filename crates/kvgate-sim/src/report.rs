@@ -1,0 +1,364 @@
+//! What a simulated run measured: the recorder the event loop feeds, and the serialisable
+//! [`RunMetrics`] (`kvgate sim --json` keys; the load generator uses the same names).
+//!
+//! Memory is bounded by the workload: one small record per request; pod time series keep at most
+//! [`MAX_POD_SAMPLES`] samples per pod, the TTFT CDF [`CDF_POINTS`] points.
+
+use std::collections::BTreeMap;
+
+use kvgate_core::decision::Decision;
+use kvgate_core::pod::PodSnapshot;
+use kvgate_core::predictor::AccuracyReport;
+use serde::Serialize;
+
+use crate::SimRequest;
+use crate::engine::EngineMetrics;
+
+/// Samples kept per pod for the KV-usage / queue-length plots.
+pub const MAX_POD_SAMPLES: usize = 400;
+/// Points of the TTFT CDF kept for plots.
+pub const CDF_POINTS: usize = 200;
+/// Bins of the prefix-score histogram over [0, 1] (the last bin includes 1.0).
+pub const SCORE_BINS: usize = 20;
+
+/// Mean and percentiles of a latency, in milliseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Percentiles {
+    pub mean: f64,
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+}
+
+impl Percentiles {
+    /// From unsorted samples (sorted in place); nearest-rank percentiles; zeros when empty.
+    pub fn of(samples: &mut [f64]) -> Self {
+        if samples.is_empty() {
+            return Percentiles::default();
+        }
+        samples.sort_by(f64::total_cmp);
+        let mean = samples.iter().sum::<f64>() / samples.len() as f64;
+        Percentiles {
+            mean,
+            p50: nearest_rank(samples, 0.50),
+            p90: nearest_rank(samples, 0.90),
+            p99: nearest_rank(samples, 0.99),
+        }
+    }
+}
+
+/// Nearest-rank percentile of sorted samples.
+pub fn nearest_rank(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct GateCounts {
+    pub explore: u64,
+    pub exploit: u64,
+    pub no_sticky: u64,
+    pub load_break: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct PredictorMetrics {
+    /// Mean |predicted − observed| / observed of the chosen pod's TTFT, as a fraction.
+    pub ttft_mape: f64,
+    pub tpot_mape: f64,
+    /// The predictor's own running report (recent window, p90 coverage).
+    pub online: AccuracyReport,
+}
+
+/// One pod's state at a scrape.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct PodSample {
+    pub t_ms: f64,
+    pub kv_usage: f64,
+    pub waiting: u32,
+    pub running: u32,
+}
+
+/// Everything one run measured. The first keys are the contract of `kvgate sim --json`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunMetrics {
+    pub policy: String,
+    pub rate_scale: f64,
+    pub seed: u64,
+    pub requests: u64,
+    pub completed: u64,
+    pub preemptions: u64,
+    pub ttft_ms: Percentiles,
+    pub tpot_ms: Percentiles,
+    pub e2e_ms: Percentiles,
+    /// Prompt tokens served from the prefix cache / prompt tokens, 0..1 (engine counters).
+    pub prefix_hit_rate: f64,
+    pub output_tok_per_s: f64,
+    /// Coefficient of variation of per-pod busy time.
+    pub load_imbalance_cv: f64,
+    pub gate: GateCounts,
+    pub predictor: PredictorMetrics,
+    /// Wall-clock seconds the run took (the only non-deterministic field).
+    pub sim_wall_s: f64,
+    // ---- extras ----
+    /// Requests no pod could take (engine admission refused, or no pod).
+    pub rejected: u64,
+    /// Decision branches/reasons as counted (all policies).
+    pub branches: BTreeMap<String, u64>,
+    /// Mean busy fraction of the pods over the run (busy time / makespan).
+    pub mean_pod_busy: f64,
+    pub makespan_s: f64,
+    /// Histogram of the prefix scores of every (request, pod) pair at decision time.
+    pub score_histogram: Vec<u64>,
+    /// TTFT CDF: (ttft_ms, fraction ≤) points.
+    pub ttft_cdf: Vec<(f64, f64)>,
+    /// Per-pod KV usage and queue over time.
+    pub pod_samples: Vec<Vec<PodSample>>,
+    pub stalled_steps: u64,
+}
+
+/// Collects a run's events; turns them into [`RunMetrics`] at the end.
+#[derive(Debug)]
+pub struct RunRecorder {
+    arrival_ms: Vec<f64>,
+    ttft: Vec<f64>,
+    tpot: Vec<f64>,
+    e2e: Vec<f64>,
+    ttft_ape: (f64, u64),
+    tpot_ape: (f64, u64),
+    branches: BTreeMap<&'static str, u64>,
+    score_histogram: Vec<u64>,
+    pod_samples: Vec<Vec<PodSample>>,
+    sample_stride: u64,
+    scrapes: u64,
+    requests: u64,
+    rejected: u64,
+    preemptions: u64,
+    first_arrival_ms: Option<f64>,
+    last_finish_ms: f64,
+    output_tokens: u64,
+    stalled: u64,
+}
+
+impl RunRecorder {
+    pub fn new(pods: usize, requests: usize) -> Self {
+        RunRecorder {
+            arrival_ms: vec![0.0; requests],
+            ttft: Vec::with_capacity(requests),
+            tpot: Vec::with_capacity(requests),
+            e2e: Vec::with_capacity(requests),
+            ttft_ape: (0.0, 0),
+            tpot_ape: (0.0, 0),
+            branches: BTreeMap::new(),
+            score_histogram: vec![0; SCORE_BINS],
+            pod_samples: vec![Vec::new(); pods],
+            sample_stride: 1,
+            scrapes: 0,
+            requests: 0,
+            rejected: 0,
+            preemptions: 0,
+            first_arrival_ms: None,
+            last_finish_ms: 0.0,
+            output_tokens: 0,
+            stalled: 0,
+        }
+    }
+
+    /// Keep one pod sample every `stride` scrapes so that `expected_scrapes` fit the bound.
+    pub fn set_sample_stride(&mut self, expected_scrapes: f64) {
+        let stride = (expected_scrapes / MAX_POD_SAMPLES as f64).ceil();
+        self.sample_stride = if stride.is_finite() && stride >= 1.0 {
+            stride as u64
+        } else {
+            1
+        };
+    }
+
+    pub fn sample_pods(&mut self, t_ms: f64, pods: &[PodSnapshot]) {
+        self.scrapes += 1;
+        if (self.scrapes - 1) % self.sample_stride != 0 {
+            return;
+        }
+        for (samples, p) in self.pod_samples.iter_mut().zip(pods) {
+            if samples.len() < MAX_POD_SAMPLES {
+                samples.push(PodSample {
+                    t_ms,
+                    kv_usage: p.kv_usage,
+                    waiting: p.waiting,
+                    running: p.running,
+                });
+            }
+        }
+    }
+
+    pub fn decided(&mut self, d: &Decision) {
+        *self.branches.entry(d.branch.as_str()).or_default() += 1;
+        for p in &d.pods {
+            let bin = ((p.prefix_score * SCORE_BINS as f64) as usize).min(SCORE_BINS - 1);
+            self.score_histogram[bin] += 1;
+        }
+    }
+
+    pub fn dispatched(&mut self, r: &SimRequest, _pod: usize) {
+        self.requests += 1;
+        self.first_arrival_ms.get_or_insert(r.arrival_ms);
+        if let Some(a) = self.arrival_ms.get_mut(r.id as usize) {
+            *a = r.arrival_ms;
+        }
+    }
+
+    pub fn rejected(&mut self, _id: u64) {
+        self.requests += 1;
+        self.rejected += 1;
+    }
+
+    pub fn preempted(&mut self, n: usize) {
+        self.preemptions += n as u64;
+    }
+
+    pub fn stalled(&mut self) {
+        self.stalled += 1;
+    }
+
+    /// TTFT of a request whose first token came at `first_token_ms`.
+    pub fn ttft_ms(&self, id: u64, first_token_ms: f64) -> f64 {
+        first_token_ms
+            - self
+                .arrival_ms
+                .get(id as usize)
+                .copied()
+                .unwrap_or(first_token_ms)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn completed(
+        &mut self,
+        id: u64,
+        _pod: usize,
+        ttft_ms: f64,
+        tpot_ms: Option<f64>,
+        now_ms: f64,
+        output_tokens: u32,
+        (predicted_ttft_ms, predicted_tpot_ms): (f64, f64),
+    ) {
+        let arrival = self.arrival_ms.get(id as usize).copied().unwrap_or(now_ms);
+        self.ttft.push(ttft_ms);
+        self.e2e.push(now_ms - arrival);
+        self.output_tokens += u64::from(output_tokens);
+        self.last_finish_ms = self.last_finish_ms.max(now_ms);
+        if ttft_ms > 0.0 {
+            self.ttft_ape.0 += (predicted_ttft_ms - ttft_ms).abs() / ttft_ms;
+            self.ttft_ape.1 += 1;
+        }
+        if let Some(tpot) = tpot_ms {
+            self.tpot.push(tpot);
+            if tpot > 0.0 {
+                self.tpot_ape.0 += (predicted_tpot_ms - tpot).abs() / tpot;
+                self.tpot_ape.1 += 1;
+            }
+        }
+    }
+
+    pub fn finish(mut self, engines: &[EngineMetrics], accuracy: AccuracyReport) -> RunMetrics {
+        let completed = self.ttft.len() as u64;
+        let makespan_ms = (self.last_finish_ms - self.first_arrival_ms.unwrap_or(0.0)).max(0.0);
+        let busy: Vec<f64> = engines.iter().map(|m| m.busy_ms).collect();
+        let mean_busy = busy.iter().sum::<f64>() / busy.len().max(1) as f64;
+        let var =
+            busy.iter().map(|b| (b - mean_busy).powi(2)).sum::<f64>() / busy.len().max(1) as f64;
+        let queries: u64 = engines.iter().map(|m| m.prefix_cache_queries_tokens).sum();
+        let hits: u64 = engines.iter().map(|m| m.prefix_cache_hits_tokens).sum();
+        let ttft = Percentiles::of(&mut self.ttft);
+        let ttft_cdf = cdf_points(&self.ttft);
+        let count = |b: &str| self.branches.get(b).copied().unwrap_or(0);
+        RunMetrics {
+            policy: String::new(),
+            rate_scale: 1.0,
+            seed: 0,
+            requests: self.requests,
+            completed,
+            preemptions: engines.iter().map(|m| m.preemptions).sum(),
+            ttft_ms: ttft,
+            tpot_ms: Percentiles::of(&mut self.tpot),
+            e2e_ms: Percentiles::of(&mut self.e2e),
+            prefix_hit_rate: if queries > 0 {
+                hits as f64 / queries as f64
+            } else {
+                0.0
+            },
+            output_tok_per_s: if makespan_ms > 0.0 {
+                self.output_tokens as f64 / (makespan_ms / 1000.0)
+            } else {
+                0.0
+            },
+            load_imbalance_cv: if mean_busy > 0.0 {
+                var.sqrt() / mean_busy
+            } else {
+                0.0
+            },
+            gate: GateCounts {
+                explore: count("explore"),
+                exploit: count("exploit"),
+                no_sticky: count("no_sticky"),
+                load_break: count("load_break"),
+            },
+            predictor: PredictorMetrics {
+                ttft_mape: ratio(self.ttft_ape),
+                tpot_mape: ratio(self.tpot_ape),
+                online: accuracy,
+            },
+            sim_wall_s: 0.0,
+            rejected: self.rejected,
+            branches: self
+                .branches
+                .iter()
+                .map(|(k, v)| (k.to_string(), *v))
+                .collect(),
+            mean_pod_busy: if makespan_ms > 0.0 {
+                mean_busy / makespan_ms
+            } else {
+                0.0
+            },
+            makespan_s: makespan_ms / 1000.0,
+            score_histogram: self.score_histogram,
+            ttft_cdf,
+            pod_samples: self.pod_samples,
+            stalled_steps: self.stalled,
+        }
+    }
+}
+
+fn ratio((sum, n): (f64, u64)) -> f64 {
+    if n == 0 { 0.0 } else { sum / n as f64 }
+}
+
+/// Up to [`CDF_POINTS`] evenly spaced points of the CDF of sorted samples.
+fn cdf_points(sorted: &[f64]) -> Vec<(f64, f64)> {
+    if sorted.is_empty() {
+        return Vec::new();
+    }
+    let n = sorted.len();
+    (1..=CDF_POINTS.min(n))
+        .map(|i| {
+            let q = i as f64 / CDF_POINTS.min(n) as f64;
+            (nearest_rank(sorted, q), q)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles_are_exact_on_small_samples() {
+        let mut s: Vec<f64> = (1..=100).map(f64::from).collect();
+        let p = Percentiles::of(&mut s);
+        assert_eq!((p.p50, p.p90, p.p99), (50.0, 90.0, 99.0));
+        assert_eq!(p.mean, 50.5);
+        assert_eq!(Percentiles::of(&mut []), Percentiles::default());
+    }
+}
