@@ -1,0 +1,3 @@
+//! stub
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ChatParams {}
