@@ -294,7 +294,7 @@ mod tests {
         assert_eq!(reqs.len(), 5);
         for w in reqs.windows(2) {
             assert!(w[1].blocks.starts_with(&w[0].blocks));
-            assert!(w[1].input_tokens >= w[0].input_tokens + w[0].output_tokens + 1);
+            assert!(w[1].input_tokens > w[0].input_tokens + w[0].output_tokens);
             let min_gap = f64::from(w[0].output_tokens) * p.est_ms_per_output_token;
             assert!(w[1].arrival_ms - w[0].arrival_ms >= min_gap);
         }
