@@ -1,43 +1,38 @@
-//! Latency predictor: TTFT and TPOT per (request, pod), trained online.
+//! Latency predictor: TTFT and TPOT per (request, pod), trained online (DESIGN.md §5).
 //!
-//! CONTRACT (to be implemented): per pod class, an online ridge / recursive-least-squares model
-//! on engineered features with a forgetting factor, one for TTFT and one for TPOT; an analytic
-//! cold-start estimate until a class has enough samples; running accuracy (MAPE, p90 coverage).
+//! - **Model.** Per pod class, two [`OnlineRegressor`]s — one for TTFT, one for TPOT — on the
+//!   engineered, O(1)-scaled features of [`features`]. The default regressor is [`Rls`]:
+//!   recursive least squares with forgetting factor λ = `forgetting_factor` (0.999) and a ridge
+//!   prior P₀ = I/δ, δ = `ridge_delta` (0.01), centred on the analytic model. Targets are
+//!   predicted on a linear scale (TTFT is close to additive in tokens of work); every output is
+//!   clamped to [`min_predicted_ms`, `max_predicted_ms`] and is always finite.
+//! - **Classes.** Up to `max_classes` (64) classes, each with its own models, looked up linearly
+//!   by name (a fleet has a handful). Classes first seen after the table is full share one
+//!   fallback pair of models; memory is bounded.
+//! - **Cold start.** Until a class has `min_samples` (32) TTFT samples its TTFT is the analytic
+//!   estimate of [`analytic`] (llm-d's in-flight prefill tokens / peak prefill throughput,
+//!   15 928 tok/s); likewise for TPOT with its own sample count. The regressors train from the
+//!   first sample, and they start from the analytic weights, so the hand-over is smooth.
+//! - **Accuracy** ([`accuracy`]): prequential MAPE over the last `accuracy_window` (1000)
+//!   samples, and a per-class p90 TTFT from a tracked quantile of actual/predicted, with its
+//!   coverage. See [`LatencyPredictor::predict_p90_ttft`].
+//! - **Rejected input.** Targets that are non-finite or outside [`min_predicted_ms`,
+//!   `max_predicted_ms`] (so ≤ 0 too) are ignored and counted (`rejected_targets`); samples whose features are not finite are ignored and counted
+//!   (`rejected_features`). Prediction accepts any features: they are sanitised first.
+//!
+//! `predict` is allocation-free (stack vectors, a linear scan of the class table); `observe` is
+//! O(d²) with d ≤ 9, and allocates only the first time it sees a class.
 
-use crate::pod::PodSnapshot;
+pub mod accuracy;
+pub mod analytic;
+pub mod features;
+pub mod rls;
+
+pub use features::{Features, TPOT_DIM, TTFT_DIM};
+pub use rls::{OnlineRegressor, Rls};
+
+use accuracy::{AccuracyTracker, LogRatioQuantile};
 use serde::Serialize;
-
-/// Features known at decision time (DESIGN.md §5).
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct Features {
-    pub kv_usage: f64,
-    pub waiting: f64,
-    pub running: f64,
-    /// Uncached prompt tokens dispatched to the pod that have not produced a first token.
-    pub prefill_tokens_in_flight: f64,
-    pub decode_tokens_in_flight: f64,
-    pub input_tokens: f64,
-    pub prefix_score: f64,
-}
-
-impl Features {
-    pub fn new(pod: &PodSnapshot, input_tokens: u32, prefix_score: f64) -> Self {
-        Features {
-            kv_usage: pod.kv_usage,
-            waiting: pod.waiting as f64,
-            running: pod.running as f64,
-            prefill_tokens_in_flight: pod.in_flight.prefill_tokens as f64,
-            decode_tokens_in_flight: pod.in_flight.decode_tokens as f64,
-            input_tokens: input_tokens as f64,
-            prefix_score,
-        }
-    }
-
-    /// (1 − prefix score) × input tokens.
-    pub fn uncached_prompt_tokens(&self) -> f64 {
-        (1.0 - self.prefix_score).clamp(0.0, 1.0) * self.input_tokens
-    }
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Prediction {
@@ -49,35 +44,359 @@ pub struct Prediction {
 /// with the model as it was before learning from it).
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
 pub struct AccuracyReport {
+    /// TTFT samples learnt (all classes).
     pub samples: u64,
-    /// Mean absolute percentage error as a fraction (0.05 = 5 %).
+    /// TPOT samples learnt (all classes).
+    pub tpot_samples: u64,
+    /// Mean absolute percentage error as a fraction (0.05 = 5 %), over the last
+    /// `accuracy_window` samples.
     pub ttft_mape: f64,
     pub tpot_mape: f64,
     /// Fraction of observed TTFTs at or below the predicted p90 (ideal: 0.9).
     pub ttft_p90_coverage: f64,
+    /// TTFT or TPOT targets ignored for being non-finite or outside [`min_predicted_ms`,
+    /// `max_predicted_ms`] (which also excludes ≤ 0).
+    pub rejected_targets: u64,
+    /// Samples ignored because a feature was not finite.
+    pub rejected_features: u64,
+    /// Times a regressor hit a numerical failure and was reset to its prior.
+    pub model_resets: u64,
 }
 
+/// The regressor behind each TTFT model; swap here to try another [`OnlineRegressor`].
+pub type TtftModel = Rls<TTFT_DIM>;
+/// The regressor behind each TPOT model.
+pub type TpotModel = Rls<TPOT_DIM>;
+
+/// Predictor settings. Out-of-range values are replaced by their defaults in
+/// [`LatencyPredictor::new`]; [`PredictorConfig::validate`] reports them.
 #[derive(Debug, Clone, PartialEq)]
-pub struct PredictorConfig {}
+pub struct PredictorConfig {
+    /// RLS forgetting factor λ in (0, 1]. Default 0.999: half-life ≈ 693 samples.
+    pub forgetting_factor: f64,
+    /// Ridge prior strength δ > 0; P₀ = I/δ on O(1)-scaled features. Default 0.01 (weak: the
+    /// prior is worth about 1 % of one sample, and also caps covariance wind-up).
+    pub ridge_delta: f64,
+    /// TTFT (resp. TPOT) samples a class needs before its regressor replaces the analytic
+    /// estimate. Default 32 (enough for 9 weights to be determined several times over).
+    pub min_samples: u64,
+    /// Classes with their own models; later classes share one fallback. Default 64.
+    pub max_classes: usize,
+    /// Peak prefill throughput of the analytic TTFT estimate. Default 15 928 tok/s: llm-d's
+    /// `peakPrefillThroughput` (Qwen3-32B, 2×H100 TP=2, vLLM 0.19, 8192-token chunks;
+    /// reference/llmd-predicted-latency.md §1.2).
+    pub peak_prefill_tokens_per_s: f64,
+    /// Fixed cost of the analytic TTFT. Default 6 ms: one engine step's t0 (Llama-3-8B on H100,
+    /// DESIGN.md §6).
+    pub ttft_t0_ms: f64,
+    /// Base of the analytic TPOT. Default 6 ms: one decode step's t0 (DESIGN.md §6).
+    pub tpot_t0_ms: f64,
+    /// Per running sequence term of the analytic TPOT. Default 0.006 ms (b ≈ 6 µs/seq, §6).
+    pub tpot_per_running_seq_ms: f64,
+    /// Per decode-token-in-flight term of the analytic TPOT (context read per step). Default
+    /// 0.000 04 ms (k ≈ 0.04 µs/token, DESIGN.md §6).
+    pub tpot_per_context_token_ms: f64,
+    /// Samples in the MAPE and coverage windows. Default 1000.
+    pub accuracy_window: usize,
+    /// Step of the p90 ratio tracker, in ln units per sample. Default 0.01.
+    pub ttft_p90_step: f64,
+    /// Ratio p90/point assumed before a class has data. Default 1.5 (a guess; it adapts within
+    /// a few dozen samples).
+    pub ttft_p90_initial_ratio: f64,
+    /// Floor of every prediction, and the smallest target accepted. Default 0.1 ms.
+    pub min_predicted_ms: f64,
+    /// Ceiling of every prediction, and the largest target accepted. Default 3 600 000 ms (1 h).
+    pub max_predicted_ms: f64,
+}
 
 impl Default for PredictorConfig {
     fn default() -> Self {
-        PredictorConfig {}
+        PredictorConfig {
+            forgetting_factor: 0.999,
+            ridge_delta: 0.01,
+            min_samples: 32,
+            max_classes: 64,
+            peak_prefill_tokens_per_s: 15_928.0,
+            ttft_t0_ms: 6.0,
+            tpot_t0_ms: 6.0,
+            tpot_per_running_seq_ms: 0.006,
+            tpot_per_context_token_ms: 0.000_04,
+            accuracy_window: 1000,
+            ttft_p90_step: 0.01,
+            ttft_p90_initial_ratio: 1.5,
+            min_predicted_ms: 0.1,
+            max_predicted_ms: 3_600_000.0,
+        }
+    }
+}
+
+/// A [`PredictorConfig`] field outside its valid range.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("predictor config: {field} = {value} is out of range ({expected})")]
+pub struct PredictorConfigError {
+    pub field: &'static str,
+    pub value: String,
+    pub expected: &'static str,
+}
+
+impl PredictorConfig {
+    /// Checks every field; the first invalid one is reported.
+    pub fn validate(&self) -> Result<(), PredictorConfigError> {
+        match self.sanitize_report() {
+            (_, Some(e)) => Err(e),
+            (_, None) => Ok(()),
+        }
+    }
+
+    /// The config with invalid fields replaced by defaults, and the first invalid field.
+    fn sanitize_report(&self) -> (PredictorConfig, Option<PredictorConfigError>) {
+        let d = PredictorConfig::default();
+        let mut first = None;
+        let positive = |v: f64| v.is_finite() && v > 0.0;
+        let non_negative = |v: f64| v.is_finite() && v >= 0.0;
+        let mut c = self.clone();
+        c.forgetting_factor = checked(
+            positive(c.forgetting_factor) && c.forgetting_factor <= 1.0,
+            ("forgetting_factor", "(0, 1]"),
+            c.forgetting_factor,
+            d.forgetting_factor,
+            &mut first,
+        );
+        c.ridge_delta = checked(
+            positive(c.ridge_delta),
+            ("ridge_delta", "> 0"),
+            c.ridge_delta,
+            d.ridge_delta,
+            &mut first,
+        );
+        c.peak_prefill_tokens_per_s = checked(
+            positive(c.peak_prefill_tokens_per_s),
+            ("peak_prefill_tokens_per_s", "> 0"),
+            c.peak_prefill_tokens_per_s,
+            d.peak_prefill_tokens_per_s,
+            &mut first,
+        );
+        for (field, value, default) in [
+            ("ttft_t0_ms", &mut c.ttft_t0_ms, d.ttft_t0_ms),
+            ("tpot_t0_ms", &mut c.tpot_t0_ms, d.tpot_t0_ms),
+            (
+                "tpot_per_running_seq_ms",
+                &mut c.tpot_per_running_seq_ms,
+                d.tpot_per_running_seq_ms,
+            ),
+            (
+                "tpot_per_context_token_ms",
+                &mut c.tpot_per_context_token_ms,
+                d.tpot_per_context_token_ms,
+            ),
+        ] {
+            *value = checked(
+                non_negative(*value),
+                (field, ">= 0"),
+                *value,
+                default,
+                &mut first,
+            );
+        }
+        c.accuracy_window = checked(
+            c.accuracy_window >= 1,
+            ("accuracy_window", ">= 1"),
+            c.accuracy_window,
+            d.accuracy_window,
+            &mut first,
+        );
+        c.ttft_p90_step = checked(
+            positive(c.ttft_p90_step) && c.ttft_p90_step <= 1.0,
+            ("ttft_p90_step", "(0, 1]"),
+            c.ttft_p90_step,
+            d.ttft_p90_step,
+            &mut first,
+        );
+        c.ttft_p90_initial_ratio = checked(
+            positive(c.ttft_p90_initial_ratio),
+            ("ttft_p90_initial_ratio", "> 0"),
+            c.ttft_p90_initial_ratio,
+            d.ttft_p90_initial_ratio,
+            &mut first,
+        );
+        c.min_predicted_ms = checked(
+            positive(c.min_predicted_ms),
+            ("min_predicted_ms", "> 0"),
+            c.min_predicted_ms,
+            d.min_predicted_ms,
+            &mut first,
+        );
+        let bounds_ok = positive(c.max_predicted_ms) && c.max_predicted_ms > c.min_predicted_ms;
+        c.max_predicted_ms = checked(
+            bounds_ok,
+            ("max_predicted_ms", "finite and > min_predicted_ms"),
+            c.max_predicted_ms,
+            d.max_predicted_ms,
+            &mut first,
+        );
+        if !bounds_ok {
+            c.min_predicted_ms = d.min_predicted_ms;
+        }
+        (c, first)
+    }
+}
+
+/// `value` when `ok`, else `default`, recording the first failure.
+fn checked<T: std::fmt::Display>(
+    ok: bool,
+    (field, expected): (&'static str, &'static str),
+    value: T,
+    default: T,
+    first: &mut Option<PredictorConfigError>,
+) -> T {
+    if ok {
+        return value;
+    }
+    first.get_or_insert(PredictorConfigError {
+        field,
+        value: value.to_string(),
+        expected,
+    });
+    default
+}
+
+/// The p90 quantile tracked for [`LatencyPredictor::predict_p90_ttft`].
+const P90: f64 = 0.9;
+
+/// One class's models and p90 tracker.
+#[derive(Debug, Clone)]
+struct ClassModels {
+    class: String,
+    ttft: TtftModel,
+    tpot: TpotModel,
+    ttft_p90: LogRatioQuantile,
+}
+
+impl ClassModels {
+    fn new(class: &str, config: &PredictorConfig) -> Self {
+        ClassModels {
+            class: class.to_string(),
+            ttft: Rls::new(
+                analytic::ttft_prior(config),
+                config.forgetting_factor,
+                config.ridge_delta,
+            ),
+            tpot: Rls::new(
+                analytic::tpot_prior(config),
+                config.forgetting_factor,
+                config.ridge_delta,
+            ),
+            ttft_p90: LogRatioQuantile::new(
+                config.ttft_p90_initial_ratio,
+                P90,
+                config.ttft_p90_step,
+            ),
+        }
+    }
+
+    /// Point TTFT for sanitised features.
+    fn ttft_ms(&self, config: &PredictorConfig, f: &Features) -> f64 {
+        let fallback = analytic::ttft_ms(config, f);
+        let raw = if self.ttft.samples() >= config.min_samples {
+            self.ttft.predict(&f.ttft_vector())
+        } else {
+            fallback
+        };
+        bounded_ms(config, raw, fallback)
+    }
+
+    /// Point TPOT for sanitised features.
+    fn tpot_ms(&self, config: &PredictorConfig, f: &Features) -> f64 {
+        let fallback = analytic::tpot_ms(config, f);
+        let raw = if self.tpot.samples() >= config.min_samples {
+            self.tpot.predict(&f.tpot_vector())
+        } else {
+            fallback
+        };
+        bounded_ms(config, raw, fallback)
+    }
+
+    fn ttft_p90_ms(&self, config: &PredictorConfig, point_ms: f64) -> f64 {
+        bounded_ms(config, point_ms * self.ttft_p90.ratio(), point_ms)
+    }
+}
+
+/// `raw` (or `fallback` when `raw` is NaN) clamped into [min, max]; always finite and positive.
+fn bounded_ms(config: &PredictorConfig, raw: f64, fallback: f64) -> f64 {
+    let v = if raw.is_nan() { fallback } else { raw };
+    if v.is_nan() {
+        config.min_predicted_ms
+    } else {
+        v.clamp(config.min_predicted_ms, config.max_predicted_ms)
     }
 }
 
 #[derive(Debug, Clone)]
-pub struct LatencyPredictor {}
+pub struct LatencyPredictor {
+    config: PredictorConfig,
+    /// At most `config.max_classes` entries.
+    classes: Vec<ClassModels>,
+    /// Shared by classes first seen once `classes` is full.
+    overflow: ClassModels,
+    /// Never trained: answers for classes without data (the analytic estimate).
+    cold: ClassModels,
+    accuracy: AccuracyTracker,
+    rejected_targets: u64,
+    rejected_features: u64,
+}
 
 impl LatencyPredictor {
     pub fn new(config: PredictorConfig) -> Self {
-        let _ = config;
-        LatencyPredictor {}
+        let (config, _) = config.sanitize_report();
+        LatencyPredictor {
+            classes: Vec::with_capacity(config.max_classes.min(64)),
+            overflow: ClassModels::new("", &config),
+            cold: ClassModels::new("", &config),
+            accuracy: AccuracyTracker::new(config.accuracy_window),
+            rejected_targets: 0,
+            rejected_features: 0,
+            config,
+        }
+    }
+
+    /// The configuration in force (invalid fields already replaced by defaults).
+    pub fn config(&self) -> &PredictorConfig {
+        &self.config
+    }
+
+    fn models(&self, class: &str) -> &ClassModels {
+        match self.classes.iter().find(|m| m.class == class) {
+            Some(m) => m,
+            None if self.classes.len() >= self.config.max_classes => &self.overflow,
+            None => &self.cold,
+        }
     }
 
     pub fn predict(&self, class: &str, features: &Features) -> Prediction {
-        let _ = (class, features);
-        todo!()
+        let f = features.sanitized();
+        let models = self.models(class);
+        Prediction {
+            ttft_ms: models.ttft_ms(&self.config, &f),
+            tpot_ms: models.tpot_ms(&self.config, &f),
+        }
+    }
+
+    /// Predicted 90th percentile of TTFT: the point TTFT × the class's tracked p90 of
+    /// actual/predicted. Finite and positive for any input.
+    pub fn predict_p90_ttft(&self, class: &str, features: &Features) -> f64 {
+        let f = features.sanitized();
+        let models = self.models(class);
+        models.ttft_p90_ms(&self.config, models.ttft_ms(&self.config, &f))
+    }
+
+    /// The class's current p90 of actual/predicted TTFT.
+    pub fn ttft_p90_ratio(&self, class: &str) -> f64 {
+        self.models(class).ttft_p90.ratio()
+    }
+
+    /// Classes with their own models (at most `max_classes`).
+    pub fn class_count(&self) -> usize {
+        self.classes.len()
     }
 
     /// Predicts for every (class, features) pair; clears and fills `out` in the same order.
@@ -99,11 +418,84 @@ impl LatencyPredictor {
         ttft_ms: f64,
         tpot_ms: Option<f64>,
     ) {
-        let _ = (class, features, ttft_ms, tpot_ms);
-        todo!()
+        if !features.is_finite() {
+            self.rejected_features += 1;
+            return;
+        }
+        let (min, max) = (self.config.min_predicted_ms, self.config.max_predicted_ms);
+        let valid = |v: f64| v.is_finite() && v >= min && v <= max;
+        let ttft = if valid(ttft_ms) {
+            Some(ttft_ms)
+        } else {
+            self.rejected_targets += 1;
+            None
+        };
+        let tpot = match tpot_ms {
+            Some(v) if valid(v) => Some(v),
+            Some(_) => {
+                self.rejected_targets += 1;
+                None
+            }
+            None => None,
+        };
+        if ttft.is_none() && tpot.is_none() {
+            return;
+        }
+
+        let f = features.sanitized();
+        let config = &self.config;
+        let models = models_mut(&mut self.classes, &mut self.overflow, class, config);
+        if let Some(actual) = ttft {
+            let predicted = models.ttft_ms(config, &f);
+            let predicted_p90 = models.ttft_p90_ms(config, predicted);
+            self.accuracy.score_ttft(actual, predicted, predicted_p90);
+            models.ttft_p90.observe(actual, predicted);
+            models.ttft.update(&f.ttft_vector(), actual);
+        }
+        if let Some(actual) = tpot {
+            let predicted = models.tpot_ms(config, &f);
+            self.accuracy.score_tpot(actual, predicted);
+            models.tpot.update(&f.tpot_vector(), actual);
+        }
     }
 
     pub fn accuracy(&self) -> AccuracyReport {
-        todo!()
+        let model_resets = self
+            .classes
+            .iter()
+            .chain(std::iter::once(&self.overflow))
+            .map(|m| m.ttft.resets() + m.tpot.resets())
+            .sum();
+        AccuracyReport {
+            samples: self.accuracy.ttft_samples,
+            tpot_samples: self.accuracy.tpot_samples,
+            ttft_mape: self.accuracy.ttft_mape(),
+            tpot_mape: self.accuracy.tpot_mape(),
+            ttft_p90_coverage: self.accuracy.ttft_p90_coverage(),
+            rejected_targets: self.rejected_targets,
+            rejected_features: self.rejected_features,
+            model_resets,
+        }
     }
 }
+
+/// The class's models, created on first sight while the table has room, else the fallback.
+fn models_mut<'a>(
+    classes: &'a mut Vec<ClassModels>,
+    overflow: &'a mut ClassModels,
+    class: &str,
+    config: &PredictorConfig,
+) -> &'a mut ClassModels {
+    if let Some(i) = classes.iter().position(|m| m.class == class) {
+        return &mut classes[i];
+    }
+    if classes.len() >= config.max_classes {
+        return overflow;
+    }
+    classes.push(ClassModels::new(class, config));
+    let last = classes.len() - 1;
+    &mut classes[last]
+}
+
+#[cfg(test)]
+mod tests;
