@@ -11,6 +11,22 @@ fn cases_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/decide")
 }
 
+/// JSON with every number as f64, so `100` and `100.0` compare equal.
+fn numbers_as_f64(v: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match v {
+        Value::Number(n) => n
+            .as_f64()
+            .and_then(serde_json::Number::from_f64)
+            .map_or(Value::Null, Value::Number),
+        Value::Array(a) => Value::Array(a.into_iter().map(numbers_as_f64).collect()),
+        Value::Object(o) => {
+            Value::Object(o.into_iter().map(|(k, v)| (k, numbers_as_f64(v))).collect())
+        }
+        other => other,
+    }
+}
+
 fn decide(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_kvgate"))
         .arg("decide")
@@ -46,7 +62,8 @@ fn every_decide_case_gives_its_expected_output() {
         if expected_json.exists() {
             let want: serde_json::Value =
                 serde_json::from_str(&std::fs::read_to_string(&expected_json).unwrap()).unwrap();
-            match serde_json::from_str::<serde_json::Value>(&stdout) {
+            let want = numbers_as_f64(want);
+            match serde_json::from_str::<serde_json::Value>(&stdout).map(numbers_as_f64) {
                 Ok(got) if out.status.success() && got == want => {}
                 Ok(got) => failures.push(format!("{stem}: got {got}\n  want {want}\n  {stderr}")),
                 Err(e) => failures.push(format!(
