@@ -47,6 +47,8 @@ pub struct ClusterConfig {
     pub predictor: PredictorConfig,
     /// Seeds the decision RNG (exploration, random policies).
     pub seed: u64,
+    /// Multiplies the workload's arrival rate (arrival times are divided by it).
+    pub rate_scale: f64,
 }
 
 impl ClusterConfig {
@@ -60,6 +62,7 @@ impl ClusterConfig {
             router: RouterConfig::default(),
             predictor: PredictorConfig::default(),
             seed,
+            rate_scale: 1.0,
         }
     }
 }
@@ -136,11 +139,17 @@ impl Cluster {
         let interval = self.config.scrape_interval_ms.max(0.001);
         let mut next_scrape = 0.0_f64;
         let mut next_arrival = 0usize;
-        let last_arrival = requests.last().map_or(0.0, |r| r.arrival_ms);
+        let scale = if self.config.rate_scale > 0.0 {
+            self.config.rate_scale
+        } else {
+            1.0
+        };
+        let arrival_ms = |r: &SimRequest| r.arrival_ms / scale;
+        let last_arrival = requests.last().map_or(0.0, arrival_ms);
         self.recorder.set_sample_stride(last_arrival / interval);
         loop {
             let step = self.steps.peek().map(|Reverse((t, _))| *t);
-            let arrival = requests.get(next_arrival).map(|r| time_key(r.arrival_ms));
+            let arrival = requests.get(next_arrival).map(|r| time_key(arrival_ms(r)));
             // At equal times: step ends, then scrapes, then arrivals.
             let (is_step_end, at) = match (step, arrival) {
                 (None, None) => break,
@@ -161,7 +170,7 @@ impl Cluster {
                 }
             } else if let Some(r) = requests.get(next_arrival) {
                 next_arrival += 1;
-                self.arrive(r);
+                self.arrive(r, arrival_ms(r));
             }
         }
         let engines: Vec<_> = self.engines.iter().map(Engine::metrics).collect();
@@ -178,8 +187,7 @@ impl Cluster {
         self.recorder.sample_pods(now_ms, &self.snapshots);
     }
 
-    fn arrive(&mut self, r: &SimRequest) {
-        let now = r.arrival_ms;
+    fn arrive(&mut self, r: &SimRequest, now: f64) {
         let decision = match self.router.decide(
             &r.blocks,
             r.input_tokens,
@@ -231,7 +239,7 @@ impl Cluster {
                 first_token_ms: None,
             });
         }
-        self.recorder.dispatched(r, pod);
+        self.recorder.dispatched(r.id, now);
         if !self.busy[pod] {
             self.start_step(pod, now);
         }

@@ -11,7 +11,6 @@ use kvgate_core::pod::PodSnapshot;
 use kvgate_core::predictor::AccuracyReport;
 use serde::Serialize;
 
-use crate::SimRequest;
 use crate::engine::EngineMetrics;
 
 /// Samples kept per pod for the KV-usage / queue-length plots.
@@ -179,7 +178,7 @@ impl RunRecorder {
 
     pub fn sample_pods(&mut self, t_ms: f64, pods: &[PodSnapshot]) {
         self.scrapes += 1;
-        if (self.scrapes - 1) % self.sample_stride != 0 {
+        if !(self.scrapes - 1).is_multiple_of(self.sample_stride) {
             return;
         }
         for (samples, p) in self.pod_samples.iter_mut().zip(pods) {
@@ -202,11 +201,11 @@ impl RunRecorder {
         }
     }
 
-    pub fn dispatched(&mut self, r: &SimRequest, _pod: usize) {
+    pub fn dispatched(&mut self, id: u64, arrival_ms: f64) {
         self.requests += 1;
-        self.first_arrival_ms.get_or_insert(r.arrival_ms);
-        if let Some(a) = self.arrival_ms.get_mut(r.id as usize) {
-            *a = r.arrival_ms;
+        self.first_arrival_ms.get_or_insert(arrival_ms);
+        if let Some(a) = self.arrival_ms.get_mut(id as usize) {
+            *a = arrival_ms;
         }
     }
 

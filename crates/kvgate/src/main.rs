@@ -1,6 +1,7 @@
 //! The `kvgate` command line.
 
 mod decide;
+mod sim;
 
 use clap::{Parser, Subcommand};
 
@@ -26,6 +27,8 @@ enum Command {
         #[arg(long)]
         repeat: Option<u64>,
     },
+    /// Simulate a fleet of vLLM-like pods under a workload, for each policy side by side.
+    Sim(sim::SimArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -34,6 +37,7 @@ fn main() -> anyhow::Result<()> {
         Command::Decide { input, repeat } => {
             println!("{}", decide::run(&input, repeat)?);
         }
+        Command::Sim(args) => sim::run(args)?,
     }
     Ok(())
 }

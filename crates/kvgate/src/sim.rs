@@ -1,0 +1,341 @@
+//! `kvgate sim`: replay a workload through a simulated fleet, for every chosen policy, seed and
+//! load, in parallel; print a table, and optionally write JSON and an HTML report.
+//!
+//! Runs are independent and seeded, and results are stored by run index, so the output does not
+//! depend on the number of threads.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, ValueEnum};
+use kvgate_core::RouterConfig;
+use kvgate_core::policy::PolicyKind;
+use kvgate_sim::SimRequest;
+use kvgate_sim::cluster::{self, ClusterConfig, DEFAULT_SCRAPE_INTERVAL_MS};
+use kvgate_sim::profiles::Profile;
+use kvgate_sim::report::RunMetrics;
+use kvgate_sim::workload::{self, Workload, chat, shared_prefix};
+use serde::Serialize;
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum GeneratedWorkload {
+    /// Multi-turn chat sessions with per-tenant system prompts.
+    Chat,
+    /// llm-d's shared-prefix scenarios (see --preset).
+    SharedPrefix,
+}
+
+#[derive(Debug, Args)]
+pub struct SimArgs {
+    /// Trace file: Mooncake JSONL or Azure CSV (detected from the content).
+    #[arg(long, conflicts_with = "workload")]
+    trace: Option<PathBuf>,
+    /// A generated workload instead of a trace.
+    #[arg(long, value_enum)]
+    workload: Option<GeneratedWorkload>,
+    /// Preset of the shared-prefix workload: A, B, C or D.
+    #[arg(long, default_value = "A")]
+    preset: String,
+    /// Seed of a generated workload (the same workload for every run).
+    #[arg(long, default_value_t = 1)]
+    workload_seed: u64,
+    /// Policies, comma-separated, or `all`.
+    #[arg(long, default_value = "affinity-gate")]
+    policy: String,
+    /// Multiplies the arrival rate.
+    #[arg(long, default_value_t = 1.0)]
+    rate_scale: f64,
+    /// Sweep a parameter: `rate-scale=a,b,c` (replaces --rate-scale).
+    #[arg(long)]
+    sweep: Option<String>,
+    /// Replay only the first N requests.
+    #[arg(long)]
+    max_requests: Option<usize>,
+    /// Pods in the fleet.
+    #[arg(long, default_value_t = 8)]
+    pods: u32,
+    /// Engine profile of every pod.
+    #[arg(long, default_value = Profile::DEFAULT_NAME)]
+    profile: String,
+    /// Override the profile's KV blocks per pod.
+    #[arg(long)]
+    kv_blocks: Option<u32>,
+    /// Decision seeds (repeat the flag or comma-separate).
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    seed: Vec<u64>,
+    /// Pod metrics refresh interval in milliseconds.
+    #[arg(long, default_value_t = DEFAULT_SCRAPE_INTERVAL_MS)]
+    scrape_interval: f64,
+    /// Router parameters as a JSON object (snake_case or llm-d camelCase keys), e.g.
+    /// '{"affinity_gate_tau": 0.9}'.
+    #[arg(long)]
+    router_config: Option<String>,
+    /// Worker threads (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Write the results as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write a self-contained HTML report with plots.
+    #[arg(long)]
+    html: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct SimReport<'a> {
+    workload: &'a Workload,
+    pods: u32,
+    profile: &'a str,
+    scrape_interval_ms: f64,
+    router_config: RouterConfig,
+    runs: &'a [RunMetrics],
+}
+
+fn parse_policies(list: &str) -> Result<Vec<PolicyKind>> {
+    if list == "all" {
+        return Ok(PolicyKind::ALL.to_vec());
+    }
+    list.split(',')
+        .map(|name| {
+            PolicyKind::from_name(name.trim()).with_context(|| {
+                let names: Vec<_> = PolicyKind::ALL.iter().map(|k| k.name()).collect();
+                format!(
+                    "unknown policy {name:?}; expected `all` or some of {}",
+                    names.join(", ")
+                )
+            })
+        })
+        .collect()
+}
+
+fn parse_rates(args: &SimArgs) -> Result<Vec<f64>> {
+    let rates = match &args.sweep {
+        None => vec![args.rate_scale],
+        Some(s) => {
+            let Some(list) = s.strip_prefix("rate-scale=") else {
+                bail!("--sweep supports `rate-scale=a,b,c`, got {s:?}");
+            };
+            list.split(',')
+                .map(|x| {
+                    x.trim()
+                        .parse::<f64>()
+                        .with_context(|| format!("bad rate scale {x:?}"))
+                })
+                .collect::<Result<Vec<_>>>()?
+        }
+    };
+    if let Some(bad) = rates.iter().find(|r| !(r.is_finite() && **r > 0.0)) {
+        bail!("rate scales must be finite and > 0, got {bad}");
+    }
+    Ok(rates)
+}
+
+fn load_workload(args: &SimArgs) -> Result<(Workload, Vec<SimRequest>)> {
+    let max = args.max_requests;
+    let (mut workload, mut requests) = match (&args.trace, args.workload) {
+        (Some(path), _) => workload::load_trace(path)?,
+        (None, Some(GeneratedWorkload::Chat)) => chat::generate(&chat::ChatParams {
+            seed: args.workload_seed,
+            max_requests: max.unwrap_or(chat::ChatParams::default().max_requests),
+            ..chat::ChatParams::default()
+        })?,
+        (None, Some(GeneratedWorkload::SharedPrefix)) => {
+            let preset =
+                shared_prefix::SharedPrefixParams::preset(&args.preset).with_context(|| {
+                    format!("unknown preset {:?}; expected A, B, C or D", args.preset)
+                })?;
+            shared_prefix::generate(&shared_prefix::SharedPrefixParams {
+                seed: args.workload_seed,
+                max_requests: max.unwrap_or(preset.max_requests),
+                ..preset
+            })?
+        }
+        (None, None) => bail!("give --trace FILE or --workload chat|shared-prefix"),
+    };
+    if let Some(n) = max
+        && requests.len() > n
+    {
+        requests.truncate(n);
+        workload.request_count = n;
+    }
+    Ok((workload, requests))
+}
+
+pub fn run(args: SimArgs) -> Result<()> {
+    let policies = parse_policies(&args.policy)?;
+    let rates = parse_rates(&args)?;
+    let profile = Profile::by_name(&args.profile).with_context(|| {
+        format!(
+            "unknown profile {:?}; expected one of {}",
+            args.profile,
+            Profile::names().collect::<Vec<_>>().join(", ")
+        )
+    })?;
+    if args.pods == 0 {
+        bail!("--pods must be at least 1");
+    }
+    let router = match &args.router_config {
+        Some(json) => RouterConfig::from_json(
+            &serde_json::from_str(json).context("--router-config is not JSON")?,
+        )?,
+        None => RouterConfig::default(),
+    };
+    let (workload, requests) = load_workload(&args)?;
+
+    let mut configs = Vec::new();
+    for &rate_scale in &rates {
+        for &policy in &policies {
+            for &seed in &args.seed {
+                configs.push(ClusterConfig {
+                    pods: args.pods,
+                    profile,
+                    kv_blocks: args.kv_blocks,
+                    scrape_interval_ms: args.scrape_interval,
+                    router,
+                    rate_scale,
+                    ..ClusterConfig::new(args.pods, policy, seed)
+                });
+            }
+        }
+    }
+    let threads = args
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .clamp(1, configs.len().max(1));
+    let bar = if args.quiet {
+        indicatif::ProgressBar::hidden()
+    } else {
+        indicatif::ProgressBar::new(configs.len() as u64)
+    };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} runs  {elapsed}  {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let next = AtomicUsize::new(0);
+    let mut results: Vec<Option<RunMetrics>> = vec![None; configs.len()];
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut done = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(config) = configs.get(i) else { break };
+                        let started = Instant::now();
+                        let mut m = cluster::run(config, &requests);
+                        m.sim_wall_s = started.elapsed().as_secs_f64();
+                        m.policy = config.policy.name().to_string();
+                        m.rate_scale = config.rate_scale;
+                        m.seed = config.seed;
+                        bar.inc(1);
+                        done.push((i, m));
+                    }
+                    done
+                })
+            })
+            .collect();
+        for h in handles {
+            if let Ok(done) = h.join() {
+                for (i, m) in done {
+                    results[i] = Some(m);
+                }
+            }
+        }
+    });
+    bar.finish_and_clear();
+    let runs: Vec<RunMetrics> = results.into_iter().flatten().collect();
+    if runs.len() != configs.len() {
+        bail!(
+            "{} of {} runs failed",
+            configs.len() - runs.len(),
+            configs.len()
+        );
+    }
+
+    print_table(&workload, args.pods, profile.name, &runs);
+    let report = SimReport {
+        workload: &workload,
+        pods: args.pods,
+        profile: profile.name,
+        scrape_interval_ms: args.scrape_interval,
+        router_config: router,
+        runs: &runs,
+    };
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&report)?;
+        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &args.html {
+        let title = format!(
+            "kvgate sim: {} on {} × {}",
+            workload.source.as_deref().unwrap_or(workload.params.kind()),
+            args.pods,
+            profile.name
+        );
+        let page = kvgate_sim::html::render_html(
+            &title,
+            &serde_json::to_value(&workload)?,
+            args.pods,
+            profile.name,
+            &runs,
+        );
+        std::fs::write(path, page).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn print_table(workload: &Workload, pods: u32, profile: &str, runs: &[RunMetrics]) {
+    println!(
+        "workload {} ({} requests), {} pods × {}",
+        workload.source.as_deref().unwrap_or(workload.params.kind()),
+        workload.request_count,
+        pods,
+        profile
+    );
+    println!(
+        "{:<19} {:>5} {:>4} {:>6} {:>9} {:>9} {:>9} {:>9} {:>7} {:>6} {:>8} {:>5} {:>5} {:>7} {:>21}",
+        "policy",
+        "rate",
+        "seed",
+        "done",
+        "ttft_mean",
+        "ttft_p50",
+        "ttft_p90",
+        "ttft_p99",
+        "tpot50",
+        "hit%",
+        "tok/s",
+        "busy%",
+        "cv",
+        "preempt",
+        "gate e/x/n/l"
+    );
+    for r in runs {
+        println!(
+            "{:<19} {:>5} {:>4} {:>6} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>7.2} {:>6.1} {:>8.0} {:>5.1} {:>5.2} {:>7} {:>21}",
+            r.policy,
+            r.rate_scale,
+            r.seed,
+            r.completed,
+            r.ttft_ms.mean,
+            r.ttft_ms.p50,
+            r.ttft_ms.p90,
+            r.ttft_ms.p99,
+            r.tpot_ms.p50,
+            r.prefix_hit_rate * 100.0,
+            r.output_tok_per_s,
+            r.mean_pod_busy * 100.0,
+            r.load_imbalance_cv,
+            r.preemptions,
+            format!(
+                "{}/{}/{}/{}",
+                r.gate.explore, r.gate.exploit, r.gate.no_sticky, r.gate.load_break
+            ),
+        );
+    }
+}
