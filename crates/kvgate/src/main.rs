@@ -28,7 +28,7 @@ enum Command {
         repeat: Option<u64>,
     },
     /// Simulate a fleet of vLLM-like pods under a workload, for each policy side by side.
-    Sim(sim::SimArgs),
+    Sim(Box<sim::SimArgs>),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -37,7 +37,7 @@ fn main() -> anyhow::Result<()> {
         Command::Decide { input, repeat } => {
             println!("{}", decide::run(&input, repeat)?);
         }
-        Command::Sim(args) => sim::run(args)?,
+        Command::Sim(args) => sim::run(*args)?,
     }
     Ok(())
 }
