@@ -174,7 +174,18 @@ impl Cluster {
             }
         }
         let engines: Vec<_> = self.engines.iter().map(Engine::metrics).collect();
-        self.recorder.finish(&engines, self.predictor.accuracy())
+        let leaked: u64 = self
+            .snapshots
+            .iter()
+            .map(|s| {
+                u64::from(s.in_flight.requests)
+                    + s.in_flight.prefill_tokens
+                    + s.in_flight.decode_tokens
+            })
+            .sum();
+        let mut metrics = self.recorder.finish(&engines, self.predictor.accuracy());
+        metrics.in_flight_left = leaked;
+        metrics
     }
 
     fn scrape(&mut self, now_ms: f64) {

@@ -117,6 +117,8 @@ pub struct RunMetrics {
     /// Per-pod KV usage and queue over time.
     pub pod_samples: Vec<Vec<PodSample>>,
     pub stalled_steps: u64,
+    /// Sum of the router's in-flight counters after the run (0 unless accounting leaks).
+    pub in_flight_left: u64,
 }
 
 /// Collects a run's events; turns them into [`RunMetrics`] at the end.
@@ -326,6 +328,7 @@ impl RunRecorder {
             ttft_cdf,
             pod_samples: self.pod_samples,
             stalled_steps: self.stalled,
+            in_flight_left: 0,
         }
     }
 }

@@ -1,0 +1,121 @@
+//! End-to-end properties of the simulated cluster with the router in the loop.
+
+use kvgate_core::policy::PolicyKind;
+use kvgate_sim::SimRequest;
+use kvgate_sim::cluster::{self, ClusterConfig};
+use kvgate_sim::profiles::Profile;
+use kvgate_sim::workload::{chat, segments};
+
+fn request(
+    id: u64,
+    arrival_ms: f64,
+    segment: u64,
+    input_tokens: u32,
+    output_tokens: u32,
+) -> SimRequest {
+    SimRequest {
+        id,
+        arrival_ms,
+        input_tokens,
+        output_tokens,
+        blocks: segments::prompt_blocks(&[segments::Segment::new(segment, input_tokens)]),
+    }
+}
+
+fn chat_workload(n: usize) -> Vec<SimRequest> {
+    chat::generate(&chat::ChatParams {
+        seed: 3,
+        max_requests: n,
+        ..chat::ChatParams::default()
+    })
+    .unwrap()
+    .1
+}
+
+#[test]
+fn a_lone_request_has_the_closed_form_ttft() {
+    let profile = Profile::default_profile();
+    let n = 4000;
+    let reqs = [request(0, 0.0, 1, n, 1)];
+    let m = cluster::run(&ClusterConfig::new(2, PolicyKind::AffinityGate, 1), &reqs);
+    let expected = profile.step_ms(u64::from(n), 0, u64::from(n));
+    assert_eq!(m.completed, 1);
+    assert!(
+        (m.ttft_ms.mean - expected).abs() < 1e-9,
+        "{} vs {expected}",
+        m.ttft_ms.mean
+    );
+}
+
+#[test]
+fn a_repeated_prompt_hits_the_cache_on_the_pod_the_router_remembers() {
+    // The same 4000-token prompt twice, far apart: the second goes to the same pod (exploit).
+    // 4000 = 250 × 16, and a hit stops one token short of the prompt, so 249 blocks hit.
+    let reqs = [
+        request(0, 0.0, 7, 4000, 10),
+        request(1, 60_000.0, 7, 4000, 10),
+    ];
+    let config = ClusterConfig {
+        router: kvgate_core::RouterConfig {
+            epsilon_explore_sticky: 0.0,
+            ..Default::default()
+        },
+        ..ClusterConfig::new(4, PolicyKind::AffinityGate, 1)
+    };
+    let m = cluster::run(&config, &reqs);
+    assert_eq!(m.gate.exploit, 1, "{:?}", m.branches);
+    // Hits: 249 blocks × 16 of 8000 prompt tokens queried.
+    assert!(
+        (m.prefix_hit_rate - 249.0 * 16.0 / 8000.0).abs() < 1e-12,
+        "{}",
+        m.prefix_hit_rate
+    );
+}
+
+#[test]
+fn every_request_completes_once_and_counters_return_to_zero_for_every_policy() {
+    let reqs = chat_workload(400);
+    let tokens: u64 = reqs.iter().map(|r| u64::from(r.output_tokens)).sum();
+    for policy in PolicyKind::ALL {
+        let m = cluster::run(&ClusterConfig::new(4, policy, 1), &reqs);
+        assert_eq!(m.requests, 400, "{policy}");
+        assert_eq!(m.completed + m.rejected, 400, "{policy}");
+        assert_eq!(m.rejected, 0, "{policy}");
+        assert_eq!(m.in_flight_left, 0, "{policy}: in-flight counters leaked");
+        let decided: u64 = m.branches.values().sum();
+        assert_eq!(decided, 400, "{policy}");
+        let produced = (m.output_tok_per_s * m.makespan_s).round() as u64;
+        assert_eq!(produced, tokens, "{policy}: output tokens");
+    }
+}
+
+#[test]
+fn same_inputs_and_seed_give_identical_results() {
+    let reqs = chat_workload(300);
+    let run = |seed| {
+        let config = ClusterConfig {
+            router: kvgate_core::RouterConfig {
+                epsilon_explore_sticky: 0.2,
+                ..Default::default()
+            },
+            ..ClusterConfig::new(4, PolicyKind::AffinityGate, seed)
+        };
+        serde_json::to_string(&cluster::run(&config, &reqs)).unwrap()
+    };
+    assert_eq!(run(5), run(5));
+    assert_ne!(run(5), run(6), "the seed drives exploration");
+}
+
+#[test]
+fn faster_arrivals_raise_ttft() {
+    let reqs = chat_workload(400);
+    let at = |rate_scale| {
+        let config = ClusterConfig {
+            rate_scale,
+            ..ClusterConfig::new(2, PolicyKind::LeastRequest, 1)
+        };
+        cluster::run(&config, &reqs).ttft_ms.mean
+    };
+    let (slow, fast) = (at(1.0), at(20.0));
+    assert!(fast > slow * 1.5, "ttft at 1x {slow} ms, at 20x {fast} ms");
+}
