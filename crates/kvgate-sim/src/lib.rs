@@ -7,6 +7,7 @@
 
 pub mod cluster;
 pub mod engine;
+pub mod html;
 pub mod profiles;
 pub mod report;
 pub mod workload;
