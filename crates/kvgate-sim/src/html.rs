@@ -622,7 +622,12 @@ mod tests {
 
     /// A plausible run: latencies grow with the rate, the affinity gate has a bimodal histogram.
     fn run(policy: &str, rate_scale: f64, seed: u64) -> RunMetrics {
-        let base = 100.0 * rate_scale + seed as f64;
+        let policy_factor = match policy {
+            "round-robin" => 1.6,
+            "prefix" => 1.2,
+            _ => 1.0,
+        };
+        let base = (100.0 * rate_scale + 5.0 * seed as f64) * policy_factor;
         let ttft_cdf: Vec<(f64, f64)> = (1..=50)
             .map(|i| (base * (1.0 + f64::from(i) / 10.0), f64::from(i) / 50.0))
             .collect();

@@ -65,6 +65,15 @@ pub fn fmt_num(v: f64, decimals: usize) -> String {
     if s == "-0" { "0".to_string() } else { s }
 }
 
+/// A tick label: like [`fmt_num`], but 10,000 and above as thousands ("20k") to stay short.
+fn tick_label(v: f64, decimals: usize) -> String {
+    if v.abs() >= 10_000.0 && (v / 1000.0).fract() == 0.0 {
+        format!("{}k", fmt_num(v / 1000.0, 0))
+    } else {
+        fmt_num(v, decimals)
+    }
+}
+
 /// A pixel coordinate (always finite: callers map only finite values inside the axis range).
 fn px(v: f64) -> String {
     if v.is_finite() {
@@ -325,7 +334,7 @@ fn axes(x: Option<(&Axis, &Ticks)>, y: (&Axis, &Ticks), x_label: &str, y_label: 
             px(right),
             px(left - 6.0),
             px(y_axis.map(*v) + 4.0),
-            fmt_num(*v, y_ticks.decimals),
+            tick_label(*v, y_ticks.decimals),
             yp = px(yp),
         );
     }
@@ -338,7 +347,7 @@ fn axes(x: Option<(&Axis, &Ticks)>, y: (&Axis, &Ticks), x_label: &str, y_label: 
                 px(top),
                 px(bottom),
                 px(bottom + 16.0),
-                fmt_num(*v, x_ticks.decimals),
+                tick_label(*v, x_ticks.decimals),
                 xp = px(xp),
             );
         }
@@ -481,8 +490,9 @@ pub fn bar_chart(chart: &BarChart) -> String {
     let y_ticks = match chart.y_range {
         Some((lo, hi)) if lo.is_finite() && hi.is_finite() => linear_ticks(lo, hi),
         _ => {
-            let hi = values().fold(0.0_f64, f64::max);
-            let lo = values().fold(0.0_f64, f64::min);
+            // Headroom so that the value printed above the tallest bar stays inside the plot.
+            let hi = values().fold(0.0_f64, f64::max) * 1.08;
+            let lo = values().fold(0.0_f64, f64::min) * 1.08;
             linear_ticks(lo, hi)
         }
     };
@@ -620,6 +630,13 @@ mod tests {
         assert_eq!(t.values, vec![0.0, 20.0, 40.0, 60.0, 80.0, 100.0]);
         let flat = linear_ticks(0.0, 0.0);
         assert_eq!((flat.lo, flat.hi), (0.0, 1.0));
+    }
+
+    #[test]
+    fn tick_labels_abbreviate_thousands() {
+        assert_eq!(tick_label(10_000.0, 0), "10k");
+        assert_eq!(tick_label(5000.0, 0), "5000");
+        assert_eq!(tick_label(0.25, 2), "0.25");
     }
 
     #[test]
