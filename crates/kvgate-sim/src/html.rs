@@ -190,6 +190,15 @@ fn rate_label(rate: f64) -> String {
     format!("×{}", fmt_num(rate, 3))
 }
 
+/// A table cell: fixed decimals so that columns line up; "n/a" when not finite.
+fn fixed(v: f64, decimals: usize) -> String {
+    if v.is_finite() {
+        format!("{v:.decimals$}")
+    } else {
+        "n/a".to_string()
+    }
+}
+
 fn list_or_none(items: impl Iterator<Item = String>) -> String {
     let v: Vec<String> = items.collect();
     if v.is_empty() {
@@ -241,14 +250,14 @@ fn summary_table(page: &mut String, set: &RunSet) {
             r.seed,
             r.completed,
             r.requests,
-            fmt_num(r.ttft_ms.mean, 1),
-            fmt_num(r.ttft_ms.p50, 1),
-            fmt_num(r.ttft_ms.p90, 1),
-            fmt_num(r.ttft_ms.p99, 1),
-            fmt_num(r.tpot_ms.p50, 2),
-            fmt_num(r.prefix_hit_rate * 100.0, 1),
-            fmt_num(r.output_tok_per_s, 0),
-            fmt_num(r.load_imbalance_cv, 3),
+            fixed(r.ttft_ms.mean, 1),
+            fixed(r.ttft_ms.p50, 1),
+            fixed(r.ttft_ms.p90, 1),
+            fixed(r.ttft_ms.p99, 1),
+            fixed(r.tpot_ms.p50, 2),
+            fixed(r.prefix_hit_rate * 100.0, 1),
+            fixed(r.output_tok_per_s, 0),
+            fixed(r.load_imbalance_cv, 3),
             branches,
         );
     }
