@@ -4,15 +4,47 @@
 //! `affinityMaxTTFTPenaltyMs`, `blockSizeTokens`, `lruCapacityPerServer`) are accepted too, so
 //! existing configs carry over. Unknown keys are an error (a typo must not silently fall back to
 //! a default). [`RouterConfig::validate`] rejects out-of-range values.
+//!
+//! `gate_profile` picks the base the affinity-gate keys start from: `seed` is the gate exactly as
+//! specified in DESIGN.md §2 (kept forever as the specification and the baseline); `default` is
+//! kvgate's recommended gate, chosen by the measurements in EVALUATION.md. Keys given explicitly
+//! override the profile's values.
 
 use crate::blocks::{DEFAULT_BLOCK_SIZE_TOKENS, DEFAULT_CHARS_PER_TOKEN};
 use crate::index::DEFAULT_POD_CAPACITY_BLOCKS;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+/// Which base the affinity gate's parameters start from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GateProfile {
+    /// The seed's gate exactly: explore = best latency overall, absolute 5000 ms load gate,
+    /// τ 0.80, ε 0.01, nothing else.
+    Seed,
+    /// kvgate's recommended settings (see EVALUATION.md).
+    #[default]
+    Default,
+}
+
+/// What the affinity gate does when its ε coin says "explore".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ExploreMode {
+    /// The seed: the best predicted TTFT over all pods (rarely reaches a cold pod).
+    BestOverall,
+    /// A uniformly random pod among the non-sticky ones (all pods if every pod is sticky).
+    RandomNonSticky,
+    /// The non-sticky pod with the fewest in-flight prompt tokens.
+    LeastLoadedNonSticky,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RouterConfig {
+    /// Base of the gate parameters (`seed` or `default`); see the module docs.
+    #[serde(alias = "gateProfile")]
+    pub gate_profile: GateProfile,
     // ---- affinity gate (DESIGN.md §2; defaults from llm-d's predicted-latency scorer) ----
     /// Pods whose prefix score is strictly above this are sticky. Default 0.80.
     #[serde(alias = "affinityGateTau")]
@@ -24,6 +56,19 @@ pub struct RouterConfig {
     /// than this. Default 5000 ms; 0 disables the load gate (as upstream).
     #[serde(alias = "affinityMaxTTFTPenaltyMs", alias = "affinityMaxTtftPenaltyMs")]
     pub affinity_max_ttft_penalty_ms: f64,
+    /// Relative load gate: also break affinity when best sticky TTFT > this × best TTFT +
+    /// `affinity_relative_slack_ms`. 0 disables it (seed).
+    #[serde(alias = "affinityRelativePenalty")]
+    pub affinity_relative_penalty: f64,
+    #[serde(alias = "affinityRelativeSlackMs")]
+    pub affinity_relative_slack_ms: f64,
+    /// What exploring picks. Seed: `best-overall`.
+    #[serde(alias = "exploreMode")]
+    pub explore_mode: ExploreMode,
+    /// Cold spreading: when no pod is sticky, among pods predicted within this many ms of the
+    /// best, pick the one with the fewest in-flight prompt tokens. 0 disables it (seed).
+    #[serde(alias = "coldSpreadWindowMs")]
+    pub cold_spread_window_ms: f64,
 
     // ---- weighted (llm-d's default scorer weights without a predictor) ----
     #[serde(alias = "prefixWeight")]
@@ -53,11 +98,39 @@ pub struct RouterConfig {
 }
 
 impl Default for RouterConfig {
+    /// The `default` gate profile.
     fn default() -> Self {
-        RouterConfig {
+        RouterConfig::for_profile(GateProfile::Default)
+    }
+}
+
+/// Gate keys a profile sets (snake_case name, camelCase alias).
+const GATE_KEYS: [(&str, &str); 7] = [
+    ("affinity_gate_tau", "affinityGateTau"),
+    ("epsilon_explore_sticky", "epsilonExploreSticky"),
+    ("affinity_max_ttft_penalty_ms", "affinityMaxTTFTPenaltyMs"),
+    ("affinity_relative_penalty", "affinityRelativePenalty"),
+    ("affinity_relative_slack_ms", "affinityRelativeSlackMs"),
+    ("explore_mode", "exploreMode"),
+    ("cold_spread_window_ms", "coldSpreadWindowMs"),
+];
+
+impl RouterConfig {
+    /// The seed's gate exactly (DESIGN.md §2).
+    pub fn seed() -> Self {
+        RouterConfig::for_profile(GateProfile::Seed)
+    }
+
+    pub fn for_profile(profile: GateProfile) -> Self {
+        let base = RouterConfig {
+            gate_profile: GateProfile::Seed,
             affinity_gate_tau: 0.80,
             epsilon_explore_sticky: 0.01,
             affinity_max_ttft_penalty_ms: 5000.0,
+            affinity_relative_penalty: 0.0,
+            affinity_relative_slack_ms: 0.0,
+            explore_mode: ExploreMode::BestOverall,
+            cold_spread_window_ms: 0.0,
             weighted_prefix_weight: 3.0,
             weighted_queue_weight: 2.0,
             weighted_kv_weight: 2.0,
@@ -69,6 +142,13 @@ impl Default for RouterConfig {
             block_size_tokens: DEFAULT_BLOCK_SIZE_TOKENS,
             chars_per_token: DEFAULT_CHARS_PER_TOKEN,
             lru_capacity_per_server: DEFAULT_POD_CAPACITY_BLOCKS,
+        };
+        match profile {
+            GateProfile::Seed => base,
+            GateProfile::Default => RouterConfig {
+                gate_profile: GateProfile::Default,
+                ..base
+            },
         }
     }
 }
@@ -86,10 +166,36 @@ pub enum ConfigError {
 }
 
 impl RouterConfig {
-    /// Parses a JSON object (snake_case or camelCase keys) and validates it.
+    /// Parses a JSON object (snake_case or camelCase keys) and validates it. Gate keys that are
+    /// absent take the value of the chosen `gate_profile`.
     pub fn from_json(value: &serde_json::Value) -> Result<Self, ConfigError> {
-        let config: RouterConfig =
+        let mut config: RouterConfig =
             serde_json::from_value(value.clone()).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        let base = RouterConfig::for_profile(config.gate_profile);
+        let given =
+            |(snake, camel): (&str, &str)| value.get(snake).is_some() || value.get(camel).is_some();
+        let [tau, eps, penalty, rel, slack, explore, spread] = GATE_KEYS.map(given);
+        if !tau {
+            config.affinity_gate_tau = base.affinity_gate_tau;
+        }
+        if !eps {
+            config.epsilon_explore_sticky = base.epsilon_explore_sticky;
+        }
+        if !penalty {
+            config.affinity_max_ttft_penalty_ms = base.affinity_max_ttft_penalty_ms;
+        }
+        if !rel {
+            config.affinity_relative_penalty = base.affinity_relative_penalty;
+        }
+        if !slack {
+            config.affinity_relative_slack_ms = base.affinity_relative_slack_ms;
+        }
+        if !explore {
+            config.explore_mode = base.explore_mode;
+        }
+        if !spread {
+            config.cold_spread_window_ms = base.cold_spread_window_ms;
+        }
         config.validate()?;
         Ok(config)
     }
@@ -129,6 +235,24 @@ impl RouterConfig {
             self.affinity_max_ttft_penalty_ms,
             self.affinity_max_ttft_penalty_ms >= 0.0,
             ">= 0 (0 disables the load gate)",
+        )?;
+        check(
+            "affinity_relative_penalty",
+            self.affinity_relative_penalty,
+            self.affinity_relative_penalty == 0.0 || self.affinity_relative_penalty >= 1.0,
+            "0 (off) or >= 1",
+        )?;
+        check(
+            "affinity_relative_slack_ms",
+            self.affinity_relative_slack_ms,
+            self.affinity_relative_slack_ms >= 0.0,
+            ">= 0",
+        )?;
+        check(
+            "cold_spread_window_ms",
+            self.cold_spread_window_ms,
+            self.cold_spread_window_ms >= 0.0,
+            ">= 0 (0 disables cold spreading)",
         )?;
         for (key, v) in [
             ("weighted_prefix_weight", self.weighted_prefix_weight),
@@ -229,6 +353,19 @@ mod tests {
             err.to_string().contains("affinity_max_ttft_penalty_ms"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn seed_profile_is_the_specified_gate_and_explicit_keys_override_it() {
+        let c = RouterConfig::from_json(&json!({"gate_profile": "seed"})).unwrap();
+        assert_eq!(c, RouterConfig::seed());
+        assert_eq!(c.explore_mode, ExploreMode::BestOverall);
+        assert_eq!(c.affinity_relative_penalty, 0.0);
+        assert_eq!(c.cold_spread_window_ms, 0.0);
+        let c = RouterConfig::from_json(&json!({"gateProfile": "seed", "coldSpreadWindowMs": 20}))
+            .unwrap();
+        assert_eq!(c.cold_spread_window_ms, 20.0);
+        assert_eq!(c.explore_mode, ExploreMode::BestOverall);
     }
 
     #[test]

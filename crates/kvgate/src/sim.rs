@@ -68,6 +68,9 @@ pub struct SimArgs {
     /// Pod metrics refresh interval in milliseconds.
     #[arg(long, default_value_t = DEFAULT_SCRAPE_INTERVAL_MS)]
     scrape_interval: f64,
+    /// Affinity-gate parameter base: `seed` (the specified gate) or `default` (kvgate's).
+    #[arg(long)]
+    gate_profile: Option<String>,
     /// Router parameters as a JSON object (snake_case or llm-d camelCase keys), e.g.
     /// '{"affinity_gate_tau": 0.9}'.
     #[arg(long)]

@@ -15,6 +15,19 @@
 //! Exactly at the penalty affinity is kept; only a difference strictly above it breaks
 //! affinity. Ties in predicted TTFT go to the pod with fewer requests, then the lower index.
 //!
+//! Options beyond the seed (each off in `gate_profile = seed`; see EVALUATION.md for what each
+//! measured):
+//! - `explore_mode`: what EXPLORE picks — `best-overall` (seed), `random-non-sticky` (a uniform
+//!   pod among those not sticky, one extra RNG draw), `least-loaded-non-sticky` (the non-sticky
+//!   pod with the fewest in-flight prompt tokens). Exploring is meant to seed caches on cold pods;
+//!   the best pod overall is usually the sticky one, so the seed's explore rarely does that.
+//! - `affinity_relative_penalty` r and `affinity_relative_slack_ms` s: LOAD_BREAK also when
+//!   best_sticky > r × best_all + s (a gate scaled to the workload; 0 = off).
+//! - `cold_spread_window_ms` w: in NO_STICKY and LOAD_BREAK, among pods predicted within w ms of
+//!   the best, take the one with the fewest in-flight prompt tokens (prefill tokens not yet
+//!   computed + tokens of decoding requests), spreading new prefixes instead of piling them on
+//!   the pod that happens to predict a hair faster (0 = off).
+//!
 //! Why: greedy latency alone scatters prefixes over all pods (cache fragmentation); always
 //! following the best cache match piles popular prefixes onto few pods (hot spots). The gate
 //! keeps conversations on the pods that hold them, the ε coin seeds caches elsewhere, and the
@@ -28,7 +41,7 @@
 
 use super::{Candidate, Pick, Policy, PolicyError, PolicyKind, RequestFacts, argmin_by};
 use crate::DecisionRng;
-use crate::config::RouterConfig;
+use crate::config::{ExploreMode, RouterConfig};
 use crate::decision::Branch;
 use rand::RngExt;
 
@@ -37,6 +50,10 @@ pub struct AffinityGate {
     pub affinity_gate_tau: f64,
     pub epsilon_explore_sticky: f64,
     pub affinity_max_ttft_penalty_ms: f64,
+    pub affinity_relative_penalty: f64,
+    pub affinity_relative_slack_ms: f64,
+    pub explore_mode: ExploreMode,
+    pub cold_spread_window_ms: f64,
 }
 
 impl AffinityGate {
@@ -45,8 +62,91 @@ impl AffinityGate {
             affinity_gate_tau: config.affinity_gate_tau,
             epsilon_explore_sticky: config.epsilon_explore_sticky,
             affinity_max_ttft_penalty_ms: config.affinity_max_ttft_penalty_ms,
+            affinity_relative_penalty: config.affinity_relative_penalty,
+            affinity_relative_slack_ms: config.affinity_relative_slack_ms,
+            explore_mode: config.explore_mode,
+            cold_spread_window_ms: config.cold_spread_window_ms,
         }
     }
+
+    fn sticky(&self, c: &Candidate<'_>) -> bool {
+        c.prefix_score > self.affinity_gate_tau
+    }
+
+    /// Whether the load gate breaks affinity, given the best sticky and best overall TTFT.
+    fn breaks_affinity(&self, best_sticky_ms: f64, best_all_ms: f64) -> bool {
+        let penalty = self.affinity_max_ttft_penalty_ms;
+        let absolute = penalty > 0.0 && best_sticky_ms - best_all_ms > penalty;
+        let r = self.affinity_relative_penalty;
+        let relative =
+            r > 0.0 && best_sticky_ms > r * best_all_ms + self.affinity_relative_slack_ms;
+        absolute || relative
+    }
+
+    /// The pick among all pods: the best predicted TTFT, or with cold spreading the pod with the
+    /// fewest in-flight prompt tokens among those within the window of the best.
+    fn pick_over_all(
+        &self,
+        candidates: &[Candidate<'_>],
+        best_all: usize,
+        eligible: &mut [bool],
+    ) -> usize {
+        eligible.fill(true);
+        let w = self.cold_spread_window_ms;
+        if w <= 0.0 {
+            return best_all;
+        }
+        let limit = candidates[best_all].predicted_ttft_ms + w;
+        for (e, c) in eligible.iter_mut().zip(candidates) {
+            *e = c.predicted_ttft_ms <= limit;
+        }
+        argmin_by(candidates, eligible, in_flight_prompt_tokens).unwrap_or(best_all)
+    }
+
+    fn explore(
+        &self,
+        candidates: &[Candidate<'_>],
+        best_all: usize,
+        eligible: &mut [bool],
+        rng: &mut DecisionRng,
+    ) -> usize {
+        eligible.fill(true);
+        match self.explore_mode {
+            ExploreMode::BestOverall => best_all,
+            ExploreMode::RandomNonSticky => {
+                let non_sticky = candidates.iter().filter(|c| !self.sticky(c)).count();
+                // Always one draw, so the RNG stream does not depend on the candidates.
+                let draw = rng.random::<f64>();
+                if non_sticky == 0 {
+                    return ((draw * candidates.len() as f64) as usize).min(candidates.len() - 1);
+                }
+                let k = ((draw * non_sticky as f64) as usize).min(non_sticky - 1);
+                for (e, c) in eligible.iter_mut().zip(candidates) {
+                    *e = !self.sticky(c);
+                }
+                candidates
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, c)| !self.sticky(c))
+                    .nth(k)
+                    .map_or(best_all, |(i, _)| i)
+            }
+            ExploreMode::LeastLoadedNonSticky => {
+                for (e, c) in eligible.iter_mut().zip(candidates) {
+                    *e = !self.sticky(c);
+                }
+                argmin_by(candidates, eligible, in_flight_prompt_tokens).unwrap_or_else(|| {
+                    eligible.fill(true);
+                    best_all
+                })
+            }
+        }
+    }
+}
+
+/// Prompt tokens a pod holds in flight for us: prefill not yet done + decoding requests' tokens.
+fn in_flight_prompt_tokens(c: &Candidate<'_>) -> f64 {
+    (c.pod.in_flight.prefill_tokens + c.pod.in_flight.decode_tokens) as f64
 }
 
 impl Policy for AffinityGate {
@@ -66,33 +166,34 @@ impl Policy for AffinityGate {
 
         let explore = rng.random::<f64>() < self.epsilon_explore_sticky;
         if explore {
+            let index = self.explore(candidates, best_all, eligible, rng);
             return Ok(Pick {
-                index: best_all,
+                index,
                 branch: Branch::Explore,
             });
         }
 
         let mut any_sticky = false;
         for (e, c) in eligible.iter_mut().zip(candidates) {
-            *e = c.prefix_score > self.affinity_gate_tau;
+            *e = self.sticky(c);
             any_sticky |= *e;
         }
         if !any_sticky {
-            eligible.fill(true);
+            let index = self.pick_over_all(candidates, best_all, eligible);
             return Ok(Pick {
-                index: best_all,
+                index,
                 branch: Branch::NoSticky,
             });
         }
         let best_sticky = argmin_by(candidates, eligible, ttft).ok_or(PolicyError::NoCandidates)?;
 
-        let penalty = self.affinity_max_ttft_penalty_ms;
-        let excess =
-            candidates[best_sticky].predicted_ttft_ms - candidates[best_all].predicted_ttft_ms;
-        if penalty > 0.0 && excess > penalty {
-            eligible.fill(true);
+        if self.breaks_affinity(
+            candidates[best_sticky].predicted_ttft_ms,
+            candidates[best_all].predicted_ttft_ms,
+        ) {
+            let index = self.pick_over_all(candidates, best_all, eligible);
             return Ok(Pick {
-                index: best_all,
+                index,
                 branch: Branch::LoadBreak,
             });
         }
@@ -112,8 +213,104 @@ mod tests {
         AffinityGate::new(&RouterConfig {
             epsilon_explore_sticky: epsilon,
             affinity_max_ttft_penalty_ms: penalty,
-            ..RouterConfig::default()
+            ..RouterConfig::seed()
         })
+    }
+
+    fn in_flight(p: &mut crate::PodSnapshot, prefill: u64, decode: u64) {
+        p.in_flight.prefill_tokens = prefill;
+        p.in_flight.decode_tokens = decode;
+    }
+
+    #[test]
+    fn relative_load_gate_breaks_when_sticky_is_much_slower() {
+        let g = AffinityGate {
+            affinity_relative_penalty: 1.5,
+            affinity_relative_slack_ms: 100.0,
+            ..gate(0.0, 5000.0)
+        };
+        let (a, b) = (pod(0, 0, 0, 0.1), pod(1, 0, 0, 0.1));
+        // 1.5 × 200 + 100 = 400: 400 keeps affinity, 401 breaks it.
+        for (sticky_ms, branch) in [(400.0, Branch::Exploit), (401.0, Branch::LoadBreak)] {
+            let cands = [cand(&a, 0, 10, 200.0), cand(&b, 10, 10, sticky_ms)];
+            let (pick, _) = run(&mut g.clone(), &facts(10), &cands, &mut rng(1));
+            assert_eq!(pick.unwrap().branch, branch, "sticky {sticky_ms}");
+        }
+    }
+
+    #[test]
+    fn cold_spreading_picks_the_least_loaded_pod_within_the_window() {
+        let g = AffinityGate {
+            cold_spread_window_ms: 20.0,
+            ..gate(0.0, 5000.0)
+        };
+        let (mut a, mut b, mut c) = (pod(0, 0, 0, 0.1), pod(1, 0, 0, 0.1), pod(2, 0, 0, 0.1));
+        in_flight(&mut a, 5000, 0);
+        in_flight(&mut b, 0, 1000);
+        in_flight(&mut c, 0, 0);
+        // a is fastest; b is within 20 ms and lighter; c is lightest but 21 ms behind.
+        let cands = [
+            cand(&a, 0, 10, 100.0),
+            cand(&b, 0, 10, 119.0),
+            cand(&c, 0, 10, 121.0),
+        ];
+        let (pick, eligible) = run(&mut g.clone(), &facts(10), &cands, &mut rng(1));
+        assert_eq!(
+            pick.unwrap(),
+            Pick {
+                index: 1,
+                branch: Branch::NoSticky
+            }
+        );
+        assert_eq!(eligible, vec![true, true, false]);
+    }
+
+    #[test]
+    fn random_non_sticky_exploration_never_picks_a_sticky_pod_and_reaches_every_cold_pod() {
+        let g = AffinityGate {
+            explore_mode: ExploreMode::RandomNonSticky,
+            ..gate(1.0, 5000.0)
+        };
+        let pods: Vec<_> = (0..4).map(|i| pod(i, 0, 0, 0.1)).collect();
+        // Pod 0 is sticky and fastest: the seed would always explore to it.
+        let cands: Vec<_> = pods
+            .iter()
+            .enumerate()
+            .map(|(i, p)| cand(p, if i == 0 { 10 } else { 0 }, 10, 100.0 + i as f64))
+            .collect();
+        let mut r = rng(9);
+        let mut seen = [0u32; 4];
+        for _ in 0..300 {
+            let (pick, _) = run(&mut g.clone(), &facts(10), &cands, &mut r);
+            let pick = pick.unwrap();
+            assert_eq!(pick.branch, Branch::Explore);
+            seen[pick.index] += 1;
+        }
+        assert_eq!(seen[0], 0);
+        assert!(seen[1..].iter().all(|&n| n > 60), "{seen:?}");
+    }
+
+    #[test]
+    fn least_loaded_non_sticky_exploration_picks_the_lightest_cold_pod() {
+        let g = AffinityGate {
+            explore_mode: ExploreMode::LeastLoadedNonSticky,
+            ..gate(1.0, 5000.0)
+        };
+        let (a, mut b, c) = (pod(0, 0, 0, 0.1), pod(1, 0, 0, 0.1), pod(2, 0, 0, 0.1));
+        in_flight(&mut b, 900, 0);
+        let cands = [
+            cand(&a, 10, 10, 50.0),
+            cand(&b, 0, 10, 60.0),
+            cand(&c, 0, 10, 70.0),
+        ];
+        let (pick, _) = run(&mut g.clone(), &facts(10), &cands, &mut rng(1));
+        assert_eq!(
+            pick.unwrap(),
+            Pick {
+                index: 2,
+                branch: Branch::Explore
+            }
+        );
     }
 
     #[test]
