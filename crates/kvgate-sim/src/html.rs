@@ -702,6 +702,7 @@ mod tests {
             ttft_cdf,
             pod_samples,
             stalled_steps: 0,
+            in_flight_left: 0,
         }
     }
 
