@@ -92,6 +92,7 @@ mod tests {
             decode_tokens_in_flight: 123_456.0,
             input_tokens: 3000.0,
             prefix_score: 0.3,
+            kv_capacity_tokens: 100_000.0,
         };
         let ttft = dot(&ttft_prior(&config), &f.ttft_vector());
         let tpot = dot(&tpot_prior(&config), &f.tpot_vector());

@@ -15,6 +15,14 @@
 //! | decode tokens in flight         | ÷ 10 000           | 6        | 2        |
 //! | uncached tokens × (waiting > 0) | ÷ 1000             | 7        | –        |
 //! | input tokens                    | ÷ 1000             | 8        | –        |
+//! | KV shortfall tokens             | ÷ 1000             | 9        | –        |
+//!
+//! KV shortfall = max(0, prefill tokens in flight + this request's uncached tokens − free KV
+//! tokens), free = (1 − KV usage) × KV capacity: how many tokens of KV this request and the
+//! prefills queued before it need beyond what the pod has free. When it is positive the request
+//! waits for running requests to finish before it is admitted — memory pressure that queue
+//! lengths alone do not show (`dynamo-kv`'s cost sees it through active blocks). 0 when the
+//! pod's capacity is unknown.
 //!
 //! The interaction term lets a queued pod charge the request's own prefill differently from an
 //! idle one (llm-d's `is_queued` split, reference/llmd-predicted-latency.md §2.1–2.2).
@@ -26,7 +34,7 @@
 use crate::pod::PodSnapshot;
 
 /// Number of TTFT regressor inputs (see the module table).
-pub const TTFT_DIM: usize = 9;
+pub const TTFT_DIM: usize = 10;
 /// Number of TPOT regressor inputs (see the module table).
 pub const TPOT_DIM: usize = 6;
 
@@ -34,6 +42,9 @@ pub const PROMPT_TOKENS_SCALE: f64 = 1000.0;
 pub const DECODE_TOKENS_SCALE: f64 = 10_000.0;
 pub const WAITING_SCALE: f64 = 10.0;
 pub const RUNNING_SCALE: f64 = 100.0;
+
+/// Tokens per KV block assumed when turning a pod's KV blocks into tokens (vLLM's default).
+pub const KV_BLOCK_TOKENS: f64 = 16.0;
 
 /// Upper bound on request counts after sanitising.
 const MAX_REQUESTS: f64 = 1e6;
@@ -59,6 +70,8 @@ pub struct Features {
     pub decode_tokens_in_flight: f64,
     pub input_tokens: f64,
     pub prefix_score: f64,
+    /// KV capacity of the pod in tokens (KV blocks × 16); 0 when unknown.
+    pub kv_capacity_tokens: f64,
 }
 
 impl Features {
@@ -71,7 +84,17 @@ impl Features {
             decode_tokens_in_flight: pod.in_flight.decode_tokens as f64,
             input_tokens: input_tokens as f64,
             prefix_score,
+            kv_capacity_tokens: f64::from(pod.kv_blocks) * KV_BLOCK_TOKENS,
         }
+    }
+
+    /// Tokens of KV the queued prefills and this request need beyond the pod's free KV.
+    pub fn kv_shortfall_tokens(&self) -> f64 {
+        if self.kv_capacity_tokens <= 0.0 {
+            return 0.0;
+        }
+        let free = (1.0 - self.kv_usage.clamp(0.0, 1.0)) * self.kv_capacity_tokens;
+        (self.prefill_tokens_in_flight + self.uncached_prompt_tokens() - free).max(0.0)
     }
 
     /// (1 − prefix score) × input tokens.
@@ -89,6 +112,7 @@ impl Features {
             self.decode_tokens_in_flight,
             self.input_tokens,
             self.prefix_score,
+            self.kv_capacity_tokens,
         ]
         .iter()
         .all(|v| v.is_finite())
@@ -107,6 +131,7 @@ impl Features {
             decode_tokens_in_flight: bounded(self.decode_tokens_in_flight, MAX_TOKENS),
             input_tokens: bounded(self.input_tokens, MAX_TOKENS),
             prefix_score: bounded(self.prefix_score, 1.0),
+            kv_capacity_tokens: bounded(self.kv_capacity_tokens, MAX_TOKENS),
         }
     }
 
@@ -124,6 +149,7 @@ impl Features {
             self.decode_tokens_in_flight / DECODE_TOKENS_SCALE,
             uncached * queued,
             self.input_tokens / PROMPT_TOKENS_SCALE,
+            self.kv_shortfall_tokens() / PROMPT_TOKENS_SCALE,
         ]
     }
 
@@ -154,6 +180,7 @@ mod tests {
             decode_tokens_in_flight: f64::NEG_INFINITY,
             input_tokens: 100.0,
             prefix_score: 2.0,
+            kv_capacity_tokens: -1.0,
         }
         .sanitized();
         assert_eq!(
@@ -166,6 +193,7 @@ mod tests {
                 decode_tokens_in_flight: 0.0,
                 input_tokens: 100.0,
                 prefix_score: 1.0,
+                kv_capacity_tokens: 0.0,
             }
         );
     }
@@ -180,11 +208,23 @@ mod tests {
             decode_tokens_in_flight: 20_000.0,
             input_tokens: 4000.0,
             prefix_score: 0.25,
+            // Free: 0.5 × 10 000 = 5000; needed: 3000 + 3000 → shortfall 1000.
+            kv_capacity_tokens: 10_000.0,
         };
         assert_eq!(
             f.ttft_vector(),
-            [1.0, 3.0, 3.0, 0.2, 0.5, 0.5, 2.0, 3.0, 4.0]
+            [1.0, 3.0, 3.0, 0.2, 0.5, 0.5, 2.0, 3.0, 4.0, 1.0]
         );
+        let unknown_capacity = Features {
+            kv_capacity_tokens: 0.0,
+            ..f
+        };
+        assert_eq!(unknown_capacity.ttft_vector()[9], 0.0);
+        let roomy = Features {
+            kv_capacity_tokens: 1e6,
+            ..f
+        };
+        assert_eq!(roomy.ttft_vector()[9], 0.0);
         let idle = Features { waiting: 0.0, ..f };
         assert_eq!(idle.ttft_vector()[7], 0.0);
         assert_eq!(f.tpot_vector(), [1.0, 0.5, 2.0, 0.5, 3.0, 0.2]);

@@ -6,7 +6,7 @@ use rand::rngs::ChaCha8Rng;
 use rand::{RngExt, SeedableRng};
 
 /// True TTFT weights on [`Features::ttft_vector`] (ms): a pod slower than the analytic prior.
-const TTFT_TRUTH: [f64; TTFT_DIM] = [15.0, 90.0, 70.0, 30.0, 20.0, 10.0, 5.0, 40.0, 3.0];
+const TTFT_TRUTH: [f64; TTFT_DIM] = [15.0, 90.0, 70.0, 30.0, 20.0, 10.0, 5.0, 40.0, 3.0, 25.0];
 /// True TPOT weights on [`Features::tpot_vector`] (ms).
 const TPOT_TRUTH: [f64; TPOT_DIM] = [7.0, 8.0, 2.0, 3.0, 0.5, 1.0];
 
@@ -28,6 +28,7 @@ fn random_features(rng: &mut ChaCha8Rng) -> Features {
         decode_tokens_in_flight: rng.random_range(0..=100_000) as f64,
         input_tokens: rng.random_range(100..=8000) as f64,
         prefix_score: rng.random::<f64>(),
+        kv_capacity_tokens: 467_280.0,
     }
 }
 
@@ -91,6 +92,7 @@ fn cold_class_predicts_the_analytic_formula() {
         decode_tokens_in_flight: 40_000.0,
         input_tokens: 3000.0,
         prefix_score: 0.25,
+        kv_capacity_tokens: 467_280.0,
     };
     let pred = p.predict("h100", &f);
     let ttft = 6.0 + (8000.0 + 0.75 * 3000.0) / 15_928.0 * 1000.0;
@@ -306,7 +308,7 @@ fn any_features() -> impl Strategy<Value = Features> {
             Just(f64::MAX),
         ]
     };
-    (v(), v(), v(), v(), v(), v(), v()).prop_map(|(a, b, c, d, e, f, g)| Features {
+    (v(), v(), v(), v(), v(), v(), v(), v()).prop_map(|(a, b, c, d, e, f, g, h)| Features {
         kv_usage: a,
         waiting: b,
         running: c,
@@ -314,6 +316,7 @@ fn any_features() -> impl Strategy<Value = Features> {
         decode_tokens_in_flight: e,
         input_tokens: f,
         prefix_score: g,
+        kv_capacity_tokens: h,
     })
 }
 
