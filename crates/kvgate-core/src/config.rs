@@ -145,8 +145,12 @@ impl RouterConfig {
         };
         match profile {
             GateProfile::Seed => base,
+            // Chosen by the measurements in EVALUATION.md ("Beating the peers").
             GateProfile::Default => RouterConfig {
                 gate_profile: GateProfile::Default,
+                explore_mode: ExploreMode::RandomNonSticky,
+                affinity_relative_penalty: 1.5,
+                affinity_relative_slack_ms: 100.0,
                 ..base
             },
         }
@@ -320,8 +324,20 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn defaults_are_the_documented_ones() {
+    fn default_profile_adds_cold_pod_exploration_and_a_relative_load_gate() {
         let c = RouterConfig::default();
+        assert_eq!(c.gate_profile, GateProfile::Default);
+        assert_eq!(c.explore_mode, ExploreMode::RandomNonSticky);
+        assert_eq!(
+            (c.affinity_relative_penalty, c.affinity_relative_slack_ms),
+            (1.5, 100.0)
+        );
+        assert_eq!(c.cold_spread_window_ms, 0.0);
+    }
+
+    #[test]
+    fn defaults_are_the_documented_ones() {
+        let c = RouterConfig::seed();
         assert_eq!(c.affinity_gate_tau, 0.80);
         assert_eq!(c.epsilon_explore_sticky, 0.01);
         assert_eq!(c.affinity_max_ttft_penalty_ms, 5000.0);
