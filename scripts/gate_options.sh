@@ -6,7 +6,7 @@ set -euo pipefail
 out=$1; shift
 args=$1
 mkdir -p "$out"
-bin=./target/release/kvgate
+bin=${BIN:-./target/release/kvgate}
 declare -A variants=(
   [seed]='{"gate_profile":"seed"}'
   [explore-random]='{"gate_profile":"seed","explore_mode":"random-non-sticky"}'
