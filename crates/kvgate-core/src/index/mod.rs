@@ -41,3 +41,33 @@ pub fn prefix_score(matched_blocks: u32, prompt_blocks: usize) -> f64 {
         (matched_blocks as f64 / prompt_blocks as f64).min(1.0)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn scores_lie_in_unit_interval_and_grow_with_the_matched_prefix(
+            prompt_blocks in 0usize..10_000,
+            a in 0u32..12_000,
+            b in 0u32..12_000,
+        ) {
+            let (lo, hi) = (a.min(b), a.max(b));
+            let (s_lo, s_hi) = (prefix_score(lo, prompt_blocks), prefix_score(hi, prompt_blocks));
+            prop_assert!((0.0..=1.0).contains(&s_lo) && (0.0..=1.0).contains(&s_hi));
+            prop_assert!(s_lo <= s_hi);
+            if prompt_blocks > 0 && hi as usize <= prompt_blocks && lo < hi {
+                prop_assert!(s_lo < s_hi);
+            }
+        }
+    }
+
+    #[test]
+    fn empty_prompt_scores_zero_and_full_match_scores_one() {
+        assert_eq!(prefix_score(0, 0), 0.0);
+        assert_eq!(prefix_score(7, 7), 1.0);
+        assert_eq!(prefix_score(1, 4), 0.25);
+    }
+}
