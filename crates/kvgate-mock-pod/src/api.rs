@@ -205,8 +205,16 @@ async fn tokenize(State(st): State<Arc<PodState>>, body: Bytes) -> Response {
     };
     let tokens = match parsed.prompt {
         Prompt::Tokens(t) => t,
-        Prompt::Text(text) => st.tokenizer.encode(&text),
+        Prompt::Text(text) => encode_off_runtime(st.tokenizer, text).await,
     };
+    if let Some(&bad) = tokens.iter().find(|&&t| t >= st.tokenizer.vocab_size()) {
+        return reject(
+            &st,
+            RejectReason::InvalidRequest,
+            StatusCode::BAD_REQUEST,
+            format!("Token id {bad} is out of vocabulary"),
+        );
+    }
     json_response(
         StatusCode::OK,
         &json!({"count": tokens.len(), "max_model_len": st.max_model_len, "tokens": tokens}),
@@ -275,8 +283,16 @@ async fn generate(st: &PodState, path: &str, body: &[u8]) -> Response {
     };
     let tokens = match parsed.prompt {
         Prompt::Tokens(t) => t,
-        Prompt::Text(text) => st.tokenizer.encode(&text),
+        Prompt::Text(text) => encode_off_runtime(st.tokenizer, text).await,
     };
+    if let Some(&bad) = tokens.iter().find(|&&t| t >= st.tokenizer.vocab_size()) {
+        return reject(
+            st,
+            RejectReason::InvalidRequest,
+            StatusCode::BAD_REQUEST,
+            format!("Token id {bad} is out of vocabulary"),
+        );
+    }
     let max_tokens = parsed.max_tokens.unwrap_or(st.default_max_tokens);
     if tokens.is_empty() {
         return reject(
@@ -365,6 +381,19 @@ async fn generate(st: &PodState, path: &str, body: &[u8]) -> Response {
     } else {
         whole_response(generation, rx).await
     }
+}
+
+/// Prompts longer than this (bytes) are tokenized on the blocking pool, not a runtime worker.
+const INLINE_TOKENIZE_BYTES: usize = 4096;
+
+async fn encode_off_runtime(tokenizer: PromptTokenizer, text: String) -> Vec<u32> {
+    if text.len() <= INLINE_TOKENIZE_BYTES {
+        return tokenizer.encode(&text);
+    }
+    // A panicked tokenizer task yields no tokens, which is refused as an empty prompt.
+    tokio::task::spawn_blocking(move || tokenizer.encode(&text))
+        .await
+        .unwrap_or_default()
 }
 
 fn word(index: u32) -> &'static str {

@@ -27,6 +27,11 @@ impl PromptTokenizer {
         }
     }
 
+    /// Token ids at or above this are out of the vocabulary (cl100k: 100,256 ranks + specials).
+    pub fn vocab_size(&self) -> u32 {
+        100_277
+    }
+
     pub fn encode(&self, text: &str) -> Vec<u32> {
         self.bpe.encode_ordinary(text)
     }
