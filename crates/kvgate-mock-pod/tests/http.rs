@@ -251,8 +251,10 @@ fn samples(text: &str) -> Vec<(String, f64)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_use_vllm_names_and_types_and_parse() {
-    let mut config = PodConfig::default();
-    config.kv_blocks = Some(1000);
+    let config = PodConfig {
+        kv_blocks: Some(1000),
+        ..PodConfig::default()
+    };
     let pod = pod(config).await;
     let url = pod.url();
     client()
