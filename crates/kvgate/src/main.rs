@@ -29,6 +29,8 @@ enum Command {
     },
     /// Simulate a fleet of vLLM-like pods under a workload, for each policy side by side.
     Sim(Box<sim::SimArgs>),
+    /// Serve vLLM-compatible mock pods on CPU, timed by the simulator's engine model.
+    MockPod(Box<kvgate_mock_pod::MockPodArgs>),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -38,6 +40,7 @@ fn main() -> anyhow::Result<()> {
             println!("{}", decide::run(&input, repeat)?);
         }
         Command::Sim(args) => sim::run(*args)?,
+        Command::MockPod(args) => kvgate_mock_pod::run(*args)?,
     }
     Ok(())
 }

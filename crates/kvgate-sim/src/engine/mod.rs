@@ -125,6 +125,15 @@ impl Emission {
     }
 }
 
+/// A request admitted from the waiting queue in a step (again after a preemption).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Admission {
+    pub request_id: u64,
+    /// Prompt (and, after a preemption, output) tokens found in the prefix cache: vLLM's
+    /// `num_cached_tokens`, reported as `usage.prompt_tokens_details.cached_tokens`.
+    pub cached_tokens: u32,
+}
+
 /// What one step did. Owned by the engine and overwritten by the next step.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct StepOutcome {
@@ -144,6 +153,8 @@ pub struct StepOutcome {
     pub emissions: Vec<Emission>,
     /// Ids of requests preempted in the step (back in the waiting queue, progress dropped).
     pub preempted: Vec<u64>,
+    /// Requests admitted in the step, with their prefix-cache hit.
+    pub admitted: Vec<Admission>,
     /// Cache changes of the step, when enabled with [`Engine::set_record_kv_events`].
     pub kv_events: Vec<KvEvent>,
 }
@@ -342,6 +353,7 @@ impl Engine {
         let start_ms = now_ms.max(self.free_at_ms);
         self.outcome.emissions.clear();
         self.outcome.preempted.clear();
+        self.outcome.admitted.clear();
         self.kv.events.clear();
 
         let mut budget = self.profile.max_num_batched_tokens;
@@ -469,6 +481,10 @@ impl Engine {
             r.scheduled = new;
             self.metrics.prefix_cache_queries_tokens += u64::from(num_tokens);
             self.metrics.prefix_cache_hits_tokens += u64::from(computed);
+            self.outcome.admitted.push(Admission {
+                request_id: r.id,
+                cached_tokens: computed,
+            });
             if r.emitted == 0 {
                 self.metrics.prompt_tokens += u64::from(r.input_tokens);
             }

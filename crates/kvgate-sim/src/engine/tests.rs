@@ -382,3 +382,26 @@ fn request_arriving_during_a_step_joins_the_next_step() {
     assert!(second.emissions[1].finished);
     assert_eq!(e.metrics().num_requests_running, 1);
 }
+
+#[test]
+fn admission_reports_the_requests_prefix_hit_in_tokens() {
+    let mut e = Engine::new(h100(), None);
+    e.add_request(0.0, req(1, 9, 100, 1)).unwrap();
+    let first = e.step(0.0).admitted.clone();
+    assert_eq!(
+        first,
+        vec![Admission {
+            request_id: 1,
+            cached_tokens: 0
+        }]
+    );
+    e.add_request(1000.0, req(2, 9, 100, 1)).unwrap();
+    let second = e.step(1000.0).admitted.clone();
+    assert_eq!(
+        second,
+        vec![Admission {
+            request_id: 2,
+            cached_tokens: 96
+        }]
+    );
+}

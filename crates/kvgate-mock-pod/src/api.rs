@@ -1,0 +1,541 @@
+//! The vLLM-compatible HTTP surface (`reference/interfaces.md` §2.4).
+//!
+//! | route | what |
+//! |---|---|
+//! | `POST /v1/completions`, `POST /v1/chat/completions` | stream (SSE) and non-stream |
+//! | `GET /v1/models` | the one served model |
+//! | `GET /health` | 200, empty body |
+//! | `POST /tokenize` | `{"prompt": …}` or `{"messages": […]}` → `{count, max_model_len, tokens}` |
+//! | `GET /metrics` | see `metrics` |
+//!
+//! **Request parsing** is `kvgate_core::request::parse_request_value`, the one the gateway
+//! uses: `model`, `prompt` (string, list of strings, token ids), `messages`, `cache_salt`,
+//! `stream`, `max_completion_tokens` / `max_tokens`. Also read here: `stream_options.include_usage`
+//! (true when `stream_options` is present, as in vLLM) and `ignore_eos` (accepted; the mock never
+//! samples an end-of-sequence token, so every request generates exactly `max_tokens` tokens —
+//! default [`crate::DEFAULT_MAX_TOKENS`] — with `finish_reason: "length"`, with or without it).
+//!
+//! **Chat template**: the messages are rendered by `kvgate_core::request::render_chat` (a
+//! length-prefixed, prefix-stable rendering documented there), then tokenized; a router
+//! tokenizing the same rendering gets the same block hashes.
+//!
+//! **Prompt blocks**: `BlockHasher::hash_tokens` over the token ids, seeded by
+//! `BlockHasher::chain_seed(model, cache_salt)`.
+//!
+//! **Output**: deterministic: output token `i` (1-based) is the word `WORDS[(i − 1) % 16]`
+//! preceded by a space. `usage.prompt_tokens_details.cached_tokens` is the engine model's
+//! prefix-cache hit for the request (always present, as with vLLM's
+//! `--enable-prompt-tokens-details`). Streams send the role chunk with the first token, one
+//! chunk per token (the last with `finish_reason`), then the usage chunk (`choices: []`) when
+//! asked, then `data: [DONE]`.
+//!
+//! **Errors** are vLLM/OpenAI bodies `{"error": {"message", "type", "param", "code"}}`: 400
+//! `BadRequestError` for invalid JSON, a malformed request, an empty prompt, `max_tokens` 0, a
+//! prompt + `max_tokens` longer than `max_model_len` or than the KV cache; 404 `NotFoundError`
+//! for an unknown model; 503 `ServiceUnavailableError` past the driver's request limit. Each
+//! is counted in `kvgate_mock_pod_rejected_requests_total{reason}` and logged at debug level.
+//! Bodies are limited to [`MAX_BODY_BYTES`].
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use kvgate_core::BlockHasher;
+use kvgate_core::request::{CHAT_COMPLETIONS_PATH, COMPLETIONS_PATH, Prompt, parse_request_value};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use crate::driver::{EngineHandle, RequestEvent, Submission};
+use crate::metrics::{PodMetrics, RejectReason};
+use crate::tokenizer::PromptTokenizer;
+
+/// Largest request body accepted.
+pub const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
+
+/// The words generated text cycles through.
+pub const WORDS: [&str; 16] = [
+    "the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "mock", "pods",
+    "serve", "tokens", "on", "time",
+];
+
+/// What the handlers share.
+#[derive(Debug)]
+pub struct PodState {
+    pub model: String,
+    pub max_model_len: u32,
+    pub default_max_tokens: u32,
+    pub engine: EngineHandle,
+    pub metrics: Arc<Mutex<PodMetrics>>,
+    pub tokenizer: PromptTokenizer,
+    pub next_id: AtomicU64,
+}
+
+pub fn router(state: Arc<PodState>) -> Router {
+    Router::new()
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(|| async { StatusCode::OK }))
+        .route("/tokenize", post(tokenize))
+        .route("/metrics", get(metrics))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state)
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn json_response(status: StatusCode, body: &Value) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+/// An OpenAI-style error, counted and logged.
+fn reject(st: &PodState, reason: RejectReason, status: StatusCode, message: String) -> Response {
+    if let Ok(mut m) = st.metrics.lock() {
+        m.reject(reason);
+    }
+    tracing::debug!(reason = reason.as_str(), "request rejected: {message}");
+    let kind = match status {
+        StatusCode::NOT_FOUND => "NotFoundError",
+        StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailableError",
+        _ => "BadRequestError",
+    };
+    json_response(
+        status,
+        &json!({"error": {"message": message, "type": kind, "param": null, "code": status.as_u16()}}),
+    )
+}
+
+async fn completions(State(st): State<Arc<PodState>>, body: Bytes) -> Response {
+    generate(&st, COMPLETIONS_PATH, &body).await
+}
+
+async fn chat_completions(State(st): State<Arc<PodState>>, body: Bytes) -> Response {
+    generate(&st, CHAT_COMPLETIONS_PATH, &body).await
+}
+
+async fn models(State(st): State<Arc<PodState>>) -> Response {
+    json_response(
+        StatusCode::OK,
+        &json!({"object": "list", "data": [{
+            "id": st.model, "object": "model", "created": unix_now(), "owned_by": "vllm",
+            "root": st.model, "parent": null, "max_model_len": st.max_model_len, "permission": []
+        }]}),
+    )
+}
+
+async fn metrics(State(st): State<Arc<PodState>>) -> Response {
+    let text = match st.metrics.lock() {
+        Ok(m) => m.render(&st.model, st.max_model_len),
+        Err(_) => String::new(),
+    };
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+async fn tokenize(State(st): State<Arc<PodState>>, body: Bytes) -> Response {
+    let mut value: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => {
+            return reject(
+                &st,
+                RejectReason::InvalidJson,
+                StatusCode::BAD_REQUEST,
+                e.to_string(),
+            );
+        }
+    };
+    let Some(obj) = value.as_object_mut() else {
+        return reject(
+            &st,
+            RejectReason::InvalidRequest,
+            StatusCode::BAD_REQUEST,
+            "request body must be a JSON object".into(),
+        );
+    };
+    match obj.get("model") {
+        None | Some(Value::Null) => {
+            obj.insert("model".into(), Value::String(st.model.clone()));
+        }
+        Some(Value::String(m)) if *m == st.model => {}
+        Some(other) => {
+            return reject(
+                &st,
+                RejectReason::UnknownModel,
+                StatusCode::NOT_FOUND,
+                format!("The model `{other}` does not exist."),
+            );
+        }
+    }
+    let path = if obj.contains_key("messages") {
+        CHAT_COMPLETIONS_PATH
+    } else {
+        COMPLETIONS_PATH
+    };
+    let parsed = match parse_request_value(path, &value) {
+        Ok(p) => p,
+        Err(e) => {
+            return reject(
+                &st,
+                RejectReason::InvalidRequest,
+                StatusCode::BAD_REQUEST,
+                e.to_string(),
+            );
+        }
+    };
+    let tokens = match parsed.prompt {
+        Prompt::Tokens(t) => t,
+        Prompt::Text(text) => encode_off_runtime(st.tokenizer, text).await,
+    };
+    if let Some(&bad) = tokens.iter().find(|&&t| t >= st.tokenizer.vocab_size()) {
+        return reject(
+            &st,
+            RejectReason::InvalidRequest,
+            StatusCode::BAD_REQUEST,
+            format!("Token id {bad} is out of vocabulary"),
+        );
+    }
+    json_response(
+        StatusCode::OK,
+        &json!({"count": tokens.len(), "max_model_len": st.max_model_len, "tokens": tokens}),
+    )
+}
+
+/// A validated generation request.
+struct Generation {
+    chat: bool,
+    id: String,
+    created: u64,
+    model: String,
+    prompt_tokens: u32,
+    max_tokens: u32,
+    include_usage: bool,
+}
+
+async fn generate(st: &PodState, path: &str, body: &[u8]) -> Response {
+    let value: Value = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(e) => {
+            return reject(
+                st,
+                RejectReason::InvalidJson,
+                StatusCode::BAD_REQUEST,
+                format!("invalid JSON body: {e}"),
+            );
+        }
+    };
+    let parsed = match parse_request_value(path, &value) {
+        Ok(p) => p,
+        Err(e) => {
+            return reject(
+                st,
+                RejectReason::InvalidRequest,
+                StatusCode::BAD_REQUEST,
+                e.to_string(),
+            );
+        }
+    };
+    if parsed.model != st.model {
+        return reject(
+            st,
+            RejectReason::UnknownModel,
+            StatusCode::NOT_FOUND,
+            format!("The model `{}` does not exist.", parsed.model),
+        );
+    }
+    match value.get("ignore_eos") {
+        None | Some(Value::Null | Value::Bool(_)) => {}
+        Some(_) => {
+            return reject(
+                st,
+                RejectReason::InvalidRequest,
+                StatusCode::BAD_REQUEST,
+                "field \"ignore_eos\" has the wrong type: a boolean".into(),
+            );
+        }
+    }
+    let include_usage = match value.get("stream_options") {
+        Some(Value::Object(o)) => o
+            .get("include_usage")
+            .and_then(Value::as_bool)
+            .unwrap_or(true),
+        _ => false,
+    };
+    let tokens = match parsed.prompt {
+        Prompt::Tokens(t) => t,
+        Prompt::Text(text) => encode_off_runtime(st.tokenizer, text).await,
+    };
+    if let Some(&bad) = tokens.iter().find(|&&t| t >= st.tokenizer.vocab_size()) {
+        return reject(
+            st,
+            RejectReason::InvalidRequest,
+            StatusCode::BAD_REQUEST,
+            format!("Token id {bad} is out of vocabulary"),
+        );
+    }
+    let max_tokens = parsed.max_tokens.unwrap_or(st.default_max_tokens);
+    if tokens.is_empty() {
+        return reject(
+            st,
+            RejectReason::InvalidRequest,
+            StatusCode::BAD_REQUEST,
+            "The prompt cannot be empty.".into(),
+        );
+    }
+    if max_tokens == 0 {
+        return reject(
+            st,
+            RejectReason::InvalidRequest,
+            StatusCode::BAD_REQUEST,
+            "max_tokens must be at least 1, got 0.".into(),
+        );
+    }
+    let requested = tokens.len() as u64 + u64::from(max_tokens);
+    if requested > u64::from(st.max_model_len) {
+        return reject(
+            st,
+            RejectReason::TooLong,
+            StatusCode::BAD_REQUEST,
+            format!(
+                "This model's maximum context length is {} tokens. However, you requested {requested} tokens ({} in the messages, {max_tokens} in the completion). Please reduce the length of the messages or completion.",
+                st.max_model_len,
+                tokens.len()
+            ),
+        );
+    }
+    let mut blocks = Vec::with_capacity(tokens.len() / 16);
+    let seed = BlockHasher::chain_seed(&parsed.model, parsed.cache_salt.as_deref());
+    BlockHasher::default().hash_tokens(seed, &tokens, &mut blocks);
+    let prompt_tokens = u32::try_from(tokens.len()).unwrap_or(u32::MAX);
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let submission = Submission {
+        prompt_tokens: tokens.into(),
+        blocks: blocks.into(),
+        max_tokens,
+        events: tx,
+    };
+    if !st.engine.submit(submission).await {
+        return reject(
+            st,
+            RejectReason::Overloaded,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the engine has stopped".into(),
+        );
+    }
+    match rx.recv().await {
+        Some(RequestEvent::Queued) => {}
+        Some(RequestEvent::Rejected(e)) => {
+            return reject(
+                st,
+                RejectReason::TooLong,
+                StatusCode::BAD_REQUEST,
+                e.to_string(),
+            );
+        }
+        _ => {
+            return reject(
+                st,
+                RejectReason::Overloaded,
+                StatusCode::SERVICE_UNAVAILABLE,
+                "too many requests in the pod".into(),
+            );
+        }
+    }
+    let chat = path == CHAT_COMPLETIONS_PATH;
+    let n = st.next_id.fetch_add(1, Ordering::Relaxed);
+    let generation = Generation {
+        chat,
+        id: if chat {
+            format!("chatcmpl-{n}")
+        } else {
+            format!("cmpl-{n}")
+        },
+        created: unix_now(),
+        model: parsed.model,
+        prompt_tokens,
+        max_tokens,
+        include_usage,
+    };
+    if parsed.stream {
+        stream_response(generation, rx)
+    } else {
+        whole_response(generation, rx).await
+    }
+}
+
+/// Prompts longer than this (bytes) are tokenized on the blocking pool, not a runtime worker.
+const INLINE_TOKENIZE_BYTES: usize = 4096;
+
+async fn encode_off_runtime(tokenizer: PromptTokenizer, text: String) -> Vec<u32> {
+    if text.len() <= INLINE_TOKENIZE_BYTES {
+        return tokenizer.encode(&text);
+    }
+    // A panicked tokenizer task yields no tokens, which is refused as an empty prompt.
+    tokio::task::spawn_blocking(move || tokenizer.encode(&text))
+        .await
+        .unwrap_or_default()
+}
+
+fn word(index: u32) -> &'static str {
+    WORDS[(index.saturating_sub(1) as usize) % WORDS.len()]
+}
+
+fn usage(g: &Generation, completion_tokens: u32, cached_tokens: u32) -> Value {
+    json!({
+        "prompt_tokens": g.prompt_tokens,
+        "total_tokens": u64::from(g.prompt_tokens) + u64::from(completion_tokens),
+        "completion_tokens": completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens}
+    })
+}
+
+async fn whole_response(g: Generation, mut rx: mpsc::UnboundedReceiver<RequestEvent>) -> Response {
+    let mut text = String::with_capacity(g.max_tokens as usize * 6);
+    let mut cached = 0;
+    let mut produced = 0;
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            RequestEvent::Admitted { cached_tokens } => cached = cached_tokens,
+            RequestEvent::Token { index, finished } => {
+                text.push(' ');
+                text.push_str(word(index));
+                produced = index;
+                if finished {
+                    break;
+                }
+            }
+            _ => {}
+        }
+    }
+    let choice = if g.chat {
+        json!({"index": 0, "message": {"role": "assistant", "content": text, "tool_calls": []},
+               "logprobs": null, "finish_reason": "length", "stop_reason": null})
+    } else {
+        json!({"index": 0, "text": text, "logprobs": null, "finish_reason": "length", "stop_reason": null})
+    };
+    json_response(
+        StatusCode::OK,
+        &json!({
+            "id": g.id,
+            "object": if g.chat { "chat.completion" } else { "text_completion" },
+            "created": g.created,
+            "model": g.model,
+            "choices": [choice],
+            "usage": usage(&g, produced, cached),
+        }),
+    )
+}
+
+fn sse(out: &mut Vec<u8>, v: &Value) {
+    out.extend_from_slice(b"data: ");
+    // Serialising a Value into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *out, v);
+    out.extend_from_slice(b"\n\n");
+}
+
+fn chunk(g: &Generation, index: u32, finished: bool) -> Value {
+    let finish = if finished {
+        Value::from("length")
+    } else {
+        Value::Null
+    };
+    let text = format!(" {}", word(index));
+    if g.chat {
+        json!({"id": g.id, "object": "chat.completion.chunk", "created": g.created, "model": g.model,
+               "choices": [{"index": 0, "delta": {"content": text}, "logprobs": null, "finish_reason": finish}]})
+    } else {
+        json!({"id": g.id, "object": "text_completion", "created": g.created, "model": g.model,
+               "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": finish, "stop_reason": null}]})
+    }
+}
+
+struct StreamState {
+    g: Generation,
+    rx: mpsc::UnboundedReceiver<RequestEvent>,
+    cached: u32,
+    done: bool,
+}
+
+fn stream_response(g: Generation, rx: mpsc::UnboundedReceiver<RequestEvent>) -> Response {
+    let state = StreamState {
+        g,
+        rx,
+        cached: 0,
+        done: false,
+    };
+    let stream = futures_util::stream::unfold(state, |mut s| async move {
+        if s.done {
+            return None;
+        }
+        let mut out = Vec::with_capacity(256);
+        loop {
+            match s.rx.recv().await {
+                Some(RequestEvent::Admitted { cached_tokens }) => s.cached = cached_tokens,
+                Some(RequestEvent::Token { index, finished }) => {
+                    if index == 1 && s.g.chat {
+                        sse(
+                            &mut out,
+                            &json!({"id": s.g.id, "object": "chat.completion.chunk", "created": s.g.created,
+                            "model": s.g.model, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                            "logprobs": null, "finish_reason": null}]}),
+                        );
+                    }
+                    sse(&mut out, &chunk(&s.g, index, finished));
+                    if finished {
+                        if s.g.include_usage {
+                            let object = if s.g.chat {
+                                "chat.completion.chunk"
+                            } else {
+                                "text_completion"
+                            };
+                            sse(
+                                &mut out,
+                                &json!({"id": s.g.id, "object": object, "created": s.g.created,
+                                "model": s.g.model, "choices": [], "usage": usage(&s.g, index, s.cached)}),
+                            );
+                        }
+                        out.extend_from_slice(b"data: [DONE]\n\n");
+                        s.done = true;
+                    }
+                    break;
+                }
+                Some(_) => {}
+                None => {
+                    // The engine went away mid-stream: end the stream.
+                    out.extend_from_slice(b"data: [DONE]\n\n");
+                    s.done = true;
+                    break;
+                }
+            }
+        }
+        Some((Ok::<_, Infallible>(Bytes::from(out)), s))
+    });
+    (
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        Body::from_stream(stream),
+    )
+        .into_response()
+}

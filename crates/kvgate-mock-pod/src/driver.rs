@@ -1,0 +1,423 @@
+//! Drives the simulator's [`Engine`] in wall-clock time: one tokio task per pod.
+//!
+//! The engine model is sans-IO (`kvgate_sim::engine`); this task is its clock. Model time is
+//! wall time since the pod started × `time_scale` (`--time-scale 10` runs ten times faster
+//! than the profile). The loop:
+//!
+//! 1. add every submitted request at the current model time ([`Engine::add_request`]);
+//! 2. run the next step at the time the engine schedules it ([`Engine::next_step_time`]):
+//!    back-to-back steps follow the model's schedule exactly, so timer jitter does not
+//!    accumulate; when the task has fallen more than [`LATE_RESYNC_MS`] (wall) behind, the step
+//!    starts now instead and `kvgate_mock_pod_late_steps_total` counts it;
+//! 3. sleep until the step's end (`end_ms / time_scale`), then hand each emitted token to its
+//!    request's channel, record TTFT / inter-token / e2e latencies in wall time, publish the
+//!    step's cache changes as one KV event batch and refresh the gauges.
+//!
+//! A client that goes away does not abort its request (the engine model has no abort); its
+//! tokens are dropped.
+//!
+//! Bounds: at most [`MAX_LIVE_REQUESTS`] requests queued or running (more are refused, HTTP
+//! 503); the submission queue holds [`SUBMIT_QUEUE`] requests (senders wait); a request's
+//! event channel holds at most `max_tokens + 1` events, so it is bounded by the request; the
+//! block → token-ids map for KV events holds one entry per distinct prompt block of the live
+//! requests.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kvgate_core::BlockHash;
+use kvgate_sim::engine::{Admission, AdmitError, Emission, Engine, EngineRequest, KvEvent};
+use rustc_hash::FxHashMap;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::kv_events::{CacheEvent, KvEventsEncoding, encode_batch};
+use crate::metrics::PodMetrics;
+
+/// Requests queued or running in one pod before new ones are refused.
+pub const MAX_LIVE_REQUESTS: usize = 100_000;
+/// Submissions waiting for the driver to pick them up.
+pub const SUBMIT_QUEUE: usize = 4096;
+/// How far (wall milliseconds) the driver may fall behind the model's schedule before it
+/// gives up on catching up and restarts the schedule from now.
+pub const LATE_RESYNC_MS: f64 = 50.0;
+
+const BLOCK: usize = 16;
+
+/// What a request hears from the engine.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RequestEvent {
+    /// The engine accepted the request (always the first event unless refused).
+    Queued,
+    /// The request was scheduled; `cached_tokens` of its prompt were prefix-cache hits.
+    Admitted { cached_tokens: u32 },
+    /// Output token number `index` (1-based) was produced.
+    Token { index: u32, finished: bool },
+    /// The engine refused the request.
+    Rejected(AdmitError),
+    /// Too many requests in the pod.
+    Overloaded,
+}
+
+/// A request for the engine.
+#[derive(Debug)]
+pub struct Submission {
+    pub prompt_tokens: Arc<[u32]>,
+    /// Chained hashes of the prompt's full 16-token blocks.
+    pub blocks: Arc<[BlockHash]>,
+    pub max_tokens: u32,
+    pub events: mpsc::UnboundedSender<RequestEvent>,
+}
+
+/// Sends requests to a pod's engine task.
+#[derive(Debug, Clone)]
+pub struct EngineHandle {
+    tx: mpsc::Sender<Submission>,
+}
+
+impl EngineHandle {
+    /// Queues a request; waits while the submission queue is full. Returns false when the
+    /// engine task is gone.
+    pub async fn submit(&self, submission: Submission) -> bool {
+        self.tx.send(submission).await.is_ok()
+    }
+}
+
+struct Live {
+    events: mpsc::UnboundedSender<RequestEvent>,
+    arrival: Instant,
+    last_token: Option<Instant>,
+    admitted: bool,
+    blocks: Arc<[BlockHash]>,
+}
+
+struct BlockInfo {
+    parent: Option<BlockHash>,
+    tokens: [u32; BLOCK],
+    refs: u32,
+}
+
+/// Where the driver publishes KV event batches.
+pub struct EventSink {
+    pub tx: mpsc::Sender<bytes::Bytes>,
+    pub encoding: KvEventsEncoding,
+}
+
+struct Driver {
+    engine: Engine,
+    epoch: Instant,
+    time_scale: f64,
+    next_id: u64,
+    live: FxHashMap<u64, Live>,
+    block_info: FxHashMap<BlockHash, BlockInfo>,
+    metrics: Arc<Mutex<PodMetrics>>,
+    sink: Option<EventSink>,
+    // Per-step buffers, reused.
+    emissions: Vec<Emission>,
+    admitted: Vec<Admission>,
+    kv_events: Vec<KvEvent>,
+    cache_events: Vec<CacheEvent>,
+}
+
+/// Starts the engine task; it ends when every [`EngineHandle`] is dropped and the engine is idle.
+pub fn spawn(
+    mut engine: Engine,
+    time_scale: f64,
+    metrics: Arc<Mutex<PodMetrics>>,
+    sink: Option<EventSink>,
+) -> (EngineHandle, tokio::task::JoinHandle<()>) {
+    let (tx, rx) = mpsc::channel(SUBMIT_QUEUE);
+    engine.set_record_kv_events(sink.is_some());
+    if let Ok(mut m) = metrics.lock() {
+        m.engine = engine.metrics();
+    }
+    let driver = Driver {
+        engine,
+        epoch: Instant::now(),
+        time_scale,
+        next_id: 0,
+        live: FxHashMap::default(),
+        block_info: FxHashMap::default(),
+        metrics,
+        sink,
+        emissions: Vec::new(),
+        admitted: Vec::new(),
+        kv_events: Vec::new(),
+        cache_events: Vec::new(),
+    };
+    let task = tokio::spawn(driver.run(rx));
+    (EngineHandle { tx }, task)
+}
+
+impl Driver {
+    fn model_now_ms(&self) -> f64 {
+        self.epoch.elapsed().as_secs_f64() * 1000.0 * self.time_scale
+    }
+
+    fn wall_at(&self, model_ms: f64) -> Instant {
+        let secs = (model_ms / 1000.0 / self.time_scale).max(0.0);
+        self.epoch + Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX / 4)
+    }
+
+    async fn run(mut self, mut rx: mpsc::Receiver<Submission>) {
+        loop {
+            let mut closed = false;
+            loop {
+                match rx.try_recv() {
+                    Ok(s) => self.add(s),
+                    Err(mpsc::error::TryRecvError::Empty) => break,
+                    Err(mpsc::error::TryRecvError::Disconnected) => {
+                        closed = true;
+                        break;
+                    }
+                }
+            }
+            let Some(t) = self.engine.next_step_time() else {
+                if closed {
+                    return;
+                }
+                match rx.recv().await {
+                    Some(s) => self.add(s),
+                    None => return,
+                }
+                continue;
+            };
+            self.step(t).await;
+            if self.emissions.is_empty() && self.admitted.is_empty() && self.kv_events.is_empty() {
+                // Nothing could be scheduled (cannot happen with the engine's admission
+                // checks, but never spin): wait for a new request or a millisecond.
+                tokio::select! {
+                    s = rx.recv(), if !closed => if let Some(s) = s { self.add(s) },
+                    _ = tokio::time::sleep(Duration::from_millis(1)) => {}
+                }
+            }
+        }
+    }
+
+    fn add(&mut self, s: Submission) {
+        if self.live.len() >= MAX_LIVE_REQUESTS {
+            let _ = s.events.send(RequestEvent::Overloaded);
+            return;
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        let input_tokens = u32::try_from(s.prompt_tokens.len()).unwrap_or(u32::MAX);
+        let req = EngineRequest {
+            id,
+            blocks: s.blocks.clone(),
+            input_tokens,
+            output_tokens: s.max_tokens,
+        };
+        let now = self.model_now_ms();
+        if let Err(e) = self.engine.add_request(now, req) {
+            let _ = s.events.send(RequestEvent::Rejected(e));
+            return;
+        }
+        let _ = s.events.send(RequestEvent::Queued);
+        if self.sink.is_some() {
+            for (i, (&hash, chunk)) in s
+                .blocks
+                .iter()
+                .zip(s.prompt_tokens.chunks_exact(BLOCK))
+                .enumerate()
+            {
+                let parent = i.checked_sub(1).and_then(|p| s.blocks.get(p).copied());
+                let entry = self.block_info.entry(hash).or_insert_with(|| {
+                    let mut tokens = [0; BLOCK];
+                    tokens.copy_from_slice(chunk);
+                    BlockInfo {
+                        parent,
+                        tokens,
+                        refs: 0,
+                    }
+                });
+                entry.refs += 1;
+            }
+        }
+        self.live.insert(
+            id,
+            Live {
+                events: s.events,
+                arrival: Instant::now(),
+                last_token: None,
+                admitted: false,
+                blocks: s.blocks,
+            },
+        );
+    }
+
+    async fn step(&mut self, scheduled_ms: f64) {
+        let now_ms = self.model_now_ms();
+        let late = (now_ms - scheduled_ms) / self.time_scale > LATE_RESYNC_MS;
+        let start = if late { now_ms } else { scheduled_ms };
+        let o = self.engine.step(start);
+        let end_ms = o.end_ms;
+        self.emissions.clear();
+        self.emissions.extend_from_slice(&o.emissions);
+        self.admitted.clear();
+        self.admitted.extend_from_slice(&o.admitted);
+        self.kv_events.clear();
+        self.kv_events.extend_from_slice(&o.kv_events);
+        // Before finished requests release their blocks' token ids.
+        if self.sink.is_some() {
+            to_cache_events(&self.kv_events, &self.block_info, &mut self.cache_events);
+        }
+
+        tokio::time::sleep_until(self.wall_at(end_ms)).await;
+        let delivered = Instant::now();
+        let ts_unix_s = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+
+        let Ok(mut m) = self.metrics.lock() else {
+            return;
+        };
+        if late {
+            m.late_steps += 1;
+        }
+        for a in &self.admitted {
+            if let Some(live) = self.live.get_mut(&a.request_id)
+                && !live.admitted
+            {
+                live.admitted = true;
+                let _ = live.events.send(RequestEvent::Admitted {
+                    cached_tokens: a.cached_tokens,
+                });
+            }
+        }
+        for e in &self.emissions {
+            let Some(live) = self.live.get_mut(&e.request_id) else {
+                continue;
+            };
+            let _ = live.events.send(RequestEvent::Token {
+                index: e.output_tokens_so_far,
+                finished: e.finished,
+            });
+            match live.last_token {
+                None => m.ttft.observe((delivered - live.arrival).as_secs_f64()),
+                Some(last) => m.itl.observe((delivered - last).as_secs_f64()),
+            }
+            live.last_token = Some(delivered);
+            if e.finished {
+                m.e2e.observe((delivered - live.arrival).as_secs_f64());
+                m.requests_finished_length += 1;
+                if let Some(live) = self.live.remove(&e.request_id) {
+                    release_blocks(&mut self.block_info, &live.blocks);
+                }
+            }
+        }
+        if let Some(sink) = &self.sink
+            && !self.cache_events.is_empty()
+        {
+            let payload = encode_batch(ts_unix_s, &self.cache_events, sink.encoding);
+            if sink.tx.try_send(payload).is_err() {
+                m.kv_event_batches_dropped += 1;
+            }
+        }
+        m.engine = self.engine.metrics();
+    }
+}
+
+fn release_blocks(info: &mut FxHashMap<BlockHash, BlockInfo>, blocks: &[BlockHash]) {
+    for h in blocks {
+        if let Some(entry) = info.get_mut(h) {
+            entry.refs = entry.refs.saturating_sub(1);
+            if entry.refs == 0 {
+                info.remove(h);
+            }
+        }
+    }
+}
+
+/// Groups the engine's per-block changes into vLLM events: consecutive stored blocks of one
+/// chain become one `BlockStored`; each removed block is one `BlockRemoved`.
+fn to_cache_events(
+    kv: &[KvEvent],
+    info: &FxHashMap<BlockHash, BlockInfo>,
+    out: &mut Vec<CacheEvent>,
+) {
+    out.clear();
+    for ev in kv {
+        match *ev {
+            KvEvent::Stored(h) => {
+                let (parent, tokens) = match info.get(&h) {
+                    Some(i) => (i.parent, &i.tokens[..]),
+                    None => {
+                        tracing::warn!("no token ids known for stored block {h:#x}");
+                        (None, &[][..])
+                    }
+                };
+                if let Some(CacheEvent::BlockStored {
+                    block_hashes,
+                    token_ids,
+                    ..
+                }) = out.last_mut()
+                    && parent.is_some()
+                    && block_hashes.last().copied() == parent
+                {
+                    block_hashes.push(h);
+                    token_ids.extend_from_slice(tokens);
+                    continue;
+                }
+                out.push(CacheEvent::BlockStored {
+                    block_hashes: vec![h],
+                    parent_block_hash: parent,
+                    token_ids: tokens.to_vec(),
+                });
+            }
+            KvEvent::Removed(h) => out.push(CacheEvent::BlockRemoved {
+                block_hashes: vec![h],
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(parent: Option<BlockHash>, t: u32) -> BlockInfo {
+        BlockInfo {
+            parent,
+            tokens: [t; BLOCK],
+            refs: 1,
+        }
+    }
+
+    #[test]
+    fn consecutive_stored_blocks_of_a_chain_become_one_block_stored() {
+        let mut map = FxHashMap::default();
+        map.insert(1, info(None, 1));
+        map.insert(2, info(Some(1), 2));
+        map.insert(9, info(Some(8), 9));
+        let mut out = Vec::new();
+        to_cache_events(
+            &[
+                KvEvent::Stored(1),
+                KvEvent::Stored(2),
+                KvEvent::Removed(5),
+                KvEvent::Stored(9),
+            ],
+            &map,
+            &mut out,
+        );
+        assert_eq!(
+            out,
+            vec![
+                CacheEvent::BlockStored {
+                    block_hashes: vec![1, 2],
+                    parent_block_hash: None,
+                    token_ids: [[1u32; 16], [2; 16]].concat(),
+                },
+                CacheEvent::BlockRemoved {
+                    block_hashes: vec![5]
+                },
+                CacheEvent::BlockStored {
+                    block_hashes: vec![9],
+                    parent_block_hash: Some(8),
+                    token_ids: vec![9; 16],
+                },
+            ]
+        );
+    }
+}

@@ -1,0 +1,353 @@
+//! `kvgate mock-pod`: a vLLM-compatible server on CPU whose timing comes from the simulator's
+//! engine model (`kvgate_sim::engine::Engine`) run in wall-clock time.
+//!
+//! Data flow of one pod:
+//!
+//! ```text
+//! HTTP (api) ── parse (kvgate-core request) ── tokenize (tokenizer) ── block hashes ──┐
+//!    ▲                                                                                  ▼
+//!    └── per-request channel ◄── driver: Engine::add_request / step, sleeps each step ◄─┘
+//!                                   │            (wall time = model time / time_scale)
+//!                                   ├─► metrics (vLLM names, /metrics)
+//!                                   └─► kv_events (ZMQ PUB + replay ROUTER, vLLM wire format)
+//! ```
+//!
+//! Library use (the gateway's `kvgate demo`, tests): [`spawn_pod`] on a bound listener, or
+//! [`spawn_pods`] for `count` pods on consecutive ports; each returns a [`RunningPod`] whose
+//! drop stops it. The CLI entry is [`run`] with [`MockPodArgs`].
+
+pub mod api;
+pub mod driver;
+pub mod kv_events;
+pub mod metrics;
+pub mod tokenizer;
+
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+
+use anyhow::{Context, bail};
+use axum::serve::ListenerExt;
+use kvgate_sim::engine::Engine;
+use kvgate_sim::profiles::Profile;
+use tokio::net::TcpListener;
+
+pub use kv_events::KvEventsEncoding;
+pub use metrics::PodMetrics;
+
+/// `max_tokens` when a request gives none (vLLM uses 16 for completions).
+pub const DEFAULT_MAX_TOKENS: u32 = 16;
+/// The served model name when `--model` is not given.
+pub const DEFAULT_MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
+
+/// `kvgate mock-pod` arguments.
+#[derive(clap::Args, Debug, Clone)]
+pub struct MockPodArgs {
+    /// Address of the first pod's HTTP server; pod i listens on port + i.
+    #[arg(long, default_value = "127.0.0.1:8000")]
+    pub listen: SocketAddr,
+    /// Engine step-time profile (kvgate-sim profiles).
+    #[arg(long, default_value = Profile::DEFAULT_NAME)]
+    pub profile: String,
+    /// Model time runs this many times faster than wall time.
+    #[arg(long, default_value_t = 1.0)]
+    pub time_scale: f64,
+    /// KV-cache blocks of 16 tokens (default: the profile's).
+    #[arg(long)]
+    pub kv_blocks: Option<u32>,
+    /// Longest prompt + output in tokens (default: the profile's).
+    #[arg(long)]
+    pub max_model_len: Option<u32>,
+    /// Served model name; requests for another model get 404.
+    #[arg(long, default_value = DEFAULT_MODEL)]
+    pub model: String,
+    /// `max_tokens` for requests that give none.
+    #[arg(long, default_value_t = DEFAULT_MAX_TOKENS)]
+    pub default_max_tokens: u32,
+    /// Bind a ZMQ PUB socket here for KV events (e.g. tcp://127.0.0.1:5557); pod i uses port + i.
+    #[arg(long)]
+    pub kv_events: Option<String>,
+    /// Bind the KV events replay ROUTER socket here; pod i uses port + i.
+    #[arg(long)]
+    pub kv_events_replay: Option<String>,
+    /// Event layout: `map` (current vLLM) or `array` (older vLLM).
+    #[arg(long, value_enum, default_value = "map")]
+    pub kv_events_encoding: KvEventsEncoding,
+    /// Topic frame of every KV event message.
+    #[arg(long, default_value = "")]
+    pub kv_events_topic: String,
+    /// Number of pods to start in this process, on consecutive ports.
+    #[arg(long, default_value_t = 1)]
+    pub count: u16,
+}
+
+/// Everything one pod needs (ports of the endpoints are those of pod 0; see [`PodConfig::for_pod`]).
+#[derive(Debug, Clone)]
+pub struct PodConfig {
+    pub profile: Profile,
+    pub kv_blocks: Option<u32>,
+    pub time_scale: f64,
+    pub model: String,
+    pub default_max_tokens: u32,
+    pub kv_events: Option<String>,
+    pub kv_events_replay: Option<String>,
+    pub kv_events_encoding: KvEventsEncoding,
+    pub kv_events_topic: String,
+}
+
+impl Default for PodConfig {
+    fn default() -> Self {
+        PodConfig {
+            profile: Profile::default_profile().clone(),
+            kv_blocks: None,
+            time_scale: 1.0,
+            model: DEFAULT_MODEL.to_owned(),
+            default_max_tokens: DEFAULT_MAX_TOKENS,
+            kv_events: None,
+            kv_events_replay: None,
+            kv_events_encoding: KvEventsEncoding::Map,
+            kv_events_topic: String::new(),
+        }
+    }
+}
+
+impl PodConfig {
+    /// The configuration of `args`, validated.
+    pub fn from_args(args: &MockPodArgs) -> anyhow::Result<Self> {
+        let Some(profile) = Profile::by_name(&args.profile) else {
+            let names: Vec<_> = Profile::names().collect();
+            bail!(
+                "unknown profile {:?}; known: {}",
+                args.profile,
+                names.join(", ")
+            );
+        };
+        let mut profile = profile.clone();
+        if let Some(len) = args.max_model_len {
+            profile.max_model_len = len;
+        }
+        let config = PodConfig {
+            profile,
+            kv_blocks: args.kv_blocks,
+            time_scale: args.time_scale,
+            model: args.model.clone(),
+            default_max_tokens: args.default_max_tokens,
+            kv_events: args.kv_events.clone(),
+            kv_events_replay: args.kv_events_replay.clone(),
+            kv_events_encoding: args.kv_events_encoding,
+            kv_events_topic: args.kv_events_topic.clone(),
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> anyhow::Result<()> {
+        if !(self.time_scale.is_finite() && self.time_scale > 0.0) {
+            bail!(
+                "--time-scale must be a positive number, got {}",
+                self.time_scale
+            );
+        }
+        if self.kv_blocks == Some(0) {
+            bail!("--kv-blocks must be at least 1");
+        }
+        if self.default_max_tokens == 0 {
+            bail!("--default-max-tokens must be at least 1");
+        }
+        Ok(())
+    }
+
+    /// The configuration of pod `i`: event endpoint ports shifted by `i` (port 0 stays 0).
+    pub fn for_pod(&self, i: u16) -> anyhow::Result<PodConfig> {
+        let mut c = self.clone();
+        c.kv_events = self
+            .kv_events
+            .as_deref()
+            .map(|e| offset_port(e, i))
+            .transpose()?;
+        c.kv_events_replay = self
+            .kv_events_replay
+            .as_deref()
+            .map(|e| offset_port(e, i))
+            .transpose()?;
+        Ok(c)
+    }
+}
+
+/// `tcp://host:port` with `port + i` (0 stays 0, meaning "any free port").
+fn offset_port(endpoint: &str, i: u16) -> anyhow::Result<String> {
+    let (head, port) = endpoint
+        .rsplit_once(':')
+        .with_context(|| format!("endpoint {endpoint:?} has no port"))?;
+    let port: u16 = port
+        .parse()
+        .with_context(|| format!("endpoint {endpoint:?} has no valid port"))?;
+    if port == 0 {
+        return Ok(endpoint.to_owned());
+    }
+    let port = port
+        .checked_add(i)
+        .with_context(|| format!("port {port} + {i} is past 65535"))?;
+    Ok(format!("{head}:{port}"))
+}
+
+/// A pod started in this process. Dropping it stops it.
+#[derive(Debug)]
+pub struct RunningPod {
+    pub addr: SocketAddr,
+    /// The KV events PUB endpoint as bound (ports resolved), when enabled.
+    pub kv_events_endpoint: Option<String>,
+    pub kv_events_replay_endpoint: Option<String>,
+    pub metrics: Arc<Mutex<PodMetrics>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl RunningPod {
+    /// `http://addr`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stops the pod's server, engine and sockets.
+    pub fn shutdown(self) {}
+}
+
+impl Drop for RunningPod {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// Starts one pod serving HTTP on `listener`. Must run inside a tokio runtime.
+pub async fn spawn_pod(config: PodConfig, listener: TcpListener) -> anyhow::Result<RunningPod> {
+    config.validate()?;
+    let addr = listener.local_addr()?;
+    let metrics = Arc::new(Mutex::new(PodMetrics::default()));
+    let mut tasks = Vec::new();
+    let (sink, kv_events_endpoint, kv_events_replay_endpoint) = match &config.kv_events {
+        Some(endpoint) => {
+            let publisher = kv_events::start(
+                endpoint,
+                config.kv_events_replay.as_deref(),
+                config.kv_events_topic.clone(),
+            )
+            .await?;
+            tasks.extend(publisher.tasks);
+            (
+                Some(driver::EventSink {
+                    tx: publisher.tx,
+                    encoding: config.kv_events_encoding,
+                }),
+                Some(publisher.endpoint),
+                publisher.replay_endpoint,
+            )
+        }
+        None => (None, None, None),
+    };
+    let engine = Engine::new(&config.profile, config.kv_blocks);
+    let (handle, engine_task) = driver::spawn(engine, config.time_scale, metrics.clone(), sink);
+    tasks.push(engine_task);
+    let state = Arc::new(api::PodState {
+        model: config.model.clone(),
+        max_model_len: config.profile.max_model_len,
+        default_max_tokens: config.default_max_tokens,
+        engine: handle,
+        metrics: metrics.clone(),
+        tokenizer: tokenizer::PromptTokenizer::cl100k(),
+        next_id: AtomicU64::new(0),
+    });
+    let app = api::router(state);
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    tasks.push(tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!("mock pod HTTP server stopped: {e}");
+        }
+    }));
+    Ok(RunningPod {
+        addr,
+        kv_events_endpoint,
+        kv_events_replay_endpoint,
+        metrics,
+        tasks,
+    })
+}
+
+/// Starts `count` pods: pod i listens on `first.port() + i` (every pod on a free port when the
+/// port is 0) and binds its event sockets at the configured ports + i.
+pub async fn spawn_pods(
+    config: &PodConfig,
+    first: SocketAddr,
+    count: u16,
+) -> anyhow::Result<Vec<RunningPod>> {
+    let mut pods = Vec::with_capacity(usize::from(count));
+    for i in 0..count {
+        let mut addr = first;
+        if first.port() != 0 {
+            let port = first
+                .port()
+                .checked_add(i)
+                .with_context(|| format!("port {} + {i} is past 65535", first.port()))?;
+            addr.set_port(port);
+        }
+        let listener = TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding {addr}"))?;
+        pods.push(spawn_pod(config.for_pod(i)?, listener).await?);
+    }
+    Ok(pods)
+}
+
+/// `kvgate mock-pod`: starts the pods and serves until Ctrl-C.
+pub fn run(args: MockPodArgs) -> anyhow::Result<()> {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+    let config = PodConfig::from_args(&args)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let pods = spawn_pods(&config, args.listen, args.count).await?;
+        for (i, pod) in pods.iter().enumerate() {
+            let events = match (&pod.kv_events_endpoint, &pod.kv_events_replay_endpoint) {
+                (Some(e), Some(r)) => format!(", KV events {e} (replay {r})"),
+                (Some(e), None) => format!(", KV events {e}"),
+                _ => String::new(),
+            };
+            println!(
+                "mock pod {i}: http://{} model {} profile {} time-scale {}{events}",
+                pod.addr, config.model, config.profile.name, config.time_scale
+            );
+        }
+        tokio::signal::ctrl_c().await?;
+        drop(pods);
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_ports_shift_by_pod_index_except_zero() {
+        assert_eq!(
+            offset_port("tcp://127.0.0.1:5557", 3).unwrap(),
+            "tcp://127.0.0.1:5560"
+        );
+        assert_eq!(
+            offset_port("tcp://127.0.0.1:0", 3).unwrap(),
+            "tcp://127.0.0.1:0"
+        );
+        assert!(offset_port("tcp://127.0.0.1:65535", 1).is_err());
+        assert!(offset_port("tcp://nope", 1).is_err());
+    }
+}
