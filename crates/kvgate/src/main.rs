@@ -29,6 +29,8 @@ enum Command {
     },
     /// Simulate a fleet of vLLM-like pods under a workload, for each policy side by side.
     Sim(Box<sim::SimArgs>),
+    /// The OpenAI-compatible gateway: routes each request with the affinity gate.
+    Serve(Box<kvgate_gateway::ServeArgs>),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -38,6 +40,10 @@ fn main() -> anyhow::Result<()> {
             println!("{}", decide::run(&input, repeat)?);
         }
         Command::Sim(args) => sim::run(*args)?,
+        Command::Serve(args) => {
+            kvgate_gateway::init_tracing();
+            tokio::runtime::Runtime::new()?.block_on(kvgate_gateway::serve(*args))?;
+        }
     }
     Ok(())
 }
