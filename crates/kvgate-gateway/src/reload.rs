@@ -12,7 +12,12 @@ use std::time::{Duration, SystemTime};
 
 pub const POLL_INTERVAL: Duration = Duration::from_secs(1);
 
-fn stamp(path: &Path) -> Option<(SystemTime, u64)> {
+/// What identifies a version of the config file: modification time and size.
+pub type Stamp = Option<(SystemTime, u64)>;
+
+/// The file's current [`Stamp`]; take it *before* reading the file, so that a change made
+/// while it is read is seen by the next poll.
+pub fn stamp(path: &Path) -> Stamp {
     let meta = std::fs::metadata(path).ok()?;
     Some((meta.modified().ok()?, meta.len()))
 }
@@ -40,12 +45,12 @@ pub fn reload_now(shared: &Arc<Shared>, args: &ServeArgs, path: &Path) -> Result
     }
 }
 
-/// Polls `args.config` until the task is dropped.
-pub async fn watch(shared: Arc<Shared>, args: ServeArgs) {
+/// Polls `args.config` until the task is dropped; `loaded` is the stamp of the version in use.
+pub async fn watch(shared: Arc<Shared>, args: ServeArgs, loaded: Stamp) {
     let Some(path) = args.config.clone() else {
         return;
     };
-    let mut last = stamp(&path);
+    let mut last = loaded;
     let mut ticker = tokio::time::interval(POLL_INTERVAL);
     loop {
         ticker.tick().await;

@@ -72,6 +72,7 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
 
 impl Gateway {
     pub async fn start(args: ServeArgs) -> Result<Gateway, ServeError> {
+        let loaded = args.config.as_deref().and_then(crate::reload::stamp);
         let config = GatewayConfig::from_args(&args)?;
         if config.listen == config.admin_listen && config.listen.port() != 0 {
             return Err(ServeError::SameListener(config.listen));
@@ -102,7 +103,11 @@ impl Gateway {
                 pod,
             )));
         }
-        tasks.push(tokio::spawn(crate::reload::watch(shared.clone(), args)));
+        tasks.push(tokio::spawn(crate::reload::watch(
+            shared.clone(),
+            args,
+            loaded,
+        )));
         let app = crate::proxy::traffic_router(shared.clone());
         let traffic = traffic.tap_io(|s| {
             let _ = s.set_nodelay(true);
