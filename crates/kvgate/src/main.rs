@@ -31,6 +31,8 @@ enum Command {
     Sim(Box<sim::SimArgs>),
     /// Serve vLLM-compatible mock pods on CPU, timed by the simulator's engine model.
     MockPod(Box<kvgate_mock_pod::MockPodArgs>),
+    /// The OpenAI-compatible gateway: routes each request with the affinity gate.
+    Serve(Box<kvgate_gateway::ServeArgs>),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -41,6 +43,10 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Sim(args) => sim::run(*args)?,
         Command::MockPod(args) => kvgate_mock_pod::run(*args)?,
+        Command::Serve(args) => {
+            kvgate_gateway::init_tracing();
+            tokio::runtime::Runtime::new()?.block_on(kvgate_gateway::serve(*args))?;
+        }
     }
     Ok(())
 }

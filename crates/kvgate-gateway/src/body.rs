@@ -1,0 +1,239 @@
+//! The response body the client reads: the pod's body, passed through frame by frame, watched
+//! on the way (first token, usage), and the owner of the request's in-flight share.
+//!
+//! Every path ends the request exactly once ([`Tracker::finish`]): stream end, upstream error
+//! (streams get a clean SSE error event and `[DONE]`), and client abort — axum drops the body
+//! when the client goes away, `Drop` finishes the request as `client_abort`, and dropping the
+//! pod's body closes that connection, which cancels the request upstream.
+//!
+//! Bound: a non-stream body is copied for its `usage` only up to [`MAX_USAGE_SCAN_BYTES`].
+
+use crate::errors::stream_error_event;
+use crate::metrics::{RequestLabels, Status, StreamLabel};
+use crate::pods::InFlightGuard;
+use crate::sse::{SseScanner, Usage, usage_of_response};
+use crate::state::Shared;
+use bytes::{Bytes, BytesMut};
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use kvgate_core::predictor::Features;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+use std::time::Instant;
+
+/// Largest non-stream response body scanned for `usage`.
+pub const MAX_USAGE_SCAN_BYTES: usize = 1 << 20;
+
+/// What the request needs to report when it ends.
+pub struct Tracker {
+    pub shared: Arc<Shared>,
+    pub guard: InFlightGuard,
+    pub start: Instant,
+    pub first_token_at: Option<Instant>,
+    pub prompt_tokens: u64,
+    pub class: String,
+    pub features: Features,
+    pub policy: &'static str,
+    pub branch: &'static str,
+    pub request_id: String,
+    /// Train the predictor from this response (a routed 2xx response).
+    pub trainable: bool,
+    pub stream: bool,
+    /// The pod answered with a non-2xx status (passed through to the client).
+    pub error_status: bool,
+}
+
+impl Tracker {
+    fn first_token(&mut self) {
+        if self.first_token_at.is_none() {
+            self.first_token_at = Some(Instant::now());
+            self.guard.first_token(self.prompt_tokens);
+        }
+    }
+
+    /// Reports the outcome: metrics, and for a completed stream a training sample.
+    pub fn finish(self, status: Status, usage: Option<Usage>) {
+        let status = match status {
+            Status::Ok if self.error_status => Status::UpstreamStatus,
+            s => s,
+        };
+        let m = &self.shared.metrics;
+        m.requests
+            .get_or_create(&RequestLabels {
+                pod: self.guard.pod().url.clone(),
+                policy: self.policy.to_string(),
+                branch: self.branch.to_string(),
+                status: status.as_str().to_string(),
+            })
+            .inc();
+        match status {
+            Status::ClientAbort => {
+                tracing::info!(request_id = %self.request_id, pod = %self.guard.pod().url, "client went away; upstream request cancelled");
+            }
+            Status::UpstreamError => {
+                tracing::warn!(request_id = %self.request_id, pod = %self.guard.pod().url, "upstream failed mid-response");
+            }
+            _ => {}
+        }
+        if status != Status::Ok || !self.trainable {
+            return;
+        }
+        let e2e_ms = self.start.elapsed().as_secs_f64() * 1e3;
+        m.e2e_ms
+            .get_or_create(&StreamLabel {
+                stream: self.stream.to_string(),
+            })
+            .observe(e2e_ms);
+        // Non-stream responses carry no first-token time (it would be the response end, which
+        // includes decoding), so only streams train the predictor.
+        let (true, Some(first)) = (self.stream, self.first_token_at) else {
+            return;
+        };
+        let ttft_ms = first.duration_since(self.start).as_secs_f64() * 1e3;
+        let tpot_ms = usage
+            .filter(|u| u.completion_tokens >= 2)
+            .map(|u| (e2e_ms - ttft_ms) / (u.completion_tokens - 1) as f64);
+        m.ttft_ms.observe(ttft_ms);
+        if let Some(t) = tpot_ms {
+            m.tpot_ms.observe(t);
+        }
+        self.shared
+            .router
+            .lock()
+            .predictor
+            .observe(&self.class, &self.features, ttft_ms, tpot_ms);
+    }
+}
+
+enum Mode {
+    Stream(SseScanner),
+    /// Whole-body response; copied (bounded) to read `usage`.
+    Whole(BytesMut),
+}
+
+pub struct ObservedBody {
+    inner: Incoming,
+    tracker: Option<Tracker>,
+    mode: Mode,
+    done: bool,
+}
+
+impl ObservedBody {
+    /// `stream`: the response is SSE; `strip_usage`: drop the usage chunk the gateway asked for.
+    pub fn new(inner: Incoming, tracker: Tracker, stream: bool, strip_usage: bool) -> Self {
+        ObservedBody {
+            inner,
+            tracker: Some(tracker),
+            mode: if stream {
+                Mode::Stream(SseScanner::new(strip_usage))
+            } else {
+                Mode::Whole(BytesMut::new())
+            },
+            done: false,
+        }
+    }
+
+    fn observe(&mut self, data: Bytes) -> Bytes {
+        match &mut self.mode {
+            Mode::Stream(scanner) => {
+                let fed = scanner.feed(data);
+                if let Some(t) = &mut self.tracker {
+                    if fed.first_content {
+                        t.first_token();
+                    }
+                    if fed.more_content_events > 0 {
+                        t.guard.add_decode_tokens(fed.more_content_events);
+                    }
+                }
+                fed.out
+            }
+            Mode::Whole(buf) => {
+                if let Some(t) = &mut self.tracker {
+                    t.first_token();
+                }
+                if buf.len() + data.len() <= MAX_USAGE_SCAN_BYTES {
+                    buf.extend_from_slice(&data);
+                }
+                data
+            }
+        }
+    }
+
+    fn finish(&mut self, status: Status) {
+        let usage = match &self.mode {
+            Mode::Stream(s) => s.usage(),
+            Mode::Whole(buf) => usage_of_response(buf),
+        };
+        if let Some(t) = self.tracker.take() {
+            t.finish(status, usage);
+        }
+    }
+}
+
+impl Body for ObservedBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = &mut *self;
+        if this.done {
+            return Poll::Ready(None);
+        }
+        loop {
+            match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
+                Some(Ok(frame)) => {
+                    let data = match frame.into_data() {
+                        Ok(data) => data,
+                        Err(frame) => return Poll::Ready(Some(Ok(frame))),
+                    };
+                    let out = this.observe(data);
+                    if !out.is_empty() {
+                        return Poll::Ready(Some(Ok(Frame::data(out))));
+                    }
+                }
+                Some(Err(e)) => {
+                    this.done = true;
+                    this.finish(Status::UpstreamError);
+                    return Poll::Ready(match this.mode {
+                        Mode::Stream(_) => Some(Ok(Frame::data(stream_error_event(&format!(
+                            "the pod failed mid-stream: {e}"
+                        ))))),
+                        Mode::Whole(_) => Some(Err(e)),
+                    });
+                }
+                None => {
+                    this.done = true;
+                    let rest = match &mut this.mode {
+                        Mode::Stream(s) => s.finish(),
+                        Mode::Whole(_) => Bytes::new(),
+                    };
+                    this.finish(Status::Ok);
+                    return Poll::Ready((!rest.is_empty()).then(|| Ok(Frame::data(rest))));
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.mode {
+            Mode::Whole(_) => self.inner.size_hint(),
+            Mode::Stream(_) => SizeHint::default(),
+        }
+    }
+}
+
+impl Drop for ObservedBody {
+    fn drop(&mut self) {
+        if self.tracker.is_some() {
+            self.finish(Status::ClientAbort);
+        }
+    }
+}

@@ -1,0 +1,304 @@
+//! Gateway configuration: defaults in code, then the config file (`--config`, TOML, or YAML by
+//! extension `.yaml`/`.yml`), then command-line flags (flags win).
+//!
+//! Example `kvgate.toml`:
+//!
+//! ```toml
+//! policy = "affinity-gate"
+//! scrape_interval_ms = 50
+//! response_headers = true          # x-kvgate-pod / x-kvgate-branch
+//! pods = ["http://10.0.0.5:8000", { url = "http://10.0.0.6:8000", class = "h100" }]
+//!
+//! [router]                         # kvgate_core::RouterConfig; llm-d camelCase names accepted
+//! affinity_gate_tau = 0.80
+//! ```
+//!
+//! The file is re-read when its modification time changes (polled every second, see
+//! [`crate::reload`]); a file that fails to parse or validate keeps the old config and logs why.
+//! Listener addresses are read at start only.
+
+use crate::serve::ServeArgs;
+use kvgate_core::RouterConfig;
+use kvgate_core::policy::PolicyKind;
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+use thiserror::Error;
+
+/// Default cap on a request body (a long-context prompt is a few MiB of JSON).
+pub const DEFAULT_MAX_BODY_BYTES: usize = 32 << 20;
+/// Default size of the `/debug/decisions` ring.
+pub const DEFAULT_DECISION_LOG: usize = 256;
+pub const DEFAULT_SCRAPE_INTERVAL_MS: u64 = 50;
+pub const DEFAULT_MAX_RETRIES: u32 = 2;
+pub const DEFAULT_POD_CLASS: &str = "default";
+
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("cannot parse {path}: {message}")]
+    Parse { path: String, message: String },
+    #[error("unknown policy {0:?}")]
+    UnknownPolicy(String),
+    #[error("invalid pod URL {0:?}: expected http://host:port")]
+    BadPodUrl(String),
+    #[error("{0}")]
+    Router(#[from] kvgate_core::config::ConfigError),
+    #[error("{0} must be positive")]
+    NotPositive(&'static str),
+}
+
+/// A pod in the config file: a URL, or a table with a URL and a predictor class.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum PodSpec {
+    Url(String),
+    Full {
+        url: String,
+        #[serde(default)]
+        class: Option<String>,
+    },
+}
+
+/// The config file as written; every field optional.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FileConfig {
+    pub listen: Option<SocketAddr>,
+    pub admin_listen: Option<SocketAddr>,
+    pub pods: Vec<PodSpec>,
+    pub policy: Option<String>,
+    pub scrape_interval_ms: Option<u64>,
+    pub response_headers: Option<bool>,
+    pub max_body_bytes: Option<usize>,
+    pub max_retries: Option<u32>,
+    pub decision_log_size: Option<usize>,
+    pub seed: Option<u64>,
+    pub router: Option<RouterConfig>,
+}
+
+impl FileConfig {
+    /// Reads and parses a config file (YAML for `.yaml`/`.yml`, JSON for `.json`, else TOML).
+    pub fn load(path: &Path) -> Result<FileConfig, ConfigError> {
+        let p = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: p.clone(),
+            source,
+        })?;
+        let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
+        let parsed = match ext {
+            "yaml" | "yml" => serde_saphyr::from_str(&text).map_err(|e| e.to_string()),
+            "json" => serde_json::from_str(&text).map_err(|e| e.to_string()),
+            _ => toml::from_str(&text).map_err(|e| e.to_string()),
+        };
+        parsed.map_err(|message| ConfigError::Parse { path: p, message })
+    }
+}
+
+/// The resolved configuration the gateway runs with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GatewayConfig {
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    /// (base URL, predictor class).
+    pub pods: Vec<(String, String)>,
+    pub policy: PolicyKind,
+    pub scrape_interval: Duration,
+    pub response_headers: bool,
+    pub max_body_bytes: usize,
+    pub max_retries: u32,
+    pub decision_log_size: usize,
+    pub seed: u64,
+    pub router: RouterConfig,
+}
+
+impl GatewayConfig {
+    /// Defaults ← `file` ← flags in `args`, validated.
+    pub fn resolve(args: &ServeArgs, file: Option<&FileConfig>) -> Result<Self, ConfigError> {
+        let empty = FileConfig::default();
+        let file = file.unwrap_or(&empty);
+        let policy_name = args
+            .policy
+            .clone()
+            .or_else(|| file.policy.clone())
+            .unwrap_or_else(|| PolicyKind::AffinityGate.name().to_string());
+        let policy =
+            PolicyKind::from_name(&policy_name).ok_or(ConfigError::UnknownPolicy(policy_name))?;
+        let mut pods: Vec<(String, String)> = file
+            .pods
+            .iter()
+            .map(|p| match p {
+                PodSpec::Url(url) => (url.clone(), DEFAULT_POD_CLASS.to_string()),
+                PodSpec::Full { url, class } => (
+                    url.clone(),
+                    class
+                        .clone()
+                        .unwrap_or_else(|| DEFAULT_POD_CLASS.to_string()),
+                ),
+            })
+            .collect();
+        pods.extend(
+            args.pod
+                .iter()
+                .map(|u| (u.clone(), DEFAULT_POD_CLASS.to_string())),
+        );
+        for (url, _) in &pods {
+            check_pod_url(url)?;
+        }
+        let scrape_ms = args
+            .scrape_interval_ms
+            .or(file.scrape_interval_ms)
+            .unwrap_or(DEFAULT_SCRAPE_INTERVAL_MS);
+        if scrape_ms == 0 {
+            return Err(ConfigError::NotPositive("scrape_interval_ms"));
+        }
+        let max_body_bytes = file.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES);
+        if max_body_bytes == 0 {
+            return Err(ConfigError::NotPositive("max_body_bytes"));
+        }
+        let router = file.router.unwrap_or_default();
+        router.validate()?;
+        Ok(GatewayConfig {
+            listen: args.listen.or(file.listen).unwrap_or(default_listen()),
+            admin_listen: args
+                .admin_listen
+                .or(file.admin_listen)
+                .unwrap_or(default_admin_listen()),
+            pods,
+            policy,
+            scrape_interval: Duration::from_millis(scrape_ms),
+            response_headers: !args.no_response_headers && file.response_headers.unwrap_or(true),
+            max_body_bytes,
+            max_retries: file.max_retries.unwrap_or(DEFAULT_MAX_RETRIES),
+            decision_log_size: file
+                .decision_log_size
+                .unwrap_or(DEFAULT_DECISION_LOG)
+                .max(1),
+            seed: args.seed.or(file.seed).unwrap_or(0),
+            router,
+        })
+    }
+
+    /// Loads `args.config` (if any) and resolves.
+    pub fn from_args(args: &ServeArgs) -> Result<Self, ConfigError> {
+        let file = match &args.config {
+            Some(path) => Some(FileConfig::load(path)?),
+            None => None,
+        };
+        GatewayConfig::resolve(args, file.as_ref())
+    }
+}
+
+pub fn default_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 8080))
+}
+
+pub fn default_admin_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 9090))
+}
+
+fn check_pod_url(url: &str) -> Result<(), ConfigError> {
+    let bad = || ConfigError::BadPodUrl(url.to_string());
+    let uri: http::Uri = url.parse().map_err(|_| bad())?;
+    if uri.scheme_str() != Some("http") || uri.authority().is_none() {
+        return Err(bad());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: ServeArgs,
+    }
+
+    fn args(flags: &[&str]) -> ServeArgs {
+        let mut argv = vec!["kvgate"];
+        argv.extend_from_slice(flags);
+        Cli::parse_from(argv).args
+    }
+
+    #[test]
+    fn defaults_are_the_documented_ones() {
+        let c = GatewayConfig::resolve(&args(&[]), None).unwrap();
+        assert_eq!(c.listen, default_listen());
+        assert_eq!(c.admin_listen, default_admin_listen());
+        assert_eq!(c.policy, PolicyKind::AffinityGate);
+        assert_eq!(c.scrape_interval, Duration::from_millis(50));
+        assert_eq!(c.max_body_bytes, 32 << 20);
+        assert_eq!(c.decision_log_size, 256);
+        assert!(c.response_headers);
+    }
+
+    #[test]
+    fn flags_override_the_file_and_pods_add_up() {
+        let file: FileConfig = toml::from_str(
+            "policy = \"round-robin\"\nscrape_interval_ms = 200\npods = [\"http://a:1\", { url = \"http://b:2\", class = \"h100\" }]\n[router]\naffinityGateTau = 0.5\n",
+        )
+        .unwrap();
+        let c = GatewayConfig::resolve(
+            &args(&["--pod", "http://c:3", "--policy", "least-request"]),
+            Some(&file),
+        )
+        .unwrap();
+        assert_eq!(c.policy, PolicyKind::LeastRequest);
+        assert_eq!(c.scrape_interval, Duration::from_millis(200));
+        assert_eq!(c.router.affinity_gate_tau, 0.5);
+        assert_eq!(
+            c.pods,
+            vec![
+                ("http://a:1".to_string(), "default".to_string()),
+                ("http://b:2".to_string(), "h100".to_string()),
+                ("http://c:3".to_string(), "default".to_string()),
+            ]
+        );
+    }
+
+    #[test]
+    fn yaml_is_accepted() {
+        let dir = std::env::temp_dir().join(format!("kvgate-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("kvgate.yaml");
+        std::fs::write(
+            &path,
+            "policy: prefix\npods:\n  - http://a:1\nrouter:\n  affinity_gate_tau: 0.9\n",
+        )
+        .unwrap();
+        let file = FileConfig::load(&path).unwrap();
+        let c = GatewayConfig::resolve(&args(&[]), Some(&file)).unwrap();
+        assert_eq!(c.policy, PolicyKind::Prefix);
+        assert_eq!(c.router.affinity_gate_tau, 0.9);
+        assert_eq!(c.pods.len(), 1);
+    }
+
+    #[test]
+    fn invalid_values_are_rejected_with_a_reason() {
+        let bad = |toml_text: &str| {
+            let file: FileConfig = toml::from_str(toml_text).unwrap();
+            GatewayConfig::resolve(&args(&[]), Some(&file)).unwrap_err()
+        };
+        assert!(matches!(
+            bad("policy = \"nope\""),
+            ConfigError::UnknownPolicy(_)
+        ));
+        assert!(matches!(
+            bad("pods = [\"ftp://x\"]"),
+            ConfigError::BadPodUrl(_)
+        ));
+        assert!(matches!(
+            bad("[router]\naffinity_gate_tau = 3.0"),
+            ConfigError::Router(_)
+        ));
+        assert!(toml::from_str::<FileConfig>("unknown_key = 1").is_err());
+    }
+}

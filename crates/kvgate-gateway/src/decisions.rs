@@ -1,0 +1,84 @@
+//! The `/debug/decisions` ring: the last N decisions with their explanations.
+//!
+//! Bound: at most `capacity` records (config `decision_log_size`, default 256), each O(pods).
+
+use kvgate_core::Decision;
+use parking_lot::Mutex;
+use serde::Serialize;
+use std::collections::VecDeque;
+
+/// One logged decision: the core's `Decision` serialisation plus request id and time.
+#[derive(Debug, Clone, Serialize)]
+pub struct DecisionRecord {
+    pub request_id: String,
+    /// Milliseconds since the Unix epoch.
+    pub timestamp_ms: u64,
+    pub policy: &'static str,
+    /// 0 for the first try, 1.. for retries of the same request.
+    pub attempt: u32,
+    /// SLOs the client sent (`x-slo-ttft-ms` / `x-llm-d-slo-ttft-ms`, …), recorded only.
+    pub slo_ttft_ms: Option<f64>,
+    pub slo_tpot_ms: Option<f64>,
+    #[serde(flatten)]
+    pub decision: Decision,
+}
+
+pub struct DecisionLog {
+    ring: Mutex<VecDeque<DecisionRecord>>,
+    capacity: usize,
+}
+
+impl DecisionLog {
+    pub fn new(capacity: usize) -> Self {
+        let capacity = capacity.max(1);
+        DecisionLog {
+            ring: Mutex::new(VecDeque::with_capacity(capacity.min(4096))),
+            capacity,
+        }
+    }
+
+    pub fn push(&self, record: DecisionRecord) {
+        let mut ring = self.ring.lock();
+        if ring.len() >= self.capacity {
+            ring.pop_front();
+        }
+        ring.push_back(record);
+    }
+
+    /// Oldest first.
+    pub fn snapshot(&self) -> Vec<DecisionRecord> {
+        self.ring.lock().iter().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvgate_core::{Branch, PodId};
+
+    #[test]
+    fn ring_keeps_only_the_last_capacity_records() {
+        let log = DecisionLog::new(2);
+        for i in 0..5 {
+            log.push(DecisionRecord {
+                request_id: i.to_string(),
+                timestamp_ms: i,
+                policy: "affinity-gate",
+                attempt: 0,
+                slo_ttft_ms: None,
+                slo_tpot_ms: None,
+                decision: Decision {
+                    pod: "p".into(),
+                    pod_id: PodId(0),
+                    branch: Branch::Exploit,
+                    pods: vec![],
+                },
+            });
+        }
+        let ids: Vec<_> = log.snapshot().into_iter().map(|r| r.request_id).collect();
+        assert_eq!(ids, vec!["3", "4"]);
+        let json = serde_json::to_value(&log.snapshot()[0]).unwrap();
+        assert_eq!(json["branch"], "exploit");
+        assert_eq!(json["pod"], "p");
+    }
+}

@@ -1,0 +1,67 @@
+//! OpenAI-style error responses: `{"error": {"message", "type", "param", "code"}}`.
+
+use axum::body::Body;
+use axum::response::Response;
+use http::{HeaderValue, StatusCode, header};
+
+/// An error the gateway answers itself.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: StatusCode,
+    /// OpenAI `type`: `invalid_request_error`, `service_unavailable`, `upstream_error`, …
+    pub kind: &'static str,
+    /// Short machine-readable code; also the `reason` label of `kvgate_rejected_requests`.
+    pub code: &'static str,
+    pub message: String,
+    pub param: Option<String>,
+}
+
+impl ApiError {
+    pub fn bad_request(code: &'static str, message: String, param: Option<String>) -> Self {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            kind: "invalid_request_error",
+            code,
+            message,
+            param,
+        }
+    }
+
+    pub fn body_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        })
+    }
+
+    pub fn into_response(self, request_id: &str) -> Response {
+        let body = self.body_json().to_string();
+        let mut resp = Response::new(Body::from(body));
+        *resp.status_mut() = self.status;
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        if let Ok(v) = HeaderValue::from_str(request_id) {
+            resp.headers_mut().insert("x-request-id", v);
+        }
+        resp
+    }
+}
+
+/// The SSE event sent to a streaming client when the pod fails mid-stream, followed by
+/// `[DONE]` so that clients end the stream cleanly.
+pub fn stream_error_event(message: &str) -> bytes::Bytes {
+    let err = ApiError {
+        status: StatusCode::BAD_GATEWAY,
+        kind: "upstream_error",
+        code: "upstream_stream_error",
+        message: message.to_string(),
+        param: None,
+    };
+    bytes::Bytes::from(format!("data: {}\n\ndata: [DONE]\n\n", err.body_json()))
+}

@@ -1,0 +1,50 @@
+//! # kvgate-gateway — `kvgate serve`
+//!
+//! The OpenAI-compatible gateway: a thin I/O driver around `kvgate-core`'s decision.
+//!
+//! ```text
+//! client ─► proxy (parse, decide, forward, retry) ─► pod
+//!             │        ▲ state (router, index, predictor under one mutex)
+//!             ▼        │
+//!           body (stream frame by frame, first token, usage, in-flight guard) ─► predictor
+//! scrape (pod /metrics every 50 ms) ─► pods (table, health, in-flight counters)
+//! reload (config file mtime) ─► config ─► pods / router
+//! admin (/metrics, /debug/decisions, /healthz, /readyz)
+//! ```
+//!
+//! | module | one job |
+//! |---|---|
+//! | `config` | `GatewayConfig` from defaults, config file and flags |
+//! | `reload` | re-read the config file on change; keep the old one if invalid |
+//! | `pods` | the pod table, health, in-flight counters and their RAII guard |
+//! | `scrape` | tolerant `/metrics` parser and the scrape loop |
+//! | `state` | what all tasks share; the core's state behind one mutex |
+//! | `proxy` | the HTTP handlers of the traffic listener, retries |
+//! | `body` | the response body: pass-through, observation, end-of-request accounting |
+//! | `sse` | SSE event splitting, first-content and usage detection, usage stripping |
+//! | `errors` | OpenAI-style error bodies |
+//! | `metrics` | kvgate's own Prometheus metrics |
+//! | `decisions` | the bounded `/debug/decisions` ring |
+//! | `admin` | the admin listener |
+//! | `serve` | `ServeArgs`, `Gateway::start`, `serve` |
+//!
+//! Memory bounds: request bodies ≤ `max_body_bytes` (32 MiB); scraped bodies ≤ 4 MiB;
+//! decision ring ≤ `decision_log_size` (256) records; SSE events inspected ≤ 1 MiB each;
+//! non-stream bodies copied for usage ≤ 1 MiB; routed index as in the core (≤ 96 B/block).
+
+pub mod admin;
+pub mod body;
+pub mod config;
+pub mod decisions;
+pub mod errors;
+pub mod metrics;
+pub mod pods;
+pub mod proxy;
+pub mod reload;
+pub mod scrape;
+pub mod serve;
+pub mod sse;
+pub mod state;
+
+pub use config::GatewayConfig;
+pub use serve::{Gateway, ServeArgs, ServeError, init_tracing, serve};

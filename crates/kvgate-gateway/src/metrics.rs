@@ -1,0 +1,244 @@
+//! kvgate's own Prometheus metrics (prometheus-client, OpenMetrics text on the admin listener).
+//!
+//! Label sets are bounded: `pod` is one of the configured pods, `policy` one of the policy
+//! names, `branch` one of the policies' fixed reasons, `status` one of [`Status`], `reason` one
+//! of the fixed rejection reasons.
+
+use crate::pods::PodLabel;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+
+/// How a routed request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Ok,
+    /// The pod answered with an error status that was passed to the client (4xx).
+    UpstreamStatus,
+    /// The upstream failed mid-response.
+    UpstreamError,
+    /// The client went away before the response ended.
+    ClientAbort,
+    /// Connect error or 5xx before any byte reached the client; retried elsewhere or 502.
+    AttemptFailed,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Ok => "ok",
+            Status::UpstreamStatus => "upstream_status",
+            Status::UpstreamError => "upstream_error",
+            Status::ClientAbort => "client_abort",
+            Status::AttemptFailed => "attempt_failed",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub pod: String,
+    pub policy: String,
+    pub branch: String,
+    pub status: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StreamLabel {
+    pub stream: String,
+}
+
+fn latency_buckets() -> Histogram {
+    // 0.5 ms … ~16 s.
+    Histogram::new(exponential_buckets(0.5, 2.0, 16))
+}
+
+pub struct Metrics {
+    pub requests: Family<RequestLabels, Counter>,
+    /// Requests rejected before any pod was involved or after retries (400, 413, 404, 503, 502).
+    pub rejected: Family<ReasonLabel, Counter>,
+    pub retries: Counter,
+    pub ttft_ms: Histogram,
+    pub tpot_ms: Histogram,
+    pub predicted_ttft_ms: Histogram,
+    pub predicted_tpot_ms: Histogram,
+    /// End-to-end latency by stream mode.
+    pub e2e_ms: Family<StreamLabel, Histogram, fn() -> Histogram>,
+    pub predictor_ttft_mape: Gauge<f64, AtomicU64>,
+    pub predictor_tpot_mape: Gauge<f64, AtomicU64>,
+    pub predictor_ttft_p90_coverage: Gauge<f64, AtomicU64>,
+    pub predictor_samples: Gauge,
+    pub index_blocks: Gauge,
+    pub index_bytes: Gauge,
+    pub scrape_errors: Family<PodLabel, Counter>,
+    pub scrape_skipped_lines: Family<PodLabel, Counter>,
+    pub config_reload_errors: Counter,
+    pub pod_healthy: Family<PodLabel, Gauge>,
+    pub in_flight_requests: Family<PodLabel, Gauge>,
+    pub in_flight_prefill_tokens: Family<PodLabel, Gauge>,
+    pub in_flight_decode_tokens: Family<PodLabel, Gauge>,
+    pub registry: Registry,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let m = Metrics {
+            requests: Family::default(),
+            rejected: Family::default(),
+            retries: Counter::default(),
+            ttft_ms: latency_buckets(),
+            tpot_ms: latency_buckets(),
+            predicted_ttft_ms: latency_buckets(),
+            predicted_tpot_ms: latency_buckets(),
+            e2e_ms: Family::new_with_constructor(latency_buckets as fn() -> Histogram),
+            predictor_ttft_mape: Gauge::default(),
+            predictor_tpot_mape: Gauge::default(),
+            predictor_ttft_p90_coverage: Gauge::default(),
+            predictor_samples: Gauge::default(),
+            index_blocks: Gauge::default(),
+            index_bytes: Gauge::default(),
+            scrape_errors: Family::default(),
+            scrape_skipped_lines: Family::default(),
+            config_reload_errors: Counter::default(),
+            pod_healthy: Family::default(),
+            in_flight_requests: Family::default(),
+            in_flight_prefill_tokens: Family::default(),
+            in_flight_decode_tokens: Family::default(),
+            registry: Registry::with_prefix("kvgate"),
+        };
+        m.register()
+    }
+
+    fn register(mut self) -> Self {
+        let r = &mut self.registry;
+        r.register(
+            "requests",
+            "Routed requests by pod, policy, branch and outcome",
+            self.requests.clone(),
+        );
+        r.register(
+            "rejected_requests",
+            "Requests answered with an error by the gateway, by reason",
+            self.rejected.clone(),
+        );
+        r.register(
+            "retries",
+            "Requests re-sent to another pod before any byte reached the client",
+            self.retries.clone(),
+        );
+        r.register(
+            "ttft_ms",
+            "Observed time to first token (streams), ms",
+            self.ttft_ms.clone(),
+        );
+        r.register(
+            "tpot_ms",
+            "Observed time per output token (streams), ms",
+            self.tpot_ms.clone(),
+        );
+        r.register(
+            "predicted_ttft_ms",
+            "Predicted TTFT of the chosen pod at dispatch, ms",
+            self.predicted_ttft_ms.clone(),
+        );
+        r.register(
+            "predicted_tpot_ms",
+            "Predicted TPOT of the chosen pod at dispatch, ms",
+            self.predicted_tpot_ms.clone(),
+        );
+        r.register(
+            "e2e_ms",
+            "End-to-end latency of completed requests, ms",
+            self.e2e_ms.clone(),
+        );
+        r.register(
+            "predictor_ttft_mape",
+            "Predictor TTFT mean absolute percentage error (fraction, recent window)",
+            self.predictor_ttft_mape.clone(),
+        );
+        r.register(
+            "predictor_tpot_mape",
+            "Predictor TPOT mean absolute percentage error (fraction, recent window)",
+            self.predictor_tpot_mape.clone(),
+        );
+        r.register(
+            "predictor_ttft_p90_coverage",
+            "Fraction of TTFTs at or below the predicted p90",
+            self.predictor_ttft_p90_coverage.clone(),
+        );
+        r.register(
+            "predictor_samples",
+            "TTFT samples the predictor learnt from",
+            self.predictor_samples.clone(),
+        );
+        r.register(
+            "index_blocks",
+            "Blocks in the routed prefix index (all pods)",
+            self.index_blocks.clone(),
+        );
+        r.register(
+            "index_bytes",
+            "Upper bound of the routed prefix index's memory, bytes",
+            self.index_bytes.clone(),
+        );
+        r.register(
+            "scrape_errors",
+            "Failed pod /metrics scrapes",
+            self.scrape_errors.clone(),
+        );
+        r.register(
+            "scrape_skipped_lines",
+            "Malformed pod /metrics lines skipped",
+            self.scrape_skipped_lines.clone(),
+        );
+        r.register(
+            "config_reload_errors",
+            "Config file reloads rejected (old config kept)",
+            self.config_reload_errors.clone(),
+        );
+        r.register(
+            "pod_healthy",
+            "1 when the pod's last scrape succeeded",
+            self.pod_healthy.clone(),
+        );
+        r.register(
+            "in_flight_requests",
+            "Requests dispatched to the pod and not finished",
+            self.in_flight_requests.clone(),
+        );
+        r.register(
+            "in_flight_prefill_tokens",
+            "Uncached prompt tokens dispatched and before first token",
+            self.in_flight_prefill_tokens.clone(),
+        );
+        r.register(
+            "in_flight_decode_tokens",
+            "Prompt + generated tokens of requests past first token",
+            self.in_flight_decode_tokens.clone(),
+        );
+        self
+    }
+
+    pub fn reject(&self, reason: &str) {
+        self.rejected
+            .get_or_create(&ReasonLabel {
+                reason: reason.to_string(),
+            })
+            .inc();
+    }
+}

@@ -1,0 +1,316 @@
+//! The pod table: every pod the gateway routes to, its scraped metrics, health and the
+//! gateway's own in-flight counters.
+//!
+//! Pods get dense [`PodId`]s (the smallest free id), because the prefix index and the
+//! predictor key per-pod state by id. A pod removed by a config reload frees its id and its
+//! index entries. The table is swapped whole ([`ArcSwap`]) on reload; the data path reads it
+//! without locking. Bounds: one entry per configured pod; ids < [`MAX_PODS`].
+
+use crate::scrape::PodMetrics;
+use arc_swap::ArcSwap;
+use kvgate_core::{InFlight, PodId, PodSnapshot};
+use parking_lot::Mutex;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+
+/// Largest pod id the routed index accepts.
+pub const MAX_PODS: usize = 65_536;
+
+/// The metric label of a pod (its URL).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct PodLabel {
+    pub pod: String,
+}
+
+/// One upstream pod.
+#[derive(Debug)]
+pub struct Pod {
+    pub id: PodId,
+    /// Base URL without a trailing slash, e.g. `http://10.0.0.5:8000`.
+    pub url: String,
+    /// Predictor class (hardware/model profile).
+    pub class: String,
+    /// False after a failed scrape or connection error; true again after a successful scrape.
+    pub healthy: AtomicBool,
+    /// Set when a reload removed the pod; its scrape loop stops.
+    pub removed: AtomicBool,
+    scraped: Mutex<Scraped>,
+    pub in_flight: InFlightCounters,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Scraped {
+    running: u32,
+    waiting: u32,
+    kv_usage: f64,
+    kv_blocks: u32,
+}
+
+/// The router's exact accounting of work dispatched to a pod and not finished
+/// (`kvgate_core::InFlight` as atomics). Changed only through [`InFlightGuard`].
+#[derive(Debug, Default)]
+pub struct InFlightCounters {
+    requests: AtomicU32,
+    prefill_tokens: AtomicU64,
+    decode_tokens: AtomicU64,
+}
+
+impl InFlightCounters {
+    pub fn load(&self) -> InFlight {
+        InFlight {
+            requests: self.requests.load(Ordering::Relaxed),
+            prefill_tokens: self.prefill_tokens.load(Ordering::Relaxed),
+            decode_tokens: self.decode_tokens.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl Pod {
+    pub fn new(id: PodId, url: &str, class: &str, default_kv_blocks: u32) -> Self {
+        Pod {
+            id,
+            url: url.trim_end_matches('/').to_string(),
+            class: class.to_string(),
+            healthy: AtomicBool::new(false),
+            removed: AtomicBool::new(false),
+            scraped: Mutex::new(Scraped {
+                kv_blocks: default_kv_blocks,
+                ..Scraped::default()
+            }),
+            in_flight: InFlightCounters::default(),
+        }
+    }
+
+    pub fn label(&self) -> PodLabel {
+        PodLabel {
+            pod: self.url.clone(),
+        }
+    }
+
+    pub fn is_healthy(&self) -> bool {
+        self.healthy.load(Ordering::Relaxed)
+    }
+
+    /// `base url + path_and_query` as a URI.
+    pub fn uri_for(&self, path_and_query: &str) -> Result<http::Uri, http::uri::InvalidUri> {
+        let mut s = String::with_capacity(self.url.len() + path_and_query.len());
+        s.push_str(&self.url);
+        s.push_str(path_and_query);
+        s.parse()
+    }
+
+    pub fn apply_metrics(&self, m: &PodMetrics) {
+        let mut s = self.scraped.lock();
+        if let Some(v) = m.running {
+            s.running = v;
+        }
+        if let Some(v) = m.waiting {
+            s.waiting = v;
+        }
+        if let Some(v) = m.kv_usage {
+            s.kv_usage = v;
+        }
+    }
+
+    /// Records the pod's KV size; true when it changed (the index must be resized).
+    pub fn apply_capacity(&self, kv_blocks: u32) -> bool {
+        let mut s = self.scraped.lock();
+        let changed = s.kv_blocks != kv_blocks;
+        s.kv_blocks = kv_blocks;
+        changed
+    }
+
+    pub fn snapshot(&self) -> PodSnapshot {
+        let s = *self.scraped.lock();
+        PodSnapshot {
+            id: self.id,
+            name: self.url.clone(),
+            class: self.class.clone(),
+            waiting: s.waiting,
+            running: s.running,
+            kv_usage: s.kv_usage,
+            kv_blocks: s.kv_blocks,
+            in_flight: self.in_flight.load(),
+            healthy: self.is_healthy(),
+        }
+    }
+
+    /// Load used to pick a pod for requests the router does not decide (other `/v1/*`).
+    pub fn load_requests(&self) -> u32 {
+        let s = *self.scraped.lock();
+        (s.waiting + s.running).max(self.in_flight.requests.load(Ordering::Relaxed))
+    }
+}
+
+/// Holds one request's share of a pod's in-flight counters and gives it back exactly once,
+/// whatever path the request ends on (done, upstream error, client abort, retry): the share
+/// is returned in `Drop`.
+#[derive(Debug)]
+pub struct InFlightGuard {
+    pod: Arc<Pod>,
+    prefill_tokens: u64,
+    decode_tokens: u64,
+}
+
+impl InFlightGuard {
+    /// Counts one request with `uncached_prompt_tokens` of prefill work against `pod`.
+    pub fn new(pod: Arc<Pod>, uncached_prompt_tokens: u64) -> Self {
+        let c = &pod.in_flight;
+        c.requests.fetch_add(1, Ordering::Relaxed);
+        c.prefill_tokens
+            .fetch_add(uncached_prompt_tokens, Ordering::Relaxed);
+        InFlightGuard {
+            pod,
+            prefill_tokens: uncached_prompt_tokens,
+            decode_tokens: 0,
+        }
+    }
+
+    pub fn pod(&self) -> &Arc<Pod> {
+        &self.pod
+    }
+
+    /// The first token arrived: the prefill share moves to decode (`prompt_tokens + 1`).
+    pub fn first_token(&mut self, prompt_tokens: u64) {
+        let c = &self.pod.in_flight;
+        c.prefill_tokens
+            .fetch_sub(self.prefill_tokens, Ordering::Relaxed);
+        self.prefill_tokens = 0;
+        self.add_decode_tokens(prompt_tokens + 1);
+    }
+
+    /// More tokens generated.
+    pub fn add_decode_tokens(&mut self, n: u64) {
+        self.pod
+            .in_flight
+            .decode_tokens
+            .fetch_add(n, Ordering::Relaxed);
+        self.decode_tokens += n;
+    }
+}
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        let c = &self.pod.in_flight;
+        c.requests.fetch_sub(1, Ordering::Relaxed);
+        c.prefill_tokens
+            .fetch_sub(self.prefill_tokens, Ordering::Relaxed);
+        c.decode_tokens
+            .fetch_sub(self.decode_tokens, Ordering::Relaxed);
+    }
+}
+
+/// All pods, swapped whole on reload.
+#[derive(Debug, Default)]
+pub struct PodTable {
+    pods: ArcSwap<Vec<Arc<Pod>>>,
+}
+
+/// What a [`PodTable::replace`] changed.
+#[derive(Debug, Default)]
+pub struct PodChanges {
+    pub added: Vec<Arc<Pod>>,
+    pub removed: Vec<Arc<Pod>>,
+}
+
+impl PodTable {
+    pub fn all(&self) -> arc_swap::Guard<Arc<Vec<Arc<Pod>>>> {
+        self.pods.load()
+    }
+
+    pub fn by_url(&self, url: &str) -> Option<Arc<Pod>> {
+        let url = url.trim_end_matches('/');
+        self.pods.load().iter().find(|p| p.url == url).cloned()
+    }
+
+    pub fn snapshots(&self) -> Vec<PodSnapshot> {
+        self.pods.load().iter().map(|p| p.snapshot()).collect()
+    }
+
+    /// Makes the table hold exactly `wanted` (url, class) pods: keeps pods whose URL and class
+    /// are unchanged (with their state), adds new ones with the smallest free ids, and marks the
+    /// rest removed. Pods beyond [`MAX_PODS`] are ignored.
+    pub fn replace(&self, wanted: &[(String, String)], default_kv_blocks: u32) -> PodChanges {
+        let old = self.pods.load_full();
+        let mut changes = PodChanges::default();
+        let mut next: Vec<Arc<Pod>> = Vec::with_capacity(wanted.len());
+        let mut used = vec![false; MAX_PODS];
+        for (url, class) in wanted {
+            let url = url.trim_end_matches('/');
+            if next.iter().any(|p| p.url == url) {
+                continue;
+            }
+            if let Some(p) = old.iter().find(|p| p.url == url && &p.class == class) {
+                used[p.id.index()] = true;
+                next.push(p.clone());
+            }
+        }
+        for (url, class) in wanted {
+            let url = url.trim_end_matches('/');
+            if next.iter().any(|p| p.url == url) {
+                continue;
+            }
+            let Some(free) = used.iter().position(|u| !u) else {
+                tracing::warn!(%url, "pod table full; pod ignored");
+                continue;
+            };
+            used[free] = true;
+            let pod = Arc::new(Pod::new(PodId(free as u32), url, class, default_kv_blocks));
+            changes.added.push(pod.clone());
+            next.push(pod);
+        }
+        for p in old.iter() {
+            if !next.iter().any(|n| Arc::ptr_eq(n, p)) {
+                p.removed.store(true, Ordering::Relaxed);
+                p.healthy.store(false, Ordering::Relaxed);
+                changes.removed.push(p.clone());
+            }
+        }
+        self.pods.store(Arc::new(next));
+        changes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guard_returns_every_counter_on_drop_at_any_stage() {
+        let pod = Arc::new(Pod::new(PodId(0), "http://a", "c", 10));
+        {
+            let _g = InFlightGuard::new(pod.clone(), 100);
+            assert_eq!(pod.in_flight.load().requests, 1);
+            assert_eq!(pod.in_flight.load().prefill_tokens, 100);
+        }
+        assert_eq!(pod.in_flight.load(), InFlight::default());
+        {
+            let mut g = InFlightGuard::new(pod.clone(), 100);
+            g.first_token(120);
+            g.add_decode_tokens(3);
+            assert_eq!(
+                pod.in_flight.load(),
+                InFlight {
+                    requests: 1,
+                    prefill_tokens: 0,
+                    decode_tokens: 124
+                }
+            );
+        }
+        assert_eq!(pod.in_flight.load(), InFlight::default());
+    }
+
+    #[test]
+    fn replace_keeps_pods_and_reuses_the_smallest_free_id() {
+        let t = PodTable::default();
+        let c = |u: &str| (u.to_string(), "x".to_string());
+        let ch = t.replace(&[c("http://a"), c("http://b"), c("http://c")], 10);
+        assert_eq!(ch.added.len(), 3);
+        let ch = t.replace(&[c("http://a"), c("http://c"), c("http://d/")], 10);
+        assert_eq!(ch.removed.len(), 1);
+        assert_eq!(ch.removed[0].url, "http://b");
+        assert!(ch.removed[0].removed.load(Ordering::Relaxed));
+        assert_eq!(t.by_url("http://d").map(|p| p.id), Some(PodId(1)));
+        assert_eq!(t.by_url("http://c").map(|p| p.id), Some(PodId(2)));
+    }
+}

@@ -1,0 +1,614 @@
+//! The data path: OpenAI requests in, the core decides, the chosen pod answers, the answer
+//! streams back frame by frame.
+//!
+//! - `POST /v1/chat/completions`, `POST /v1/completions`: parse (400 and no pod touched on bad
+//!   input), decide with the core on a snapshot taken now, forward. A connect error or a 5xx
+//!   from the pod — both before any byte reached the client — goes to the next-best pod
+//!   (the core decides again with the failed pods excluded), at most `max_retries` times;
+//!   then 502. No healthy pod: 503.
+//! - `GET /v1/models`: the union of the healthy pods' model lists.
+//! - Any other `/v1/*`: the least-loaded healthy pod, passed through.
+//!
+//! Bounds: request bodies up to `max_body_bytes` (413 beyond); the rest is per request.
+
+use crate::body::{ObservedBody, Tracker};
+use crate::decisions::DecisionRecord;
+use crate::errors::ApiError;
+use crate::metrics::Status;
+use crate::pods::{InFlightGuard, Pod};
+use crate::state::Shared;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::response::Response;
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
+use http_body_util::{BodyExt, Full, Limited};
+use kvgate_core::predictor::Features;
+use kvgate_core::request::{RequestError, parse_request_value};
+use kvgate_core::{BlockHasher, PodId};
+use serde_json::Value;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Longest `x-request-id` honoured; longer or non-visible-ASCII ids are replaced.
+const MAX_REQUEST_ID_LEN: usize = 128;
+/// Per-pod timeout of a `GET /v1/models` fan-out.
+const MODELS_TIMEOUT: Duration = Duration::from_secs(2);
+/// Largest model list read from one pod.
+const MAX_MODELS_BYTES: usize = 1 << 20;
+
+pub fn traffic_router(shared: Arc<Shared>) -> axum::Router {
+    use axum::routing::{any, get, post};
+    axum::Router::new()
+        .route("/v1/chat/completions", post(completions))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/v1/{*rest}", any(passthrough))
+        .fallback(not_found)
+        .with_state(shared)
+}
+
+fn request_id(headers: &HeaderMap) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    if let Some(id) = headers.get("x-request-id").and_then(|v| v.to_str().ok())
+        && !id.is_empty()
+        && id.len() <= MAX_REQUEST_ID_LEN
+        && id.bytes().all(|b| b.is_ascii_graphic())
+    {
+        return id.to_string();
+    }
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    format!("kvg-{nanos:x}-{:x}", NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+fn header_ms(headers: &HeaderMap, names: &[&str]) -> Option<f64> {
+    names.iter().find_map(|n| {
+        headers
+            .get(*n)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|s| s.trim().parse::<f64>().ok())
+            .filter(|v| v.is_finite() && *v >= 0.0)
+    })
+}
+
+fn reject(shared: &Shared, err: ApiError, request_id: &str) -> Response {
+    shared.metrics.reject(err.code);
+    match err.status.as_u16() {
+        400..=499 => {
+            tracing::info!(%request_id, code = err.code, message = %err.message, "request rejected")
+        }
+        _ => tracing::warn!(%request_id, code = err.code, message = %err.message, "request failed"),
+    }
+    err.into_response(request_id)
+}
+
+async fn not_found(State(shared): State<Arc<Shared>>, req: Request) -> Response {
+    let id = request_id(req.headers());
+    let err = ApiError {
+        status: StatusCode::NOT_FOUND,
+        kind: "invalid_request_error",
+        code: "not_found",
+        message: format!("no route for {} {}", req.method(), req.uri().path()),
+        param: None,
+    };
+    reject(&shared, err, &id)
+}
+
+/// Reads the whole request body up to the configured limit.
+async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
+    match Limited::new(body, limit).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e)
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
+            Err(ApiError {
+                status: StatusCode::PAYLOAD_TOO_LARGE,
+                kind: "invalid_request_error",
+                code: "body_too_large",
+                message: format!("request body exceeds {limit} bytes"),
+                param: None,
+            })
+        }
+        Err(e) => Err(ApiError::bad_request(
+            "body_read_error",
+            format!("cannot read request body: {e}"),
+            None,
+        )),
+    }
+}
+
+fn request_error(e: RequestError) -> ApiError {
+    let (code, param) = match &e {
+        RequestError::UnsupportedPath(_) => ("unsupported_path", None),
+        RequestError::InvalidJson(_) => ("invalid_json", None),
+        RequestError::NotAnObject => ("invalid_json", None),
+        RequestError::MissingField(f) => ("missing_field", Some(f.to_string())),
+        RequestError::WrongType { field, .. } => ("wrong_type", Some(field.to_string())),
+    };
+    ApiError::bad_request(code, e.to_string(), param)
+}
+
+/// Hop-by-hop headers, never forwarded either way.
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+            | "host"
+            | "content-length"
+    )
+}
+
+fn upstream_request(
+    pod: &Pod,
+    method: &Method,
+    path_and_query: &str,
+    headers: &HeaderMap,
+    request_id: &str,
+    body: Bytes,
+) -> Result<http::Request<Full<Bytes>>, String> {
+    let uri = pod.uri_for(path_and_query).map_err(|e| e.to_string())?;
+    let mut req = http::Request::new(Full::new(body));
+    *req.method_mut() = method.clone();
+    *req.uri_mut() = uri;
+    let h = req.headers_mut();
+    for (name, value) in headers {
+        if !is_hop_by_hop(name) {
+            h.append(name.clone(), value.clone());
+        }
+    }
+    if let Ok(v) = HeaderValue::from_str(request_id) {
+        h.insert("x-request-id", v);
+    }
+    Ok(req)
+}
+
+/// The response headers the client gets: the pod's minus hop-by-hop, plus ours.
+fn client_headers(
+    upstream: &HeaderMap,
+    keep_length: bool,
+    request_id: &str,
+    routing: Option<(&str, &'static str)>,
+) -> HeaderMap {
+    let mut h = HeaderMap::with_capacity(upstream.len() + 3);
+    for (name, value) in upstream {
+        if !is_hop_by_hop(name) || (keep_length && name == header::CONTENT_LENGTH) {
+            h.append(name.clone(), value.clone());
+        }
+    }
+    if let Ok(v) = HeaderValue::from_str(request_id) {
+        h.insert("x-request-id", v);
+    }
+    if let Some((pod, branch)) = routing {
+        if let Ok(v) = HeaderValue::from_str(pod) {
+            h.insert("x-kvgate-pod", v);
+        }
+        h.insert("x-kvgate-branch", HeaderValue::from_static(branch));
+    }
+    h
+}
+
+fn no_healthy_pod() -> ApiError {
+    ApiError {
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        kind: "service_unavailable",
+        code: "no_healthy_pod",
+        message: "no healthy pod to serve the request".into(),
+        param: None,
+    }
+}
+
+fn upstream_failed(why: String) -> ApiError {
+    ApiError {
+        status: StatusCode::BAD_GATEWAY,
+        kind: "upstream_error",
+        code: "upstream_failed",
+        message: why,
+        param: None,
+    }
+}
+
+/// `POST /v1/chat/completions` and `POST /v1/completions`.
+pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Response {
+    let start = Instant::now();
+    let (parts, body) = req.into_parts();
+    let rid = request_id(&parts.headers);
+    let cfg = shared.config().clone();
+    let body = match read_body(body, cfg.max_body_bytes).await {
+        Ok(b) => b,
+        Err(e) => return reject(&shared, e, &rid),
+    };
+    let path = parts.uri.path();
+    let mut value: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => {
+            return reject(
+                &shared,
+                request_error(RequestError::InvalidJson(e.to_string())),
+                &rid,
+            );
+        }
+    };
+    let parsed = match parse_request_value(path, &value) {
+        Ok(p) => p,
+        Err(e) => return reject(&shared, request_error(e), &rid),
+    };
+    let slo_ttft_ms = header_ms(&parts.headers, &["x-slo-ttft-ms", "x-llm-d-slo-ttft-ms"]);
+    let slo_tpot_ms = header_ms(&parts.headers, &["x-slo-tpot-ms", "x-llm-d-slo-tpot-ms"]);
+
+    // Streams: make sure the pod sends usage; strip it again if the client did not ask.
+    let mut strip_usage = false;
+    let upstream_body = if parsed.stream {
+        let client_wants_usage = value
+            .get("stream_options")
+            .filter(|so| !so.is_null())
+            .map(|so| {
+                so.get("include_usage")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(true)
+            })
+            .unwrap_or(false);
+        if client_wants_usage {
+            body
+        } else {
+            strip_usage = true;
+            if let Some(obj) = value.as_object_mut() {
+                let so = obj
+                    .entry("stream_options")
+                    .or_insert_with(|| Value::Object(Default::default()));
+                if !so.is_object() {
+                    *so = Value::Object(Default::default());
+                }
+                if let Some(so) = so.as_object_mut() {
+                    so.insert("include_usage".into(), Value::Bool(true));
+                }
+            }
+            match serde_json::to_vec(&value) {
+                Ok(v) => Bytes::from(v),
+                Err(_) => body,
+            }
+        }
+    } else {
+        body
+    };
+
+    let hasher = BlockHasher {
+        block_size_tokens: cfg.router.block_size_tokens,
+        chars_per_token: cfg.router.chars_per_token,
+    };
+    let mut blocks = Vec::new();
+    hasher.hash_request(&parsed, &mut blocks);
+    let input_tokens = parsed.estimated_input_tokens();
+    let path_and_query = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or(path)
+        .to_string();
+
+    let mut excluded: Vec<PodId> = Vec::new();
+    let mut last_failure = String::new();
+    for attempt in 0..=cfg.max_retries {
+        let mut snaps = shared.pods.snapshots();
+        for s in &mut snaps {
+            if excluded.contains(&s.id) {
+                s.healthy = false;
+            }
+        }
+        if !snaps.iter().any(|s| s.healthy) {
+            if attempt == 0 {
+                return reject(&shared, no_healthy_pod(), &rid);
+            }
+            break;
+        }
+        let (decision, policy) = {
+            let mut st = shared.router.lock();
+            let st = &mut *st;
+            let d = st.router.decide(
+                &blocks,
+                input_tokens,
+                &snaps,
+                &st.index,
+                &st.predictor,
+                &mut st.rng,
+            );
+            if let Ok(d) = &d {
+                kvgate_core::index::PrefixIndex::record_routed(&mut st.index, d.pod_id, &blocks);
+            }
+            (d, st.router.policy_kind().name())
+        };
+        let decision = match decision {
+            Ok(d) => d,
+            Err(_) => return reject(&shared, no_healthy_pod(), &rid),
+        };
+        let Some(pod) = shared
+            .pods
+            .all()
+            .iter()
+            .find(|p| p.id == decision.pod_id)
+            .cloned()
+        else {
+            excluded.push(decision.pod_id);
+            continue;
+        };
+        let Some(snap) = snaps.iter().find(|s| s.id == decision.pod_id) else {
+            excluded.push(decision.pod_id);
+            continue;
+        };
+        let expl = decision.pods.iter().find(|p| p.id == decision.pod);
+        let prefix_score = expl.map_or(0.0, |e| e.prefix_score);
+        let features = Features::new(snap, input_tokens, prefix_score);
+        let guard = InFlightGuard::new(pod.clone(), features.uncached_prompt_tokens() as u64);
+        let branch = decision.branch.as_str();
+        if let Some(e) = expl {
+            shared
+                .metrics
+                .predicted_ttft_ms
+                .observe(e.predicted_ttft_ms);
+            shared
+                .metrics
+                .predicted_tpot_ms
+                .observe(e.predicted_tpot_ms);
+        }
+        shared.decisions.push(DecisionRecord {
+            request_id: rid.clone(),
+            timestamp_ms: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0),
+            policy,
+            attempt,
+            slo_ttft_ms,
+            slo_tpot_ms,
+            decision,
+        });
+        let up = match upstream_request(
+            &pod,
+            &parts.method,
+            &path_and_query,
+            &parts.headers,
+            &rid,
+            upstream_body.clone(),
+        ) {
+            Ok(r) => r,
+            Err(e) => return reject(&shared, upstream_failed(e), &rid),
+        };
+        let failure = match shared.client.request(up).await {
+            Ok(resp) if !resp.status().is_server_error() => {
+                let ok = resp.status().is_success();
+                let (parts_up, incoming) = resp.into_parts();
+                let stream = parsed.stream && ok;
+                let tracker = Tracker {
+                    shared: shared.clone(),
+                    guard,
+                    start,
+                    first_token_at: None,
+                    prompt_tokens: u64::from(input_tokens),
+                    class: pod.class.clone(),
+                    features,
+                    policy,
+                    branch,
+                    request_id: rid.clone(),
+                    trainable: ok,
+                    stream,
+                    error_status: !ok,
+                };
+                let headers = client_headers(
+                    &parts_up.headers,
+                    !stream,
+                    &rid,
+                    cfg.response_headers.then_some((pod.url.as_str(), branch)),
+                );
+                let mut resp = Response::new(Body::new(ObservedBody::new(
+                    incoming,
+                    tracker,
+                    stream,
+                    strip_usage,
+                )));
+                *resp.status_mut() = parts_up.status;
+                *resp.headers_mut() = headers;
+                return resp;
+            }
+            Ok(resp) => format!("pod {} answered {}", pod.url, resp.status()),
+            Err(e) => {
+                if e.is_connect() {
+                    pod.healthy.store(false, Ordering::Relaxed);
+                }
+                format!("pod {} failed: {e}", pod.url)
+            }
+        };
+        drop(guard);
+        shared
+            .metrics
+            .requests
+            .get_or_create(&crate::metrics::RequestLabels {
+                pod: pod.url.clone(),
+                policy: policy.to_string(),
+                branch: branch.to_string(),
+                status: Status::AttemptFailed.as_str().to_string(),
+            })
+            .inc();
+        tracing::warn!(request_id = %rid, %attempt, why = %failure, "attempt failed before any byte was sent; retrying elsewhere");
+        excluded.push(pod.id);
+        last_failure = failure;
+        if attempt < cfg.max_retries {
+            shared.metrics.retries.inc();
+        }
+    }
+    reject(&shared, upstream_failed(last_failure), &rid)
+}
+
+/// `GET /v1/models`: the union (by model id) of every healthy pod's list.
+pub async fn models(State(shared): State<Arc<Shared>>, req: Request) -> Response {
+    let rid = request_id(req.headers());
+    let pods: Vec<Arc<Pod>> = shared
+        .pods
+        .all()
+        .iter()
+        .filter(|p| p.is_healthy())
+        .cloned()
+        .collect();
+    if pods.is_empty() {
+        return reject(&shared, no_healthy_pod(), &rid);
+    }
+    let mut tasks = tokio::task::JoinSet::new();
+    for pod in pods {
+        let shared = shared.clone();
+        tasks.spawn(async move {
+            tokio::time::timeout(MODELS_TIMEOUT, fetch_models(&shared, &pod))
+                .await
+                .ok()
+                .flatten()
+        });
+    }
+    let mut data: Vec<Value> = Vec::new();
+    let mut answered = false;
+    while let Some(res) = tasks.join_next().await {
+        let Ok(Some(list)) = res else { continue };
+        answered = true;
+        for m in list {
+            let id = m.get("id").cloned();
+            if !data.iter().any(|d| d.get("id") == id.as_ref()) {
+                data.push(m);
+            }
+        }
+    }
+    if !answered {
+        return reject(
+            &shared,
+            upstream_failed("no pod answered /v1/models".into()),
+            &rid,
+        );
+    }
+    data.sort_by(|a, b| {
+        let k = |v: &Value| {
+            v.get("id")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string()
+        };
+        k(a).cmp(&k(b))
+    });
+    let body = serde_json::json!({"object": "list", "data": data}).to_string();
+    let mut resp = Response::new(Body::from(body));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    if let Ok(v) = HeaderValue::from_str(&rid) {
+        resp.headers_mut().insert("x-request-id", v);
+    }
+    resp
+}
+
+async fn fetch_models(shared: &Shared, pod: &Pod) -> Option<Vec<Value>> {
+    let uri = pod.uri_for("/v1/models").ok()?;
+    let req = http::Request::get(uri).body(Full::new(Bytes::new())).ok()?;
+    let resp = shared.client.request(req).await.ok()?;
+    if !resp.status().is_success() {
+        return None;
+    }
+    let bytes = Limited::new(resp.into_body(), MAX_MODELS_BYTES)
+        .collect()
+        .await
+        .ok()?
+        .to_bytes();
+    let v: Value = serde_json::from_slice(&bytes).ok()?;
+    v.get("data")?.as_array().cloned()
+}
+
+/// Any other `/v1/*`: the least-loaded healthy pod, passed through (no routing decision, no
+/// training; counted in flight).
+pub async fn passthrough(State(shared): State<Arc<Shared>>, req: Request) -> Response {
+    let start = Instant::now();
+    let (parts, body) = req.into_parts();
+    let rid = request_id(&parts.headers);
+    let cfg = shared.config().clone();
+    let body = match read_body(body, cfg.max_body_bytes).await {
+        Ok(b) => b,
+        Err(e) => return reject(&shared, e, &rid),
+    };
+    let pod = shared
+        .pods
+        .all()
+        .iter()
+        .filter(|p| p.is_healthy())
+        .min_by_key(|p| (p.load_requests(), p.id))
+        .cloned();
+    let Some(pod) = pod else {
+        return reject(&shared, no_healthy_pod(), &rid);
+    };
+    let path_and_query = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| parts.uri.path().to_string());
+    let up = match upstream_request(
+        &pod,
+        &parts.method,
+        &path_and_query,
+        &parts.headers,
+        &rid,
+        body,
+    ) {
+        Ok(r) => r,
+        Err(e) => return reject(&shared, upstream_failed(e), &rid),
+    };
+    let guard = InFlightGuard::new(pod.clone(), 0);
+    match shared.client.request(up).await {
+        Ok(resp) => {
+            let (parts_up, incoming) = resp.into_parts();
+            let ok = parts_up.status.is_success();
+            let tracker = Tracker {
+                shared: shared.clone(),
+                guard,
+                start,
+                first_token_at: None,
+                prompt_tokens: 0,
+                class: pod.class.clone(),
+                features: Features::default(),
+                policy: "least-loaded",
+                branch: "passthrough",
+                request_id: rid.clone(),
+                trainable: false,
+                stream: false,
+                error_status: !ok,
+            };
+            let headers = client_headers(
+                &parts_up.headers,
+                true,
+                &rid,
+                cfg.response_headers
+                    .then_some((pod.url.as_str(), "passthrough")),
+            );
+            let mut resp = Response::new(Body::new(ObservedBody::new(
+                incoming, tracker, false, false,
+            )));
+            *resp.status_mut() = parts_up.status;
+            *resp.headers_mut() = headers;
+            resp
+        }
+        Err(e) => {
+            if e.is_connect() {
+                pod.healthy.store(false, Ordering::Relaxed);
+            }
+            reject(
+                &shared,
+                upstream_failed(format!("pod {} failed: {e}", pod.url)),
+                &rid,
+            )
+        }
+    }
+}

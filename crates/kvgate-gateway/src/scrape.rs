@@ -1,0 +1,342 @@
+//! Pod `/metrics` scraping: a tolerant Prometheus text parser and the per-pod scrape loop.
+//!
+//! The parser picks out the few vLLM series the router needs (interfaces.md §2.1):
+//! `vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc` (older
+//! name `vllm:gpu_cache_usage_perc`, used only when the new one is absent) and the labels
+//! `block_size` / `num_gpu_blocks` of `vllm:cache_config_info`. Several series of one metric
+//! (several engines or models) are summed for request counts and maxed for KV usage. Lines it
+//! cannot parse are skipped and counted; one bad line never fails a scrape. It never panics on
+//! any input (property test below).
+//!
+//! Bounds: a scrape reads at most [`MAX_SCRAPE_BYTES`] of body; a pod that sends more is treated
+//! as a failed scrape. A scrape that takes longer than its timeout fails. Failure or connection
+//! error marks the pod unhealthy; the next successful scrape marks it healthy again.
+
+use crate::pods::Pod;
+use crate::state::Shared;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use kvgate_core::index::PrefixIndex;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+/// Largest `/metrics` body read from a pod (vLLM's is tens of KiB).
+pub const MAX_SCRAPE_BYTES: usize = 4 << 20;
+
+/// What one scrape told us about a pod. `None`: the series was absent.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PodMetrics {
+    pub running: Option<u32>,
+    pub waiting: Option<u32>,
+    /// 0..=1.
+    pub kv_usage: Option<f64>,
+    pub block_size: Option<u32>,
+    pub num_gpu_blocks: Option<u32>,
+    /// Lines that were neither comments, blank, nor a parseable sample.
+    pub skipped_lines: u64,
+}
+
+/// One parsed sample line: name, raw label block (without braces), value.
+struct Sample<'a> {
+    name: &'a str,
+    labels: &'a str,
+    value: f64,
+}
+
+/// Parses a Prometheus/OpenMetrics text exposition, keeping only what the router reads.
+pub fn parse_metrics(text: &str) -> PodMetrics {
+    let mut m = PodMetrics::default();
+    let mut legacy_kv: Option<f64> = None;
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let Some(sample) = parse_line(line) else {
+            m.skipped_lines += 1;
+            continue;
+        };
+        match sample.name {
+            "vllm:num_requests_running" => add_count(&mut m.running, sample.value),
+            "vllm:num_requests_waiting" => add_count(&mut m.waiting, sample.value),
+            "vllm:kv_cache_usage_perc" => max_fraction(&mut m.kv_usage, sample.value),
+            "vllm:gpu_cache_usage_perc" => max_fraction(&mut legacy_kv, sample.value),
+            "vllm:cache_config_info" => {
+                if let Some(v) = label_value(sample.labels, "block_size") {
+                    m.block_size = v.parse().ok().filter(|&b: &u32| b > 0).or(m.block_size);
+                }
+                if let Some(v) = label_value(sample.labels, "num_gpu_blocks") {
+                    m.num_gpu_blocks = v.parse().ok().filter(|&b: &u32| b > 0).or(m.num_gpu_blocks);
+                }
+            }
+            _ => {}
+        }
+    }
+    if m.kv_usage.is_none() {
+        m.kv_usage = legacy_kv;
+    }
+    m
+}
+
+fn add_count(slot: &mut Option<u32>, value: f64) {
+    if value.is_finite() && value >= 0.0 {
+        let v = value.min(u32::MAX as f64) as u32;
+        *slot = Some(slot.unwrap_or(0).saturating_add(v));
+    }
+}
+
+fn max_fraction(slot: &mut Option<f64>, value: f64) {
+    if value.is_finite() {
+        let v = value.clamp(0.0, 1.0);
+        *slot = Some(slot.map_or(v, |old| old.max(v)));
+    }
+}
+
+/// `name{labels} value [timestamp]` or `name value [timestamp]`.
+fn parse_line(line: &str) -> Option<Sample<'_>> {
+    let name_end = line
+        .find(|c: char| c == '{' || c.is_ascii_whitespace())
+        .unwrap_or(line.len());
+    let name = line.get(..name_end)?;
+    if name.is_empty() {
+        return None;
+    }
+    let rest = line.get(name_end..)?;
+    let (labels, rest) = if let Some(after_brace) = rest.strip_prefix('{') {
+        let close = label_block_end(after_brace)?;
+        (after_brace.get(..close)?, after_brace.get(close + 1..)?)
+    } else {
+        ("", rest)
+    };
+    let value_text = rest.split_ascii_whitespace().next()?;
+    let value = parse_value(value_text)?;
+    Some(Sample {
+        name,
+        labels,
+        value,
+    })
+}
+
+/// Index of the `}` closing a label block, skipping quoted values (with `\"` escapes).
+fn label_block_end(s: &str) -> Option<usize> {
+    let mut in_quotes = false;
+    let mut escaped = false;
+    for (i, b) in s.bytes().enumerate() {
+        if escaped {
+            escaped = false;
+            continue;
+        }
+        match b {
+            b'\\' if in_quotes => escaped = true,
+            b'"' => in_quotes = !in_quotes,
+            b'}' if !in_quotes => return Some(i),
+            _ => {}
+        }
+    }
+    None
+}
+
+fn parse_value(s: &str) -> Option<f64> {
+    match s {
+        "+Inf" | "Inf" => Some(f64::INFINITY),
+        "-Inf" => Some(f64::NEG_INFINITY),
+        "NaN" => Some(f64::NAN),
+        _ => s.parse().ok(),
+    }
+}
+
+/// The raw (still escaped) value of label `key` in a label block, if present. Values the router
+/// reads are numbers, so escapes never matter to it.
+fn label_value<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
+    let mut rest = labels;
+    loop {
+        rest = rest.trim_start_matches([',', ' ']);
+        if rest.is_empty() {
+            return None;
+        }
+        let eq = rest.find('=')?;
+        let k = rest.get(..eq)?.trim();
+        let after = rest.get(eq + 1..)?.trim_start().strip_prefix('"')?;
+        // Find the closing quote, skipping escapes.
+        let mut end = None;
+        let mut escaped = false;
+        for (i, b) in after.bytes().enumerate() {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                end = Some(i);
+                break;
+            }
+        }
+        let end = end?;
+        if k == key {
+            return after.get(..end);
+        }
+        rest = after.get(end + 1..)?;
+    }
+}
+
+/// Scrapes `pod` every `interval` until the pod is removed from the table.
+pub async fn scrape_loop(shared: Arc<Shared>, pod: Arc<Pod>) {
+    let mut ticker = tokio::time::interval(shared.config().scrape_interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    while !pod.removed.load(Ordering::Relaxed) {
+        ticker.tick().await;
+        if pod.removed.load(Ordering::Relaxed) {
+            break;
+        }
+        scrape_once(&shared, &pod).await;
+    }
+}
+
+/// One scrape: updates the pod's metrics, health and KV capacity, and the scrape counters.
+pub async fn scrape_once(shared: &Shared, pod: &Pod) {
+    let interval = shared.config().scrape_interval;
+    let timeout = (interval * 4).max(Duration::from_millis(500));
+    match tokio::time::timeout(timeout, fetch_metrics(shared, pod)).await {
+        Ok(Ok(text)) => {
+            let m = parse_metrics(&text);
+            if m.skipped_lines > 0 {
+                shared
+                    .metrics
+                    .scrape_skipped_lines
+                    .get_or_create(&pod.label())
+                    .inc_by(m.skipped_lines);
+                tracing::debug!(pod = %pod.url, skipped = m.skipped_lines, "skipped malformed metrics lines");
+            }
+            if let Some(blocks) = m.num_gpu_blocks
+                && pod.apply_capacity(blocks)
+            {
+                shared.router.lock().index.set_capacity(pod.id, blocks);
+            }
+            pod.apply_metrics(&m);
+            if !pod.healthy.swap(true, Ordering::Relaxed) {
+                tracing::info!(pod = %pod.url, "pod is healthy");
+            }
+        }
+        Ok(Err(why)) => scrape_failed(shared, pod, &why),
+        Err(_) => scrape_failed(shared, pod, "scrape timed out"),
+    }
+}
+
+fn scrape_failed(shared: &Shared, pod: &Pod, why: &str) {
+    shared
+        .metrics
+        .scrape_errors
+        .get_or_create(&pod.label())
+        .inc();
+    if pod.healthy.swap(false, Ordering::Relaxed) {
+        tracing::warn!(pod = %pod.url, %why, "scrape failed; pod marked unhealthy");
+    }
+}
+
+async fn fetch_metrics(shared: &Shared, pod: &Pod) -> Result<String, String> {
+    let uri = pod.uri_for("/metrics").map_err(|e| e.to_string())?;
+    let req = http::Request::get(uri)
+        .body(Full::new(Bytes::new()))
+        .map_err(|e| e.to_string())?;
+    let resp = shared
+        .client
+        .request(req)
+        .await
+        .map_err(|e| e.to_string())?;
+    if !resp.status().is_success() {
+        return Err(format!("status {}", resp.status()));
+    }
+    let body = Limited::new(resp.into_body(), MAX_SCRAPE_BYTES)
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    String::from_utf8(body.to_vec()).map_err(|_| "metrics body is not UTF-8".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const VLLM_SAMPLE: &str = r#"# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="llama"} 3.0
+vllm:num_requests_waiting{engine="0",model_name="llama"} 7.0
+vllm:kv_cache_usage_perc{engine="0",model_name="llama"} 0.25
+vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",engine="0",num_gpu_blocks="29000"} 1.0
+vllm:prefix_cache_queries_total{engine="0",model_name="llama"} 1000.0
+"#;
+
+    #[test]
+    fn reads_the_vllm_series_the_router_needs() {
+        let m = parse_metrics(VLLM_SAMPLE);
+        assert_eq!(m.running, Some(3));
+        assert_eq!(m.waiting, Some(7));
+        assert_eq!(m.kv_usage, Some(0.25));
+        assert_eq!(m.block_size, Some(16));
+        assert_eq!(m.num_gpu_blocks, Some(29000));
+        assert_eq!(m.skipped_lines, 0);
+    }
+
+    #[test]
+    fn malformed_lines_are_skipped_and_counted_not_fatal() {
+        let text = "vllm:num_requests_running{engine=\"0\" 3\ngarbage\nvllm:num_requests_waiting 2\n{} 4\nvllm:num_requests_running abc\n";
+        let m = parse_metrics(text);
+        assert_eq!(m.waiting, Some(2));
+        assert_eq!(m.running, None);
+        assert_eq!(m.skipped_lines, 4);
+    }
+
+    #[test]
+    fn legacy_gpu_cache_usage_is_a_fallback_only() {
+        assert_eq!(
+            parse_metrics("vllm:gpu_cache_usage_perc 0.5\n").kv_usage,
+            Some(0.5)
+        );
+        assert_eq!(
+            parse_metrics("vllm:gpu_cache_usage_perc 0.5\nvllm:kv_cache_usage_perc 0.1\n").kv_usage,
+            Some(0.1)
+        );
+    }
+
+    #[test]
+    fn several_engines_sum_requests_and_max_kv_usage() {
+        let text = "vllm:num_requests_running{engine=\"0\"} 2\nvllm:num_requests_running{engine=\"1\"} 5\nvllm:kv_cache_usage_perc{engine=\"0\"} 0.2\nvllm:kv_cache_usage_perc{engine=\"1\"} 0.7\n";
+        let m = parse_metrics(text);
+        assert_eq!(m.running, Some(7));
+        assert_eq!(m.kv_usage, Some(0.7));
+    }
+
+    #[test]
+    fn quoted_braces_and_escapes_in_labels_do_not_break_parsing() {
+        let text = "vllm:num_requests_waiting{model_name=\"a}b\\\"c\"} 4 1700000000\n";
+        assert_eq!(parse_metrics(text).waiting, Some(4));
+    }
+
+    #[test]
+    fn out_of_range_values_are_clamped_or_ignored() {
+        let text = "vllm:kv_cache_usage_perc 7\nvllm:num_requests_running -3\nvllm:num_requests_waiting NaN\n";
+        let m = parse_metrics(text);
+        assert_eq!(m.kv_usage, Some(1.0));
+        assert_eq!(m.running, None);
+        assert_eq!(m.waiting, None);
+    }
+
+    proptest! {
+        #[test]
+        fn parser_never_panics(text in "\\PC*") {
+            let _ = parse_metrics(&text);
+        }
+
+        #[test]
+        fn parser_never_panics_on_metric_like_lines(
+            lines in proptest::collection::vec(
+                "(vllm:[a-z_]{0,30})?(\\{([a-z_]{0,8}=\"[^\"\\n]{0,8}\"?,?){0,3}\\}?)? ?[-+0-9.eNaInf]{0,8}",
+                0..20,
+            )
+        ) {
+            let _ = parse_metrics(&lines.join("\n"));
+        }
+    }
+}

@@ -1,0 +1,191 @@
+//! `kvgate serve`: flags, start-up and shutdown of one gateway.
+//!
+//! [`Gateway::start`] binds both listeners (port 0 allowed, for tests), scrapes every pod once,
+//! then spawns the scrape loops, the config watcher and the two HTTP servers. Dropping the
+//! [`Gateway`] stops them.
+
+use crate::config::{ConfigError, GatewayConfig};
+use crate::state::Shared;
+use axum::serve::ListenerExt;
+use kvgate_core::InFlight;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+#[derive(clap::Args, Debug, Clone, Default, PartialEq)]
+pub struct ServeArgs {
+    /// Traffic listener (OpenAI API) [default: 127.0.0.1:8080].
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+    /// Admin listener (/metrics, /debug/decisions, /healthz, /readyz) [default: 127.0.0.1:9090].
+    #[arg(long, value_name = "ADDR")]
+    pub admin_listen: Option<SocketAddr>,
+    /// A pod's base URL, e.g. http://10.0.0.5:8000 (repeatable; adds to the config file's pods).
+    #[arg(long = "pod", value_name = "URL")]
+    pub pod: Vec<String>,
+    /// Config file (TOML, or YAML with a .yaml/.yml extension); reloaded when it changes.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Routing policy [default: affinity-gate].
+    #[arg(long, value_name = "NAME")]
+    pub policy: Option<String>,
+    /// How often each pod's /metrics is scraped [default: 50].
+    #[arg(long, value_name = "MS")]
+    pub scrape_interval_ms: Option<u64>,
+    /// Seed of the decision RNG [default: 0].
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Do not add x-kvgate-pod / x-kvgate-branch to responses.
+    #[arg(long)]
+    pub no_response_headers: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("the traffic and admin listeners must differ ({0})")]
+    SameListener(SocketAddr),
+}
+
+/// A running gateway.
+pub struct Gateway {
+    pub traffic_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    shared: Arc<Shared>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Bind { addr, source })
+}
+
+impl Gateway {
+    pub async fn start(args: ServeArgs) -> Result<Gateway, ServeError> {
+        let loaded = args.config.as_deref().and_then(crate::reload::stamp);
+        let config = GatewayConfig::from_args(&args)?;
+        if config.listen == config.admin_listen && config.listen.port() != 0 {
+            return Err(ServeError::SameListener(config.listen));
+        }
+        let traffic = bind(config.listen).await?;
+        let admin = bind(config.admin_listen).await?;
+        let traffic_addr = traffic.local_addr().map_err(|source| ServeError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+        let admin_addr = admin.local_addr().map_err(|source| ServeError::Bind {
+            addr: config.admin_listen,
+            source,
+        })?;
+        let shared = Shared::new(config.clone());
+        let pods = shared.apply_config(config);
+        // One scrape of every pod before taking traffic, so that healthy pods are known.
+        let mut first = tokio::task::JoinSet::new();
+        for pod in &pods {
+            let (s, p) = (shared.clone(), pod.clone());
+            first.spawn(async move { crate::scrape::scrape_once(&s, &p).await });
+        }
+        while first.join_next().await.is_some() {}
+        let mut tasks = Vec::new();
+        for pod in pods {
+            tasks.push(tokio::spawn(crate::scrape::scrape_loop(
+                shared.clone(),
+                pod,
+            )));
+        }
+        tasks.push(tokio::spawn(crate::reload::watch(
+            shared.clone(),
+            args,
+            loaded,
+        )));
+        let app = crate::proxy::traffic_router(shared.clone());
+        let traffic = traffic.tap_io(|s| {
+            let _ = s.set_nodelay(true);
+        });
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) = axum::serve(traffic, app).await {
+                tracing::error!(error = %e, "traffic listener stopped");
+            }
+        }));
+        let admin_app = crate::admin::admin_router(shared.clone());
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) = axum::serve(admin, admin_app).await {
+                tracing::error!(error = %e, "admin listener stopped");
+            }
+        }));
+        Ok(Gateway {
+            traffic_addr,
+            admin_addr,
+            shared,
+            tasks,
+        })
+    }
+
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// The in-flight counters of the pod at `url` (None: no such pod).
+    pub fn in_flight(&self, url: &str) -> Option<InFlight> {
+        self.shared.pods.by_url(url).map(|p| p.in_flight.load())
+    }
+
+    /// Whether the pod at `url` is currently considered healthy.
+    pub fn pod_healthy(&self, url: &str) -> Option<bool> {
+        self.shared.pods.by_url(url).map(|p| p.is_healthy())
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        for pod in self.shared.pods.all().iter() {
+            pod.removed.store(true, Ordering::Relaxed);
+        }
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// Runs `kvgate serve` until Ctrl-C.
+pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
+    let gw = Gateway::start(args).await?;
+    let cfg = gw.shared.config().clone();
+    tracing::info!(
+        listen = %gw.traffic_addr,
+        admin = %gw.admin_addr,
+        pods = cfg.pods.len(),
+        policy = cfg.policy.name(),
+        "kvgate serving"
+    );
+    eprintln!(
+        "kvgate serving on http://{} (admin http://{}), {} pods, policy {}",
+        gw.traffic_addr,
+        gw.admin_addr,
+        cfg.pods.len(),
+        cfg.policy.name()
+    );
+    let _ = tokio::signal::ctrl_c().await;
+    eprintln!("kvgate: shutting down");
+    Ok(())
+}
+
+/// Logs to stderr; level from `RUST_LOG` (default `info`).
+pub fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}

@@ -1,0 +1,352 @@
+//! Test helpers: an in-process fake vLLM pod (streams SSE with delays, can fail, die mid-stream
+//! or be killed) and a small HTTP client that records when each frame arrived.
+#![allow(dead_code)]
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::response::Response;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use kvgate_gateway::{Gateway, ServeArgs};
+use serde_json::{Value, json};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tower::ServiceExt;
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Behavior {
+    /// Role chunk, `chunks` content chunks `delay_ms` apart, finish, usage if asked, [DONE].
+    Normal { chunks: usize, delay_ms: u64 },
+    /// 500 with an error body.
+    Fail500,
+    /// Sends `chunks` content chunks, then breaks the connection.
+    DieAfter { chunks: usize, delay_ms: u64 },
+}
+
+pub struct FakeState {
+    pub behavior: Mutex<Behavior>,
+    pub model: String,
+    /// Completion requests received.
+    pub requests: AtomicU32,
+    /// Streams currently being sent.
+    pub active_streams: AtomicI64,
+    /// Streams dropped before their end (the client or gateway went away).
+    pub cancelled: AtomicU32,
+    pub last_body: Mutex<Option<Value>>,
+    pub metrics_ok: AtomicBool,
+}
+
+pub struct FakePod {
+    pub url: String,
+    pub state: Arc<FakeState>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl FakePod {
+    pub async fn start(behavior: Behavior) -> FakePod {
+        FakePod::start_with_model(behavior, "fake-model").await
+    }
+
+    pub async fn start_with_model(behavior: Behavior, model: &str) -> FakePod {
+        let state = Arc::new(FakeState {
+            behavior: Mutex::new(behavior),
+            model: model.to_string(),
+            requests: AtomicU32::new(0),
+            active_streams: AtomicI64::new(0),
+            cancelled: AtomicU32::new(0),
+            last_body: Mutex::new(None),
+            metrics_ok: AtomicBool::new(true),
+        });
+        let app = axum::Router::new()
+            .route("/metrics", axum::routing::get(metrics))
+            .route("/v1/models", axum::routing::get(models))
+            .route("/v1/chat/completions", axum::routing::post(completions))
+            .route("/v1/completions", axum::routing::post(completions))
+            .fallback(echo_path)
+            .with_state(state.clone());
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        // Own accept loop so that kill() also closes open keep-alive connections.
+        let server = tokio::spawn(async move {
+            let mut conns = JoinSet::new();
+            loop {
+                let Ok((sock, _)) = listener.accept().await else {
+                    break;
+                };
+                let _ = sock.set_nodelay(true);
+                let app = app.clone();
+                conns.spawn(async move {
+                    let svc = hyper::service::service_fn(
+                        move |req: http::Request<hyper::body::Incoming>| {
+                            app.clone().oneshot(req.map(Body::new))
+                        },
+                    );
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(sock), svc)
+                        .await;
+                });
+            }
+        });
+        FakePod { url, state, server }
+    }
+
+    pub fn set(&self, b: Behavior) {
+        *self.state.behavior.lock().unwrap() = b;
+    }
+
+    pub fn requests(&self) -> u32 {
+        self.state.requests.load(Ordering::SeqCst)
+    }
+
+    /// Stops the server and every open connection (the pod process died).
+    pub fn kill(&self) {
+        self.server.abort();
+    }
+}
+
+impl Drop for FakePod {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+async fn metrics(State(s): State<Arc<FakeState>>) -> Response {
+    if !s.metrics_ok.load(Ordering::SeqCst) {
+        let mut r = Response::new(Body::from("down"));
+        *r.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
+        return r;
+    }
+    let running = s.active_streams.load(Ordering::SeqCst).max(0);
+    Response::new(Body::from(format!(
+        "# HELP vllm:num_requests_running x\nvllm:num_requests_running{{model_name=\"m\"}} {running}\nvllm:num_requests_waiting{{model_name=\"m\"}} 0\nvllm:kv_cache_usage_perc{{model_name=\"m\"}} 0.1\nvllm:cache_config_info{{block_size=\"16\",num_gpu_blocks=\"5000\"}} 1\nthis line is garbage\n"
+    )))
+}
+
+async fn models(State(s): State<Arc<FakeState>>) -> Response {
+    Response::new(Body::from(
+        json!({"object":"list","data":[{"id": s.model, "object":"model"}]}).to_string(),
+    ))
+}
+
+async fn echo_path(req: Request) -> Response {
+    Response::new(Body::from(json!({"path": req.uri().path()}).to_string()))
+}
+
+/// Counts a stream as active until dropped; a drop before `finished` is a cancellation.
+struct StreamGuard {
+    state: Arc<FakeState>,
+    finished: bool,
+}
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        self.state.active_streams.fetch_sub(1, Ordering::SeqCst);
+        if !self.finished {
+            self.state.cancelled.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+fn chunk(obj: Value) -> Bytes {
+    Bytes::from(format!("data: {obj}\n\n"))
+}
+
+async fn completions(State(s): State<Arc<FakeState>>, req: Request) -> Response {
+    s.requests.fetch_add(1, Ordering::SeqCst);
+    let chat = req.uri().path() == "/v1/chat/completions";
+    let body = req.into_body().collect().await.unwrap().to_bytes();
+    let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    *s.last_body.lock().unwrap() = Some(v.clone());
+    let behavior = *s.behavior.lock().unwrap();
+    let stream = v["stream"].as_bool().unwrap_or(false);
+    let usage_wanted = v["stream_options"]["include_usage"]
+        .as_bool()
+        .unwrap_or(false);
+    let (chunks, delay_ms, die) = match behavior {
+        Behavior::Fail500 => {
+            let mut r = Response::new(Body::from(r#"{"error":{"message":"boom"}}"#));
+            *r.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
+            return r;
+        }
+        Behavior::Normal { chunks, delay_ms } => (chunks, delay_ms, false),
+        Behavior::DieAfter { chunks, delay_ms } => (chunks, delay_ms, true),
+    };
+    let usage =
+        json!({"prompt_tokens": 10, "completion_tokens": chunks, "total_tokens": 10 + chunks});
+    if !stream {
+        tokio::time::sleep(Duration::from_millis(delay_ms * chunks as u64)).await;
+        let text: String = (0..chunks).map(|i| format!("tok{i} ")).collect();
+        let choice = if chat {
+            json!({"index":0,"message":{"role":"assistant","content":text},"finish_reason":"stop"})
+        } else {
+            json!({"index":0,"text":text,"finish_reason":"stop"})
+        };
+        let body = json!({"id":"x","object":"chat.completion","choices":[choice],"usage":usage});
+        let mut r = Response::new(Body::from(body.to_string()));
+        r.headers_mut().insert(
+            "content-type",
+            http::HeaderValue::from_static("application/json"),
+        );
+        return r;
+    }
+    s.active_streams.fetch_add(1, Ordering::SeqCst);
+    let guard = StreamGuard {
+        state: s.clone(),
+        finished: false,
+    };
+    let mut events: Vec<Bytes> = Vec::new();
+    let content = |i: usize| {
+        if chat {
+            json!({"choices":[{"index":0,"delta":{"content":format!("tok{i} ")},"finish_reason":null}]})
+        } else {
+            json!({"choices":[{"index":0,"text":format!("tok{i} "),"finish_reason":null}]})
+        }
+    };
+    if chat {
+        events.push(chunk(
+            json!({"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}),
+        ));
+    }
+    for i in 0..chunks {
+        events.push(chunk(content(i)));
+    }
+    if !die {
+        events.push(chunk(
+            json!({"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}),
+        ));
+        if usage_wanted {
+            events.push(chunk(json!({"choices":[],"usage":usage})));
+        }
+        events.push(Bytes::from_static(b"data: [DONE]\n\n"));
+    }
+    let n = events.len();
+    let stream = futures_util::stream::unfold(
+        (events.into_iter().enumerate(), guard),
+        move |(mut it, mut guard)| async move {
+            match it.next() {
+                Some((i, ev)) => {
+                    if i > 0 {
+                        tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+                    }
+                    if i + 1 == n && !die {
+                        guard.finished = true;
+                    }
+                    Some((Ok::<Bytes, std::io::Error>(ev), (it, guard)))
+                }
+                None if die => {
+                    tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+                    guard.finished = true;
+                    Some((Err(std::io::Error::other("pod died")), (it, guard)))
+                }
+                None => None,
+            }
+        },
+    );
+    let mut r = Response::new(Body::from_stream(stream));
+    r.headers_mut().insert(
+        "content-type",
+        http::HeaderValue::from_static("text/event-stream"),
+    );
+    r
+}
+
+pub type TestClient = Client<HttpConnector, Full<Bytes>>;
+
+pub fn client() -> TestClient {
+    let mut c = HttpConnector::new();
+    c.set_nodelay(true);
+    Client::builder(TokioExecutor::new()).build(c)
+}
+
+pub fn args(pods: &[&FakePod]) -> ServeArgs {
+    ServeArgs {
+        listen: Some("127.0.0.1:0".parse().unwrap()),
+        admin_listen: Some("127.0.0.1:0".parse().unwrap()),
+        pod: pods.iter().map(|p| p.url.clone()).collect(),
+        scrape_interval_ms: Some(20),
+        ..ServeArgs::default()
+    }
+}
+
+pub async fn gateway(pods: &[&FakePod]) -> Gateway {
+    Gateway::start(args(pods)).await.unwrap()
+}
+
+pub fn post(gw: &Gateway, path: &str, body: &str) -> http::Request<Full<Bytes>> {
+    http::Request::post(format!("http://{}{path}", gw.traffic_addr))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::copy_from_slice(body.as_bytes())))
+        .unwrap()
+}
+
+pub fn chat_body(text: &str, stream: bool) -> String {
+    json!({"model":"fake-model","messages":[{"role":"user","content":text}],"stream":stream})
+        .to_string()
+}
+
+/// A response read frame by frame: (time since request, bytes).
+pub struct Timed {
+    pub status: http::StatusCode,
+    pub headers: http::HeaderMap,
+    pub frames: Vec<(Duration, Bytes)>,
+}
+
+impl Timed {
+    pub fn text(&self) -> String {
+        self.frames
+            .iter()
+            .map(|(_, b)| String::from_utf8_lossy(b).into_owned())
+            .collect()
+    }
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.text()).unwrap()
+    }
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    }
+}
+
+pub async fn send(c: &TestClient, req: http::Request<Full<Bytes>>) -> Timed {
+    let t0 = Instant::now();
+    let resp = c.request(req).await.unwrap();
+    let (parts, mut body) = resp.into_parts();
+    let mut frames = Vec::new();
+    while let Some(f) = body.frame().await {
+        let Ok(f) = f else { break };
+        if let Ok(d) = f.into_data() {
+            frames.push((t0.elapsed(), d));
+        }
+    }
+    Timed {
+        status: parts.status,
+        headers: parts.headers,
+        frames,
+    }
+}
+
+/// Waits up to 5 s for `cond`.
+pub async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+pub async fn assert_idle(gw: &Gateway, pods: &[&FakePod]) {
+    for p in pods {
+        eventually(&format!("in-flight of {} back to zero", p.url), || {
+            gw.in_flight(&p.url) == Some(kvgate_core::InFlight::default())
+        })
+        .await;
+    }
+}

@@ -1,0 +1,456 @@
+//! End-to-end behaviour of the gateway against in-process fake pods (real sockets on 127.0.0.1).
+
+mod common;
+
+use common::*;
+use serde_json::json;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+const SLOW: Behavior = Behavior::Normal {
+    chunks: 5,
+    delay_ms: 100,
+};
+const FAST: Behavior = Behavior::Normal {
+    chunks: 3,
+    delay_ms: 1,
+};
+
+#[tokio::test]
+async fn stream_chunks_arrive_incrementally_and_added_usage_is_stripped() {
+    let pod = FakePod::start(SLOW).await;
+    let gw = gateway(&[&pod]).await;
+    let c = client();
+    let r = send(
+        &c,
+        post(&gw, "/v1/chat/completions", &chat_body("hello", true)),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let content: Vec<_> = r
+        .frames
+        .iter()
+        .filter(|(_, b)| String::from_utf8_lossy(b).contains("tok"))
+        .collect();
+    assert_eq!(content.len(), 5, "one frame per token: {:?}", r.frames);
+    // Not buffered: the first token arrives long before the last one.
+    let first = content[0].0;
+    let last = content[4].0;
+    assert!(
+        first < Duration::from_millis(250),
+        "first token after {first:?}"
+    );
+    assert!(
+        last - first >= Duration::from_millis(350),
+        "tokens bunched: {first:?}..{last:?}"
+    );
+    // The gateway asked for usage; the client did not, so it must not see it.
+    let sent = pod.state.last_body.lock().unwrap().clone().unwrap();
+    assert_eq!(sent["stream_options"]["include_usage"], true);
+    let text = r.text();
+    assert!(!text.contains("\"usage\""), "{text}");
+    assert!(text.ends_with("data: [DONE]\n\n"));
+    assert_eq!(r.header("x-kvgate-pod").as_deref(), Some(pod.url.as_str()));
+    assert!(r.header("x-kvgate-branch").is_some());
+    assert!(r.header("x-request-id").is_some());
+    assert_idle(&gw, &[&pod]).await;
+    // The completed stream trained the predictor (TTFT and TPOT).
+    let acc = gw.shared().router.lock().predictor.accuracy();
+    assert_eq!((acc.samples, acc.tpot_samples), (1, 1));
+}
+
+#[tokio::test]
+async fn stream_keeps_usage_when_the_client_asked_for_it() {
+    let pod = FakePod::start(FAST).await;
+    let gw = gateway(&[&pod]).await;
+    let body =
+        json!({"model":"m","prompt":"hi","stream":true,"stream_options":{"include_usage":true}})
+            .to_string();
+    let r = send(&client(), post(&gw, "/v1/completions", &body)).await;
+    assert_eq!(r.status, 200);
+    assert!(r.text().contains("\"completion_tokens\":3"), "{}", r.text());
+    assert_idle(&gw, &[&pod]).await;
+}
+
+#[tokio::test]
+async fn non_stream_passes_through_and_counters_return_to_zero() {
+    let pod = FakePod::start(FAST).await;
+    let gw = gateway(&[&pod]).await;
+    let r = send(
+        &client(),
+        post(&gw, "/v1/chat/completions", &chat_body("hi", false)),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["usage"]["completion_tokens"], 3);
+    assert_idle(&gw, &[&pod]).await;
+}
+
+#[tokio::test]
+async fn bad_requests_get_400_with_an_openai_error_and_touch_no_pod() {
+    let pod = FakePod::start(FAST).await;
+    let gw = gateway(&[&pod]).await;
+    let c = client();
+    let cases = [
+        ("/v1/chat/completions", "{not json", None),
+        ("/v1/chat/completions", "", None),
+        ("/v1/chat/completions", r#"{"model":"m"}"#, Some("messages")),
+        (
+            "/v1/chat/completions",
+            r#"{"model":"m","messages":"hi"}"#,
+            Some("messages"),
+        ),
+        (
+            "/v1/completions",
+            r#"{"model":"m","prompt":"x","stream":"yes"}"#,
+            Some("stream"),
+        ),
+        ("/v1/completions", "[1,2]", None),
+    ];
+    for (path, body, param) in cases {
+        let r = send(&c, post(&gw, path, body)).await;
+        assert_eq!(r.status, 400, "{body}");
+        let e = r.json();
+        assert_eq!(e["error"]["type"], "invalid_request_error", "{body}");
+        assert!(
+            e["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty())
+        );
+        if let Some(p) = param {
+            assert_eq!(e["error"]["param"], p, "{body}: {e}");
+        }
+    }
+    assert_eq!(pod.requests(), 0);
+    assert_idle(&gw, &[&pod]).await;
+}
+
+#[tokio::test]
+async fn upstream_500_is_retried_on_another_pod_before_any_byte() {
+    let bad = FakePod::start(Behavior::Fail500).await;
+    let good = FakePod::start(FAST).await;
+    let gw = gateway(&[&bad, &good]).await;
+    let c = client();
+    for i in 0..4 {
+        let r = send(
+            &c,
+            post(
+                &gw,
+                "/v1/chat/completions",
+                &chat_body(&format!("q{i}"), i % 2 == 0),
+            ),
+        )
+        .await;
+        assert_eq!(r.status, 200);
+        assert_eq!(r.header("x-kvgate-pod").as_deref(), Some(good.url.as_str()));
+    }
+    assert!(bad.requests() >= 1, "the failing pod was never tried");
+    assert_idle(&gw, &[&bad, &good]).await;
+}
+
+#[tokio::test]
+async fn every_pod_failing_gives_502_after_two_retries() {
+    let pods = [
+        FakePod::start(Behavior::Fail500).await,
+        FakePod::start(Behavior::Fail500).await,
+        FakePod::start(Behavior::Fail500).await,
+        FakePod::start(Behavior::Fail500).await,
+    ];
+    let refs: Vec<&FakePod> = pods.iter().collect();
+    let gw = gateway(&refs).await;
+    let r = send(
+        &client(),
+        post(&gw, "/v1/chat/completions", &chat_body("hi", true)),
+    )
+    .await;
+    assert_eq!(r.status, 502);
+    assert_eq!(r.json()["error"]["type"], "upstream_error");
+    let tried: u32 = pods.iter().map(|p| p.requests()).sum();
+    assert_eq!(tried, 3, "first try + 2 retries");
+    assert_idle(&gw, &refs).await;
+}
+
+#[tokio::test]
+async fn no_healthy_pod_gives_503() {
+    let pod = FakePod::start(FAST).await;
+    pod.state.metrics_ok.store(false, Ordering::SeqCst);
+    let gw = gateway(&[&pod]).await;
+    let r = send(
+        &client(),
+        post(&gw, "/v1/chat/completions", &chat_body("hi", false)),
+    )
+    .await;
+    assert_eq!(r.status, 503);
+    assert_eq!(r.json()["error"]["code"], "no_healthy_pod");
+    assert_eq!(pod.requests(), 0);
+}
+
+#[tokio::test]
+async fn pod_dying_mid_stream_gives_a_clean_error_event_and_no_retry() {
+    let dying = FakePod::start(Behavior::DieAfter {
+        chunks: 2,
+        delay_ms: 20,
+    })
+    .await;
+    let gw = gateway(&[&dying]).await;
+    let r = send(
+        &client(),
+        post(&gw, "/v1/chat/completions", &chat_body("hi", true)),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let text = r.text();
+    assert!(text.contains("tok1"), "{text}");
+    assert!(text.contains("upstream_stream_error"), "{text}");
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    assert_eq!(dying.requests(), 1, "never retried after bytes were sent");
+    assert_idle(&gw, &[&dying]).await;
+}
+
+#[tokio::test]
+async fn client_abort_mid_stream_cancels_the_upstream_request() {
+    let pod = FakePod::start(Behavior::Normal {
+        chunks: 200,
+        delay_ms: 20,
+    })
+    .await;
+    let gw = gateway(&[&pod]).await;
+    let c = client();
+    let resp = c
+        .request(post(&gw, "/v1/chat/completions", &chat_body("hi", true)))
+        .await
+        .unwrap();
+    let mut body = resp.into_body();
+    let mut got = 0;
+    while got < 3 {
+        use http_body_util::BodyExt;
+        let f = body.frame().await.unwrap().unwrap();
+        if f.data_ref()
+            .is_some_and(|d| String::from_utf8_lossy(d).contains("tok"))
+        {
+            got += 1;
+        }
+    }
+    assert_eq!(gw.in_flight(&pod.url).map(|f| f.requests), Some(1));
+    drop(body);
+    drop(c);
+    eventually("upstream stream cancelled", || {
+        pod.state.cancelled.load(Ordering::SeqCst) == 1
+            && pod.state.active_streams.load(Ordering::SeqCst) == 0
+    })
+    .await;
+    assert_idle(&gw, &[&pod]).await;
+}
+
+#[tokio::test]
+async fn killed_pod_is_marked_unhealthy_and_avoided() {
+    let a = FakePod::start(FAST).await;
+    let b = FakePod::start(FAST).await;
+    let gw = gateway(&[&a, &b]).await;
+    assert_eq!(gw.pod_healthy(&a.url), Some(true));
+    a.kill();
+    eventually("killed pod marked unhealthy", || {
+        gw.pod_healthy(&a.url) == Some(false)
+    })
+    .await;
+    let before = a.requests();
+    let c = client();
+    for i in 0..6 {
+        let r = send(
+            &c,
+            post(
+                &gw,
+                "/v1/chat/completions",
+                &chat_body(&format!("new {i}"), false),
+            ),
+        )
+        .await;
+        assert_eq!(r.status, 200);
+        assert_eq!(r.header("x-kvgate-pod").as_deref(), Some(b.url.as_str()));
+    }
+    assert_eq!(a.requests(), before);
+    assert_idle(&gw, &[&a, &b]).await;
+}
+
+#[tokio::test]
+async fn connect_error_before_detection_is_retried_elsewhere() {
+    let a = FakePod::start(FAST).await;
+    let b = FakePod::start(FAST).await;
+    let mut args = args(&[&a, &b]);
+    args.scrape_interval_ms = Some(60_000); // the scraper will not notice in time
+    let gw = kvgate_gateway::Gateway::start(args).await.unwrap();
+    a.kill();
+    let c = client();
+    for i in 0..6 {
+        let r = send(
+            &c,
+            post(
+                &gw,
+                "/v1/chat/completions",
+                &chat_body(&format!("x{i}"), true),
+            ),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.header("x-kvgate-pod").as_deref(), Some(b.url.as_str()));
+    }
+    assert_eq!(
+        gw.pod_healthy(&a.url),
+        Some(false),
+        "connection error marks the pod unhealthy"
+    );
+    assert_idle(&gw, &[&a, &b]).await;
+}
+
+#[tokio::test]
+async fn multi_turn_conversation_sticks_to_one_pod_after_its_first_turn() {
+    let pods = [
+        FakePod::start(FAST).await,
+        FakePod::start(FAST).await,
+        FakePod::start(FAST).await,
+        FakePod::start(FAST).await,
+    ];
+    let refs: Vec<&FakePod> = pods.iter().collect();
+    let gw = gateway(&refs).await;
+    let c = client();
+    let system = "You are a careful assistant. ".repeat(40);
+    let mut messages = vec![json!({"role":"system","content":system})];
+    let mut first_pod = None;
+    for turn in 0..6 {
+        messages.push(json!({"role":"user","content":format!("question {turn}: tell me more about topic {turn}")}));
+        let body = json!({"model":"fake-model","messages":messages,"stream":true}).to_string();
+        let r = send(&c, post(&gw, "/v1/chat/completions", &body)).await;
+        assert_eq!(r.status, 200);
+        let pod = r.header("x-kvgate-pod");
+        let branch = r.header("x-kvgate-branch").unwrap();
+        match &first_pod {
+            None => first_pod = pod,
+            Some(p) => {
+                assert_eq!(pod.as_ref(), Some(p), "turn {turn} moved");
+                assert_eq!(branch, "exploit", "turn {turn}");
+            }
+        }
+        messages.push(json!({"role":"assistant","content":"tok0 tok1 tok2 "}));
+    }
+    assert_idle(&gw, &refs).await;
+}
+
+#[tokio::test]
+async fn concurrent_new_conversations_spread_over_pods() {
+    let pods = [
+        FakePod::start(SLOW).await,
+        FakePod::start(SLOW).await,
+        FakePod::start(SLOW).await,
+        FakePod::start(SLOW).await,
+    ];
+    let refs: Vec<&FakePod> = pods.iter().collect();
+    let gw = gateway(&refs).await;
+    let c = client();
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let req = post(
+            &gw,
+            "/v1/chat/completions",
+            &chat_body(&format!("{i} {}", "unique conversation ".repeat(50)), true),
+        );
+        let c = c.clone();
+        tasks.push(tokio::spawn(async move {
+            send(&c, req).await.header("x-kvgate-pod")
+        }));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut used = std::collections::BTreeSet::new();
+    for t in tasks {
+        used.insert(t.await.unwrap());
+    }
+    assert!(used.len() >= 2, "all new conversations went to {used:?}");
+    assert_idle(&gw, &refs).await;
+}
+
+#[tokio::test]
+async fn models_is_the_union_of_the_pods_models() {
+    let a = FakePod::start_with_model(FAST, "model-a").await;
+    let b = FakePod::start_with_model(FAST, "model-b").await;
+    let b2 = FakePod::start_with_model(FAST, "model-b").await;
+    let gw = gateway(&[&a, &b, &b2]).await;
+    let r = send(
+        &client(),
+        http::Request::get(format!("http://{}/v1/models", gw.traffic_addr))
+            .body(Default::default())
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let ids: Vec<_> = r.json()["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(ids, vec!["model-a", "model-b"]);
+}
+
+#[tokio::test]
+async fn other_v1_paths_go_to_a_healthy_pod_and_request_id_is_honoured() {
+    let a = FakePod::start(FAST).await;
+    let gw = gateway(&[&a]).await;
+    let req = http::Request::post(format!("http://{}/v1/embeddings", gw.traffic_addr))
+        .header("x-request-id", "my-id-42")
+        .body(Default::default())
+        .unwrap();
+    let r = send(&client(), req).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["path"], "/v1/embeddings");
+    assert_eq!(r.header("x-request-id").as_deref(), Some("my-id-42"));
+    assert_idle(&gw, &[&a]).await;
+}
+
+#[tokio::test]
+async fn admin_listener_serves_metrics_decisions_and_readiness() {
+    let a = FakePod::start(FAST).await;
+    let gw = gateway(&[&a]).await;
+    let c = client();
+    let req = post(&gw, "/v1/chat/completions", &chat_body("hi", true));
+    let (mut parts, body) = req.into_parts();
+    parts
+        .headers
+        .insert("x-request-id", "req-7".parse().unwrap());
+    parts
+        .headers
+        .insert("x-llm-d-slo-ttft-ms", "250".parse().unwrap());
+    send(&c, http::Request::from_parts(parts, body)).await;
+    let get = |path: &str| {
+        http::Request::get(format!("http://{}{path}", gw.admin_addr))
+            .body(Default::default())
+            .unwrap()
+    };
+    let m = send(&c, get("/metrics")).await.text();
+    for needle in [
+        "kvgate_requests_total{",
+        "status=\"ok\"",
+        "kvgate_ttft_ms_bucket",
+        "kvgate_predictor_ttft_mape",
+        "kvgate_index_blocks",
+        "kvgate_in_flight_requests{",
+        "kvgate_scrape_skipped_lines_total",
+    ] {
+        assert!(m.contains(needle), "{needle} missing from\n{m}");
+    }
+    let d = send(&c, get("/debug/decisions")).await.json();
+    let last = &d.as_array().unwrap()[0];
+    assert_eq!(last["request_id"], "req-7");
+    assert_eq!(last["slo_ttft_ms"], 250.0);
+    assert_eq!(last["pod"], a.url.as_str());
+    assert!(last["pods"][0]["predicted_ttft_ms"].is_number());
+    assert_eq!(send(&c, get("/readyz")).await.status, 200);
+    assert_eq!(send(&c, get("/healthz")).await.status, 200);
+    // The traffic port does not serve admin paths.
+    let r = send(
+        &c,
+        http::Request::get(format!("http://{}/metrics", gw.traffic_addr))
+            .body(Default::default())
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(r.status, 404);
+}
