@@ -37,6 +37,9 @@ pub enum ExploreMode {
     RandomNonSticky,
     /// The non-sticky pod with the fewest in-flight prompt tokens.
     LeastLoadedNonSticky,
+    /// Explore only requests that have no sticky pod (new prefixes), to a uniformly random pod;
+    /// a request with a sticky pod is never sent away from its cache.
+    RandomIfNoSticky,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]

@@ -21,6 +21,8 @@
 //!   pod among those not sticky, one extra RNG draw), `least-loaded-non-sticky` (the non-sticky
 //!   pod with the fewest in-flight prompt tokens). Exploring is meant to seed caches on cold pods;
 //!   the best pod overall is usually the sticky one, so the seed's explore rarely does that.
+//!   `random-if-no-sticky` explores only requests without a sticky pod (to a random pod), so no
+//!   conversation is ever sent away from its cache by the coin.
 //! - `affinity_relative_penalty` r and `affinity_relative_slack_ms` s: LOAD_BREAK also when
 //!   best_sticky > r × best_all + s (a gate scaled to the workload; 0 = off).
 //! - `cold_spread_window_ms` w: in NO_STICKY and LOAD_BREAK, among pods predicted within w ms of
@@ -113,7 +115,7 @@ impl AffinityGate {
         eligible.fill(true);
         match self.explore_mode {
             ExploreMode::BestOverall => best_all,
-            ExploreMode::RandomNonSticky => {
+            ExploreMode::RandomNonSticky | ExploreMode::RandomIfNoSticky => {
                 let non_sticky = candidates.iter().filter(|c| !self.sticky(c)).count();
                 // Always one draw, so the RNG stream does not depend on the candidates.
                 let draw = rng.random::<f64>();
@@ -164,7 +166,9 @@ impl Policy for AffinityGate {
         let ttft = |c: &Candidate<'_>| c.predicted_ttft_ms;
         let best_all = argmin_by(candidates, eligible, ttft).ok_or(PolicyError::NoCandidates)?;
 
-        let explore = rng.random::<f64>() < self.epsilon_explore_sticky;
+        let explore = rng.random::<f64>() < self.epsilon_explore_sticky
+            && (self.explore_mode != ExploreMode::RandomIfNoSticky
+                || !candidates.iter().any(|c| self.sticky(c)));
         if explore {
             let index = self.explore(candidates, best_all, eligible, rng);
             return Ok(Pick {
@@ -288,6 +292,42 @@ mod tests {
         }
         assert_eq!(seen[0], 0);
         assert!(seen[1..].iter().all(|&n| n > 60), "{seen:?}");
+    }
+
+    #[test]
+    fn random_if_no_sticky_exploration_leaves_sticky_requests_alone() {
+        let g = AffinityGate {
+            explore_mode: ExploreMode::RandomIfNoSticky,
+            ..gate(1.0, 5000.0)
+        };
+        let (a, b, c) = (pod(0, 0, 0, 0.1), pod(1, 0, 0, 0.1), pod(2, 0, 0, 0.1));
+        let sticky = [
+            cand(&a, 10, 10, 50.0),
+            cand(&b, 0, 10, 40.0),
+            cand(&c, 0, 10, 45.0),
+        ];
+        let (pick, _) = run(&mut g.clone(), &facts(10), &sticky, &mut rng(1));
+        assert_eq!(
+            pick.unwrap(),
+            Pick {
+                index: 0,
+                branch: Branch::Exploit
+            }
+        );
+        let cold = [
+            cand(&a, 0, 10, 50.0),
+            cand(&b, 0, 10, 40.0),
+            cand(&c, 0, 10, 45.0),
+        ];
+        let mut r = rng(2);
+        let mut seen = [0u32; 3];
+        for _ in 0..300 {
+            let (pick, _) = run(&mut g.clone(), &facts(10), &cold, &mut r);
+            let pick = pick.unwrap();
+            assert_eq!(pick.branch, Branch::Explore);
+            seen[pick.index] += 1;
+        }
+        assert!(seen.iter().all(|&n| n > 70), "{seen:?}");
     }
 
     #[test]
