@@ -71,6 +71,9 @@ pub struct SimArgs {
     /// Affinity-gate parameter base: `seed` (the specified gate) or `default` (kvgate's).
     #[arg(long)]
     gate_profile: Option<String>,
+    /// Ablation: hide the KV-shortfall (memory pressure) feature from the TTFT predictor.
+    #[arg(long)]
+    no_kv_shortfall: bool,
     /// Router parameters as a JSON object (snake_case or llm-d camelCase keys), e.g.
     /// '{"affinity_gate_tau": 0.9}'.
     #[arg(long)]
@@ -201,6 +204,10 @@ pub fn run(args: SimArgs) -> Result<()> {
                     scrape_interval_ms: args.scrape_interval,
                     router,
                     rate_scale,
+                    predictor: kvgate_core::predictor::PredictorConfig {
+                        kv_shortfall_feature: !args.no_kv_shortfall,
+                        ..Default::default()
+                    },
                     ..ClusterConfig::new(args.pods, policy, seed)
                 });
             }

@@ -103,6 +103,9 @@ pub struct PredictorConfig {
     /// Ratio p90/point assumed before a class has data. Default 1.5 (a guess; it adapts within
     /// a few dozen samples).
     pub ttft_p90_initial_ratio: f64,
+    /// Whether the TTFT model sees the KV-shortfall feature (memory pressure; see
+    /// [`features`]). Default true; false is the ablation measured in EVALUATION.md.
+    pub kv_shortfall_feature: bool,
     /// Floor of every prediction, and the smallest target accepted. Default 0.1 ms.
     pub min_predicted_ms: f64,
     /// Ceiling of every prediction, and the largest target accepted. Default 3 600 000 ms (1 h).
@@ -124,6 +127,7 @@ impl Default for PredictorConfig {
             accuracy_window: 1000,
             ttft_p90_step: 0.01,
             ttft_p90_initial_ratio: 1.5,
+            kv_shortfall_feature: true,
             min_predicted_ms: 0.1,
             max_predicted_ms: 3_600_000.0,
         }
@@ -372,8 +376,17 @@ impl LatencyPredictor {
         }
     }
 
+    /// Sanitised features, with the capacity hidden when the KV-shortfall feature is off.
+    fn encodable(&self, features: &Features) -> Features {
+        let mut f = features.sanitized();
+        if !self.config.kv_shortfall_feature {
+            f.kv_capacity_tokens = 0.0;
+        }
+        f
+    }
+
     pub fn predict(&self, class: &str, features: &Features) -> Prediction {
-        let f = features.sanitized();
+        let f = self.encodable(features);
         let models = self.models(class);
         Prediction {
             ttft_ms: models.ttft_ms(&self.config, &f),
@@ -384,7 +397,7 @@ impl LatencyPredictor {
     /// Predicted 90th percentile of TTFT: the point TTFT × the class's tracked p90 of
     /// actual/predicted. Finite and positive for any input.
     pub fn predict_p90_ttft(&self, class: &str, features: &Features) -> f64 {
-        let f = features.sanitized();
+        let f = self.encodable(features);
         let models = self.models(class);
         models.ttft_p90_ms(&self.config, models.ttft_ms(&self.config, &f))
     }
@@ -442,7 +455,7 @@ impl LatencyPredictor {
             return;
         }
 
-        let f = features.sanitized();
+        let f = self.encodable(features);
         let config = &self.config;
         let models = models_mut(&mut self.classes, &mut self.overflow, class, config);
         if let Some(actual) = ttft {

@@ -359,3 +359,43 @@ proptest! {
         prop_assert!(report.ttft_mape.is_finite() && report.tpot_mape.is_finite());
     }
 }
+
+#[test]
+fn kv_shortfall_is_learnt_and_the_ablation_hides_it() {
+    // Truth: 100 ms per 1000 tokens of KV shortfall on top of a linear base.
+    let truth =
+        |f: &Features| 10.0 + 0.02 * f.uncached_prompt_tokens() + 0.1 * f.kv_shortfall_tokens();
+    let sample = |rng: &mut ChaCha8Rng| Features {
+        kv_usage: rng.random::<f64>(),
+        input_tokens: rng.random_range(100..=8000) as f64,
+        prefill_tokens_in_flight: rng.random_range(0..=20_000) as f64,
+        kv_capacity_tokens: 20_000.0,
+        ..Features::default()
+    };
+    let probe = Features {
+        kv_usage: 0.9,
+        input_tokens: 4000.0,
+        prefill_tokens_in_flight: 5000.0,
+        kv_capacity_tokens: 20_000.0,
+        ..Features::default()
+    };
+    assert!(probe.kv_shortfall_tokens() > 0.0);
+    let run = |kv_shortfall_feature| {
+        let mut p = LatencyPredictor::new(PredictorConfig {
+            kv_shortfall_feature,
+            ..Default::default()
+        });
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        for _ in 0..3000 {
+            let f = sample(&mut rng);
+            p.observe("a", &f, truth(&f), None);
+        }
+        (p.predict("a", &probe).ttft_ms - truth(&probe)).abs() / truth(&probe)
+    };
+    let (with, without) = (run(true), run(false));
+    assert!(with < 0.02, "error with the feature: {with}");
+    assert!(
+        without > 2.0 * with,
+        "the ablation should predict worse: {without} vs {with}"
+    );
+}
