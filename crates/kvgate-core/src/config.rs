@@ -68,6 +68,10 @@ pub struct RouterConfig {
     /// What exploring picks. Seed: `best-overall`.
     #[serde(alias = "exploreMode")]
     pub explore_mode: ExploreMode,
+    /// Bounded-cost exploration: exploring may only pick a pod predicted within this many ms of
+    /// the best pod's TTFT; with no such pod the request is not explored. 0 = unbounded (seed).
+    #[serde(alias = "exploreMaxExtraMs")]
+    pub explore_max_extra_ms: f64,
     /// Cold spreading: when no pod is sticky, among pods predicted within this many ms of the
     /// best, pick the one with the fewest in-flight prompt tokens. 0 disables it (seed).
     #[serde(alias = "coldSpreadWindowMs")]
@@ -108,7 +112,7 @@ impl Default for RouterConfig {
 }
 
 /// Gate keys a profile sets (snake_case name, camelCase alias).
-const GATE_KEYS: [(&str, &str); 7] = [
+const GATE_KEYS: [(&str, &str); 8] = [
     ("affinity_gate_tau", "affinityGateTau"),
     ("epsilon_explore_sticky", "epsilonExploreSticky"),
     ("affinity_max_ttft_penalty_ms", "affinityMaxTTFTPenaltyMs"),
@@ -116,6 +120,7 @@ const GATE_KEYS: [(&str, &str); 7] = [
     ("affinity_relative_slack_ms", "affinityRelativeSlackMs"),
     ("explore_mode", "exploreMode"),
     ("cold_spread_window_ms", "coldSpreadWindowMs"),
+    ("explore_max_extra_ms", "exploreMaxExtraMs"),
 ];
 
 impl RouterConfig {
@@ -133,6 +138,7 @@ impl RouterConfig {
             affinity_relative_penalty: 0.0,
             affinity_relative_slack_ms: 0.0,
             explore_mode: ExploreMode::BestOverall,
+            explore_max_extra_ms: 0.0,
             cold_spread_window_ms: 0.0,
             weighted_prefix_weight: 3.0,
             weighted_queue_weight: 2.0,
@@ -181,7 +187,7 @@ impl RouterConfig {
         let base = RouterConfig::for_profile(config.gate_profile);
         let given =
             |(snake, camel): (&str, &str)| value.get(snake).is_some() || value.get(camel).is_some();
-        let [tau, eps, penalty, rel, slack, explore, spread] = GATE_KEYS.map(given);
+        let [tau, eps, penalty, rel, slack, explore, spread, extra] = GATE_KEYS.map(given);
         if !tau {
             config.affinity_gate_tau = base.affinity_gate_tau;
         }
@@ -202,6 +208,9 @@ impl RouterConfig {
         }
         if !spread {
             config.cold_spread_window_ms = base.cold_spread_window_ms;
+        }
+        if !extra {
+            config.explore_max_extra_ms = base.explore_max_extra_ms;
         }
         config.validate()?;
         Ok(config)
@@ -254,6 +263,12 @@ impl RouterConfig {
             self.affinity_relative_slack_ms,
             self.affinity_relative_slack_ms >= 0.0,
             ">= 0",
+        )?;
+        check(
+            "explore_max_extra_ms",
+            self.explore_max_extra_ms,
+            self.explore_max_extra_ms >= 0.0,
+            ">= 0 (0 = unbounded)",
         )?;
         check(
             "cold_spread_window_ms",

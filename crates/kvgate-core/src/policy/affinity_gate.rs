@@ -23,6 +23,10 @@
 //!   the best pod overall is usually the sticky one, so the seed's explore rarely does that.
 //!   `random-if-no-sticky` explores only requests without a sticky pod (to a random pod), so no
 //!   conversation is ever sent away from its cache by the coin.
+//! - `explore_max_extra_ms` x: exploring may only pick a pod predicted within x ms of the best
+//!   pod (cheap moves, such as a short shared prefix); with none, the coin is ignored. 0 = off.
+//!   With the seed's `best-overall` mode exploring draws nothing more; the other modes draw one
+//!   more number whenever the coin comes up.
 //! - `affinity_relative_penalty` r and `affinity_relative_slack_ms` s: LOAD_BREAK also when
 //!   best_sticky > r × best_all + s (a gate scaled to the workload; 0 = off).
 //! - `cold_spread_window_ms` w: in NO_STICKY and LOAD_BREAK, among pods predicted within w ms of
@@ -55,6 +59,7 @@ pub struct AffinityGate {
     pub affinity_relative_penalty: f64,
     pub affinity_relative_slack_ms: f64,
     pub explore_mode: ExploreMode,
+    pub explore_max_extra_ms: f64,
     pub cold_spread_window_ms: f64,
 }
 
@@ -67,12 +72,20 @@ impl AffinityGate {
             affinity_relative_penalty: config.affinity_relative_penalty,
             affinity_relative_slack_ms: config.affinity_relative_slack_ms,
             explore_mode: config.explore_mode,
+            explore_max_extra_ms: config.explore_max_extra_ms,
             cold_spread_window_ms: config.cold_spread_window_ms,
         }
     }
 
     fn sticky(&self, c: &Candidate<'_>) -> bool {
         c.prefix_score > self.affinity_gate_tau
+    }
+
+    /// A pod exploration may pick: not sticky, and within the cost bound of the best pod.
+    fn explorable(&self, c: &Candidate<'_>, best_all_ms: f64) -> bool {
+        !self.sticky(c)
+            && (self.explore_max_extra_ms <= 0.0
+                || c.predicted_ttft_ms <= best_all_ms + self.explore_max_extra_ms)
     }
 
     /// Whether the load gate breaks affinity, given the best sticky and best overall TTFT.
@@ -105,42 +118,54 @@ impl AffinityGate {
         argmin_by(candidates, eligible, in_flight_prompt_tokens).unwrap_or(best_all)
     }
 
+    /// The explore pick, or `None` when no pod may be explored (then the request is routed as
+    /// if the coin had not come up).
     fn explore(
         &self,
         candidates: &[Candidate<'_>],
         best_all: usize,
         eligible: &mut [bool],
         rng: &mut DecisionRng,
-    ) -> usize {
-        eligible.fill(true);
+    ) -> Option<usize> {
+        let best_ms = candidates[best_all].predicted_ttft_ms;
+        let any_sticky = candidates.iter().any(|c| self.sticky(c));
         match self.explore_mode {
-            ExploreMode::BestOverall => best_all,
+            ExploreMode::BestOverall => {
+                eligible.fill(true);
+                Some(best_all)
+            }
+            ExploreMode::RandomIfNoSticky if any_sticky => {
+                rng.random::<f64>();
+                None
+            }
             ExploreMode::RandomNonSticky | ExploreMode::RandomIfNoSticky => {
-                let non_sticky = candidates.iter().filter(|c| !self.sticky(c)).count();
-                // Always one draw, so the RNG stream does not depend on the candidates.
+                // Always one draw here, so the RNG stream does not depend on the candidates.
                 let draw = rng.random::<f64>();
-                if non_sticky == 0 {
-                    return ((draw * candidates.len() as f64) as usize).min(candidates.len() - 1);
-                }
-                let k = ((draw * non_sticky as f64) as usize).min(non_sticky - 1);
                 for (e, c) in eligible.iter_mut().zip(candidates) {
-                    *e = !self.sticky(c);
+                    *e = self.explorable(c, best_ms);
                 }
-                candidates
+                let n = eligible.iter().filter(|&&e| e).count();
+                if n == 0 {
+                    eligible.fill(true);
+                    return None;
+                }
+                let k = ((draw * n as f64) as usize).min(n - 1);
+                eligible
                     .iter()
                     .enumerate()
-                    .filter(|(_, c)| !self.sticky(c))
+                    .filter(|(_, e)| **e)
                     .nth(k)
-                    .map_or(best_all, |(i, _)| i)
+                    .map(|(i, _)| i)
             }
             ExploreMode::LeastLoadedNonSticky => {
                 for (e, c) in eligible.iter_mut().zip(candidates) {
-                    *e = !self.sticky(c);
+                    *e = self.explorable(c, best_ms);
                 }
-                argmin_by(candidates, eligible, in_flight_prompt_tokens).unwrap_or_else(|| {
+                let pick = argmin_by(candidates, eligible, in_flight_prompt_tokens);
+                if pick.is_none() {
                     eligible.fill(true);
-                    best_all
-                })
+                }
+                pick
             }
         }
     }
@@ -166,11 +191,8 @@ impl Policy for AffinityGate {
         let ttft = |c: &Candidate<'_>| c.predicted_ttft_ms;
         let best_all = argmin_by(candidates, eligible, ttft).ok_or(PolicyError::NoCandidates)?;
 
-        let explore = rng.random::<f64>() < self.epsilon_explore_sticky
-            && (self.explore_mode != ExploreMode::RandomIfNoSticky
-                || !candidates.iter().any(|c| self.sticky(c)));
-        if explore {
-            let index = self.explore(candidates, best_all, eligible, rng);
+        let coin = rng.random::<f64>() < self.epsilon_explore_sticky;
+        if coin && let Some(index) = self.explore(candidates, best_all, eligible, rng) {
             return Ok(Pick {
                 index,
                 branch: Branch::Explore,
@@ -328,6 +350,43 @@ mod tests {
             seen[pick.index] += 1;
         }
         assert!(seen.iter().all(|&n| n > 70), "{seen:?}");
+    }
+
+    #[test]
+    fn bounded_exploration_skips_pods_too_far_behind_and_falls_back_to_the_gate() {
+        let g = AffinityGate {
+            explore_mode: ExploreMode::RandomNonSticky,
+            explore_max_extra_ms: 30.0,
+            ..gate(1.0, 5000.0)
+        };
+        let (a, b, c) = (pod(0, 0, 0, 0.1), pod(1, 0, 0, 0.1), pod(2, 0, 0, 0.1));
+        // a sticky at 100 ms; b within 30 ms of the best; c 31 ms behind.
+        let cands = [
+            cand(&a, 10, 10, 100.0),
+            cand(&b, 0, 10, 130.0),
+            cand(&c, 0, 10, 131.0),
+        ];
+        let mut r = rng(4);
+        for _ in 0..50 {
+            let (pick, _) = run(&mut g.clone(), &facts(10), &cands, &mut r);
+            assert_eq!(
+                pick.unwrap(),
+                Pick {
+                    index: 1,
+                    branch: Branch::Explore
+                }
+            );
+        }
+        // Nothing within the bound: the coin is ignored and the gate exploits.
+        let far = [cand(&a, 10, 10, 100.0), cand(&b, 0, 10, 200.0)];
+        let (pick, _) = run(&mut g.clone(), &facts(10), &far, &mut r);
+        assert_eq!(
+            pick.unwrap(),
+            Pick {
+                index: 0,
+                branch: Branch::Exploit
+            }
+        );
     }
 
     #[test]
