@@ -158,8 +158,9 @@ impl RouterConfig {
             GateProfile::Default => RouterConfig {
                 gate_profile: GateProfile::Default,
                 explore_mode: ExploreMode::RandomNonSticky,
-                affinity_relative_penalty: 1.5,
-                affinity_relative_slack_ms: 100.0,
+                explore_max_extra_ms: 25.0,
+                affinity_relative_penalty: 1.25,
+                affinity_relative_slack_ms: 5.0,
                 ..base
             },
         }
@@ -346,9 +347,10 @@ mod tests {
         let c = RouterConfig::default();
         assert_eq!(c.gate_profile, GateProfile::Default);
         assert_eq!(c.explore_mode, ExploreMode::RandomNonSticky);
+        assert_eq!(c.explore_max_extra_ms, 25.0);
         assert_eq!(
             (c.affinity_relative_penalty, c.affinity_relative_slack_ms),
-            (1.5, 100.0)
+            (1.25, 5.0)
         );
         assert_eq!(c.cold_spread_window_ms, 0.0);
     }
