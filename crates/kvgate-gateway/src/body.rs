@@ -42,6 +42,8 @@ pub struct Tracker {
     pub stream: bool,
     /// The pod answered with a non-2xx status (passed through to the client).
     pub error_status: bool,
+    /// The request's capture record (`--capture`), written when the request ends.
+    pub capture: Option<crate::capture::Ticket>,
 }
 
 impl Tracker {
@@ -53,7 +55,7 @@ impl Tracker {
     }
 
     /// Reports the outcome: metrics, and for a completed stream a training sample.
-    pub fn finish(self, status: Status, usage: Option<Usage>) {
+    pub fn finish(mut self, status: Status, usage: Option<Usage>) {
         let status = match status {
             Status::Ok if self.error_status => Status::UpstreamStatus,
             s => s,
@@ -75,6 +77,14 @@ impl Tracker {
                 tracing::warn!(request_id = %self.request_id, pod = %self.guard.pod().url, "upstream failed mid-response");
             }
             _ => {}
+        }
+        if status == Status::Ok
+            && let Some(ticket) = &mut self.capture
+        {
+            ticket.served(
+                usage.map(|u| u.prompt_tokens),
+                usage.map(|u| u.completion_tokens),
+            );
         }
         if status != Status::Ok || !self.trainable {
             return;

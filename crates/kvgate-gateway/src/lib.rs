@@ -26,6 +26,7 @@
 //! | `metrics` | kvgate's own Prometheus metrics |
 //! | `decisions` | the bounded `/debug/decisions` ring |
 //! | `admin` | the admin listener |
+//! | `capture` | `--capture FILE`: served requests as Mooncake JSONL (no text), for replay |
 //! | `serve` | `ServeArgs`, `Gateway::start`, `serve` |
 //!
 //! Memory bounds: request bodies ≤ `max_body_bytes` (32 MiB); scraped bodies ≤ 4 MiB;
@@ -34,6 +35,7 @@
 
 pub mod admin;
 pub mod body;
+pub mod capture;
 pub mod config;
 pub mod decisions;
 pub mod errors;

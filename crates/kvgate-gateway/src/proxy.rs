@@ -291,6 +291,10 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
     let mut blocks = Vec::new();
     hasher.hash_request(&parsed, &mut blocks);
     let input_tokens = parsed.estimated_input_tokens();
+    let mut capture = shared
+        .capture
+        .get()
+        .map(|c| c.ticket(&blocks, input_tokens, parsed.max_tokens));
     let path_and_query = parts
         .uri
         .path_and_query()
@@ -404,6 +408,7 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
                     trainable: ok,
                     stream,
                     error_status: !ok,
+                    capture: if ok { capture.take() } else { None },
                 };
                 let headers = client_headers(
                     &parts_up.headers,
@@ -585,6 +590,7 @@ pub async fn passthrough(State(shared): State<Arc<Shared>>, req: Request) -> Res
                 trainable: false,
                 stream: false,
                 error_status: !ok,
+                capture: None,
             };
             let headers = client_headers(
                 &parts_up.headers,

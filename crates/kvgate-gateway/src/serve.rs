@@ -41,6 +41,10 @@ pub struct ServeArgs {
     /// Do not add x-kvgate-pod / x-kvgate-branch to responses.
     #[arg(long)]
     pub no_response_headers: bool,
+    /// Append one Mooncake JSONL line per served request to FILE (lengths and prefix-chained
+    /// span ids, no text), for `kvgate sim --trace FILE`.
+    #[arg(long, value_name = "FILE")]
+    pub capture: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +54,11 @@ pub enum ServeError {
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("cannot open capture file {path}: {source}")]
+    Capture {
+        path: String,
         source: std::io::Error,
     },
     #[error("the traffic and admin listeners must differ ({0})")]
@@ -88,6 +97,14 @@ impl Gateway {
             source,
         })?;
         let shared = Shared::new(config.clone());
+        if let Some(path) = &args.capture {
+            let capture =
+                crate::capture::Capture::open(path).map_err(|source| ServeError::Capture {
+                    path: path.display().to_string(),
+                    source,
+                })?;
+            let _ = shared.capture.set(capture);
+        }
         let pods = shared.apply_config(config);
         // One scrape of every pod before taking traffic, so that healthy pods are known.
         let mut first = tokio::task::JoinSet::new();

@@ -42,6 +42,8 @@ pub struct Shared {
     pub metrics: Metrics,
     pub decisions: DecisionLog,
     pub client: UpstreamClient,
+    /// `--capture FILE`, when given.
+    pub capture: std::sync::OnceLock<Arc<crate::capture::Capture>>,
 }
 
 impl Shared {
@@ -66,6 +68,7 @@ impl Shared {
             router: Mutex::new(router_state),
             metrics: Metrics::new(),
             client,
+            capture: std::sync::OnceLock::new(),
         })
     }
 

@@ -33,6 +33,9 @@ enum Command {
     MockPod(Box<kvgate_mock_pod::MockPodArgs>),
     /// The OpenAI-compatible gateway: routes each request with the affinity gate.
     Serve(Box<kvgate_gateway::ServeArgs>),
+    /// Replay a trace or generated workload against an OpenAI endpoint (open loop) and report
+    /// TTFT/TPOT/e2e, errors, throughput and the pods' prefix-cache hit rate.
+    Loadgen(Box<kvgate_loadgen::LoadgenArgs>),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -46,6 +49,9 @@ fn main() -> anyhow::Result<()> {
         Command::Serve(args) => {
             kvgate_gateway::init_tracing();
             tokio::runtime::Runtime::new()?.block_on(kvgate_gateway::serve(*args))?;
+        }
+        Command::Loadgen(args) => {
+            tokio::runtime::Runtime::new()?.block_on(kvgate_loadgen::run(*args))?;
         }
     }
     Ok(())

@@ -1,0 +1,191 @@
+#!/usr/bin/env bash
+# Side-by-side comparison of kvgate with the SGLang and vLLM routers, on one machine, in one run.
+#
+#   bench/compare-routers.sh [--pods N] [--requests N] [--rate-scale F] [--time-scale X]
+#                            [--trace FILE] [--mode replay|overhead|both] [--out DIR]
+#
+# replay (default): starts N mock pods (`kvgate mock-pod`), then replays the same trace through
+#   kvgate (affinity-gate), sglang-router (cache_aware), vllm-router (cache_aware) and kvgate
+#   round-robin — one after another, each against FRESH pods (restarted, cold caches) — with
+#   `kvgate loadgen --stream --json`, and prints one table.
+# overhead: fast pods (high --time-scale, 1-token outputs, short prompts); each router vs direct
+#   to a pod: added latency (e2e p50/p99 minus direct) and requests/s at a fixed concurrency.
+#
+# The routers come from PyPI into .venv-bench (not the test venv). A router that cannot be
+# installed or started is reported and skipped; the others still run. Needs: cargo, python3.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+
+pods=4
+requests=200
+rate_scale=4
+time_scale=10
+trace="$root/../shared/traces/mooncake_fast25_conversation_trace.jsonl"
+mode=replay
+out="$root/target/bench-compare"
+base_port=18100
+router_port=18300
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --pods) pods=$2; shift 2 ;;
+    --requests) requests=$2; shift 2 ;;
+    --rate-scale) rate_scale=$2; shift 2 ;;
+    --time-scale) time_scale=$2; shift 2 ;;
+    --trace) trace=$2; shift 2 ;;
+    --mode) mode=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    *) echo "unknown flag $1" >&2; exit 2 ;;
+  esac
+done
+mkdir -p "$out"
+log="$out/log"; mkdir -p "$log"
+
+echo "== building kvgate (release)"
+cargo build --release -q -p kvgate || exit 1
+kvgate="$root/target/release/kvgate"
+
+venv="$root/.venv-bench"
+echo "== routers from PyPI into $venv"
+if [ ! -x "$venv/bin/python" ]; then python3 -m venv "$venv" || echo "!! cannot create $venv"; fi
+have_sglang=0; have_vllm=0
+if [ -x "$venv/bin/pip" ]; then
+  "$venv/bin/pip" install -q --disable-pip-version-check sglang-router >"$log/pip-sglang.log" 2>&1 \
+    && "$venv/bin/python" -c 'import sglang_router' 2>/dev/null && have_sglang=1
+  "$venv/bin/pip" install -q --disable-pip-version-check vllm-router >"$log/pip-vllm.log" 2>&1 \
+    && { [ -x "$venv/bin/vllm-router" ] || "$venv/bin/python" -c 'import vllm_router' 2>/dev/null; } && have_vllm=1
+fi
+[ $have_sglang = 1 ] || echo "!! sglang-router could not be installed (see $log/pip-sglang.log); skipped"
+[ $have_vllm = 1 ] || echo "!! vllm-router could not be installed (see $log/pip-vllm.log); skipped"
+
+pids=()
+cleanup() { for p in "${pids[@]:-}"; do [ -n "$p" ] && kill "$p" 2>/dev/null; done; wait 2>/dev/null; pids=(); }
+trap cleanup EXIT
+
+wait_http() { # url, seconds
+  local i
+  for ((i = 0; i < $2 * 10; i++)); do
+    curl -fsS -o /dev/null "$1" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+start_pods() { # time_scale
+  "$kvgate" mock-pod --count "$pods" --listen "127.0.0.1:$base_port" --time-scale "$1" \
+    >"$log/pods.log" 2>&1 &
+  pids+=($!)
+  local i
+  for ((i = 0; i < pods; i++)); do
+    wait_http "http://127.0.0.1:$((base_port + i))/health" 20 || { echo "!! pod $i did not start"; return 1; }
+  done
+}
+
+pod_urls() { local i; for ((i = 0; i < pods; i++)); do printf 'http://127.0.0.1:%d ' $((base_port + i)); done; }
+pod_flags() { local f="$1" u; for u in $(pod_urls); do printf -- '%s %s ' "$f" "$u"; done; }
+
+# start_router NAME: starts it on $router_port; returns 1 if it is unavailable.
+start_router() {
+  local name=$1 url="http://127.0.0.1:$router_port"
+  case "$name" in
+    kvgate-affinity-gate | kvgate-round-robin)
+      local policy=${name#kvgate-}
+      "$kvgate" serve --listen "127.0.0.1:$router_port" --admin-listen "127.0.0.1:$((router_port + 1))" \
+        --policy "$policy" $(pod_flags --pod) >"$log/$name.log" 2>&1 &
+      ;;
+    sglang-cache-aware)
+      [ $have_sglang = 1 ] || return 1
+      "$venv/bin/python" -m sglang_router.launch_router --host 127.0.0.1 --port "$router_port" \
+        --worker-urls $(pod_urls) --policy cache_aware \
+        --prometheus-port $((router_port + 2)) >"$log/$name.log" 2>&1 &
+      ;;
+    vllm-cache-aware)
+      [ $have_vllm = 1 ] || return 1
+      "$venv/bin/vllm-router" --host 127.0.0.1 --port "$router_port" \
+        --worker-urls $(pod_urls) --policy cache_aware \
+        --prometheus-port $((router_port + 3)) >"$log/$name.log" 2>&1 &
+      ;;
+  esac
+  pids+=($!)
+  # A router is up when it serves /v1/models (the routers check their workers first).
+  wait_http "$url/v1/models" 60 || { echo "!! $name did not come up (see $log/$name.log)"; return 1; }
+}
+
+stop_all() { cleanup; sleep 0.5; }
+
+routers=(kvgate-affinity-gate sglang-cache-aware vllm-cache-aware kvgate-round-robin)
+
+row() { # name json
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+name, path = sys.argv[1], sys.argv[2]
+r = json.load(open(path))
+hit = r.get("prefix_hit_rate")
+errs = sum(r.get("errors", {}).values())
+print(f"| {name} | {r['completed']}/{r['requests']} | {r['ttft_ms']['p50']:.0f} | {r['ttft_ms']['p99']:.0f} | "
+      f"{r['tpot_ms']['p50']:.1f} | {r['tpot_ms']['p99']:.1f} | {r['output_tok_per_s']:.0f} | "
+      f"{'n/a' if hit is None else f'{100*hit:.1f}%'} | {errs} |")
+PY
+}
+
+if [ "$mode" = replay ] || [ "$mode" = both ]; then
+  sub="$out/trace.jsonl"
+  head -n "$requests" "$trace" >"$sub"
+  echo "== replay: first $requests requests of $(basename "$trace") × rate $rate_scale, $pods mock pods at time-scale $time_scale"
+  table="$out/replay.md"
+  {
+    echo "| router | done | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | TPOT p99 ms | out tok/s | pods' hit rate | errors |"
+    echo "|---|---|---|---|---|---|---|---|---|"
+  } >"$table"
+  for name in "${routers[@]}"; do
+    stop_all
+    start_pods "$time_scale" || { stop_all; continue; }
+    if ! start_router "$name"; then echo "| $name | not run | | | | | | | |" >>"$table"; continue; fi
+    echo "-- $name"
+    "$kvgate" loadgen --target "http://127.0.0.1:$router_port" --trace "$sub" --rate-scale "$rate_scale" \
+      --stream --max-concurrency 512 $(pod_flags --pod-metrics) --json "$out/$name.json" --quiet \
+      >"$log/loadgen-$name.log" 2>&1 || echo "!! loadgen failed for $name (see $log/loadgen-$name.log)"
+    [ -f "$out/$name.json" ] && row "$name" "$out/$name.json" >>"$table"
+  done
+  stop_all
+  echo; cat "$table"
+fi
+
+if [ "$mode" = overhead ] || [ "$mode" = both ]; then
+  # Fast pods, tiny requests: what the router itself costs.
+  over="$out/overhead.jsonl"
+  python3 - "$over" "${requests}" <<'PY'
+import json, sys
+path, n = sys.argv[1], int(sys.argv[2]) * 10
+with open(path, "w") as f:
+    for i in range(n):  # 2 ms apart; 64-token prompts sharing one 512-token id namespace
+        f.write(json.dumps({"timestamp": 2 * i, "input_length": 64, "output_length": 1, "hash_ids": [i % 16]}) + "\n")
+PY
+  echo "== overhead: $((requests * 10)) one-token requests, as fast as 64 in flight allow, pods at time-scale 1000"
+  table="$out/overhead.md"
+  {
+    echo "| path | e2e p50 ms | e2e p99 ms | added p50 ms | added p99 ms | req/s |"
+    echo "|---|---|---|---|---|---|"
+  } >"$table"
+  direct_p50=""; direct_p99=""
+  for name in direct "${routers[@]:0:3}"; do
+    stop_all
+    start_pods 1000 || continue
+    target="http://127.0.0.1:$base_port"
+    if [ "$name" != direct ]; then
+      start_router "$name" || { echo "| $name | not run | | | | |" >>"$table"; continue; }
+      target="http://127.0.0.1:$router_port"
+    fi
+    "$kvgate" loadgen --target "$target" --trace "$over" --rate-scale 1000 --max-concurrency 64 \
+      --json "$out/overhead-$name.json" --quiet >"$log/overhead-$name.log" 2>&1 || true
+    [ -f "$out/overhead-$name.json" ] || continue
+    read -r p50 p99 rps < <(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(r['e2e_ms']['p50'], r['e2e_ms']['p99'], r['requests_per_s'])" "$out/overhead-$name.json")
+    if [ "$name" = direct ]; then direct_p50=$p50; direct_p99=$p99; fi
+    python3 -c "import sys; n,a,b,c,d,rps=sys.argv[1],*map(float,sys.argv[2:]); print(f'| {n} | {a:.2f} | {b:.2f} | {a-c:+.2f} | {b-d:+.2f} | {rps:.0f} |')" \
+      "$name" "$p50" "$p99" "$direct_p50" "$direct_p99" "$rps" >>"$table"
+  done
+  stop_all
+  echo; cat "$table"
+fi
+echo; echo "results and logs in $out"

@@ -1,0 +1,592 @@
+//! # kvgate-loadgen — `kvgate loadgen`
+//!
+//! Open-loop replay of a trace (Mooncake JSONL, Azure CSV) or a generated workload (`chat`,
+//! `shared-prefix`) against any OpenAI-compatible endpoint: a pod, kvgate, or another router.
+//!
+//! - **Open loop.** Request `i` is sent at its arrival time (÷ `--rate-scale`) whatever happened to
+//!   the earlier ones. At most `--max-concurrency` requests (default 256) are in flight; a request
+//!   due while all slots are busy waits for one, so its send time slips — the slip is reported
+//!   (`dispatch_lag_ms`) and latencies are measured from the actual send. Nothing is dropped.
+//! - **Prompts.** Synthesised deterministically ([`prompt`]): equal Mooncake `hash_ids` (or equal
+//!   block hashes of a generator) give byte-equal text, so the workload's prefix sharing is real
+//!   at the HTTP level. Each request is a `/v1/completions` call with `max_tokens` =
+//!   `output_length` and `ignore_eos: true`.
+//! - **Measures.** With `--stream`: TTFT (first non-empty text chunk), TPOT ((e2e − TTFT) /
+//!   (tokens − 1)), e2e; without: e2e only. Errors are counted by kind (`connect`, `timeout`,
+//!   `http_<status>`, `stream`, `bad_response`). The pods' prefix-cache hit rate is
+//!   Δ`vllm:prefix_cache_hits_total` / Δ`vllm:prefix_cache_queries_total` over the run, read from
+//!   every `--pod-metrics` URL (default: the target's own `/metrics`, which works when the target
+//!   is a pod).
+//! - **Report.** A summary on stdout; `--json FILE` writes [`LoadgenReport`], whose keys are those
+//!   of `kvgate sim --json`'s runs where they overlap (`requests`, `completed`, `ttft_ms`,
+//!   `tpot_ms`, `e2e_ms` with `mean/p50/p90/p99`, `prefix_hit_rate`, `output_tok_per_s`).
+//!
+//! Bounds: prompt text is built when a request is sent and freed when it ends; an SSE line is read
+//! up to 1 MiB, a non-stream body up to 16 MiB; one small result per request is kept.
+
+pub mod plan;
+pub mod pod_metrics;
+pub mod prompt;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvgate_sim::report::Percentiles;
+use kvgate_sim::workload::{Workload, WorkloadError};
+use plan::{GeneratedWorkload, Planned};
+use serde::Serialize;
+use serde_json::{Value, json};
+
+/// `kvgate loadgen` arguments.
+#[derive(clap::Args, Debug, Clone)]
+pub struct LoadgenArgs {
+    /// Base URL of an OpenAI-compatible endpoint (a pod, kvgate, another router).
+    #[arg(long)]
+    pub target: String,
+    /// Trace file: Mooncake JSONL or Azure CSV (detected from the content).
+    #[arg(long, conflicts_with = "workload")]
+    pub trace: Option<PathBuf>,
+    /// A generated workload instead of a trace.
+    #[arg(long, value_enum)]
+    pub workload: Option<GeneratedWorkload>,
+    /// Preset of the shared-prefix workload: A, B, C or D.
+    #[arg(long, default_value = "A")]
+    pub preset: String,
+    /// Seed of a generated workload.
+    #[arg(long, default_value_t = 1)]
+    pub workload_seed: u64,
+    /// Multiplies the arrival rate (arrival times ÷ F).
+    #[arg(long, default_value_t = 1.0)]
+    pub rate_scale: f64,
+    /// Send only the first N requests.
+    #[arg(long)]
+    pub max_requests: Option<usize>,
+    /// Most requests in flight; later ones wait for a slot (their send time slips).
+    #[arg(long, default_value_t = 256)]
+    pub max_concurrency: usize,
+    /// Stream responses (needed for TTFT and TPOT).
+    #[arg(long)]
+    pub stream: bool,
+    /// Model name to send [default: the first of the target's /v1/models].
+    #[arg(long)]
+    pub model: Option<String>,
+    /// A pod's base or /metrics URL for the prefix-cache hit rate (repeatable)
+    /// [default: the target's /metrics].
+    #[arg(long = "pod-metrics", value_name = "URL")]
+    pub pod_metrics: Vec<String>,
+    /// Per-request timeout in seconds.
+    #[arg(long, default_value_t = 600.0)]
+    pub timeout_s: f64,
+    /// Write the report as JSON.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// No progress bar and no summary.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadgenError {
+    #[error(transparent)]
+    Workload(#[from] WorkloadError),
+    #[error("give --trace FILE or --workload chat|shared-prefix")]
+    NoWorkload,
+    #[error("invalid {name}: {reason}")]
+    InvalidArg { name: &'static str, reason: String },
+    #[error("cannot build the HTTP client: {0}")]
+    Client(String),
+    #[error("no --model given and {url}/v1/models gave none: {reason}")]
+    NoModel { url: String, reason: String },
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+/// What a run measured (`--json`). The first keys match `kvgate sim --json`'s runs.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LoadgenReport {
+    pub requests: u64,
+    pub completed: u64,
+    pub ttft_ms: Percentiles,
+    pub tpot_ms: Percentiles,
+    pub e2e_ms: Percentiles,
+    /// Pods' prefix-cache hit rate over the run (tokens), `null` when unknown.
+    pub prefix_hit_rate: Option<f64>,
+    pub output_tok_per_s: f64,
+    // ---- loadgen only ----
+    pub target: String,
+    pub model: String,
+    pub stream: bool,
+    pub max_concurrency: usize,
+    pub workload: Workload,
+    /// Failed requests by kind.
+    pub errors: BTreeMap<String, u64>,
+    pub requests_per_s: f64,
+    /// First send to last response end.
+    pub makespan_s: f64,
+    pub input_tokens_sent: u64,
+    pub output_tokens: u64,
+    /// How late requests were sent (waiting for a concurrency slot, or a busy client).
+    pub dispatch_lag_ms: Percentiles,
+}
+
+/// The outcome of one request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    pub ttft_ms: Option<f64>,
+    pub e2e_ms: f64,
+    pub output_tokens: u64,
+    pub error: Option<String>,
+}
+
+const MAX_SSE_LINE_BYTES: usize = 1 << 20;
+const MAX_BODY_BYTES: usize = 16 << 20;
+
+/// Runs `kvgate loadgen`: loads the workload, replays it, prints and returns the report.
+pub async fn run(args: LoadgenArgs) -> Result<LoadgenReport, LoadgenError> {
+    if args.max_concurrency == 0 {
+        return Err(LoadgenError::InvalidArg {
+            name: "--max-concurrency",
+            reason: "must be at least 1".into(),
+        });
+    }
+    if !(args.timeout_s.is_finite() && args.timeout_s > 0.0) {
+        return Err(LoadgenError::InvalidArg {
+            name: "--timeout-s",
+            reason: format!("must be finite and > 0, got {}", args.timeout_s),
+        });
+    }
+    let (mut workload, mut requests) = match (&args.trace, args.workload) {
+        (Some(path), _) => plan::from_trace(path)?,
+        (None, Some(kind)) => {
+            plan::generated(kind, &args.preset, args.workload_seed, args.max_requests)?
+        }
+        (None, None) => return Err(LoadgenError::NoWorkload),
+    };
+    plan::trim_and_scale(
+        &mut workload,
+        &mut requests,
+        args.max_requests,
+        args.rate_scale,
+    )?;
+    let target = args.target.trim_end_matches('/').to_owned();
+    let client = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(5))
+        .tcp_nodelay(true)
+        .pool_max_idle_per_host(args.max_concurrency)
+        .build()
+        .map_err(|e| LoadgenError::Client(e.to_string()))?;
+    let model = match &args.model {
+        Some(m) => m.clone(),
+        None => first_model(&client, &target).await?,
+    };
+    let metrics_urls: Vec<String> = if args.pod_metrics.is_empty() {
+        vec![pod_metrics::metrics_url(&target)]
+    } else {
+        args.pod_metrics
+            .iter()
+            .map(|u| pod_metrics::metrics_url(u))
+            .collect()
+    };
+    let before = pod_metrics::scrape_all(&client, &metrics_urls).await;
+
+    let bar = if args.quiet {
+        indicatif::ProgressBar::hidden()
+    } else {
+        indicatif::ProgressBar::new(requests.len() as u64)
+    };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:40} {pos}/{len} requests  {elapsed}/{eta}  {msg}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let ctx = Arc::new(SendContext {
+        client: client.clone(),
+        url: format!("{target}/v1/completions"),
+        model: model.clone(),
+        stream: args.stream,
+        timeout: Duration::from_secs_f64(args.timeout_s),
+    });
+    let (outcomes, lags, makespan_s, input_tokens_sent) =
+        replay(&ctx, &requests, args.max_concurrency, &bar).await;
+    bar.finish_and_clear();
+
+    let after = pod_metrics::scrape_all(&client, &metrics_urls).await;
+    let prefix_hit_rate = match (before, after) {
+        (Some(b), Some(a)) => a.hit_rate_since(&b),
+        _ => None,
+    };
+    let report = summarize(
+        &outcomes,
+        lags,
+        makespan_s,
+        input_tokens_sent,
+        prefix_hit_rate,
+        Meta {
+            target,
+            model,
+            stream: args.stream,
+            max_concurrency: args.max_concurrency,
+            workload,
+        },
+    );
+    if !args.quiet {
+        print_summary(&report);
+    }
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&report).unwrap_or_else(|_| "{}".into());
+        std::fs::write(path, text).map_err(|source| LoadgenError::Write {
+            path: path.display().to_string(),
+            source,
+        })?;
+    }
+    Ok(report)
+}
+
+async fn first_model(client: &reqwest::Client, target: &str) -> Result<String, LoadgenError> {
+    let no_model = |reason: String| LoadgenError::NoModel {
+        url: target.to_owned(),
+        reason,
+    };
+    let resp = client
+        .get(format!("{target}/v1/models"))
+        .timeout(Duration::from_secs(10))
+        .send()
+        .await
+        .map_err(|e| no_model(e.to_string()))?;
+    let v: Value = resp.json().await.map_err(|e| no_model(e.to_string()))?;
+    v.get("data")
+        .and_then(Value::as_array)
+        .and_then(|d| d.first())
+        .and_then(|m| m.get("id"))
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+        .ok_or_else(|| no_model("no data[0].id".into()))
+}
+
+struct SendContext {
+    client: reqwest::Client,
+    url: String,
+    model: String,
+    stream: bool,
+    timeout: Duration,
+}
+
+/// Sends every request at its time; returns outcomes (by request index), dispatch lags, the
+/// makespan and the prompt tokens sent.
+async fn replay(
+    ctx: &Arc<SendContext>,
+    requests: &[Planned],
+    max_concurrency: usize,
+    bar: &indicatif::ProgressBar,
+) -> (Vec<Outcome>, Vec<f64>, f64, u64) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(max_concurrency));
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut lags = Vec::with_capacity(requests.len());
+    let mut input_tokens = 0u64;
+    let start = tokio::time::Instant::now();
+    for (i, r) in requests.iter().enumerate() {
+        let due = start + Duration::from_secs_f64(r.arrival_ms.max(0.0) / 1e3);
+        tokio::time::sleep_until(due).await;
+        let Ok(permit) = slots.clone().acquire_owned().await else {
+            break;
+        };
+        lags.push(due.elapsed().as_secs_f64() * 1e3);
+        input_tokens += u64::from(r.input_tokens);
+        let (ctx, r, bar) = (ctx.clone(), r.clone(), bar.clone());
+        tasks.spawn(async move {
+            let out = send_one(&ctx, &r).await;
+            drop(permit);
+            bar.inc(1);
+            if let Some(e) = &out.error {
+                bar.set_message(format!("last error: {e}"));
+            }
+            (i, out)
+        });
+    }
+    let mut outcomes: Vec<Option<Outcome>> = vec![None; requests.len()];
+    while let Some(res) = tasks.join_next().await {
+        if let Ok((i, out)) = res
+            && let Some(slot) = outcomes.get_mut(i)
+        {
+            *slot = Some(out);
+        }
+    }
+    let makespan_s = start.elapsed().as_secs_f64();
+    let outcomes = outcomes
+        .into_iter()
+        .map(|o| {
+            o.unwrap_or(Outcome {
+                ttft_ms: None,
+                e2e_ms: 0.0,
+                output_tokens: 0,
+                error: Some("panicked".into()),
+            })
+        })
+        .collect();
+    (outcomes, lags, makespan_s, input_tokens)
+}
+
+fn error_kind(e: &reqwest::Error) -> String {
+    if e.is_timeout() {
+        "timeout".into()
+    } else if e.is_connect() {
+        "connect".into()
+    } else if let Some(s) = e.status() {
+        format!("http_{}", s.as_u16())
+    } else {
+        "transport".into()
+    }
+}
+
+/// The JSON body of one request.
+pub fn request_body(model: &str, prompt: &str, max_tokens: u32, stream: bool) -> Value {
+    let mut body = json!({
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "ignore_eos": true,
+        "temperature": 0.0,
+        "stream": stream,
+    });
+    if stream && let Some(o) = body.as_object_mut() {
+        o.insert("stream_options".into(), json!({"include_usage": true}));
+    }
+    body
+}
+
+async fn send_one(ctx: &SendContext, r: &Planned) -> Outcome {
+    let body = request_body(&ctx.model, &r.prompt(), r.output_tokens, ctx.stream);
+    let start = Instant::now();
+    let fail = |kind: String, start: Instant| Outcome {
+        ttft_ms: None,
+        e2e_ms: start.elapsed().as_secs_f64() * 1e3,
+        output_tokens: 0,
+        error: Some(kind),
+    };
+    let resp = match ctx
+        .client
+        .post(&ctx.url)
+        .timeout(ctx.timeout)
+        .json(&body)
+        .send()
+        .await
+    {
+        Ok(r) => r,
+        Err(e) => return fail(error_kind(&e), start),
+    };
+    drop(body);
+    let status = resp.status();
+    if !status.is_success() {
+        return fail(format!("http_{}", status.as_u16()), start);
+    }
+    let result = if ctx.stream {
+        read_stream(resp, start).await
+    } else {
+        read_whole(resp).await
+    };
+    match result {
+        Ok((ttft_ms, tokens)) => Outcome {
+            ttft_ms,
+            e2e_ms: start.elapsed().as_secs_f64() * 1e3,
+            output_tokens: tokens,
+            error: None,
+        },
+        Err(kind) => fail(kind, start),
+    }
+}
+
+fn usage_tokens(v: &Value) -> Option<u64> {
+    v.get("usage")?.get("completion_tokens")?.as_u64()
+}
+
+fn chunk_text(v: &Value) -> Option<&str> {
+    let c = v.get("choices")?.as_array()?.first()?;
+    c.get("text")
+        .and_then(Value::as_str)
+        .or_else(|| c.get("delta")?.get("content")?.as_str())
+}
+
+/// Reads an SSE completion stream: (TTFT, completion tokens).
+async fn read_stream(
+    mut resp: reqwest::Response,
+    start: Instant,
+) -> Result<(Option<f64>, u64), String> {
+    let mut buf: Vec<u8> = Vec::new();
+    let mut ttft_ms = None;
+    let mut chunks = 0u64;
+    let mut usage = None;
+    loop {
+        let chunk = match resp.chunk().await {
+            Ok(Some(c)) => c,
+            Ok(None) => break,
+            Err(e) => return Err(error_kind(&e)),
+        };
+        buf.extend_from_slice(&chunk);
+        let mut consumed = 0;
+        while let Some(nl) = memchr::memchr(b'\n', &buf[consumed..]) {
+            let line = &buf[consumed..consumed + nl];
+            consumed += nl + 1;
+            let Some(data) = line.strip_prefix(b"data:") else {
+                continue;
+            };
+            let data = data.trim_ascii();
+            if data == b"[DONE]" {
+                continue;
+            }
+            let Ok(v) = serde_json::from_slice::<Value>(data) else {
+                return Err("bad_response".into());
+            };
+            if v.get("error").is_some() {
+                return Err("stream".into());
+            }
+            if let Some(t) = usage_tokens(&v) {
+                usage = Some(t);
+            }
+            if chunk_text(&v).is_some_and(|t| !t.is_empty()) {
+                chunks += 1;
+                if ttft_ms.is_none() {
+                    ttft_ms = Some(start.elapsed().as_secs_f64() * 1e3);
+                }
+            }
+        }
+        buf.drain(..consumed);
+        if buf.len() > MAX_SSE_LINE_BYTES {
+            return Err("bad_response".into());
+        }
+    }
+    Ok((ttft_ms, usage.unwrap_or(chunks)))
+}
+
+/// Reads a whole JSON completion: (no TTFT, completion tokens).
+async fn read_whole(mut resp: reqwest::Response) -> Result<(Option<f64>, u64), String> {
+    let mut body = Vec::new();
+    loop {
+        match resp.chunk().await {
+            Ok(Some(c)) => {
+                if body.len() + c.len() > MAX_BODY_BYTES {
+                    return Err("bad_response".into());
+                }
+                body.extend_from_slice(&c);
+            }
+            Ok(None) => break,
+            Err(e) => return Err(error_kind(&e)),
+        }
+    }
+    let v: Value = serde_json::from_slice(&body).map_err(|_| "bad_response".to_string())?;
+    Ok((None, usage_tokens(&v).unwrap_or(0)))
+}
+
+struct Meta {
+    target: String,
+    model: String,
+    stream: bool,
+    max_concurrency: usize,
+    workload: Workload,
+}
+
+fn summarize(
+    outcomes: &[Outcome],
+    mut lags: Vec<f64>,
+    makespan_s: f64,
+    input_tokens_sent: u64,
+    prefix_hit_rate: Option<f64>,
+    meta: Meta,
+) -> LoadgenReport {
+    let mut ttft = Vec::new();
+    let mut tpot = Vec::new();
+    let mut e2e = Vec::new();
+    let mut errors = BTreeMap::new();
+    let mut output_tokens = 0u64;
+    for o in outcomes {
+        if let Some(kind) = &o.error {
+            *errors.entry(kind.clone()).or_insert(0) += 1;
+            continue;
+        }
+        output_tokens += o.output_tokens;
+        e2e.push(o.e2e_ms);
+        if let Some(t) = o.ttft_ms {
+            ttft.push(t);
+            if o.output_tokens >= 2 {
+                tpot.push((o.e2e_ms - t) / (o.output_tokens - 1) as f64);
+            }
+        }
+    }
+    let completed = e2e.len() as u64;
+    let per_s = |n: f64| {
+        if makespan_s > 0.0 {
+            n / makespan_s
+        } else {
+            0.0
+        }
+    };
+    LoadgenReport {
+        requests: outcomes.len() as u64,
+        completed,
+        ttft_ms: Percentiles::of(&mut ttft),
+        tpot_ms: Percentiles::of(&mut tpot),
+        e2e_ms: Percentiles::of(&mut e2e),
+        prefix_hit_rate,
+        output_tok_per_s: per_s(output_tokens as f64),
+        target: meta.target,
+        model: meta.model,
+        stream: meta.stream,
+        max_concurrency: meta.max_concurrency,
+        workload: meta.workload,
+        errors,
+        requests_per_s: per_s(completed as f64),
+        makespan_s,
+        input_tokens_sent,
+        output_tokens,
+        dispatch_lag_ms: Percentiles::of(&mut lags),
+    }
+}
+
+/// Prints the summary table of a run.
+pub fn print_summary(r: &LoadgenReport) {
+    println!(
+        "loadgen → {} ({}), {} of {} requests completed in {:.1} s{}",
+        r.target,
+        r.workload
+            .source
+            .as_deref()
+            .unwrap_or(r.workload.params.kind()),
+        r.completed,
+        r.requests,
+        r.makespan_s,
+        if r.stream {
+            ""
+        } else {
+            " (not streamed: no TTFT/TPOT)"
+        }
+    );
+    println!(
+        "{:<8} {:>9} {:>9} {:>9} {:>9}",
+        "ms", "mean", "p50", "p90", "p99"
+    );
+    for (name, p) in [("ttft", r.ttft_ms), ("tpot", r.tpot_ms), ("e2e", r.e2e_ms)] {
+        println!(
+            "{:<8} {:>9.1} {:>9.1} {:>9.1} {:>9.1}",
+            name, p.mean, p.p50, p.p90, p.p99
+        );
+    }
+    println!(
+        "throughput {:.1} output tok/s, {:.2} req/s; dispatch lag p99 {:.1} ms",
+        r.output_tok_per_s, r.requests_per_s, r.dispatch_lag_ms.p99
+    );
+    match r.prefix_hit_rate {
+        Some(h) => println!("pods' prefix-cache hit rate {:.1}%", h * 100.0),
+        None => println!("pods' prefix-cache hit rate: unknown (no --pod-metrics answered)"),
+    }
+    if r.errors.is_empty() {
+        println!("errors: none");
+    } else {
+        let list: Vec<String> = r.errors.iter().map(|(k, n)| format!("{k} {n}")).collect();
+        println!("errors: {}", list.join(", "));
+    }
+}

@@ -1,0 +1,180 @@
+//! What to send and when: a workload (trace or generator) turned into [`Planned`] requests.
+//!
+//! Trace files go through the simulator's reader ([`kvgate_sim::workload::load_trace`]), so
+//! arrival times (Mooncake's 3-second buckets spread out), validation and `--max-requests` are the
+//! simulator's. For Mooncake files the `hash_ids` are read once more here, line by line, because
+//! the prompt text is synthesised from them ([`crate::prompt::mooncake_prompt`]).
+
+use std::path::Path;
+
+use kvgate_sim::SimRequest;
+use kvgate_sim::workload::{
+    self, Workload, WorkloadError, WorkloadParams, chat, mooncake::MOONCAKE_BLOCK_TOKENS,
+    shared_prefix,
+};
+use serde::Deserialize;
+
+use crate::prompt;
+
+/// Where the prompt text of a request comes from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PromptSource {
+    /// Mooncake `hash_ids` (only the `ceil(input / 512)` used ones).
+    HashIds(Vec<u64>),
+    /// The simulator's chained 16-token block hashes.
+    Blocks(Vec<u64>),
+}
+
+/// One request to send.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Planned {
+    pub id: u64,
+    /// Milliseconds from the start of the run (already scaled by `--rate-scale`).
+    pub arrival_ms: f64,
+    pub input_tokens: u32,
+    pub output_tokens: u32,
+    pub source: PromptSource,
+}
+
+impl Planned {
+    /// The prompt text (built on demand; a long trace would not fit in memory as text).
+    pub fn prompt(&self) -> String {
+        match &self.source {
+            PromptSource::HashIds(ids) => prompt::mooncake_prompt(ids, self.input_tokens),
+            PromptSource::Blocks(b) => prompt::blocks_prompt(b, self.input_tokens, self.id),
+        }
+    }
+}
+
+/// A generated workload, as in `kvgate sim --workload`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum GeneratedWorkload {
+    Chat,
+    SharedPrefix,
+}
+
+#[derive(Deserialize)]
+struct IdsLine {
+    hash_ids: Vec<u64>,
+}
+
+/// The `hash_ids` of every non-empty line of a Mooncake file (already validated by the reader).
+fn mooncake_ids(source_name: &str, text: &str) -> Result<Vec<Vec<u64>>, WorkloadError> {
+    let mut out = Vec::new();
+    for (i, raw) in text.lines().enumerate() {
+        let raw = raw.trim();
+        if raw.is_empty() {
+            continue;
+        }
+        let l: IdsLine = serde_json::from_str(raw).map_err(|e| WorkloadError::BadLine {
+            source_name: source_name.to_owned(),
+            line: i + 1,
+            reason: e.to_string(),
+        })?;
+        out.push(l.hash_ids);
+    }
+    Ok(out)
+}
+
+/// Loads a trace file and plans its requests.
+pub fn from_trace(path: &Path) -> Result<(Workload, Vec<Planned>), WorkloadError> {
+    let (workload, requests) = workload::load_trace(path)?;
+    let ids = if matches!(workload.params, WorkloadParams::MooncakeTrace { .. }) {
+        let text = std::fs::read_to_string(path).map_err(|source| WorkloadError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let name = workload.source.clone().unwrap_or_default();
+        Some(mooncake_ids(&name, text.trim_start_matches('\u{feff}'))?)
+    } else {
+        None
+    };
+    let planned = requests
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let source = match ids.as_ref().and_then(|all| all.get(i)) {
+                Some(line_ids) => {
+                    let used = r.input_tokens.div_ceil(MOONCAKE_BLOCK_TOKENS) as usize;
+                    PromptSource::HashIds(line_ids.iter().take(used).copied().collect())
+                }
+                None => PromptSource::Blocks(r.blocks.clone()),
+            };
+            planned(r, source)
+        })
+        .collect();
+    Ok((workload, planned))
+}
+
+fn planned(r: SimRequest, source: PromptSource) -> Planned {
+    Planned {
+        id: r.id,
+        arrival_ms: r.arrival_ms,
+        input_tokens: r.input_tokens,
+        output_tokens: r.output_tokens,
+        source,
+    }
+}
+
+/// Generates a workload (`preset` for shared-prefix: A–D) and plans its requests.
+pub fn generated(
+    kind: GeneratedWorkload,
+    preset: &str,
+    seed: u64,
+    max_requests: Option<usize>,
+) -> Result<(Workload, Vec<Planned>), WorkloadError> {
+    let (workload, requests) = match kind {
+        GeneratedWorkload::Chat => chat::generate(&chat::ChatParams {
+            seed,
+            max_requests: max_requests.unwrap_or(chat::ChatParams::default().max_requests),
+            ..chat::ChatParams::default()
+        })?,
+        GeneratedWorkload::SharedPrefix => {
+            let p = shared_prefix::SharedPrefixParams::preset(preset).ok_or_else(|| {
+                WorkloadError::InvalidParam {
+                    name: "preset",
+                    reason: format!("unknown preset {preset:?}; expected A, B, C or D"),
+                }
+            })?;
+            shared_prefix::generate(&shared_prefix::SharedPrefixParams {
+                seed,
+                max_requests: max_requests.unwrap_or(p.max_requests),
+                ..p
+            })?
+        }
+    };
+    let planned = requests
+        .into_iter()
+        .map(|r| {
+            let b = PromptSource::Blocks(r.blocks.clone());
+            planned(r, b)
+        })
+        .collect();
+    Ok((workload, planned))
+}
+
+/// Keeps the first `max` requests and scales arrivals by `rate_scale` (finite, > 0).
+pub fn trim_and_scale(
+    workload: &mut Workload,
+    requests: &mut Vec<Planned>,
+    max: Option<usize>,
+    rate_scale: f64,
+) -> Result<(), WorkloadError> {
+    if let Some(n) = max
+        && requests.len() > n
+    {
+        requests.truncate(n);
+        workload.request_count = n;
+    }
+    if !(rate_scale.is_finite() && rate_scale > 0.0) {
+        return Err(WorkloadError::InvalidParam {
+            name: "rate_scale",
+            reason: format!("must be finite and > 0, got {rate_scale}"),
+        });
+    }
+    for r in requests.iter_mut() {
+        r.arrival_ms /= rate_scale;
+    }
+    workload.rate_scale *= rate_scale;
+    Ok(())
+}
