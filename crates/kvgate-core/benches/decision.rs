@@ -126,8 +126,28 @@ fn bench_predictor(c: &mut Criterion) {
     c.bench_function("predictor/predict", |b| {
         b.iter(|| black_box(predictor.predict(CLASS, black_box(&f))))
     });
+    // Varied samples: the same sample repeated forever drives the RLS covariance towards
+    // denormal numbers, which no real workload does.
+    let samples: Vec<(Features, f64)> = (0..1024u32)
+        .map(|i| {
+            let mut pod = PodSnapshot::idle(0, CLASS, 29_000);
+            pod.running = i % 23;
+            pod.waiting = i % 3;
+            pod.kv_usage = f64::from(i % 10) / 10.0;
+            pod.in_flight.prefill_tokens = u64::from(i * 131 % 12_000);
+            let f = Features::new(&pod, 500 + (i * 37) % 7000, f64::from(i % 5) / 5.0);
+            let ttft =
+                6.0 + f.uncached_prompt_tokens() * 0.018 + f.prefill_tokens_in_flight * 0.018;
+            (f, ttft)
+        })
+        .collect();
+    let mut next = 0;
     c.bench_function("predictor/observe", |b| {
-        b.iter(|| predictor.observe(CLASS, black_box(&f), 60.0, Some(7.0)))
+        b.iter(|| {
+            let (f, ttft) = &samples[next % samples.len()];
+            next += 1;
+            predictor.observe(CLASS, black_box(f), *ttft, Some(7.0))
+        })
     });
 }
 
