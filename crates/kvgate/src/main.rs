@@ -1,6 +1,7 @@
 //! The `kvgate` command line.
 
 mod decide;
+mod demo;
 mod sim;
 
 use clap::{Parser, Subcommand};
@@ -33,6 +34,8 @@ enum Command {
     MockPod(Box<kvgate_mock_pod::MockPodArgs>),
     /// The OpenAI-compatible gateway: routes each request with the affinity gate.
     Serve(Box<kvgate_gateway::ServeArgs>),
+    /// Four mock pods and the gateway in one process, with a live status line (Ctrl-C stops).
+    Demo(Box<demo::DemoArgs>),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -46,6 +49,10 @@ fn main() -> anyhow::Result<()> {
         Command::Serve(args) => {
             kvgate_gateway::init_tracing();
             tokio::runtime::Runtime::new()?.block_on(kvgate_gateway::serve(*args))?;
+        }
+        Command::Demo(args) => {
+            kvgate_gateway::init_tracing_with_default("warn");
+            demo::run(*args)?;
         }
     }
     Ok(())
