@@ -28,10 +28,8 @@ fn with_type(body: String, content_type: &'static str, status: StatusCode) -> Re
 }
 
 async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
-    shared.refresh_gauges();
-    let mut text = String::new();
-    match prometheus_client::encoding::text::encode(&mut text, &shared.metrics.registry) {
-        Ok(()) => with_type(
+    match shared.metrics_text() {
+        Ok(text) => with_type(
             text,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
             StatusCode::OK,

@@ -200,7 +200,24 @@ impl Body for ObservedBody {
                         Ok(data) => data,
                         Err(frame) => return Poll::Ready(Some(Ok(frame))),
                     };
-                    let out = this.observe(data);
+                    let mut out = this.observe(data);
+                    // A body with a known length ends with its last data frame: the server
+                    // stops polling there, so end the request now rather than in `Drop`
+                    // (which would count it as a client abort).
+                    if this.inner.is_end_stream() {
+                        this.done = true;
+                        if let Mode::Stream(s) = &mut this.mode {
+                            let rest = s.finish();
+                            if !rest.is_empty() {
+                                let mut joined = BytesMut::with_capacity(out.len() + rest.len());
+                                joined.extend_from_slice(&out);
+                                joined.extend_from_slice(&rest);
+                                out = joined.freeze();
+                            }
+                        }
+                        this.finish(Status::Ok);
+                        return Poll::Ready((!out.is_empty()).then(|| Ok(Frame::data(out))));
+                    }
                     if !out.is_empty() {
                         return Poll::Ready(Some(Ok(Frame::data(out))));
                     }

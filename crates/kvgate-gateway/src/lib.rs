@@ -49,4 +49,4 @@ pub mod sse;
 pub mod state;
 
 pub use config::GatewayConfig;
-pub use serve::{Gateway, ServeArgs, ServeError, init_tracing, serve};
+pub use serve::{Gateway, ServeArgs, ServeError, init_tracing, init_tracing_with_default, serve};

@@ -220,6 +220,31 @@ fn upstream_failed(why: String) -> ApiError {
     }
 }
 
+/// The body with `"stream_options":{"include_usage":true}` inserted as the object's first key,
+/// without re-serialising it (the hot path of streams whose client did not ask for usage).
+/// Only for a body already parsed as a JSON object without `stream_options`; None when the
+/// body does not start with `{` after whitespace.
+fn splice_include_usage(body: &Bytes) -> Option<Bytes> {
+    const FIELD: &[u8] = br#""stream_options":{"include_usage":true}"#;
+    let open = body.iter().position(|b| !b.is_ascii_whitespace())?;
+    if body.get(open) != Some(&b'{') {
+        return None;
+    }
+    let rest = body.get(open + 1..)?;
+    let empty = rest
+        .iter()
+        .find(|b| !b.is_ascii_whitespace())
+        .is_some_and(|b| *b == b'}');
+    let mut out = Vec::with_capacity(body.len() + FIELD.len() + 1);
+    out.extend_from_slice(body.get(..=open)?);
+    out.extend_from_slice(FIELD);
+    if !empty {
+        out.push(b',');
+    }
+    out.extend_from_slice(rest);
+    Some(Bytes::from(out))
+}
+
 /// `POST /v1/chat/completions` and `POST /v1/completions`.
 pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Response {
     let start = Instant::now();
@@ -264,7 +289,11 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
             body
         } else {
             strip_usage = true;
-            if let Some(obj) = value.as_object_mut() {
+            if value.get("stream_options").is_none()
+                && let Some(spliced) = splice_include_usage(&body)
+            {
+                spliced
+            } else if let Some(obj) = value.as_object_mut() {
                 let so = obj
                     .entry("stream_options")
                     .or_insert_with(|| Value::Object(Default::default()));
@@ -274,10 +303,12 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
                 if let Some(so) = so.as_object_mut() {
                     so.insert("include_usage".into(), Value::Bool(true));
                 }
-            }
-            match serde_json::to_vec(&value) {
-                Ok(v) => Bytes::from(v),
-                Err(_) => body,
+                match serde_json::to_vec(&value) {
+                    Ok(v) => Bytes::from(v),
+                    Err(_) => body,
+                }
+            } else {
+                body
             }
         }
     } else {
@@ -616,5 +647,33 @@ pub async fn passthrough(State(shared): State<Arc<Shared>>, req: Request) -> Res
                 &rid,
             )
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spliced(body: &str) -> Value {
+        let out = splice_include_usage(&Bytes::copy_from_slice(body.as_bytes())).unwrap();
+        serde_json::from_slice(&out).unwrap()
+    }
+
+    #[test]
+    fn include_usage_splice_keeps_every_field_and_adds_stream_options() {
+        let v = spliced(
+            r#" { "model": "m", "stream": true, "messages": [{"role": "user", "content": "{x}"}] }"#,
+        );
+        assert_eq!(
+            v["stream_options"],
+            serde_json::json!({"include_usage": true})
+        );
+        assert_eq!(v["model"], "m");
+        assert_eq!(v["messages"][0]["content"], "{x}");
+        assert_eq!(
+            spliced("{}"),
+            serde_json::json!({"stream_options": {"include_usage": true}})
+        );
+        assert!(splice_include_usage(&Bytes::from_static(b"[1]")).is_none());
     }
 }

@@ -199,8 +199,13 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
 
 /// Logs to stderr; level from `RUST_LOG` (default `info`).
 pub fn init_tracing() {
+    init_tracing_with_default("info");
+}
+
+/// Logs to stderr; level from `RUST_LOG`, else `default_level`.
+pub fn init_tracing_with_default(default_level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

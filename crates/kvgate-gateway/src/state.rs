@@ -104,6 +104,14 @@ impl Shared {
         changes.added
     }
 
+    /// The admin `/metrics` body (OpenMetrics text), gauges refreshed first.
+    pub fn metrics_text(&self) -> Result<String, std::fmt::Error> {
+        self.refresh_gauges();
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.metrics.registry)?;
+        Ok(text)
+    }
+
     /// Refreshes the gauges computed from state (called before encoding `/metrics`).
     pub fn refresh_gauges(&self) {
         let m = &self.metrics;

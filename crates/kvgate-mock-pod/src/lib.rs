@@ -200,6 +200,8 @@ pub struct RunningPod {
     pub kv_events_replay_endpoint: Option<String>,
     pub metrics: Arc<Mutex<PodMetrics>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// Stops the HTTP server (listener and connections).
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl RunningPod {
@@ -214,6 +216,9 @@ impl RunningPod {
 
 impl Drop for RunningPod {
     fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
         for t in &self.tasks {
             t.abort();
         }
@@ -262,17 +267,28 @@ pub async fn spawn_pod(config: PodConfig, listener: TcpListener) -> anyhow::Resu
     let listener = listener.tap_io(|tcp| {
         let _ = tcp.set_nodelay(true);
     });
-    tasks.push(tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
+    // Not aborted on drop but shut down gracefully: aborting `axum::serve` would leave its
+    // per-connection tasks serving on open keep-alive connections (a dropped pod would still
+    // answer scrapes). The graceful shutdown closes the listener and idle connections at once.
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let shutdown = async move {
+            let _ = stopped.await;
+        };
+        if let Err(e) = axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown)
+            .await
+        {
             tracing::error!("mock pod HTTP server stopped: {e}");
         }
-    }));
+    });
     Ok(RunningPod {
         addr,
         kv_events_endpoint,
         kv_events_replay_endpoint,
         metrics,
         tasks,
+        stop: Some(stop),
     })
 }
 

@@ -1,6 +1,7 @@
 //! The `kvgate` command line.
 
 mod decide;
+mod demo;
 mod sim;
 
 use clap::{Parser, Subcommand};
@@ -36,6 +37,8 @@ enum Command {
     /// Replay a trace or generated workload against an OpenAI endpoint (open loop) and report
     /// TTFT/TPOT/e2e, errors, throughput and the pods' prefix-cache hit rate.
     Loadgen(Box<kvgate_loadgen::LoadgenArgs>),
+    /// Four mock pods and the gateway in one process, with a live status line (Ctrl-C stops).
+    Demo(Box<demo::DemoArgs>),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -52,6 +55,10 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Loadgen(args) => {
             tokio::runtime::Runtime::new()?.block_on(kvgate_loadgen::run(*args))?;
+        }
+        Command::Demo(args) => {
+            kvgate_gateway::init_tracing_with_default("warn");
+            demo::run(*args)?;
         }
     }
     Ok(())
