@@ -26,6 +26,7 @@ pub mod policy;
 pub mod predictor;
 pub mod request;
 pub mod router;
+pub mod tokenizer;
 
 /// The RNG every randomised policy takes. Always seeded by the caller (ChaCha8: its output is
 /// specified, so a seed reproduces the same decisions on every machine and rand release).

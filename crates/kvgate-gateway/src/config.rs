@@ -8,6 +8,12 @@
 //! scrape_interval_ms = 50
 //! response_headers = true          # x-kvgate-pod / x-kvgate-branch
 //! pods = ["http://10.0.0.5:8000", { url = "http://10.0.0.6:8000", class = "h100" }]
+//! index = "engine"                 # routed (default) | engine: KV-cache events, token mode
+//! [[pods]]                         # a pod publishing vLLM KV-cache events
+//! url = "http://10.0.0.7:8000"
+//! events = "tcp://10.0.0.7:5557"   # its PUB endpoint
+//! replay = "tcp://10.0.0.7:5558"   # its replay ROUTER endpoint (optional)
+//! model = "llama"                  # optional: else the model_name label of its metrics
 //!
 //! [router]                         # kvgate_core::RouterConfig; llm-d camelCase names accepted
 //! affinity_gate_tau = 0.80
@@ -51,6 +57,95 @@ pub enum ConfigError {
     Router(#[from] kvgate_core::config::ConfigError),
     #[error("{0} must be positive")]
     NotPositive(&'static str),
+    #[error(
+        "invalid pod option {0:?}: expected URL[,events=tcp://…][,replay=tcp://…][,model=NAME][,class=NAME]"
+    )]
+    BadPodOption(String),
+    #[error("unknown index {0:?}: expected routed or engine")]
+    UnknownIndex(String),
+}
+
+/// Which prefix index routes (DESIGN.md §4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum IndexKind {
+    /// Learns from routing decisions (approximate, per replica).
+    #[default]
+    Routed,
+    /// Fed by the pods' KV-cache events (precise, shared by replicas); token mode with the
+    /// built-in cl100k tokenizer; pods without events, or stale, use the routed index.
+    Engine,
+}
+
+impl IndexKind {
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "routed" => Some(IndexKind::Routed),
+            "engine" => Some(IndexKind::Engine),
+            _ => None,
+        }
+    }
+}
+
+/// Where a pod publishes its KV-cache events.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodEvents {
+    /// The pod's base URL, as in [`GatewayConfig::pods`].
+    pub url: String,
+    /// PUB endpoint, e.g. `tcp://10.0.0.5:5557`.
+    pub endpoint: String,
+    /// Replay ROUTER endpoint.
+    pub replay: Option<String>,
+    /// Model seeding the pod's block chains (else the scraped `model_name`).
+    pub model: Option<String>,
+}
+
+/// A `--pod` value: `URL[,events=…][,replay=…][,model=…][,class=…]`.
+fn parse_pod_arg(arg: &str) -> Result<((String, String), Option<PodEvents>), ConfigError> {
+    let mut parts = arg.split(',');
+    let url = parts.next().unwrap_or("").trim().to_string();
+    let (mut class, mut endpoint, mut replay, mut model) = (None, None, None, None);
+    for part in parts {
+        let Some((key, value)) = part.split_once('=') else {
+            return Err(ConfigError::BadPodOption(arg.to_string()));
+        };
+        let value = Some(value.trim().to_string());
+        match key.trim() {
+            "events" => endpoint = value,
+            "replay" => replay = value,
+            "model" => model = value,
+            "class" => class = value,
+            _ => return Err(ConfigError::BadPodOption(arg.to_string())),
+        }
+    }
+    let events = endpoint_events(&url, endpoint, replay, model, arg)?;
+    let class = class.unwrap_or_else(|| DEFAULT_POD_CLASS.to_string());
+    Ok(((url, class), events))
+}
+
+fn endpoint_events(
+    url: &str,
+    endpoint: Option<String>,
+    replay: Option<String>,
+    model: Option<String>,
+    what: &str,
+) -> Result<Option<PodEvents>, ConfigError> {
+    let Some(endpoint) = endpoint else {
+        return if replay.is_some() {
+            Err(ConfigError::BadPodOption(what.to_string()))
+        } else {
+            Ok(None)
+        };
+    };
+    if !endpoint.starts_with("tcp://") || replay.as_ref().is_some_and(|r| !r.starts_with("tcp://"))
+    {
+        return Err(ConfigError::BadPodOption(what.to_string()));
+    }
+    Ok(Some(PodEvents {
+        url: url.trim_end_matches('/').to_string(),
+        endpoint,
+        replay,
+        model,
+    }))
 }
 
 /// A pod in the config file: a URL, or a table with a URL and a predictor class.
@@ -62,6 +157,12 @@ pub enum PodSpec {
         url: String,
         #[serde(default)]
         class: Option<String>,
+        #[serde(default)]
+        events: Option<String>,
+        #[serde(default)]
+        replay: Option<String>,
+        #[serde(default)]
+        model: Option<String>,
     },
 }
 
@@ -79,6 +180,7 @@ pub struct FileConfig {
     pub max_retries: Option<u32>,
     pub decision_log_size: Option<usize>,
     pub seed: Option<u64>,
+    pub index: Option<String>,
     pub router: Option<RouterConfig>,
 }
 
@@ -115,6 +217,9 @@ pub struct GatewayConfig {
     pub decision_log_size: usize,
     pub seed: u64,
     pub router: RouterConfig,
+    pub index: IndexKind,
+    /// Pods that publish KV-cache events.
+    pub pod_events: Vec<PodEvents>,
 }
 
 impl GatewayConfig {
@@ -129,24 +234,46 @@ impl GatewayConfig {
             .unwrap_or_else(|| PolicyKind::AffinityGate.name().to_string());
         let policy =
             PolicyKind::from_name(&policy_name).ok_or(ConfigError::UnknownPolicy(policy_name))?;
-        let mut pods: Vec<(String, String)> = file
-            .pods
-            .iter()
-            .map(|p| match p {
-                PodSpec::Url(url) => (url.clone(), DEFAULT_POD_CLASS.to_string()),
-                PodSpec::Full { url, class } => (
-                    url.clone(),
-                    class
-                        .clone()
-                        .unwrap_or_else(|| DEFAULT_POD_CLASS.to_string()),
-                ),
-            })
-            .collect();
-        pods.extend(
-            args.pod
-                .iter()
-                .map(|u| (u.clone(), DEFAULT_POD_CLASS.to_string())),
-        );
+        let mut pods: Vec<(String, String)> = Vec::new();
+        let mut pod_events: Vec<PodEvents> = Vec::new();
+        for p in &file.pods {
+            match p {
+                PodSpec::Url(url) => pods.push((url.clone(), DEFAULT_POD_CLASS.to_string())),
+                PodSpec::Full {
+                    url,
+                    class,
+                    events,
+                    replay,
+                    model,
+                } => {
+                    pods.push((
+                        url.clone(),
+                        class
+                            .clone()
+                            .unwrap_or_else(|| DEFAULT_POD_CLASS.to_string()),
+                    ));
+                    pod_events.extend(endpoint_events(
+                        url,
+                        events.clone(),
+                        replay.clone(),
+                        model.clone(),
+                        url,
+                    )?);
+                }
+            }
+        }
+        for arg in &args.pod {
+            let (pod, events) = parse_pod_arg(arg)?;
+            pods.push(pod);
+            pod_events.extend(events);
+        }
+        let index = match (&args.index, &file.index) {
+            (Some(kind), _) => *kind,
+            (None, Some(name)) => {
+                IndexKind::from_name(name).ok_or_else(|| ConfigError::UnknownIndex(name.clone()))?
+            }
+            (None, None) => IndexKind::Routed,
+        };
         for (url, _) in &pods {
             check_pod_url(url)?;
         }
@@ -181,6 +308,8 @@ impl GatewayConfig {
                 .max(1),
             seed: args.seed.or(file.seed).unwrap_or(0),
             router,
+            index,
+            pod_events,
         })
     }
 

@@ -39,6 +39,7 @@ pub mod capture;
 pub mod config;
 pub mod decisions;
 pub mod errors;
+pub mod kv_events;
 pub mod metrics;
 pub mod pods;
 pub mod proxy;

@@ -86,6 +86,13 @@ pub struct Metrics {
     pub in_flight_requests: Family<PodLabel, Gauge>,
     pub in_flight_prefill_tokens: Family<PodLabel, Gauge>,
     pub in_flight_decode_tokens: Family<PodLabel, Gauge>,
+    pub kv_events_batches: Family<PodLabel, Counter>,
+    pub kv_events_rejected: Family<PodLabel, Counter>,
+    pub kv_events_gaps: Family<PodLabel, Counter>,
+    pub kv_events_replay_failures: Family<PodLabel, Counter>,
+    pub kv_events_restarts: Family<PodLabel, Counter>,
+    /// 1 while a pod's engine index is stale (the routed index stands in).
+    pub kv_events_stale: Family<PodLabel, Gauge>,
     pub registry: Registry,
 }
 
@@ -119,6 +126,12 @@ impl Metrics {
             in_flight_requests: Family::default(),
             in_flight_prefill_tokens: Family::default(),
             in_flight_decode_tokens: Family::default(),
+            kv_events_batches: Family::default(),
+            kv_events_rejected: Family::default(),
+            kv_events_gaps: Family::default(),
+            kv_events_replay_failures: Family::default(),
+            kv_events_restarts: Family::default(),
+            kv_events_stale: Family::default(),
             registry: Registry::with_prefix("kvgate"),
         };
         m.register()
@@ -135,6 +148,36 @@ impl Metrics {
             "rejected_requests",
             "Requests answered with an error by the gateway, by reason",
             self.rejected.clone(),
+        );
+        r.register(
+            "kv_events_batches",
+            "KV-event batches applied to the engine index, by pod",
+            self.kv_events_batches.clone(),
+        );
+        r.register(
+            "kv_events_rejected",
+            "KV-event messages skipped as garbage (bad frames or undecodable msgpack), by pod",
+            self.kv_events_rejected.clone(),
+        );
+        r.register(
+            "kv_events_gaps",
+            "KV-event sequence gaps seen, by pod",
+            self.kv_events_gaps.clone(),
+        );
+        r.register(
+            "kv_events_replay_failures",
+            "KV-event gaps the replay socket could not fill (the pod went stale), by pod",
+            self.kv_events_replay_failures.clone(),
+        );
+        r.register(
+            "kv_events_restarts",
+            "KV-event sequences that restarted from 0 (engine restart: the pod's entries cleared), by pod",
+            self.kv_events_restarts.clone(),
+        );
+        r.register(
+            "kv_events_stale",
+            "1 while the pod's engine index is stale and the routed index stands in",
+            self.kv_events_stale.clone(),
         );
         r.register(
             "retries",

@@ -44,6 +44,7 @@ struct Scraped {
     waiting: u32,
     kv_usage: f64,
     kv_blocks: u32,
+    block_size: Option<u32>,
 }
 
 /// The router's exact accounting of work dispatched to a pod and not finished
@@ -110,6 +111,14 @@ impl Pod {
         if let Some(v) = m.kv_usage {
             s.kv_usage = v;
         }
+        if m.block_size.is_some() {
+            s.block_size = m.block_size;
+        }
+    }
+
+    /// `block_size` of the pod's `vllm:cache_config_info`, once scraped.
+    pub fn block_size_tokens(&self) -> Option<u32> {
+        self.scraped.lock().block_size
     }
 
     /// Records the pod's KV size; true when it changed (the index must be resized).

@@ -31,6 +31,53 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+/// Prompts longer than this (bytes) are tokenized on the blocking pool, not a runtime worker.
+const INLINE_TOKENIZE_BYTES: usize = 4096;
+
+/// Token mode (`--index engine`): the prompt's blocks as the pods cut them, i.e. the rendered
+/// prompt tokenized with the pods' tokenizer (the built-in cl100k, as the mock pod) in blocks of
+/// the pods' `vllm:cache_config_info` block size (first pod that reported one; else the
+/// router's `block_size_tokens`). Returns the prompt's token count.
+async fn token_mode_blocks(
+    shared: &Shared,
+    cfg: &crate::config::GatewayConfig,
+    parsed: &kvgate_core::request::ParsedRequest,
+    blocks: &mut Vec<kvgate_core::BlockHash>,
+) -> u32 {
+    use kvgate_core::request::Prompt;
+    use kvgate_core::tokenizer::PromptTokenizer;
+    let tokenizer = PromptTokenizer::cl100k();
+    let encoded;
+    let tokens: &[u32] = match &parsed.prompt {
+        Prompt::Tokens(t) => t,
+        Prompt::Text(text) if text.len() <= INLINE_TOKENIZE_BYTES => {
+            encoded = tokenizer.encode(text);
+            &encoded
+        }
+        Prompt::Text(text) => {
+            let text = text.clone();
+            encoded = tokio::task::spawn_blocking(move || tokenizer.encode(&text))
+                .await
+                .unwrap_or_default();
+            &encoded
+        }
+    };
+    let block_size_tokens = shared
+        .pods
+        .all()
+        .iter()
+        .find_map(|p| p.block_size_tokens())
+        .unwrap_or(cfg.router.block_size_tokens);
+    let hasher = BlockHasher {
+        block_size_tokens,
+        chars_per_token: cfg.router.chars_per_token,
+    };
+    blocks.clear();
+    let seed = BlockHasher::chain_seed(&parsed.model, parsed.cache_salt.as_deref());
+    hasher.hash_tokens(seed, tokens, blocks);
+    u32::try_from(tokens.len()).unwrap_or(u32::MAX)
+}
+
 /// Longest `x-request-id` honoured; longer or non-visible-ASCII ids are replaced.
 const MAX_REQUEST_ID_LEN: usize = 128;
 /// Per-pod timeout of a `GET /v1/models` fan-out.
@@ -315,13 +362,17 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
         body
     };
 
-    let hasher = BlockHasher {
-        block_size_tokens: cfg.router.block_size_tokens,
-        chars_per_token: cfg.router.chars_per_token,
-    };
     let mut blocks = Vec::new();
-    hasher.hash_request(&parsed, &mut blocks);
-    let input_tokens = parsed.estimated_input_tokens();
+    let input_tokens = if cfg.index == crate::config::IndexKind::Engine {
+        token_mode_blocks(&shared, &cfg, &parsed, &mut blocks).await
+    } else {
+        let hasher = BlockHasher {
+            block_size_tokens: cfg.router.block_size_tokens,
+            chars_per_token: cfg.router.chars_per_token,
+        };
+        hasher.hash_request(&parsed, &mut blocks);
+        parsed.estimated_input_tokens()
+    };
     let mut capture = shared
         .capture
         .get()

@@ -31,6 +31,7 @@ pub fn reload_now(shared: &Arc<Shared>, args: &ServeArgs, path: &Path) -> Result
         Ok(new) => {
             if **shared.config() != new {
                 for pod in shared.apply_config(new) {
+                    crate::kv_events::spawn_for(shared, &pod);
                     tokio::spawn(crate::scrape::scrape_loop(shared.clone(), pod));
                 }
                 tracing::info!(path = %path.display(), "config reloaded");

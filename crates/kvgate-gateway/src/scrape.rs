@@ -33,6 +33,8 @@ pub struct PodMetrics {
     pub kv_usage: Option<f64>,
     pub block_size: Option<u32>,
     pub num_gpu_blocks: Option<u32>,
+    /// The `model_name` label of `vllm:num_requests_running` (the engine index's chain seed).
+    pub model_name: Option<String>,
     /// Lines that were neither comments, blank, nor a parseable sample.
     pub skipped_lines: u64,
 }
@@ -58,7 +60,12 @@ pub fn parse_metrics(text: &str) -> PodMetrics {
             continue;
         };
         match sample.name {
-            "vllm:num_requests_running" => add_count(&mut m.running, sample.value),
+            "vllm:num_requests_running" => {
+                add_count(&mut m.running, sample.value);
+                if m.model_name.is_none() {
+                    m.model_name = label_value(sample.labels, "model_name").map(str::to_string);
+                }
+            }
             "vllm:num_requests_waiting" => add_count(&mut m.waiting, sample.value),
             "vllm:kv_cache_usage_perc" => max_fraction(&mut m.kv_usage, sample.value),
             "vllm:gpu_cache_usage_perc" => max_fraction(&mut legacy_kv, sample.value),
@@ -213,6 +220,7 @@ pub async fn scrape_once(shared: &Shared, pod: &Pod) {
                 shared.router.lock().index.set_capacity(pod.id, blocks);
             }
             pod.apply_metrics(&m);
+            crate::kv_events::on_scrape(shared, pod, &m);
             if !pod.healthy.swap(true, Ordering::Relaxed) {
                 tracing::info!(pod = %pod.url, "pod is healthy");
             }

@@ -23,9 +23,15 @@ pub struct ServeArgs {
     /// Admin listener (/metrics, /debug/decisions, /healthz, /readyz) [default: 127.0.0.1:9090].
     #[arg(long, value_name = "ADDR")]
     pub admin_listen: Option<SocketAddr>,
-    /// A pod's base URL, e.g. http://10.0.0.5:8000 (repeatable; adds to the config file's pods).
-    #[arg(long = "pod", value_name = "URL")]
+    /// A pod's base URL, e.g. http://10.0.0.5:8000 (repeatable; adds to the config file's
+    /// pods), optionally with its KV-events endpoints:
+    /// `URL,events=tcp://HOST:5557,replay=tcp://HOST:5558[,model=NAME][,class=NAME]`.
+    #[arg(long = "pod", value_name = "URL[,events=…,replay=…]")]
     pub pod: Vec<String>,
+    /// Prefix index: routed (learns from routing) or engine (KV-cache events + token mode,
+    /// routed fallback for pods without live events) [default: routed].
+    #[arg(long, value_enum)]
+    pub index: Option<crate::config::IndexKind>,
     /// Config file (TOML, or YAML with a .yaml/.yml extension); reloaded when it changes.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -114,7 +120,13 @@ impl Gateway {
         }
         while first.join_next().await.is_some() {}
         let mut tasks = Vec::new();
+        if shared.config().index == crate::config::IndexKind::Engine {
+            tracing::info!(
+                "engine index: token mode with the built-in cl100k tokenizer; pods without live KV events use the routed index"
+            );
+        }
         for pod in pods {
+            tasks.extend(crate::kv_events::spawn_for(&shared, &pod));
             tasks.push(tokio::spawn(crate::scrape::scrape_loop(
                 shared.clone(),
                 pod,

@@ -16,7 +16,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use kvgate_core::index::PrefixIndex;
-use kvgate_core::index::routed::RoutedIndex;
+use kvgate_core::index::engine::HybridIndex;
 use kvgate_core::predictor::{LatencyPredictor, PredictorConfig};
 use kvgate_core::{DecisionRng, Router};
 use parking_lot::Mutex;
@@ -30,7 +30,8 @@ pub type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
 /// The core's single-threaded decision state.
 pub struct RouterState {
     pub router: Router,
-    pub index: RoutedIndex,
+    /// Routed index for every pod, engine index for pods with live KV events.
+    pub index: HybridIndex,
     pub predictor: LatencyPredictor,
     pub rng: DecisionRng,
 }
@@ -57,7 +58,7 @@ impl Shared {
             .build(connector);
         let router_state = RouterState {
             router: Router::new(config.router, config.policy),
-            index: RoutedIndex::new(),
+            index: HybridIndex::new(),
             predictor: LatencyPredictor::new(PredictorConfig::default()),
             rng: DecisionRng::seed_from_u64(config.seed),
         };
@@ -131,24 +132,44 @@ impl Shared {
                 .get_or_create(&label)
                 .set(i64::try_from(f.decode_tokens).unwrap_or(i64::MAX));
         }
-        let (acc, blocks) = {
+        let (acc, routed_blocks, engine_blocks, stale) = {
             let st = self.router.lock();
+            let stale: Vec<bool> = self
+                .pods
+                .all()
+                .iter()
+                .map(|p| st.index.engine.is_stale(p.id))
+                .collect();
             (
                 st.predictor.accuracy(),
-                kvgate_core::index::PrefixIndex::indexed_blocks(&st.index),
+                kvgate_core::index::PrefixIndex::indexed_blocks(&st.index.routed),
+                kvgate_core::index::PrefixIndex::indexed_blocks(&st.index.engine),
+                stale,
             )
         };
+        for (pod, stale) in self.pods.all().iter().zip(stale) {
+            m.kv_events_stale
+                .get_or_create(&pod.label())
+                .set(i64::from(stale));
+        }
         m.predictor_ttft_mape.set(acc.ttft_mape);
         m.predictor_tpot_mape.set(acc.tpot_mape);
         m.predictor_ttft_p90_coverage.set(acc.ttft_p90_coverage);
         m.predictor_samples
             .set(i64::try_from(acc.samples).unwrap_or(i64::MAX));
-        let blocks = i64::try_from(blocks).unwrap_or(i64::MAX);
-        m.index_blocks.set(blocks);
-        m.index_bytes
-            .set(blocks.saturating_mul(INDEX_BYTES_PER_BLOCK));
+        let routed_blocks = i64::try_from(routed_blocks).unwrap_or(i64::MAX);
+        let engine_blocks = i64::try_from(engine_blocks).unwrap_or(i64::MAX);
+        m.index_blocks
+            .set(routed_blocks.saturating_add(engine_blocks));
+        m.index_bytes.set(
+            routed_blocks
+                .saturating_mul(INDEX_BYTES_PER_BLOCK)
+                .saturating_add(engine_blocks.saturating_mul(ENGINE_INDEX_BYTES_PER_BLOCK)),
+        );
     }
 }
 
 /// Memory bound per indexed block of the routed index (ARCHITECTURE.md, measured in the core).
 pub const INDEX_BYTES_PER_BLOCK: i64 = 96;
+/// Memory bound per indexed block of the engine index (kvgate-core, `tests/engine_index_memory.rs`).
+pub const ENGINE_INDEX_BYTES_PER_BLOCK: i64 = 192;

@@ -1,8 +1,12 @@
 //! Prefix indexes: which pod holds which prompt blocks.
 //!
 //! Two kinds live behind [`PrefixIndex`]: the *routed* index ([`routed::RoutedIndex`], records
-//! where requests were sent) and, later, the *engine* index fed by vLLM KV-cache events.
+//! where requests were sent) and the *engine* index ([`engine::EngineIndex`], fed by vLLM
+//! KV-cache events decoded by [`kv_events_wire`]); [`engine::HybridIndex`] uses the engine index
+//! for pods with live events and the routed index for the others.
 
+pub mod engine;
+pub mod kv_events_wire;
 pub mod routed;
 
 use crate::blocks::BlockHash;

@@ -419,6 +419,29 @@ impl RoutedIndex {
         Some(pod16)
     }
 
+    /// Forgets that `pod` holds the block `hash` (the engine index's `BlockRemoved`); true when
+    /// the pod held it. O(1).
+    pub fn remove_block(&mut self, pod: PodId, hash: BlockHash) -> bool {
+        let Ok(pod16) = u16::try_from(pod.0) else {
+            return false;
+        };
+        let Some(slot) = self.holders.get(&hash).and_then(|h| h.slot_of(pod16)) else {
+            return false;
+        };
+        let Some(Some(lru)) = self.pods.get_mut(pod.index()) else {
+            return false;
+        };
+        lru.unlink(slot);
+        if let Some(node) = lru.nodes.get_mut(slot as usize) {
+            node.next = lru.free;
+        }
+        lru.free = slot;
+        lru.len -= 1;
+        self.indexed_blocks -= 1;
+        drop_holder(&mut self.holders, hash, pod16);
+        true
+    }
+
     /// Frees hash-map memory after large removals (never on the recording path).
     fn maybe_shrink_map(&mut self) {
         if self.holders.capacity() > 4 * self.holders.len().max(1024) {
@@ -601,6 +624,22 @@ mod tests {
             actual, derived,
             "block → pods map out of sync with the LRUs"
         );
+    }
+
+    #[test]
+    fn remove_block_forgets_one_pods_copy_and_reuses_the_slot() {
+        let mut index = RoutedIndex::new();
+        index.record_routed(PodId(0), &[1, 2, 3]);
+        index.record_routed(PodId(1), &[1, 2]);
+        assert!(index.remove_block(PodId(0), 2));
+        assert!(!index.remove_block(PodId(0), 2));
+        assert!(!index.remove_block(PodId(7), 1));
+        assert_eq!(matched(&index, &[1, 2, 3]), vec![1, 2]);
+        assert_eq!(index.indexed_blocks(), 4);
+        check_invariants(&index);
+        index.record_routed(PodId(0), &[9]);
+        assert_eq!(index.blocks_mru_first(PodId(0)), vec![9, 1, 3]);
+        check_invariants(&index);
     }
 
     #[test]
