@@ -16,12 +16,14 @@
 //! Only requests a pod answered with 2xx and that ran to their end are written. A record is
 //! made when the request arrives and sent to a writer thread when it ends, through a bounded
 //! channel ([`CAPTURE_QUEUE`]); on overflow the record is dropped and counted
-//! (`kvgate_capture_dropped_total` is not exported yet: see [`Capture::dropped`] and the log).
+//! (`kvgate_capture_dropped_total` on the admin `/metrics`, [`Capture::dropped`], and a warning
+//! in the log at every power of two).
 //! The writer reorders by arrival, waiting for a request still running at most until
 //! [`MAX_PENDING`] later ones have ended. The dense-id map holds at most [`MAX_DENSE_IDS`]
 //! spans; past that it restarts (sharing across the restart is not recorded).
 
 use parking_lot::Mutex;
+use prometheus_client::metrics::counter::Counter;
 use rustc_hash::FxHashMap;
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -57,7 +59,8 @@ pub struct Capture {
     tx: mpsc::Sender<Message>,
     next_seq: AtomicU64,
     epoch: OnceLock<Instant>,
-    dropped: AtomicU64,
+    /// Shared with the gateway's `kvgate_capture_dropped_total`.
+    dropped: Counter,
     /// Sequence numbers whose record was dropped on overflow (so the writer does not wait).
     lost: Mutex<Vec<u64>>,
 }
@@ -72,8 +75,9 @@ pub struct Ticket {
 }
 
 impl Capture {
-    /// Opens `path` for appending and starts the writer thread.
-    pub fn open(path: &Path) -> std::io::Result<Arc<Capture>> {
+    /// Opens `path` for appending and starts the writer thread; records dropped on overflow
+    /// are counted in `dropped` (the gateway passes its `capture_dropped` metric).
+    pub fn open(path: &Path, dropped: Counter) -> std::io::Result<Arc<Capture>> {
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -83,7 +87,7 @@ impl Capture {
             tx,
             next_seq: AtomicU64::new(0),
             epoch: OnceLock::new(),
-            dropped: AtomicU64::new(0),
+            dropped,
             lost: Mutex::new(Vec::new()),
         });
         let weak = Arc::downgrade(&capture);
@@ -96,7 +100,7 @@ impl Capture {
 
     /// Records dropped because the writer fell behind.
     pub fn dropped(&self) -> u64 {
-        self.dropped.load(Ordering::Relaxed)
+        self.dropped.get()
     }
 
     /// Starts capturing a request that arrives now with these block hashes.
@@ -152,7 +156,7 @@ impl Drop for Ticket {
             .then(|| std::mem::replace(&mut self.record, empty_record()));
         if self.capture.tx.try_send((self.seq, record)).is_err() {
             self.capture.lost.lock().push(self.seq);
-            let n = self.capture.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+            let n = self.capture.dropped.inc() + 1;
             if n.is_power_of_two() {
                 tracing::warn!(dropped = n, "capture writer is behind; records dropped");
             }
@@ -288,5 +292,28 @@ mod tests {
             (a["timestamp"].as_u64(), b["timestamp"].as_u64()),
             (Some(5), Some(5))
         );
+    }
+
+    #[test]
+    fn overflow_is_counted_in_the_gateway_metric() {
+        let metrics = crate::metrics::Metrics::new();
+        // A queue of one that nobody reads: the second record overflows.
+        let (tx, _rx) = mpsc::channel(1);
+        let capture = Arc::new(Capture {
+            tx,
+            next_seq: AtomicU64::new(0),
+            epoch: OnceLock::new(),
+            dropped: metrics.capture_dropped.clone(),
+            lost: Mutex::new(Vec::new()),
+        });
+        for _ in 0..3 {
+            let mut t = capture.ticket(&[1, 2], 100, Some(4));
+            t.served(Some(100), Some(4));
+        }
+        assert_eq!(capture.dropped(), 2);
+        assert_eq!(*capture.lost.lock(), vec![1, 2]);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &metrics.registry).unwrap();
+        assert!(text.contains("kvgate_capture_dropped_total 2"), "{text}");
     }
 }

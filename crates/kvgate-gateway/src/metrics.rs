@@ -82,6 +82,8 @@ pub struct Metrics {
     pub scrape_errors: Family<PodLabel, Counter>,
     pub scrape_skipped_lines: Family<PodLabel, Counter>,
     pub config_reload_errors: Counter,
+    /// `--capture` records dropped because the writer fell behind (0 without `--capture`).
+    pub capture_dropped: Counter,
     pub pod_healthy: Family<PodLabel, Gauge>,
     pub in_flight_requests: Family<PodLabel, Gauge>,
     pub in_flight_prefill_tokens: Family<PodLabel, Gauge>,
@@ -122,6 +124,7 @@ impl Metrics {
             scrape_errors: Family::default(),
             scrape_skipped_lines: Family::default(),
             config_reload_errors: Counter::default(),
+            capture_dropped: Counter::default(),
             pod_healthy: Family::default(),
             in_flight_requests: Family::default(),
             in_flight_prefill_tokens: Family::default(),
@@ -253,6 +256,11 @@ impl Metrics {
             "config_reload_errors",
             "Config file reloads rejected (old config kept)",
             self.config_reload_errors.clone(),
+        );
+        r.register(
+            "capture_dropped",
+            "Captured requests not written because the capture writer fell behind",
+            self.capture_dropped.clone(),
         );
         r.register(
             "pod_healthy",

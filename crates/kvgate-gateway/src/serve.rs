@@ -105,10 +105,11 @@ impl Gateway {
         let shared = Shared::new(config.clone());
         if let Some(path) = &args.capture {
             let capture =
-                crate::capture::Capture::open(path).map_err(|source| ServeError::Capture {
-                    path: path.display().to_string(),
-                    source,
-                })?;
+                crate::capture::Capture::open(path, shared.metrics.capture_dropped.clone())
+                    .map_err(|source| ServeError::Capture {
+                        path: path.display().to_string(),
+                        source,
+                    })?;
             let _ = shared.capture.set(capture);
         }
         let pods = shared.apply_config(config);

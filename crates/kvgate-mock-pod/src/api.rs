@@ -7,6 +7,7 @@
 //! | `GET /health` | 200, empty body |
 //! | `POST /tokenize` | `{"prompt": …}` or `{"messages": […]}` → `{count, max_model_len, tokens}` |
 //! | `GET /metrics` | see `metrics` |
+//! | `GET /server_info`, `GET /model_info` (and the older `/get_server_info`, `/get_model_info`) | SGLang's metadata endpoints, see below |
 //!
 //! **Request parsing** is `kvgate_core::request::parse_request_value`, the one the gateway
 //! uses: `model`, `prompt` (string, list of strings, token ids), `messages`, `cache_salt`,
@@ -35,6 +36,18 @@
 //! for an unknown model; 503 `ServiceUnavailableError` past the driver's request limit. Each
 //! is counted in `kvgate_mock_pod_rejected_requests_total{reason}` and logged at debug level.
 //! Bodies are limited to [`MAX_BODY_BYTES`].
+//!
+//! **SGLang metadata.** sglang-router (PyPI `sglang-router` 0.3.x) registers a worker by asking
+//! `/server_info` then `/model_info` (falling back to the `get_` names); the model id it serves
+//! and routes by is `served_model_name`, and without it every worker is model `unknown`, its
+//! `/v1/models` says `unknown` and clients that take the model from there get 404s here (and
+//! then 503s from the router, its circuit breaker presumably open). So `/server_info` answers the subset of SGLang's server
+//! args a router reads — `served_model_name`, `context_length`, `dp_size` 1, `tp_size` 1,
+//! `page_size` 16 (the block size, as in `vllm:cache_config_info`), `version` — and
+//! `/model_info` answers `is_generation: true`, `model_type`, `has_image_understanding` and
+//! `has_audio_understanding` false. `model_path` and `tokenizer_path` are left out on purpose: a
+//! router that sees them tries to download that tokenizer (from Hugging Face), which a mock pod
+//! must not cause.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -83,6 +96,10 @@ pub fn router(state: Arc<PodState>) -> Router {
         .route("/v1/models", get(models))
         .route("/health", get(|| async { StatusCode::OK }))
         .route("/tokenize", post(tokenize))
+        .route("/server_info", get(server_info))
+        .route("/get_server_info", get(server_info))
+        .route("/model_info", get(model_info))
+        .route("/get_model_info", get(model_info))
         .route("/metrics", get(metrics))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
@@ -135,6 +152,36 @@ async fn models(State(st): State<Arc<PodState>>) -> Response {
             "id": st.model, "object": "model", "created": unix_now(), "owned_by": "vllm",
             "root": st.model, "parent": null, "max_model_len": st.max_model_len, "permission": []
         }]}),
+    )
+}
+
+/// SGLang's `/server_info` (see the module docs).
+async fn server_info(State(st): State<Arc<PodState>>) -> Response {
+    json_response(
+        StatusCode::OK,
+        &json!({
+            "served_model_name": st.model,
+            "context_length": st.max_model_len,
+            "dp_size": 1,
+            "tp_size": 1,
+            "page_size": 16,
+            "version": concat!("kvgate-mock-pod ", env!("CARGO_PKG_VERSION")),
+        }),
+    )
+}
+
+/// SGLang's `/model_info` (see the module docs).
+async fn model_info() -> Response {
+    json_response(
+        StatusCode::OK,
+        &json!({
+            "is_generation": true,
+            "model_type": "llama",
+            "has_image_understanding": false,
+            "has_audio_understanding": false,
+            "preferred_sampling_params": null,
+            "weight_version": "default",
+        }),
     )
 }
 

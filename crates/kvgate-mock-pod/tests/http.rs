@@ -235,6 +235,37 @@ async fn models_tokenize_and_health_answer_like_vllm() {
     assert_eq!(t["tokens"], json!([9906, 11, 1917]));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sglang_metadata_endpoints_name_the_served_model() {
+    let pod = pod(PodConfig::default()).await;
+    let url = pod.url();
+    for path in ["/server_info", "/get_server_info"] {
+        let info: Value = client()
+            .get(format!("{url}{path}"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(info["served_model_name"], MODEL, "{path}");
+        assert_eq!(info["dp_size"], 1, "{path}");
+        // No model_path: a router would try to download its tokenizer.
+        assert!(info.get("model_path").is_none(), "{path}");
+    }
+    for path in ["/model_info", "/get_model_info"] {
+        let info: Value = client()
+            .get(format!("{url}{path}"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(info["is_generation"], true, "{path}");
+    }
+}
+
 /// Parses the Prometheus text: (name with labels, value) for every sample line.
 fn samples(text: &str) -> Vec<(String, f64)> {
     text.lines()
