@@ -8,7 +8,7 @@ use crate::config::RouterConfig;
 use crate::decision::{Decision, PodExplanation};
 use crate::index::{PrefixIndex, prefix_score};
 use crate::pod::PodSnapshot;
-use crate::policy::{Candidate, Policy, PolicyError, PolicyKind, RequestFacts};
+use crate::policy::{Candidate, Policy, PolicyError, PolicyKind, RequestFacts, RequestSlo};
 use crate::predictor::{Features, LatencyPredictor};
 use crate::request::ParsedRequest;
 
@@ -65,6 +65,26 @@ impl Router {
         self.choose(&facts, &candidates, rng)
     }
 
+    /// [`Router::decide`] for a request with latency objectives: policies that use them (the
+    /// affinity gate's SLO mode) pick by headroom; the others ignore them.
+    #[allow(clippy::too_many_arguments)]
+    pub fn decide_with_slo(
+        &mut self,
+        blocks: &[BlockHash],
+        input_tokens: u32,
+        slo: RequestSlo,
+        pods: &[PodSnapshot],
+        index: &dyn PrefixIndex,
+        predictor: &LatencyPredictor,
+        rng: &mut DecisionRng,
+    ) -> Result<Decision, PolicyError> {
+        let (mut facts, candidates) = self.evaluate(blocks, input_tokens, pods, index, predictor);
+        let slo = slo.sanitized();
+        facts.slo_ttft_ms = slo.ttft_ms;
+        facts.slo_tpot_ms = slo.tpot_ms;
+        self.choose(&facts, &candidates, rng)
+    }
+
     /// Scores and predicts every healthy pod; the first half of [`Router::decide`]. Exposed so
     /// that `kvgate decide` can pin scores or predictions before the policy runs.
     pub fn evaluate<'p>(
@@ -80,6 +100,8 @@ impl Router {
             prompt_blocks: blocks.len(),
             input_tokens,
             block_size_tokens: self.config.block_size_tokens,
+            slo_ttft_ms: None,
+            slo_tpot_ms: None,
         };
         let candidates = pods
             .iter()

@@ -39,6 +39,13 @@ pub const DEFAULT_SCRAPE_INTERVAL_MS: f64 = 50.0;
 pub struct ClusterConfig {
     pub pods: u32,
     pub profile: &'static Profile,
+    /// A mixed fleet: one profile per pod, overriding `pods` × `profile` when not empty. Each
+    /// pod's `PodSnapshot::class` is its profile's name, so the predictor keeps one model per
+    /// profile.
+    pub pod_profiles: Vec<&'static Profile>,
+    /// Ablation: every pod reports the same class, so one predictor model serves the whole
+    /// (possibly mixed) fleet.
+    pub class_blind_predictor: bool,
     /// Overrides the profile's KV blocks per pod.
     pub kv_blocks: Option<u32>,
     pub scrape_interval_ms: f64,
@@ -56,6 +63,8 @@ impl ClusterConfig {
         ClusterConfig {
             pods,
             profile: Profile::default_profile(),
+            pod_profiles: Vec::new(),
+            class_blind_predictor: false,
             kv_blocks: None,
             scrape_interval_ms: DEFAULT_SCRAPE_INTERVAL_MS,
             policy,
@@ -65,7 +74,19 @@ impl ClusterConfig {
             rate_scale: 1.0,
         }
     }
+
+    /// The profile of each pod: `pod_profiles`, or `pods` (at least 1) × `profile`.
+    pub fn fleet(&self) -> Vec<&'static Profile> {
+        if self.pod_profiles.is_empty() {
+            vec![self.profile; self.pods.max(1) as usize]
+        } else {
+            self.pod_profiles.clone()
+        }
+    }
 }
+
+/// The class every pod reports under `class_blind_predictor`.
+pub const CLASS_BLIND: &str = "all";
 
 /// What the router remembers about a dispatched request until it finishes.
 #[derive(Debug, Clone, Copy)]
@@ -108,16 +129,24 @@ struct Cluster {
 
 impl Cluster {
     fn new(config: &ClusterConfig, requests: usize) -> Self {
-        let pods = config.pods.max(1);
-        let engines: Vec<Engine> = (0..pods)
-            .map(|_| Engine::new(config.profile, config.kv_blocks))
+        let fleet = config.fleet();
+        let pods = fleet.len() as u32;
+        let engines: Vec<Engine> = fleet
+            .iter()
+            .map(|profile| Engine::new(profile, config.kv_blocks))
             .collect();
-        let kv_blocks = config.kv_blocks.unwrap_or(config.profile.kv_blocks);
         let mut index = RoutedIndex::new();
         let snapshots = (0..pods)
-            .map(|i| {
+            .zip(&fleet)
+            .map(|(i, profile)| {
+                let kv_blocks = config.kv_blocks.unwrap_or(profile.kv_blocks);
                 index.set_capacity(PodId(i), kv_blocks);
-                PodSnapshot::idle(i, config.profile.name, kv_blocks)
+                let class = if config.class_blind_predictor {
+                    CLASS_BLIND
+                } else {
+                    profile.name
+                };
+                PodSnapshot::idle(i, class, kv_blocks)
             })
             .collect();
         Cluster {

@@ -119,3 +119,26 @@ fn faster_arrivals_raise_ttft() {
     let (slow, fast) = (at(1.0), at(20.0));
     assert!(fast > slow * 1.5, "ttft at 1x {slow} ms, at 20x {fast} ms");
 }
+
+#[test]
+fn a_mixed_fleet_runs_each_pod_at_its_own_profile() {
+    // Round-robin sends the first request to pod 0 (H100) and the second to pod 1 (A100).
+    let h100 = Profile::by_name("llama3-8b-h100").unwrap();
+    let a100 = Profile::by_name("llama3-8b-a100").unwrap();
+    let n = 4000;
+    let reqs = [request(0, 0.0, 1, n, 1), request(1, 60_000.0, 2, n, 1)];
+    let config = ClusterConfig {
+        pod_profiles: vec![h100, a100],
+        ..ClusterConfig::new(8, PolicyKind::RoundRobin, 1)
+    };
+    assert_eq!(config.fleet().len(), 2, "pod_profiles overrides pods");
+    let m = cluster::run(&config, &reqs);
+    let tokens = u64::from(n);
+    let expected = (h100.step_ms(tokens, 0, tokens) + a100.step_ms(tokens, 0, tokens)) / 2.0;
+    assert_eq!(m.completed, 2);
+    assert!(
+        (m.ttft_ms.mean - expected).abs() < 1e-9,
+        "{} vs {expected}",
+        m.ttft_ms.mean
+    );
+}

@@ -59,6 +59,13 @@ pub struct SimArgs {
     /// Engine profile of every pod.
     #[arg(long, default_value = Profile::DEFAULT_NAME)]
     profile: String,
+    /// A mixed fleet, `profile:count,...` (e.g. `llama3-8b-h100:4,llama3-8b-a100:4`);
+    /// overrides --pods and --profile. Each pod's predictor class is its profile's name.
+    #[arg(long)]
+    pod_profiles: Option<String>,
+    /// Ablation: give every pod the same predictor class, so one model serves a mixed fleet.
+    #[arg(long)]
+    class_blind_predictor: bool,
     /// Override the profile's KV blocks per pod.
     #[arg(long)]
     kv_blocks: Option<u32>,
@@ -100,6 +107,52 @@ struct SimReport<'a> {
     scrape_interval_ms: f64,
     router_config: RouterConfig,
     runs: &'a [RunMetrics],
+}
+
+/// `name:count,...` into one profile per pod, in the order given.
+fn parse_pod_profiles(list: &str) -> Result<Vec<&'static Profile>> {
+    let mut fleet = Vec::new();
+    for item in list.split(',') {
+        let (name, count) = item
+            .trim()
+            .split_once(':')
+            .with_context(|| format!("--pod-profiles item {item:?} is not `profile:count`"))?;
+        let profile = profile_by_name(name.trim())?;
+        let count: usize = count
+            .trim()
+            .parse()
+            .with_context(|| format!("bad pod count in {item:?}"))?;
+        fleet.extend(std::iter::repeat_n(profile, count));
+    }
+    if fleet.is_empty() {
+        bail!("--pod-profiles gives no pods");
+    }
+    Ok(fleet)
+}
+
+fn profile_by_name(name: &str) -> Result<&'static Profile> {
+    Profile::by_name(name).with_context(|| {
+        format!(
+            "unknown profile {name:?}; expected one of {}",
+            Profile::names().collect::<Vec<_>>().join(", ")
+        )
+    })
+}
+
+/// `4 × llama3-8b-h100 + 4 × llama3-8b-a100`, runs of equal profiles collapsed.
+fn fleet_label(fleet: &[&'static Profile]) -> String {
+    let mut parts: Vec<(usize, &str)> = Vec::new();
+    for p in fleet {
+        match parts.last_mut() {
+            Some((n, name)) if *name == p.name => *n += 1,
+            _ => parts.push((1, p.name)),
+        }
+    }
+    parts
+        .iter()
+        .map(|(n, name)| format!("{n} × {name}"))
+        .collect::<Vec<_>>()
+        .join(" + ")
 }
 
 fn parse_policies(list: &str) -> Result<Vec<PolicyKind>> {
@@ -175,16 +228,20 @@ fn load_workload(args: &SimArgs) -> Result<(Workload, Vec<SimRequest>)> {
 pub fn run(args: SimArgs) -> Result<()> {
     let policies = parse_policies(&args.policy)?;
     let rates = parse_rates(&args)?;
-    let profile = Profile::by_name(&args.profile).with_context(|| {
-        format!(
-            "unknown profile {:?}; expected one of {}",
-            args.profile,
-            Profile::names().collect::<Vec<_>>().join(", ")
-        )
-    })?;
+    let profile = profile_by_name(&args.profile)?;
     if args.pods == 0 {
         bail!("--pods must be at least 1");
     }
+    let fleet = match &args.pod_profiles {
+        Some(list) => parse_pod_profiles(list)?,
+        None => vec![profile; args.pods as usize],
+    };
+    let pods = fleet.len() as u32;
+    // The report's `profile`: the profile's name for a uniform fleet (as before), the mix else.
+    let label = match &args.pod_profiles {
+        Some(_) => fleet_label(&fleet),
+        None => profile.name.to_string(),
+    };
     let router = match &args.router_config {
         Some(json) => RouterConfig::from_json(
             &serde_json::from_str(json).context("--router-config is not JSON")?,
@@ -198,8 +255,10 @@ pub fn run(args: SimArgs) -> Result<()> {
         for &policy in &policies {
             for &seed in &args.seed {
                 configs.push(ClusterConfig {
-                    pods: args.pods,
+                    pods,
                     profile,
+                    pod_profiles: fleet.clone(),
+                    class_blind_predictor: args.class_blind_predictor,
                     kv_blocks: args.kv_blocks,
                     scrape_interval_ms: args.scrape_interval,
                     router,
@@ -208,7 +267,7 @@ pub fn run(args: SimArgs) -> Result<()> {
                         kv_shortfall_feature: !args.no_kv_shortfall,
                         ..Default::default()
                     },
-                    ..ClusterConfig::new(args.pods, policy, seed)
+                    ..ClusterConfig::new(pods, policy, seed)
                 });
             }
         }
@@ -267,11 +326,11 @@ pub fn run(args: SimArgs) -> Result<()> {
         );
     }
 
-    print_table(&workload, args.pods, profile.name, &runs);
+    print_table(&workload, pods, &label, &runs);
     let report = SimReport {
         workload: &workload,
-        pods: args.pods,
-        profile: profile.name,
+        pods,
+        profile: &label,
         scrape_interval_ms: args.scrape_interval,
         router_config: router,
         runs: &runs,
@@ -282,16 +341,14 @@ pub fn run(args: SimArgs) -> Result<()> {
     }
     if let Some(path) = &args.html {
         let title = format!(
-            "kvgate sim: {} on {} × {}",
+            "kvgate sim: {} on {label}",
             workload.source.as_deref().unwrap_or(workload.params.kind()),
-            args.pods,
-            profile.name
         );
         let page = kvgate_sim::html::render_html(
             &title,
             &serde_json::to_value(&workload)?,
-            args.pods,
-            profile.name,
+            pods,
+            &label,
             &runs,
         );
         std::fs::write(path, page).with_context(|| format!("writing {}", path.display()))?;
@@ -299,16 +356,14 @@ pub fn run(args: SimArgs) -> Result<()> {
     Ok(())
 }
 
-fn print_table(workload: &Workload, pods: u32, profile: &str, runs: &[RunMetrics]) {
+fn print_table(workload: &Workload, pods: u32, fleet: &str, runs: &[RunMetrics]) {
     println!(
-        "workload {} ({} requests), {} pods × {}",
+        "workload {} ({} requests), {pods} pods × {fleet}",
         workload.source.as_deref().unwrap_or(workload.params.kind()),
         workload.request_count,
-        pods,
-        profile
     );
     println!(
-        "{:<19} {:>5} {:>4} {:>6} {:>9} {:>9} {:>9} {:>9} {:>7} {:>6} {:>8} {:>5} {:>5} {:>7} {:>21}",
+        "{:<19} {:>5} {:>4} {:>6} {:>9} {:>9} {:>9} {:>9} {:>7} {:>6} {:>8} {:>5} {:>5} {:>7} {:>21} {:>6}",
         "policy",
         "rate",
         "seed",
@@ -323,11 +378,12 @@ fn print_table(workload: &Workload, pods: u32, profile: &str, runs: &[RunMetrics
         "busy%",
         "cv",
         "preempt",
-        "gate e/x/n/l"
+        "gate e/x/n/l",
+        "mape%"
     );
     for r in runs {
         println!(
-            "{:<19} {:>5} {:>4} {:>6} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>7.2} {:>6.1} {:>8.0} {:>5.1} {:>5.2} {:>7} {:>21}",
+            "{:<19} {:>5} {:>4} {:>6} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>7.2} {:>6.1} {:>8.0} {:>5.1} {:>5.2} {:>7} {:>21} {:>6.1}",
             r.policy,
             r.rate_scale,
             r.seed,
@@ -346,6 +402,7 @@ fn print_table(workload: &Workload, pods: u32, profile: &str, runs: &[RunMetrics
                 "{}/{}/{}/{}",
                 r.gate.explore, r.gate.exploit, r.gate.no_sticky, r.gate.load_break
             ),
+            r.predictor.ttft_mape * 100.0,
         );
     }
 }

@@ -42,6 +42,29 @@ pub struct RequestFacts {
     /// Estimated prompt tokens.
     pub input_tokens: u32,
     pub block_size_tokens: u32,
+    /// The request's TTFT objective (`x-slo-ttft-ms`), if it carries one.
+    pub slo_ttft_ms: Option<f64>,
+    /// The request's TPOT objective (`x-slo-tpot-ms`), if it carries one.
+    pub slo_tpot_ms: Option<f64>,
+}
+
+/// Latency objectives a request may carry; see [`crate::Router::decide_with_slo`]. Values that
+/// are not finite and positive are ignored (treated as absent).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct RequestSlo {
+    pub ttft_ms: Option<f64>,
+    pub tpot_ms: Option<f64>,
+}
+
+impl RequestSlo {
+    /// The objectives with invalid values dropped.
+    pub fn sanitized(self) -> RequestSlo {
+        let valid = |v: Option<f64>| v.filter(|x| x.is_finite() && *x > 0.0);
+        RequestSlo {
+            ttft_ms: valid(self.ttft_ms),
+            tpot_ms: valid(self.tpot_ms),
+        }
+    }
 }
 
 /// A policy's answer: the index into the candidate slice, and why.
@@ -208,6 +231,8 @@ pub(crate) mod testutil {
             prompt_blocks,
             input_tokens: prompt_blocks as u32 * 16,
             block_size_tokens: 16,
+            slo_ttft_ms: None,
+            slo_tpot_ms: None,
         }
     }
 

@@ -16,6 +16,11 @@
 //! - **Accuracy** ([`accuracy`]): prequential MAPE over the last `accuracy_window` (1000)
 //!   samples, and a per-class p90 TTFT from a tracked quantile of actual/predicted, with its
 //!   coverage. See [`LatencyPredictor::predict_p90_ttft`].
+//! - **Drift** ([`drift`]): per class and target, a recent and a long-run mean of the absolute
+//!   percentage error; when the recent one passes max(2 × long-run, 20 %) the class's regressor
+//!   forgets its confidence (covariance back to the prior, weights kept) and runs with
+//!   λ = `drift_forgetting_factor` (0.99) until the error recovers. Episodes are
+//!   counted ([`AccuracyReport::drift_episodes`], [`LatencyPredictor::class_reports`]).
 //! - **Rejected input.** Targets that are non-finite or outside [`min_predicted_ms`,
 //!   `max_predicted_ms`] (so ≤ 0 too) are ignored and counted (`rejected_targets`); samples whose features are not finite are ignored and counted
 //!   (`rejected_features`). Prediction accepts any features: they are sanitised first.
@@ -25,6 +30,7 @@
 
 pub mod accuracy;
 pub mod analytic;
+pub mod drift;
 pub mod features;
 pub mod rls;
 
@@ -32,6 +38,7 @@ pub use features::{Features, TPOT_DIM, TTFT_DIM};
 pub use rls::{OnlineRegressor, Rls};
 
 use accuracy::{AccuracyTracker, LogRatioQuantile};
+use drift::{DriftBounds, DriftDetector};
 use serde::Serialize;
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -61,6 +68,27 @@ pub struct AccuracyReport {
     pub rejected_features: u64,
     /// Times a regressor hit a numerical failure and was reset to its prior.
     pub model_resets: u64,
+    /// Drift episodes started so far (all classes, TTFT and TPOT).
+    pub drift_episodes: u64,
+    /// Classes whose TTFT or TPOT model is in a drift episode now.
+    pub drifting_classes: u64,
+}
+
+/// Accuracy and drift state of one pod class ([`LatencyPredictor::class_reports`]).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ClassAccuracy {
+    pub class: String,
+    /// TTFT samples the class's model has learnt.
+    pub ttft_samples: u64,
+    /// Recent and long-run mean absolute percentage error of TTFT (fractions; see [`drift`]).
+    pub ttft_recent_error: f64,
+    pub ttft_long_run_error: f64,
+    pub tpot_recent_error: f64,
+    pub tpot_long_run_error: f64,
+    /// Whether the TTFT or the TPOT model is in a drift episode now (adapting faster).
+    pub drift_active: bool,
+    /// Drift episodes started for this class (TTFT and TPOT).
+    pub drift_episodes: u64,
 }
 
 /// The regressor behind each TTFT model; swap here to try another [`OnlineRegressor`].
@@ -106,6 +134,20 @@ pub struct PredictorConfig {
     /// Whether the TTFT model sees the KV-shortfall feature (memory pressure; see
     /// [`features`]). Default true; false is the ablation measured in EVALUATION.md.
     pub kv_shortfall_feature: bool,
+    /// Whether a drift episode lowers the forgetting factor ([`drift`]). Default true; when
+    /// false, episodes are still detected and counted but λ stays put.
+    pub drift_detection: bool,
+    /// λ while a class is in a drift episode. Default 0.99 (half-life ≈ 69 samples).
+    pub drift_forgetting_factor: f64,
+    /// Weight of the recent error mean. Default 0.05 (≈ the last 20 samples).
+    pub drift_recent_alpha: f64,
+    /// Weight of the long-run error mean. Default 0.002 (≈ the last 500 samples).
+    pub drift_long_run_alpha: f64,
+    /// An episode starts when the recent error exceeds this multiple of the long-run one…
+    /// Default 2.
+    pub drift_error_ratio: f64,
+    /// …and this absolute error (fraction). Default 0.20.
+    pub drift_min_error: f64,
     /// Floor of every prediction, and the smallest target accepted. Default 0.1 ms.
     pub min_predicted_ms: f64,
     /// Ceiling of every prediction, and the largest target accepted. Default 3 600 000 ms (1 h).
@@ -128,6 +170,12 @@ impl Default for PredictorConfig {
             ttft_p90_step: 0.01,
             ttft_p90_initial_ratio: 1.5,
             kv_shortfall_feature: true,
+            drift_detection: true,
+            drift_forgetting_factor: 0.99,
+            drift_recent_alpha: 0.05,
+            drift_long_run_alpha: 0.002,
+            drift_error_ratio: 2.0,
+            drift_min_error: 0.2,
             min_predicted_ms: 0.1,
             max_predicted_ms: 3_600_000.0,
         }
@@ -223,6 +271,47 @@ impl PredictorConfig {
             d.ttft_p90_initial_ratio,
             &mut first,
         );
+        c.drift_forgetting_factor = checked(
+            positive(c.drift_forgetting_factor) && c.drift_forgetting_factor <= 1.0,
+            ("drift_forgetting_factor", "(0, 1]"),
+            c.drift_forgetting_factor,
+            d.drift_forgetting_factor,
+            &mut first,
+        );
+        for (field, value, default) in [
+            (
+                "drift_recent_alpha",
+                &mut c.drift_recent_alpha,
+                d.drift_recent_alpha,
+            ),
+            (
+                "drift_long_run_alpha",
+                &mut c.drift_long_run_alpha,
+                d.drift_long_run_alpha,
+            ),
+        ] {
+            *value = checked(
+                positive(*value) && *value <= 1.0,
+                (field, "(0, 1]"),
+                *value,
+                default,
+                &mut first,
+            );
+        }
+        c.drift_error_ratio = checked(
+            positive(c.drift_error_ratio),
+            ("drift_error_ratio", "> 0"),
+            c.drift_error_ratio,
+            d.drift_error_ratio,
+            &mut first,
+        );
+        c.drift_min_error = checked(
+            non_negative(c.drift_min_error),
+            ("drift_min_error", ">= 0"),
+            c.drift_min_error,
+            d.drift_min_error,
+            &mut first,
+        );
         c.min_predicted_ms = checked(
             positive(c.min_predicted_ms),
             ("min_predicted_ms", "> 0"),
@@ -274,6 +363,8 @@ struct ClassModels {
     ttft: TtftModel,
     tpot: TpotModel,
     ttft_p90: LogRatioQuantile,
+    ttft_drift: DriftDetector,
+    tpot_drift: DriftDetector,
 }
 
 impl ClassModels {
@@ -295,6 +386,25 @@ impl ClassModels {
                 P90,
                 config.ttft_p90_step,
             ),
+            ttft_drift: DriftDetector::default(),
+            tpot_drift: DriftDetector::default(),
+        }
+    }
+
+    fn drift_active(&self) -> bool {
+        self.ttft_drift.active() || self.tpot_drift.active()
+    }
+
+    fn report(&self) -> ClassAccuracy {
+        ClassAccuracy {
+            class: self.class.clone(),
+            ttft_samples: self.ttft.samples(),
+            ttft_recent_error: self.ttft_drift.recent_error(),
+            ttft_long_run_error: self.ttft_drift.long_run_error(),
+            tpot_recent_error: self.tpot_drift.recent_error(),
+            tpot_long_run_error: self.tpot_drift.long_run_error(),
+            drift_active: self.drift_active(),
+            drift_episodes: self.ttft_drift.episodes() + self.tpot_drift.episodes(),
         }
     }
 
@@ -457,19 +567,52 @@ impl LatencyPredictor {
 
         let f = self.encodable(features);
         let config = &self.config;
+        let bounds = DriftBounds {
+            recent_alpha: config.drift_recent_alpha,
+            long_run_alpha: config.drift_long_run_alpha,
+            error_ratio: config.drift_error_ratio,
+            min_error: config.drift_min_error,
+        };
         let models = models_mut(&mut self.classes, &mut self.overflow, class, config);
         if let Some(actual) = ttft {
             let predicted = models.ttft_ms(config, &f);
             let predicted_p90 = models.ttft_p90_ms(config, predicted);
             self.accuracy.score_ttft(actual, predicted, predicted_p90);
             models.ttft_p90.observe(actual, predicted);
+            if models.ttft.samples() >= config.min_samples {
+                let episodes = models.ttft_drift.episodes();
+                let drifting = models.ttft_drift.observe(ape(actual, predicted), &bounds);
+                if config.drift_detection && models.ttft_drift.episodes() > episodes {
+                    models.ttft.reset_confidence();
+                }
+                models.ttft.set_forgetting_factor(lambda(config, drifting));
+            }
             models.ttft.update(&f.ttft_vector(), actual);
         }
         if let Some(actual) = tpot {
             let predicted = models.tpot_ms(config, &f);
             self.accuracy.score_tpot(actual, predicted);
+            if models.tpot.samples() >= config.min_samples {
+                let episodes = models.tpot_drift.episodes();
+                let drifting = models.tpot_drift.observe(ape(actual, predicted), &bounds);
+                if config.drift_detection && models.tpot_drift.episodes() > episodes {
+                    models.tpot.reset_confidence();
+                }
+                models.tpot.set_forgetting_factor(lambda(config, drifting));
+            }
             models.tpot.update(&f.tpot_vector(), actual);
         }
+    }
+
+    /// Accuracy and drift state of every class with its own models, in first-seen order
+    /// (the shared fallback of classes beyond `max_classes` is not included).
+    pub fn class_reports(&self) -> Vec<ClassAccuracy> {
+        self.classes.iter().map(ClassModels::report).collect()
+    }
+
+    /// Whether `class`'s models are in a drift episode now (false for unknown classes).
+    pub fn drift_active(&self, class: &str) -> bool {
+        self.models(class).drift_active()
     }
 
     pub fn accuracy(&self) -> AccuracyReport {
@@ -479,6 +622,11 @@ impl LatencyPredictor {
             .chain(std::iter::once(&self.overflow))
             .map(|m| m.ttft.resets() + m.tpot.resets())
             .sum();
+        let all = || self.classes.iter().chain(std::iter::once(&self.overflow));
+        let drift_episodes = all()
+            .map(|m| m.ttft_drift.episodes() + m.tpot_drift.episodes())
+            .sum();
+        let drifting_classes = all().filter(|m| m.drift_active()).count() as u64;
         AccuracyReport {
             samples: self.accuracy.ttft_samples,
             tpot_samples: self.accuracy.tpot_samples,
@@ -488,7 +636,23 @@ impl LatencyPredictor {
             rejected_targets: self.rejected_targets,
             rejected_features: self.rejected_features,
             model_resets,
+            drift_episodes,
+            drifting_classes,
         }
+    }
+}
+
+/// Absolute percentage error of one prediction (`actual` > 0).
+fn ape(actual: f64, predicted: f64) -> f64 {
+    (actual - predicted).abs() / actual
+}
+
+/// The forgetting factor a model should use: the faster one during a drift episode.
+fn lambda(config: &PredictorConfig, drifting: bool) -> f64 {
+    if drifting && config.drift_detection {
+        config.drift_forgetting_factor
+    } else {
+        config.forgetting_factor
     }
 }
 

@@ -63,6 +63,29 @@ impl<const D: usize> Rls<D> {
         &self.weights
     }
 
+    pub fn forgetting_factor(&self) -> f64 {
+        self.forgetting_factor
+    }
+
+    /// Changes λ from the next update on (the drift detector lowers it for faster adaptation);
+    /// values outside (0, 1] are ignored.
+    pub fn set_forgetting_factor(&mut self, forgetting_factor: f64) {
+        if forgetting_factor > 0.0 && forgetting_factor <= 1.0 {
+            self.forgetting_factor = forgetting_factor;
+        }
+    }
+
+    /// Keeps the weights but resets the covariance to its prior I/δ, so the next samples move
+    /// the weights as if the model had just started from them ("covariance resetting", the
+    /// classic RLS answer to an abrupt change; the drift detector calls it when an episode
+    /// starts).
+    pub fn reset_confidence(&mut self) {
+        self.covariance = [[0.0; D]; D];
+        for (i, row) in self.covariance.iter_mut().enumerate() {
+            row[i] = 1.0 / self.ridge_delta;
+        }
+    }
+
     /// Times the model had to reset to its prior because of a numerical failure.
     pub fn resets(&self) -> u64 {
         self.resets
@@ -70,10 +93,7 @@ impl<const D: usize> Rls<D> {
 
     fn restore_prior(&mut self) {
         self.weights = self.prior;
-        self.covariance = [[0.0; D]; D];
-        for (i, row) in self.covariance.iter_mut().enumerate() {
-            row[i] = 1.0 / self.ridge_delta;
-        }
+        self.reset_confidence();
         self.samples = 0;
     }
 
