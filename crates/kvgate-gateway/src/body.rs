@@ -47,7 +47,7 @@ pub struct Tracker {
 }
 
 impl Tracker {
-    fn first_token(&mut self) {
+    pub(crate) fn first_token(&mut self) {
         if self.first_token_at.is_none() {
             self.first_token_at = Some(Instant::now());
             self.guard.first_token(self.prompt_tokens);

@@ -26,6 +26,7 @@
 //! | `metrics` | kvgate's own Prometheus metrics |
 //! | `decisions` | the bounded `/debug/decisions` ring |
 //! | `admin` | the admin listener |
+//! | `ext_proc` | `--ext-proc-listen`: Envoy ext_proc endpoint picker (GAIE protocol), same decision code |
 //! | `capture` | `--capture FILE`: served requests as Mooncake JSONL (no text), for replay |
 //! | `serve` | `ServeArgs`, `Gateway::start`, `serve` |
 //!
@@ -39,6 +40,7 @@ pub mod capture;
 pub mod config;
 pub mod decisions;
 pub mod errors;
+pub mod ext_proc;
 pub mod kv_events;
 pub mod metrics;
 pub mod pods;

@@ -96,7 +96,7 @@ pub fn traffic_router(shared: Arc<Shared>) -> axum::Router {
         .with_state(shared)
 }
 
-fn request_id(headers: &HeaderMap) -> String {
+pub(crate) fn request_id(headers: &HeaderMap) -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     if let Some(id) = headers.get("x-request-id").and_then(|v| v.to_str().ok())
         && !id.is_empty()
@@ -112,7 +112,7 @@ fn request_id(headers: &HeaderMap) -> String {
     format!("kvg-{nanos:x}-{:x}", NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
-fn header_ms(headers: &HeaderMap, names: &[&str]) -> Option<f64> {
+pub(crate) fn header_ms(headers: &HeaderMap, names: &[&str]) -> Option<f64> {
     names.iter().find_map(|n| {
         headers
             .get(*n)
@@ -123,6 +123,12 @@ fn header_ms(headers: &HeaderMap, names: &[&str]) -> Option<f64> {
 }
 
 fn reject(shared: &Shared, err: ApiError, request_id: &str) -> Response {
+    log_reject(shared, &err, request_id);
+    err.into_response(request_id)
+}
+
+/// Counts and logs a request the gateway answers itself.
+pub(crate) fn log_reject(shared: &Shared, err: &ApiError, request_id: &str) {
     shared.metrics.reject(err.code);
     match err.status.as_u16() {
         400..=499 => {
@@ -130,7 +136,6 @@ fn reject(shared: &Shared, err: ApiError, request_id: &str) -> Response {
         }
         _ => tracing::warn!(%request_id, code = err.code, message = %err.message, "request failed"),
     }
-    err.into_response(request_id)
 }
 
 async fn not_found(State(shared): State<Arc<Shared>>, req: Request) -> Response {
@@ -169,7 +174,7 @@ async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
     }
 }
 
-fn request_error(e: RequestError) -> ApiError {
+pub(crate) fn request_error(e: RequestError) -> ApiError {
     let (code, param) = match &e {
         RequestError::UnsupportedPath(_) => ("unsupported_path", None),
         RequestError::InvalidJson(_) => ("invalid_json", None),
@@ -247,7 +252,7 @@ fn client_headers(
     h
 }
 
-fn no_healthy_pod() -> ApiError {
+pub(crate) fn no_healthy_pod() -> ApiError {
     ApiError {
         status: StatusCode::SERVICE_UNAVAILABLE,
         kind: "service_unavailable",
@@ -290,6 +295,142 @@ fn splice_include_usage(body: &Bytes) -> Option<Bytes> {
     }
     out.extend_from_slice(rest);
     Some(Bytes::from(out))
+}
+
+/// The request's prefix blocks and input-token count, as the configured index cuts them.
+pub(crate) async fn request_blocks(
+    shared: &Shared,
+    cfg: &crate::config::GatewayConfig,
+    parsed: &kvgate_core::request::ParsedRequest,
+) -> (Vec<kvgate_core::BlockHash>, u32) {
+    let mut blocks = Vec::new();
+    let input_tokens = if cfg.index == crate::config::IndexKind::Engine {
+        token_mode_blocks(shared, cfg, parsed, &mut blocks).await
+    } else {
+        let hasher = BlockHasher {
+            block_size_tokens: cfg.router.block_size_tokens,
+            chars_per_token: cfg.router.chars_per_token,
+        };
+        hasher.hash_request(parsed, &mut blocks);
+        parsed.estimated_input_tokens()
+    };
+    (blocks, input_tokens)
+}
+
+/// What a decision is recorded with.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DecisionMeta<'a> {
+    pub request_id: &'a str,
+    pub attempt: u32,
+    pub slo_ttft_ms: Option<f64>,
+    pub slo_tpot_ms: Option<f64>,
+}
+
+/// A routed request: the chosen pod, the request's in-flight share on it, and what the
+/// predictor is trained with when the request ends.
+pub(crate) struct Routed {
+    pub pod: Arc<Pod>,
+    pub guard: InFlightGuard,
+    pub features: Features,
+    pub policy: &'static str,
+    pub branch: &'static str,
+}
+
+pub(crate) enum Pick {
+    Routed(Routed),
+    /// No healthy pod (after exclusions).
+    NoHealthyPod,
+    /// The core found no pod to choose.
+    NoDecision,
+    /// The chosen pod left the table meanwhile (a reload); exclude it and decide again.
+    Vanished(PodId),
+}
+
+/// One routing decision, shared by the HTTP proxy and the ext_proc endpoint picker: a snapshot
+/// of the pods now (`excluded` count as unhealthy), the core's decision under the state mutex
+/// (the routed index learns the request's blocks on the chosen pod), the in-flight share taken
+/// on that pod, and the decision recorded in `/debug/decisions` and the prediction metrics.
+pub(crate) fn decide_for(
+    shared: &Shared,
+    blocks: &[kvgate_core::BlockHash],
+    input_tokens: u32,
+    excluded: &[PodId],
+    meta: DecisionMeta<'_>,
+) -> Pick {
+    let mut snaps = shared.pods.snapshots();
+    for s in &mut snaps {
+        if excluded.contains(&s.id) {
+            s.healthy = false;
+        }
+    }
+    if !snaps.iter().any(|s| s.healthy) {
+        return Pick::NoHealthyPod;
+    }
+    let (decision, policy) = {
+        let mut st = shared.router.lock();
+        let st = &mut *st;
+        let d = st.router.decide(
+            blocks,
+            input_tokens,
+            &snaps,
+            &st.index,
+            &st.predictor,
+            &mut st.rng,
+        );
+        if let Ok(d) = &d {
+            kvgate_core::index::PrefixIndex::record_routed(&mut st.index, d.pod_id, blocks);
+        }
+        (d, st.router.policy_kind().name())
+    };
+    let Ok(decision) = decision else {
+        return Pick::NoDecision;
+    };
+    let Some(pod) = shared
+        .pods
+        .all()
+        .iter()
+        .find(|p| p.id == decision.pod_id)
+        .cloned()
+    else {
+        return Pick::Vanished(decision.pod_id);
+    };
+    let Some(snap) = snaps.iter().find(|s| s.id == decision.pod_id) else {
+        return Pick::Vanished(decision.pod_id);
+    };
+    let expl = decision.pods.iter().find(|p| p.id == decision.pod);
+    let prefix_score = expl.map_or(0.0, |e| e.prefix_score);
+    let features = Features::new(snap, input_tokens, prefix_score);
+    let guard = InFlightGuard::new(pod.clone(), features.uncached_prompt_tokens() as u64);
+    let branch = decision.branch.as_str();
+    if let Some(e) = expl {
+        shared
+            .metrics
+            .predicted_ttft_ms
+            .observe(e.predicted_ttft_ms);
+        shared
+            .metrics
+            .predicted_tpot_ms
+            .observe(e.predicted_tpot_ms);
+    }
+    shared.decisions.push(DecisionRecord {
+        request_id: meta.request_id.to_string(),
+        timestamp_ms: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0),
+        policy,
+        attempt: meta.attempt,
+        slo_ttft_ms: meta.slo_ttft_ms,
+        slo_tpot_ms: meta.slo_tpot_ms,
+        decision,
+    });
+    Pick::Routed(Routed {
+        pod,
+        guard,
+        features,
+        policy,
+        branch,
+    })
 }
 
 /// `POST /v1/chat/completions` and `POST /v1/completions`.
@@ -362,17 +503,7 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
         body
     };
 
-    let mut blocks = Vec::new();
-    let input_tokens = if cfg.index == crate::config::IndexKind::Engine {
-        token_mode_blocks(&shared, &cfg, &parsed, &mut blocks).await
-    } else {
-        let hasher = BlockHasher {
-            block_size_tokens: cfg.router.block_size_tokens,
-            chars_per_token: cfg.router.chars_per_token,
-        };
-        hasher.hash_request(&parsed, &mut blocks);
-        parsed.estimated_input_tokens()
-    };
+    let (blocks, input_tokens) = request_blocks(&shared, &cfg, &parsed).await;
     let mut capture = shared
         .capture
         .get()
@@ -387,79 +518,29 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
     let mut excluded: Vec<PodId> = Vec::new();
     let mut last_failure = String::new();
     for attempt in 0..=cfg.max_retries {
-        let mut snaps = shared.pods.snapshots();
-        for s in &mut snaps {
-            if excluded.contains(&s.id) {
-                s.healthy = false;
-            }
-        }
-        if !snaps.iter().any(|s| s.healthy) {
-            if attempt == 0 {
-                return reject(&shared, no_healthy_pod(), &rid);
-            }
-            break;
-        }
-        let (decision, policy) = {
-            let mut st = shared.router.lock();
-            let st = &mut *st;
-            let d = st.router.decide(
-                &blocks,
-                input_tokens,
-                &snaps,
-                &st.index,
-                &st.predictor,
-                &mut st.rng,
-            );
-            if let Ok(d) = &d {
-                kvgate_core::index::PrefixIndex::record_routed(&mut st.index, d.pod_id, &blocks);
-            }
-            (d, st.router.policy_kind().name())
-        };
-        let decision = match decision {
-            Ok(d) => d,
-            Err(_) => return reject(&shared, no_healthy_pod(), &rid),
-        };
-        let Some(pod) = shared
-            .pods
-            .all()
-            .iter()
-            .find(|p| p.id == decision.pod_id)
-            .cloned()
-        else {
-            excluded.push(decision.pod_id);
-            continue;
-        };
-        let Some(snap) = snaps.iter().find(|s| s.id == decision.pod_id) else {
-            excluded.push(decision.pod_id);
-            continue;
-        };
-        let expl = decision.pods.iter().find(|p| p.id == decision.pod);
-        let prefix_score = expl.map_or(0.0, |e| e.prefix_score);
-        let features = Features::new(snap, input_tokens, prefix_score);
-        let guard = InFlightGuard::new(pod.clone(), features.uncached_prompt_tokens() as u64);
-        let branch = decision.branch.as_str();
-        if let Some(e) = expl {
-            shared
-                .metrics
-                .predicted_ttft_ms
-                .observe(e.predicted_ttft_ms);
-            shared
-                .metrics
-                .predicted_tpot_ms
-                .observe(e.predicted_tpot_ms);
-        }
-        shared.decisions.push(DecisionRecord {
-            request_id: rid.clone(),
-            timestamp_ms: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_millis() as u64)
-                .unwrap_or(0),
-            policy,
+        let meta = DecisionMeta {
+            request_id: &rid,
             attempt,
             slo_ttft_ms,
             slo_tpot_ms,
-            decision,
-        });
+        };
+        let Routed {
+            pod,
+            guard,
+            features,
+            policy,
+            branch,
+        } = match decide_for(&shared, &blocks, input_tokens, &excluded, meta) {
+            Pick::Routed(r) => r,
+            Pick::NoHealthyPod if attempt > 0 => break,
+            Pick::NoHealthyPod | Pick::NoDecision => {
+                return reject(&shared, no_healthy_pod(), &rid);
+            }
+            Pick::Vanished(id) => {
+                excluded.push(id);
+                continue;
+            }
+        };
         let up = match upstream_request(
             &pod,
             &parts.method,

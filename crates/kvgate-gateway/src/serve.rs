@@ -51,6 +51,11 @@ pub struct ServeArgs {
     /// span ids, no text), for `kvgate sim --trace FILE`.
     #[arg(long, value_name = "FILE")]
     pub capture: Option<PathBuf>,
+    /// Also serve the Envoy ext_proc endpoint-picker protocol (gRPC
+    /// `envoy.service.ext_proc.v3.ExternalProcessor`, plus gRPC health) on ADDR, e.g.
+    /// 127.0.0.1:9002; see deploy/envoy/.
+    #[arg(long, value_name = "ADDR")]
+    pub ext_proc_listen: Option<SocketAddr>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -75,6 +80,8 @@ pub enum ServeError {
 pub struct Gateway {
     pub traffic_addr: SocketAddr,
     pub admin_addr: SocketAddr,
+    /// The ext_proc (gRPC) listener, with `--ext-proc-listen`.
+    pub ext_proc_addr: Option<SocketAddr>,
     shared: Arc<Shared>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -102,6 +109,17 @@ impl Gateway {
             addr: config.admin_listen,
             source,
         })?;
+        let ext_proc = match args.ext_proc_listen {
+            Some(addr) => {
+                let l = bind(addr).await?;
+                let local = l
+                    .local_addr()
+                    .map_err(|source| ServeError::Bind { addr, source })?;
+                Some((l, local))
+            }
+            None => None,
+        };
+        let ext_proc_addr = ext_proc.as_ref().map(|(_, a)| *a);
         let shared = Shared::new(config.clone());
         if let Some(path) = &args.capture {
             let capture =
@@ -147,6 +165,12 @@ impl Gateway {
                 tracing::error!(error = %e, "traffic listener stopped");
             }
         }));
+        if let Some((listener, _)) = ext_proc {
+            tasks.push(tokio::spawn(crate::ext_proc::serve(
+                shared.clone(),
+                listener,
+            )));
+        }
         let admin_app = crate::admin::admin_router(shared.clone());
         tasks.push(tokio::spawn(async move {
             if let Err(e) = axum::serve(admin, admin_app).await {
@@ -156,6 +180,7 @@ impl Gateway {
         Ok(Gateway {
             traffic_addr,
             admin_addr,
+            ext_proc_addr,
             shared,
             tasks,
         })
@@ -205,6 +230,9 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
         cfg.pods.len(),
         cfg.policy.name()
     );
+    if let Some(addr) = gw.ext_proc_addr {
+        eprintln!("kvgate ext_proc (Envoy endpoint picker) on grpc://{addr}");
+    }
     let _ = tokio::signal::ctrl_c().await;
     eprintln!("kvgate: shutting down");
     Ok(())

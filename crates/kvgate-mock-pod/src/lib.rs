@@ -263,7 +263,18 @@ pub async fn spawn_pod(config: PodConfig, listener: TcpListener) -> anyhow::Resu
         tokenizer: tokenizer::PromptTokenizer::cl100k(),
         next_id: AtomicU64::new(0),
     });
-    let app = api::router(state);
+    // Every response names the pod that served it (`x-mock-pod: ip:port`), so that tests of
+    // proxies in front of the pods (Envoy) can tell where a request went.
+    let served_by = axum::http::HeaderValue::from_str(&addr.to_string())?;
+    let app = api::router(state).layer(axum::middleware::map_response(
+        move |mut resp: axum::response::Response| {
+            let served_by = served_by.clone();
+            async move {
+                resp.headers_mut().insert("x-mock-pod", served_by);
+                resp
+            }
+        },
+    ));
     let listener = listener.tap_io(|tcp| {
         let _ = tcp.set_nodelay(true);
     });

@@ -1,0 +1,732 @@
+//! `--ext-proc-listen ADDR`: kvgate as an Envoy endpoint picker — the gRPC service
+//! `envoy.service.ext_proc.v3.ExternalProcessor/Process` as the Gateway API Inference Extension
+//! (GAIE) endpoint-picker protocol uses it. One gRPC stream per HTTP request:
+//!
+//! 1. **Request headers.** `:path`, `:method`, `x-request-id`, SLO headers are kept. A request
+//!    without a body: `POST` completions get 400; anything else goes to the least-loaded healthy
+//!    pod (as the HTTP gateway's pass-through), answered at once.
+//! 2. **Request body.** Accumulated up to the gateway's `max_body_bytes` (32 MiB; 413 beyond),
+//!    parsed with `kvgate_core::request` (400 with an OpenAI-style error body when invalid),
+//!    decided by [`crate::proxy::decide_for`] — the same code, state and in-flight accounting as
+//!    the HTTP proxy. The answer names the pod as `ip:port` in the header
+//!    `x-gateway-destination-endpoint` (a header mutation, `clear_route_cache: true`) and in
+//!    dynamic metadata `envoy.lb` / `x-gateway-destination-endpoint`. 503 (immediate response)
+//!    when no pod is healthy.
+//!    - `BUFFERED` body mode (what `deploy/envoy/envoy.yaml` uses): Envoy waits for the headers
+//!      answer before it sends the body, so the headers get an empty `CONTINUE` and the body
+//!      answer carries the mutation (Envoy has not forwarded the headers yet).
+//!    - `FULL_DUPLEX_STREAMED` (announced in `protocol_config`): the headers answer is deferred
+//!      until the body is complete, then sent with the mutation, followed by the body echoed in
+//!      `streamed_response` chunks of at most 62,000 bytes, the last with `end_of_stream`.
+//! 3. **Response headers and body** (`response_body_mode: STREAMED` or `BUFFERED`): passed
+//!    through unchanged. What is measured, from kvgate's point of view: the request starts when
+//!    its headers reach kvgate; the first token is the first SSE event with content in a
+//!    response body chunk (non-stream: the first body chunk); the end is the body chunk with
+//!    `end_of_stream`. TTFT includes Envoy's buffering of the request body and the pod's
+//!    queueing, like the HTTP gateway's. TPOT uses the stream's `usage` when the client asked
+//!    for it; otherwise the count of content events (kvgate does not rewrite bodies here, so it
+//!    cannot ask the pod for usage). Only 2xx streams train the predictor, as in the HTTP
+//!    gateway. The request's in-flight share is released when the response ends, or when the
+//!    gRPC stream ends early (counted as `client_abort`).
+//!
+//! Pods must be configured with IP-literal URLs (`http://10.0.0.5:8000`): Envoy's
+//! `ORIGINAL_DST` cluster connects to the address kvgate names. Subset hints
+//! (`envoy.lb.subset_hint`) are not read yet.
+//!
+//! Bounds: one request body per stream up to `max_body_bytes`; SSE events inspected ≤ 1 MiB
+//! (the scanner's bound); nothing else is kept per stream.
+
+use crate::body::Tracker;
+use crate::errors::ApiError;
+use crate::metrics::Status;
+use crate::pods::{InFlightGuard, Pod};
+use crate::proxy::{DecisionMeta, Pick, Routed, decide_for, request_blocks};
+use crate::sse::{SseScanner, Usage, usage_of_response};
+use crate::state::Shared;
+use bytes::{Bytes, BytesMut};
+use envoy_types::pb::envoy::config::core::v3::{
+    HeaderValue as PbHeaderValue, HeaderValueOption, header_value_option::HeaderAppendAction,
+};
+use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
+use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::{
+    ExternalProcessor, ExternalProcessorServer,
+};
+use envoy_types::pb::envoy::service::ext_proc::v3::{
+    BodyMutation, BodyResponse, CommonResponse, HeaderMutation, HeadersResponse, HttpBody,
+    HttpHeaders, ImmediateResponse, ProcessingRequest, ProcessingResponse, StreamedBodyResponse,
+    body_mutation, processing_request, processing_response,
+};
+use envoy_types::pb::envoy::r#type::v3::HttpStatus;
+use envoy_types::pb::google::protobuf::{Struct, Value as PbValue, value::Kind};
+use http::{HeaderMap, HeaderName, StatusCode};
+use kvgate_core::predictor::Features;
+use kvgate_core::request::{RequestError, parse_request_value};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::mpsc;
+use tokio_stream::Stream;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status as GrpcStatus, Streaming};
+
+/// The header (and `envoy.lb` metadata key) that names the chosen endpoint.
+pub const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
+/// The dynamic-metadata namespace Envoy's load balancers read.
+pub const LB_NAMESPACE: &str = "envoy.lb";
+/// Largest `streamed_response` chunk (GAIE: some Envoys cap streamed chunks at 64 KiB).
+pub const MAX_STREAMED_CHUNK: usize = 62_000;
+
+/// The ext_proc service; one task per gRPC stream.
+#[derive(Clone)]
+pub struct ExtProc {
+    shared: Arc<Shared>,
+}
+
+impl ExtProc {
+    pub fn new(shared: Arc<Shared>) -> Self {
+        ExtProc { shared }
+    }
+
+    pub fn into_server(self) -> ExternalProcessorServer<ExtProc> {
+        ExternalProcessorServer::new(self)
+    }
+}
+
+type ResponseStream = Pin<Box<dyn Stream<Item = Result<ProcessingResponse, GrpcStatus>> + Send>>;
+
+#[tonic::async_trait]
+impl ExternalProcessor for ExtProc {
+    type ProcessStream = ResponseStream;
+
+    async fn process(
+        &self,
+        request: Request<Streaming<ProcessingRequest>>,
+    ) -> Result<Response<Self::ProcessStream>, GrpcStatus> {
+        let inbound = request.into_inner();
+        let (tx, rx) = mpsc::channel(32);
+        tokio::spawn(run_stream(self.shared.clone(), inbound, tx));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+/// Serves the ext_proc service (and gRPC health: `""`, `liveness`, `readiness` and the
+/// ext_proc service name) on `listener` until the task is aborted.
+pub async fn serve(shared: Arc<Shared>, listener: tokio::net::TcpListener) {
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter
+        .set_serving::<ExternalProcessorServer<ExtProc>>()
+        .await;
+    for name in ["", "liveness", "readiness"] {
+        reporter
+            .set_service_status(name, tonic_health::ServingStatus::Serving)
+            .await;
+    }
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    if let Err(e) = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .add_service(health)
+        .add_service(ExtProc::new(shared).into_server())
+        .serve_with_incoming(incoming)
+        .await
+    {
+        tracing::error!(error = %e, "ext_proc listener stopped");
+    }
+}
+
+/// One HTTP request's exchange with Envoy.
+struct Exchange {
+    shared: Arc<Shared>,
+    start: Instant,
+    request_id: String,
+    headers: HeaderMap,
+    path: String,
+    method: String,
+    /// Envoy announced FULL_DUPLEX_STREAMED request bodies.
+    duplex: bool,
+    body: BytesMut,
+    /// Set once the request is routed; ends the request when the response ends.
+    tracker: Option<Tracker>,
+    stream: bool,
+    scanner: Option<SseScanner>,
+    content_events: u64,
+    whole: BytesMut,
+}
+
+enum Outcome {
+    /// Answers to send; keep going.
+    Send(Vec<ProcessingResponse>),
+    /// An immediate response; the exchange is over.
+    Done(Box<ProcessingResponse>),
+}
+
+async fn run_stream(
+    shared: Arc<Shared>,
+    mut inbound: Streaming<ProcessingRequest>,
+    tx: mpsc::Sender<Result<ProcessingResponse, GrpcStatus>>,
+) {
+    let mut ex = Exchange {
+        shared,
+        start: Instant::now(),
+        request_id: String::new(),
+        headers: HeaderMap::new(),
+        path: String::new(),
+        method: String::new(),
+        duplex: false,
+        body: BytesMut::new(),
+        tracker: None,
+        stream: false,
+        scanner: None,
+        content_events: 0,
+        whole: BytesMut::new(),
+    };
+    loop {
+        let msg = match inbound.message().await {
+            Ok(Some(m)) => m,
+            Ok(None) => break,
+            Err(e) => {
+                tracing::debug!(error = %e, "ext_proc stream ended with an error");
+                break;
+            }
+        };
+        let outcome = ex.handle(msg).await;
+        let (answers, done) = match outcome {
+            Outcome::Send(a) => (a, false),
+            Outcome::Done(a) => (vec![*a], true),
+        };
+        for a in answers {
+            if tx.send(Ok(a)).await.is_err() {
+                break;
+            }
+        }
+        if done {
+            break;
+        }
+    }
+    // The stream ended before the response did: Envoy reset it or the client went away.
+    if let Some(t) = ex.tracker.take() {
+        t.finish(Status::ClientAbort, None);
+    }
+}
+
+impl Exchange {
+    async fn handle(&mut self, msg: ProcessingRequest) -> Outcome {
+        if let Some(pc) = &msg.protocol_config {
+            self.duplex = pc.request_body_mode == BodySendMode::FullDuplexStreamed as i32;
+        }
+        use processing_request::Request as R;
+        match msg.request {
+            Some(R::RequestHeaders(h)) => self.request_headers(h),
+            Some(R::RequestBody(b)) => self.request_body(b).await,
+            Some(R::RequestTrailers(_)) => Outcome::Send(vec![answer(
+                processing_response::Response::RequestTrailers(Default::default()),
+            )]),
+            Some(R::ResponseHeaders(h)) => self.response_headers(h),
+            Some(R::ResponseBody(b)) => self.response_body(b),
+            Some(R::ResponseTrailers(_)) => {
+                self.finish_response();
+                Outcome::Send(vec![answer(
+                    processing_response::Response::ResponseTrailers(Default::default()),
+                )])
+            }
+            None => Outcome::Send(Vec::new()),
+        }
+    }
+
+    fn reject(&self, err: ApiError) -> Outcome {
+        crate::proxy::log_reject(&self.shared, &err, &self.request_id);
+        Outcome::Done(Box::new(immediate(&err, &self.request_id)))
+    }
+
+    fn request_headers(&mut self, h: HttpHeaders) -> Outcome {
+        self.start = Instant::now();
+        for hv in h.headers.iter().flat_map(|m| m.headers.iter()) {
+            let raw: &[u8] = if hv.raw_value.is_empty() {
+                hv.value.as_bytes()
+            } else {
+                &hv.raw_value
+            };
+            match hv.key.as_str() {
+                ":path" => self.path = String::from_utf8_lossy(raw).into_owned(),
+                ":method" => self.method = String::from_utf8_lossy(raw).into_owned(),
+                key => {
+                    if let (Ok(name), Ok(value)) = (
+                        HeaderName::from_bytes(key.as_bytes()),
+                        http::HeaderValue::from_bytes(raw),
+                    ) {
+                        self.headers.append(name, value);
+                    }
+                }
+            }
+        }
+        self.request_id = crate::proxy::request_id(&self.headers);
+        if !h.end_of_stream {
+            if self.duplex {
+                // Answered with the decision once the body is complete.
+                return Outcome::Send(Vec::new());
+            }
+            return Outcome::Send(vec![answer(processing_response::Response::RequestHeaders(
+                HeadersResponse::default(),
+            ))]);
+        }
+        if self.is_completions() {
+            return self.reject(request_error(RequestError::InvalidJson(
+                "the request has no body".into(),
+            )));
+        }
+        // No body and not a completion: the least-loaded healthy pod, not trained on.
+        let pod = self
+            .shared
+            .pods
+            .all()
+            .iter()
+            .filter(|p| p.is_healthy())
+            .min_by_key(|p| (p.load_requests(), p.id))
+            .cloned();
+        let Some(pod) = pod else {
+            return self.reject(crate::proxy::no_healthy_pod());
+        };
+        let Some(dest) = destination(&pod) else {
+            return self.reject(bad_pod_url(&pod));
+        };
+        self.tracker = Some(self.tracker_for(
+            InFlightGuard::new(pod.clone(), 0),
+            &pod,
+            Features::default(),
+            "least-loaded",
+            "passthrough",
+            0,
+            false,
+        ));
+        let mut resp = answer(processing_response::Response::RequestHeaders(
+            HeadersResponse {
+                response: Some(routing_response(&dest)),
+            },
+        ));
+        resp.dynamic_metadata = Some(lb_metadata(&dest));
+        Outcome::Send(vec![resp])
+    }
+
+    fn is_completions(&self) -> bool {
+        let path = self.path.split('?').next().unwrap_or("");
+        path == "/v1/chat/completions" || path == "/v1/completions"
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn tracker_for(
+        &self,
+        guard: InFlightGuard,
+        pod: &Pod,
+        features: Features,
+        policy: &'static str,
+        branch: &'static str,
+        prompt_tokens: u64,
+        trainable: bool,
+    ) -> Tracker {
+        Tracker {
+            shared: self.shared.clone(),
+            guard,
+            start: self.start,
+            first_token_at: None,
+            prompt_tokens,
+            class: pod.class.clone(),
+            features,
+            policy,
+            branch,
+            request_id: self.request_id.clone(),
+            trainable,
+            stream: false,
+            error_status: false,
+            capture: None,
+        }
+    }
+
+    async fn request_body(&mut self, b: HttpBody) -> Outcome {
+        if self.tracker.is_some() {
+            // Already routed (a body after a decision: pass it through).
+            return Outcome::Send(vec![answer(processing_response::Response::RequestBody(
+                BodyResponse::default(),
+            ))]);
+        }
+        let limit = self.shared.config().max_body_bytes;
+        if self.body.len().saturating_add(b.body.len()) > limit {
+            return self.reject(ApiError {
+                status: StatusCode::PAYLOAD_TOO_LARGE,
+                kind: "invalid_request_error",
+                code: "body_too_large",
+                message: format!("request body exceeds {limit} bytes"),
+                param: None,
+            });
+        }
+        self.body.extend_from_slice(&b.body);
+        if !b.end_of_stream && self.duplex {
+            // More chunks to come; nothing is answered until the decision.
+            return Outcome::Send(Vec::new());
+        }
+        // BUFFERED mode sends the whole body in one message.
+        self.route_body().await
+    }
+
+    async fn route_body(&mut self) -> Outcome {
+        let body = std::mem::take(&mut self.body).freeze();
+        if !self.is_completions() {
+            return self.reject(ApiError {
+                status: StatusCode::NOT_FOUND,
+                kind: "invalid_request_error",
+                code: "not_found",
+                message: format!("no route for {} {}", self.method, self.path),
+                param: None,
+            });
+        }
+        let path = self.path.split('?').next().unwrap_or("").to_string();
+        let value: serde_json::Value = match serde_json::from_slice(&body) {
+            Ok(v) => v,
+            Err(e) => return self.reject(request_error(RequestError::InvalidJson(e.to_string()))),
+        };
+        let parsed = match parse_request_value(&path, &value) {
+            Ok(p) => p,
+            Err(e) => return self.reject(request_error(e)),
+        };
+        let cfg = self.shared.config().clone();
+        let (blocks, input_tokens) = request_blocks(&self.shared, &cfg, &parsed).await;
+        let meta = DecisionMeta {
+            request_id: &self.request_id,
+            attempt: 0,
+            slo_ttft_ms: crate::proxy::header_ms(
+                &self.headers,
+                &["x-slo-ttft-ms", "x-llm-d-slo-ttft-ms"],
+            ),
+            slo_tpot_ms: crate::proxy::header_ms(
+                &self.headers,
+                &["x-slo-tpot-ms", "x-llm-d-slo-tpot-ms"],
+            ),
+        };
+        let mut excluded = Vec::new();
+        let routed = loop {
+            match decide_for(&self.shared, &blocks, input_tokens, &excluded, meta) {
+                Pick::Routed(r) => break r,
+                Pick::Vanished(id) => excluded.push(id),
+                Pick::NoHealthyPod | Pick::NoDecision => {
+                    return self.reject(crate::proxy::no_healthy_pod());
+                }
+            }
+        };
+        let Routed {
+            pod,
+            guard,
+            features,
+            policy,
+            branch,
+        } = routed;
+        let Some(dest) = destination(&pod) else {
+            return self.reject(bad_pod_url(&pod));
+        };
+        let mut tracker = self.tracker_for(
+            guard,
+            &pod,
+            features,
+            policy,
+            branch,
+            u64::from(input_tokens),
+            true,
+        );
+        tracker.stream = parsed.stream;
+        self.stream = parsed.stream;
+        self.tracker = Some(tracker);
+        tracing::debug!(request_id = %self.request_id, pod = %pod.url, %dest, "ext_proc: routed");
+        if self.duplex {
+            let mut headers = answer(processing_response::Response::RequestHeaders(
+                HeadersResponse {
+                    response: Some(routing_response(&dest)),
+                },
+            ));
+            headers.dynamic_metadata = Some(lb_metadata(&dest));
+            let mut out = vec![headers];
+            out.extend(streamed_body(&body));
+            Outcome::Send(out)
+        } else {
+            let mut resp = answer(processing_response::Response::RequestBody(BodyResponse {
+                response: Some(routing_response(&dest)),
+            }));
+            resp.dynamic_metadata = Some(lb_metadata(&dest));
+            Outcome::Send(vec![resp])
+        }
+    }
+
+    fn response_headers(&mut self, h: HttpHeaders) -> Outcome {
+        let mut status = 200u16;
+        let mut event_stream = false;
+        for hv in h.headers.iter().flat_map(|m| m.headers.iter()) {
+            let raw: &[u8] = if hv.raw_value.is_empty() {
+                hv.value.as_bytes()
+            } else {
+                &hv.raw_value
+            };
+            match hv.key.as_str() {
+                ":status" => {
+                    status = std::str::from_utf8(raw)
+                        .ok()
+                        .and_then(|s| s.trim().parse().ok())
+                        .unwrap_or(0)
+                }
+                "content-type" => {
+                    event_stream = raw
+                        .get(..17)
+                        .is_some_and(|p| p.eq_ignore_ascii_case(b"text/event-stream"))
+                }
+                _ => {}
+            }
+        }
+        let ok = (200..300).contains(&status);
+        if let Some(t) = &mut self.tracker {
+            t.error_status = !ok;
+            t.trainable &= ok;
+            t.stream = self.stream && ok && event_stream;
+            self.scanner = t.stream.then(|| SseScanner::new(false));
+        }
+        if h.end_of_stream {
+            self.finish_response();
+        }
+        Outcome::Send(vec![answer(
+            processing_response::Response::ResponseHeaders(HeadersResponse::default()),
+        )])
+    }
+
+    fn response_body(&mut self, b: HttpBody) -> Outcome {
+        let end = b.end_of_stream;
+        if let Some(t) = &mut self.tracker {
+            let data = Bytes::from(b.body);
+            match &mut self.scanner {
+                Some(scanner) => {
+                    let fed = scanner.feed(data);
+                    if fed.first_content {
+                        t.first_token();
+                        self.content_events += 1;
+                    }
+                    if fed.more_content_events > 0 {
+                        t.guard.add_decode_tokens(fed.more_content_events);
+                        self.content_events += fed.more_content_events;
+                    }
+                }
+                None => {
+                    if !data.is_empty() {
+                        t.first_token();
+                    }
+                    if self.whole.len() + data.len() <= crate::body::MAX_USAGE_SCAN_BYTES {
+                        self.whole.extend_from_slice(&data);
+                    }
+                }
+            }
+        }
+        if end {
+            self.finish_response();
+        }
+        Outcome::Send(vec![answer(processing_response::Response::ResponseBody(
+            BodyResponse::default(),
+        ))])
+    }
+
+    fn finish_response(&mut self) {
+        let Some(t) = self.tracker.take() else {
+            return;
+        };
+        let usage = match &mut self.scanner {
+            Some(s) => {
+                let _ = s.finish();
+                s.usage().or_else(|| {
+                    (self.content_events > 0).then_some(Usage {
+                        prompt_tokens: t.prompt_tokens,
+                        completion_tokens: self.content_events,
+                        cached_tokens: None,
+                    })
+                })
+            }
+            None => usage_of_response(&self.whole),
+        };
+        t.finish(Status::Ok, usage);
+    }
+}
+
+fn request_error(e: RequestError) -> ApiError {
+    crate::proxy::request_error(e)
+}
+
+fn bad_pod_url(pod: &Pod) -> ApiError {
+    ApiError {
+        status: StatusCode::BAD_GATEWAY,
+        kind: "upstream_error",
+        code: "bad_pod_url",
+        message: format!("pod URL {} has no host:port Envoy can connect to", pod.url),
+        param: None,
+    }
+}
+
+/// `host:port` of a pod's URL (port 80/443 by scheme when absent).
+pub fn destination(pod: &Pod) -> Option<String> {
+    let uri: http::Uri = pod.url.parse().ok()?;
+    let host = uri.host()?;
+    let port = uri.port_u16().unwrap_or(match uri.scheme_str() {
+        Some("https") => 443,
+        _ => 80,
+    });
+    if host.contains(':') && !host.starts_with('[') {
+        Some(format!("[{host}]:{port}"))
+    } else {
+        Some(format!("{host}:{port}"))
+    }
+}
+
+fn answer(response: processing_response::Response) -> ProcessingResponse {
+    ProcessingResponse {
+        response: Some(response),
+        ..Default::default()
+    }
+}
+
+fn header(key: &str, value: &str) -> HeaderValueOption {
+    HeaderValueOption {
+        header: Some(PbHeaderValue {
+            key: key.to_string(),
+            value: String::new(),
+            raw_value: value.as_bytes().to_vec(),
+        }),
+        append_action: HeaderAppendAction::OverwriteIfExistsOrAdd as i32,
+        ..Default::default()
+    }
+}
+
+/// The answer that routes the request to `dest`.
+fn routing_response(dest: &str) -> CommonResponse {
+    CommonResponse {
+        header_mutation: Some(HeaderMutation {
+            set_headers: vec![header(DESTINATION_HEADER, dest)],
+            remove_headers: Vec::new(),
+        }),
+        clear_route_cache: true,
+        ..Default::default()
+    }
+}
+
+/// `{"envoy.lb": {"x-gateway-destination-endpoint": dest}}`.
+fn lb_metadata(dest: &str) -> Struct {
+    let inner = Struct {
+        fields: [(
+            DESTINATION_HEADER.to_string(),
+            PbValue {
+                kind: Some(Kind::StringValue(dest.to_string())),
+            },
+        )]
+        .into_iter()
+        .collect(),
+    };
+    Struct {
+        fields: [(
+            LB_NAMESPACE.to_string(),
+            PbValue {
+                kind: Some(Kind::StructValue(inner)),
+            },
+        )]
+        .into_iter()
+        .collect(),
+    }
+}
+
+/// The body echoed as `streamed_response` chunks (FULL_DUPLEX_STREAMED), the last with
+/// `end_of_stream` (an empty body: one empty chunk).
+fn streamed_body(body: &[u8]) -> Vec<ProcessingResponse> {
+    let chunks: Vec<&[u8]> = if body.is_empty() {
+        vec![&[]]
+    } else {
+        body.chunks(MAX_STREAMED_CHUNK).collect()
+    };
+    let n = chunks.len();
+    chunks
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| {
+            answer(processing_response::Response::RequestBody(BodyResponse {
+                response: Some(CommonResponse {
+                    body_mutation: Some(BodyMutation {
+                        mutation: Some(body_mutation::Mutation::StreamedResponse(
+                            StreamedBodyResponse {
+                                body: c.to_vec(),
+                                end_of_stream: i + 1 == n,
+                                ..Default::default()
+                            },
+                        )),
+                    }),
+                    ..Default::default()
+                }),
+            }))
+        })
+        .collect()
+}
+
+/// An immediate response with the OpenAI-style error body.
+fn immediate(err: &ApiError, request_id: &str) -> ProcessingResponse {
+    let mut set_headers = vec![header("content-type", "application/json")];
+    if !request_id.is_empty() {
+        set_headers.push(header("x-request-id", request_id));
+    }
+    answer(processing_response::Response::ImmediateResponse(
+        ImmediateResponse {
+            status: Some(HttpStatus {
+                code: i32::from(err.status.as_u16()),
+            }),
+            headers: Some(HeaderMutation {
+                set_headers,
+                remove_headers: Vec::new(),
+            }),
+            body: err.body_json().to_string().into_bytes(),
+            grpc_status: None,
+            details: err.code.to_string(),
+        },
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn destination_is_host_port() {
+        let pod = |url: &str| Pod::new(kvgate_core::PodId(0), url, "default", 1);
+        assert_eq!(
+            destination(&pod("http://10.0.0.5:8000")).as_deref(),
+            Some("10.0.0.5:8000")
+        );
+        assert_eq!(
+            destination(&pod("http://10.0.0.5")).as_deref(),
+            Some("10.0.0.5:80")
+        );
+        assert_eq!(
+            destination(&pod("http://[::1]:8000/")).as_deref(),
+            Some("[::1]:8000")
+        );
+    }
+
+    #[test]
+    fn streamed_body_chunks_are_bounded_and_end_once() {
+        let body = vec![b'x'; MAX_STREAMED_CHUNK * 2 + 5];
+        let out = streamed_body(&body);
+        assert_eq!(out.len(), 3);
+        let mut total = 0;
+        for (i, r) in out.iter().enumerate() {
+            let Some(processing_response::Response::RequestBody(b)) = &r.response else {
+                panic!("not a body response");
+            };
+            let Some(body_mutation::Mutation::StreamedResponse(s)) = b
+                .response
+                .as_ref()
+                .and_then(|c| c.body_mutation.as_ref())
+                .and_then(|m| m.mutation.as_ref())
+            else {
+                panic!("not streamed");
+            };
+            assert!(s.body.len() <= MAX_STREAMED_CHUNK);
+            assert_eq!(s.end_of_stream, i == 2);
+            total += s.body.len();
+        }
+        assert_eq!(total, body.len());
+        assert_eq!(streamed_body(&[]).len(), 1);
+    }
+}

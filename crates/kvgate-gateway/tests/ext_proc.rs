@@ -1,0 +1,321 @@
+//! The ext_proc endpoint picker over a real gRPC connection, with the test as a fake Envoy:
+//! BUFFERED and FULL_DUPLEX_STREAMED request bodies, the response phase ending the request,
+//! 400 on a bad body, 503 with no healthy pod. (The real Envoy test is `kvgate/tests/envoy.rs`.)
+
+mod common;
+
+use common::{Behavior, FakePod, eventually};
+use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue};
+use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
+use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_client::ExternalProcessorClient;
+use envoy_types::pb::envoy::service::ext_proc::v3::{
+    CommonResponse, HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse,
+    ProtocolConfiguration, body_mutation, processing_request, processing_response,
+};
+use envoy_types::pb::google::protobuf::value::Kind;
+use kvgate_gateway::Gateway;
+use kvgate_gateway::ext_proc::DESTINATION_HEADER;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+struct FakeEnvoy {
+    tx: mpsc::Sender<ProcessingRequest>,
+    rx: tonic::Streaming<ProcessingResponse>,
+}
+
+impl FakeEnvoy {
+    async fn connect(gw: &Gateway) -> FakeEnvoy {
+        let addr = gw.ext_proc_addr.unwrap();
+        let mut client = ExternalProcessorClient::connect(format!("http://{addr}"))
+            .await
+            .unwrap();
+        let (tx, rx) = mpsc::channel(16);
+        let rx = client
+            .process(ReceiverStream::new(rx))
+            .await
+            .unwrap()
+            .into_inner();
+        FakeEnvoy { tx, rx }
+    }
+
+    async fn send(&self, r: processing_request::Request) {
+        self.send_msg(ProcessingRequest {
+            request: Some(r),
+            ..Default::default()
+        })
+        .await
+    }
+
+    async fn send_msg(&self, m: ProcessingRequest) {
+        self.tx.send(m).await.unwrap();
+    }
+
+    async fn recv(&mut self) -> processing_response::Response {
+        self.recv_full().await.response.unwrap()
+    }
+
+    async fn recv_full(&mut self) -> ProcessingResponse {
+        tokio::time::timeout(Duration::from_secs(5), self.rx.message())
+            .await
+            .expect("no answer from kvgate within 5 s")
+            .unwrap()
+            .expect("stream ended")
+    }
+}
+
+fn headers(pairs: &[(&str, &str)], end_of_stream: bool) -> HttpHeaders {
+    HttpHeaders {
+        headers: Some(HeaderMap {
+            headers: pairs
+                .iter()
+                .map(|(k, v)| HeaderValue {
+                    key: k.to_string(),
+                    value: String::new(),
+                    raw_value: v.as_bytes().to_vec(),
+                })
+                .collect(),
+        }),
+        end_of_stream,
+        ..Default::default()
+    }
+}
+
+fn request_headers() -> processing_request::Request {
+    processing_request::Request::RequestHeaders(headers(
+        &[
+            (":method", "POST"),
+            (":path", "/v1/chat/completions"),
+            ("content-type", "application/json"),
+            ("x-request-id", "envoy-test-1"),
+        ],
+        false,
+    ))
+}
+
+fn body(data: &[u8], end_of_stream: bool) -> HttpBody {
+    HttpBody {
+        body: data.to_vec(),
+        end_of_stream,
+        ..Default::default()
+    }
+}
+
+/// The destination set by a routing answer (header mutation), checked against the metadata.
+fn destination(
+    common: &CommonResponse,
+    metadata: Option<&envoy_types::pb::google::protobuf::Struct>,
+) -> String {
+    assert!(common.clear_route_cache);
+    let set = &common.header_mutation.as_ref().unwrap().set_headers;
+    let h = set
+        .iter()
+        .filter_map(|o| o.header.as_ref())
+        .find(|h| h.key == DESTINATION_HEADER)
+        .expect("no destination header");
+    let dest = String::from_utf8(h.raw_value.clone()).unwrap();
+    let lb = metadata.unwrap().fields.get("envoy.lb").unwrap();
+    let Some(Kind::StructValue(lb)) = &lb.kind else {
+        panic!("envoy.lb is not a struct")
+    };
+    let Some(Kind::StringValue(meta_dest)) = &lb.fields.get(DESTINATION_HEADER).unwrap().kind
+    else {
+        panic!("no destination in envoy.lb")
+    };
+    assert_eq!(&dest, meta_dest, "header and metadata disagree");
+    dest
+}
+
+async fn fleet() -> (Vec<FakePod>, Gateway) {
+    let pods = vec![
+        FakePod::start(Behavior::Normal {
+            chunks: 2,
+            delay_ms: 0,
+        })
+        .await,
+        FakePod::start(Behavior::Normal {
+            chunks: 2,
+            delay_ms: 0,
+        })
+        .await,
+    ];
+    let mut args = common::args(&pods.iter().collect::<Vec<_>>());
+    args.ext_proc_listen = Some("127.0.0.1:0".parse().unwrap());
+    let gw = Gateway::start(args).await.unwrap();
+    let urls: Vec<String> = pods.iter().map(|p| p.url.clone()).collect();
+    eventually("pods healthy", || {
+        urls.iter().all(|u| gw.pod_healthy(u) == Some(true))
+    })
+    .await;
+    (pods, gw)
+}
+
+fn metric(gw: &Gateway, name: &str) -> f64 {
+    gw.shared()
+        .metrics_text()
+        .unwrap()
+        .lines()
+        .filter(|l| l.starts_with(name))
+        .filter_map(|l| l.rsplit_once(' '))
+        .filter_map(|(_, v)| v.parse::<f64>().ok())
+        .sum()
+}
+
+const CHAT: &str =
+    r#"{"model":"fake-model","stream":true,"messages":[{"role":"user","content":"hello there"}]}"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn buffered_body_routes_and_the_response_phase_ends_the_request() {
+    let (pods, gw) = fleet().await;
+    let mut envoy = FakeEnvoy::connect(&gw).await;
+    envoy.send(request_headers()).await;
+    let processing_response::Response::RequestHeaders(h) = envoy.recv().await else {
+        panic!("expected a headers answer first (BUFFERED)")
+    };
+    assert!(h.response.unwrap_or_default().header_mutation.is_none());
+    envoy
+        .send(processing_request::Request::RequestBody(body(
+            CHAT.as_bytes(),
+            true,
+        )))
+        .await;
+    let full = envoy.recv_full().await;
+    let Some(processing_response::Response::RequestBody(b)) = &full.response else {
+        panic!("expected a body answer")
+    };
+    let dest = destination(b.response.as_ref().unwrap(), full.dynamic_metadata.as_ref());
+    let chosen = pods
+        .iter()
+        .find(|p| p.url == format!("http://{dest}"))
+        .expect("destination is one of the pods");
+    let decisions = gw.shared().decisions.snapshot();
+    assert_eq!(decisions.len(), 1);
+    assert_eq!(decisions[0].decision.pod, chosen.url);
+    assert_eq!(decisions[0].request_id, "envoy-test-1");
+    assert_eq!(gw.in_flight(&chosen.url).unwrap().requests, 1);
+
+    // The response: SSE in three chunks, the last with end_of_stream.
+    envoy
+        .send(processing_request::Request::ResponseHeaders(headers(
+            &[(":status", "200"), ("content-type", "text/event-stream")],
+            false,
+        )))
+        .await;
+    assert!(matches!(
+        envoy.recv().await,
+        processing_response::Response::ResponseHeaders(_)
+    ));
+    let chunks = [
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\"}}]}\n\n",
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"}}]}\n\ndata: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\" you\"}}]}\n\n",
+        "data: [DONE]\n\n",
+    ];
+    for (i, c) in chunks.iter().enumerate() {
+        envoy
+            .send(processing_request::Request::ResponseBody(body(
+                c.as_bytes(),
+                i + 1 == chunks.len(),
+            )))
+            .await;
+        assert!(matches!(
+            envoy.recv().await,
+            processing_response::Response::ResponseBody(_)
+        ));
+    }
+    eventually("request ended", || {
+        gw.in_flight(&chosen.url).unwrap() == kvgate_core::InFlight::default()
+    })
+    .await;
+    assert_eq!(metric(&gw, "kvgate_ttft_ms_count"), 1.0);
+    assert_eq!(metric(&gw, "kvgate_tpot_ms_count"), 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_duplex_defers_the_headers_and_echoes_the_body_in_chunks() {
+    let (pods, gw) = fleet().await;
+    let mut envoy = FakeEnvoy::connect(&gw).await;
+    envoy
+        .send_msg(ProcessingRequest {
+            request: Some(request_headers()),
+            protocol_config: Some(ProtocolConfiguration {
+                request_body_mode: BodySendMode::FullDuplexStreamed as i32,
+                response_body_mode: BodySendMode::FullDuplexStreamed as i32,
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await;
+    let (a, b) = CHAT.as_bytes().split_at(20);
+    envoy
+        .send(processing_request::Request::RequestBody(body(a, false)))
+        .await;
+    envoy
+        .send(processing_request::Request::RequestBody(body(b, true)))
+        .await;
+    let full = envoy.recv_full().await;
+    let Some(processing_response::Response::RequestHeaders(h)) = &full.response else {
+        panic!("expected the deferred headers answer first")
+    };
+    let dest = destination(h.response.as_ref().unwrap(), full.dynamic_metadata.as_ref());
+    assert!(pods.iter().any(|p| p.url == format!("http://{dest}")));
+    let processing_response::Response::RequestBody(b) = envoy.recv().await else {
+        panic!("expected the body echo")
+    };
+    let Some(body_mutation::Mutation::StreamedResponse(s)) =
+        b.response.unwrap().body_mutation.unwrap().mutation
+    else {
+        panic!("expected a streamed_response")
+    };
+    assert!(s.end_of_stream);
+    assert_eq!(s.body, CHAT.as_bytes());
+    // Envoy goes away before the response: the request's share is released.
+    drop(envoy);
+    eventually("in-flight released", || {
+        pods.iter()
+            .all(|p| gw.in_flight(&p.url).unwrap() == kvgate_core::InFlight::default())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_body_is_400_and_no_pod_is_503() {
+    let (pods, gw) = fleet().await;
+    let mut envoy = FakeEnvoy::connect(&gw).await;
+    envoy.send(request_headers()).await;
+    let _ = envoy.recv().await;
+    envoy
+        .send(processing_request::Request::RequestBody(body(
+            b"{nope", true,
+        )))
+        .await;
+    let processing_response::Response::ImmediateResponse(r) = envoy.recv().await else {
+        panic!("expected an immediate response")
+    };
+    assert_eq!(r.status.unwrap().code, 400);
+    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(v["error"]["code"], "invalid_json");
+    assert!(gw.shared().decisions.snapshot().is_empty());
+
+    for p in &pods {
+        p.kill();
+    }
+    eventually("pods unhealthy", || {
+        pods.iter().all(|p| gw.pod_healthy(&p.url) == Some(false))
+    })
+    .await;
+    let mut envoy = FakeEnvoy::connect(&gw).await;
+    envoy.send(request_headers()).await;
+    let _ = envoy.recv().await;
+    envoy
+        .send(processing_request::Request::RequestBody(body(
+            CHAT.as_bytes(),
+            true,
+        )))
+        .await;
+    let processing_response::Response::ImmediateResponse(r) = envoy.recv().await else {
+        panic!("expected an immediate response")
+    };
+    assert_eq!(r.status.unwrap().code, 503);
+    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(v["error"]["code"], "no_healthy_pod");
+}

