@@ -39,6 +39,10 @@ pub const DEFAULT_DECISION_LOG: usize = 256;
 pub const DEFAULT_SCRAPE_INTERVAL_MS: u64 = 50;
 pub const DEFAULT_MAX_RETRIES: u32 = 2;
 pub const DEFAULT_POD_CLASS: &str = "default";
+/// Default number of requests served at once by the traffic listener.
+pub const DEFAULT_MAX_CONCURRENT_REQUESTS: usize = 1024;
+/// Default number of requests waiting for a slot before 429.
+pub const DEFAULT_MAX_QUEUED_REQUESTS: usize = 1024;
 
 #[derive(Debug, Error)]
 pub enum ConfigError {
@@ -179,6 +183,8 @@ pub struct FileConfig {
     pub max_body_bytes: Option<usize>,
     pub max_retries: Option<u32>,
     pub decision_log_size: Option<usize>,
+    pub max_concurrent_requests: Option<usize>,
+    pub max_queued_requests: Option<usize>,
     pub seed: Option<u64>,
     pub index: Option<String>,
     pub router: Option<RouterConfig>,
@@ -215,6 +221,10 @@ pub struct GatewayConfig {
     pub max_body_bytes: usize,
     pub max_retries: u32,
     pub decision_log_size: usize,
+    /// Requests served at once (read at start only).
+    pub max_concurrent_requests: usize,
+    /// Requests waiting for a slot; beyond, 429 (read at start only).
+    pub max_queued_requests: usize,
     pub seed: u64,
     pub router: RouterConfig,
     pub index: IndexKind,
@@ -290,6 +300,13 @@ impl GatewayConfig {
         }
         let router = file.router.unwrap_or_default();
         router.validate()?;
+        let max_concurrent_requests = args
+            .max_concurrent_requests
+            .or(file.max_concurrent_requests)
+            .unwrap_or(DEFAULT_MAX_CONCURRENT_REQUESTS);
+        if max_concurrent_requests == 0 {
+            return Err(ConfigError::NotPositive("max_concurrent_requests"));
+        }
         Ok(GatewayConfig {
             listen: args.listen.or(file.listen).unwrap_or(default_listen()),
             admin_listen: args
@@ -306,6 +323,11 @@ impl GatewayConfig {
                 .decision_log_size
                 .unwrap_or(DEFAULT_DECISION_LOG)
                 .max(1),
+            max_concurrent_requests,
+            max_queued_requests: args
+                .max_queued_requests
+                .or(file.max_queued_requests)
+                .unwrap_or(DEFAULT_MAX_QUEUED_REQUESTS),
             seed: args.seed.or(file.seed).unwrap_or(0),
             router,
             index,
@@ -366,6 +388,8 @@ mod tests {
         assert_eq!(c.scrape_interval, Duration::from_millis(50));
         assert_eq!(c.max_body_bytes, 32 << 20);
         assert_eq!(c.decision_log_size, 256);
+        assert_eq!(c.max_concurrent_requests, 1024);
+        assert_eq!(c.max_queued_requests, 1024);
         assert!(c.response_headers);
     }
 

@@ -22,6 +22,7 @@
 //! | `proxy` | the HTTP handlers of the traffic listener, retries |
 //! | `body` | the response body: pass-through, observation, end-of-request accounting |
 //! | `sse` | SSE event splitting, first-content and usage detection, usage stripping |
+//! | `limits` | concurrency limit and bounded queue of the traffic listener (429) |
 //! | `errors` | OpenAI-style error bodies |
 //! | `metrics` | kvgate's own Prometheus metrics |
 //! | `decisions` | the bounded `/debug/decisions` ring |
@@ -42,6 +43,7 @@ pub mod decisions;
 pub mod errors;
 pub mod ext_proc;
 pub mod kv_events;
+pub mod limits;
 pub mod metrics;
 pub mod pods;
 pub mod proxy;

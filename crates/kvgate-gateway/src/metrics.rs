@@ -84,6 +84,10 @@ pub struct Metrics {
     pub config_reload_errors: Counter,
     /// `--capture` records dropped because the writer fell behind (0 without `--capture`).
     pub capture_dropped: Counter,
+    /// Requests holding a slot of the traffic listener.
+    pub active_requests: Gauge,
+    /// Requests waiting for a slot.
+    pub queued_requests: Gauge,
     pub pod_healthy: Family<PodLabel, Gauge>,
     pub in_flight_requests: Family<PodLabel, Gauge>,
     pub in_flight_prefill_tokens: Family<PodLabel, Gauge>,
@@ -125,6 +129,8 @@ impl Metrics {
             scrape_skipped_lines: Family::default(),
             config_reload_errors: Counter::default(),
             capture_dropped: Counter::default(),
+            active_requests: Gauge::default(),
+            queued_requests: Gauge::default(),
             pod_healthy: Family::default(),
             in_flight_requests: Family::default(),
             in_flight_prefill_tokens: Family::default(),
@@ -261,6 +267,16 @@ impl Metrics {
             "capture_dropped",
             "Captured requests not written because the capture writer fell behind",
             self.capture_dropped.clone(),
+        );
+        r.register(
+            "active_requests",
+            "Requests being served by the traffic listener (at most max_concurrent_requests)",
+            self.active_requests.clone(),
+        );
+        r.register(
+            "queued_requests",
+            "Requests waiting for a slot (at most max_queued_requests)",
+            self.queued_requests.clone(),
         );
         r.register(
             "pod_healthy",

@@ -93,6 +93,10 @@ pub fn traffic_router(shared: Arc<Shared>) -> axum::Router {
         .route("/v1/models", get(models))
         .route("/v1/{*rest}", any(passthrough))
         .fallback(not_found)
+        .layer(axum::middleware::from_fn_with_state(
+            shared.clone(),
+            crate::limits::admit,
+        ))
         .with_state(shared)
 }
 

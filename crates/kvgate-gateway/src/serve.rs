@@ -56,6 +56,12 @@ pub struct ServeArgs {
     /// 127.0.0.1:9002; see deploy/envoy/.
     #[arg(long, value_name = "ADDR")]
     pub ext_proc_listen: Option<SocketAddr>,
+    /// Requests served at once on the traffic listener; more wait in the queue [default: 1024].
+    #[arg(long, value_name = "N")]
+    pub max_concurrent_requests: Option<usize>,
+    /// Requests waiting for a slot; beyond it, 429 with `Retry-After` [default: 1024].
+    #[arg(long, value_name = "N")]
+    pub max_queued_requests: Option<usize>,
 }
 
 #[derive(Debug, thiserror::Error)]

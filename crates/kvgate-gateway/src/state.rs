@@ -45,6 +45,8 @@ pub struct Shared {
     pub client: UpstreamClient,
     /// `--capture FILE`, when given.
     pub capture: std::sync::OnceLock<Arc<crate::capture::Capture>>,
+    /// Slots and queue of the traffic listener (sized at start).
+    pub admission: crate::limits::Admission,
 }
 
 impl Shared {
@@ -63,6 +65,10 @@ impl Shared {
             rng: DecisionRng::seed_from_u64(config.seed),
         };
         Arc::new(Shared {
+            admission: crate::limits::Admission::new(
+                config.max_concurrent_requests,
+                config.max_queued_requests,
+            ),
             decisions: DecisionLog::new(config.decision_log_size),
             config: ArcSwap::from_pointee(config),
             pods: PodTable::default(),
@@ -116,6 +122,10 @@ impl Shared {
     /// Refreshes the gauges computed from state (called before encoding `/metrics`).
     pub fn refresh_gauges(&self) {
         let m = &self.metrics;
+        m.active_requests
+            .set(i64::try_from(self.admission.active()).unwrap_or(i64::MAX));
+        m.queued_requests
+            .set(i64::try_from(self.admission.queued()).unwrap_or(i64::MAX));
         for pod in self.pods.all().iter() {
             let label = pod.label();
             let f = pod.in_flight.load();
