@@ -230,6 +230,10 @@ pub struct GatewayConfig {
     pub index: IndexKind,
     /// Pods that publish KV-cache events.
     pub pod_events: Vec<PodEvents>,
+    /// `--api-key`: keys required on /v1/* (empty: no authentication).
+    pub api_keys: crate::auth::ApiKeys,
+    /// `--forward-authorization`: pass the client's Authorization header to the pods.
+    pub forward_authorization: bool,
 }
 
 impl GatewayConfig {
@@ -332,6 +336,8 @@ impl GatewayConfig {
             router,
             index,
             pod_events,
+            api_keys: crate::auth::ApiKeys::new(args.api_key.iter().map(String::as_str)),
+            forward_authorization: args.forward_authorization,
         })
     }
 

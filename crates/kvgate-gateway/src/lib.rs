@@ -23,6 +23,7 @@
 //! | `body` | the response body: pass-through, observation, end-of-request accounting |
 //! | `sse` | SSE event splitting, first-content and usage detection, usage stripping |
 //! | `limits` | concurrency limit and bounded queue of the traffic listener (429) |
+//! | `auth` | optional API keys (Bearer) on `/v1/*`, compared in constant time |
 //! | `errors` | OpenAI-style error bodies |
 //! | `metrics` | kvgate's own Prometheus metrics |
 //! | `decisions` | the bounded `/debug/decisions` ring |
@@ -36,6 +37,7 @@
 //! non-stream bodies copied for usage ≤ 1 MiB; routed index as in the core (≤ 96 B/block).
 
 pub mod admin;
+pub mod auth;
 pub mod body;
 pub mod capture;
 pub mod config;

@@ -97,6 +97,11 @@ pub fn traffic_router(shared: Arc<Shared>) -> axum::Router {
             shared.clone(),
             crate::limits::admit,
         ))
+        // Outermost: a request without a valid key takes no slot.
+        .layer(axum::middleware::from_fn_with_state(
+            shared.clone(),
+            crate::auth::authorize,
+        ))
         .with_state(shared)
 }
 
@@ -208,6 +213,7 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
 }
 
 fn upstream_request(
+    cfg: &crate::config::GatewayConfig,
     pod: &Pod,
     method: &Method,
     path_and_query: &str,
@@ -221,7 +227,7 @@ fn upstream_request(
     *req.uri_mut() = uri;
     let h = req.headers_mut();
     for (name, value) in headers {
-        if !is_hop_by_hop(name) {
+        if !is_hop_by_hop(name) && (cfg.forward_authorization || name != header::AUTHORIZATION) {
             h.append(name.clone(), value.clone());
         }
     }
@@ -546,6 +552,7 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
             }
         };
         let up = match upstream_request(
+            &cfg,
             &pod,
             &parts.method,
             &path_and_query,
@@ -728,6 +735,7 @@ pub async fn passthrough(State(shared): State<Arc<Shared>>, req: Request) -> Res
         .map(|p| p.as_str().to_string())
         .unwrap_or_else(|| parts.uri.path().to_string());
     let up = match upstream_request(
+        &cfg,
         &pod,
         &parts.method,
         &path_and_query,

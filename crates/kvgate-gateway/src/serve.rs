@@ -62,6 +62,19 @@ pub struct ServeArgs {
     /// Requests waiting for a slot; beyond it, 429 with `Retry-After` [default: 1024].
     #[arg(long, value_name = "N")]
     pub max_queued_requests: Option<usize>,
+    /// API key clients must send as `Authorization: Bearer KEY` on /v1/* (repeatable, or
+    /// comma-separated in KVGATE_API_KEYS) [default: none: no authentication].
+    #[arg(
+        long = "api-key",
+        value_name = "KEY",
+        env = "KVGATE_API_KEYS",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    pub api_key: Vec<String>,
+    /// Forward the client's Authorization header to the pods [default: dropped].
+    #[arg(long)]
+    pub forward_authorization: bool,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -55,3 +55,70 @@ async fn beyond_the_concurrency_limit_and_queue_requests_get_429_with_retry_afte
     );
     assert!(m.contains("kvgate_active_requests 0"), "{m}");
 }
+
+fn get_with_key(
+    gw: &kvgate_gateway::Gateway,
+    path: &str,
+    key: Option<&str>,
+) -> http::Request<http_body_util::Full<bytes::Bytes>> {
+    let mut b = http::Request::get(format!("http://{}{path}", gw.traffic_addr));
+    if let Some(k) = key {
+        b = b.header("authorization", format!("Bearer {k}"));
+    }
+    b.body(Default::default()).unwrap()
+}
+
+#[tokio::test]
+async fn api_keys_are_required_on_v1_and_authorization_is_not_forwarded_by_default() {
+    let pod = FakePod::start(SLOW).await;
+    let mut a = args(&[&pod]);
+    a.api_key = vec!["k1".into(), "k2".into()];
+    let gw = kvgate_gateway::Gateway::start(a).await.unwrap();
+    let c = client();
+    for key in [None, Some("wrong"), Some("k1x"), Some("")] {
+        let r = send(&c, get_with_key(&gw, "/v1/embeddings", key)).await;
+        assert_eq!(r.status, http::StatusCode::UNAUTHORIZED, "key {key:?}");
+        assert_eq!(r.json()["error"]["code"], "invalid_api_key");
+        assert_eq!(r.header("www-authenticate").as_deref(), Some("Bearer"));
+    }
+    let r = send(
+        &c,
+        post(&gw, "/v1/chat/completions", &chat_body("a", false)),
+    )
+    .await;
+    assert_eq!(r.status, http::StatusCode::UNAUTHORIZED);
+    assert_eq!(pod.requests(), 0, "a rejected request touches no pod");
+    let r = send(&c, get_with_key(&gw, "/v1/embeddings", Some("k2"))).await;
+    assert_eq!(r.status, http::StatusCode::OK);
+    assert_eq!(r.json()["authorization"], false);
+    let m = gw.shared().metrics_text().unwrap();
+    assert!(
+        m.contains("kvgate_rejected_requests_total{reason=\"invalid_api_key\"} 5"),
+        "{m}"
+    );
+}
+
+#[tokio::test]
+async fn authorization_is_forwarded_with_forward_authorization() {
+    let pod = FakePod::start(SLOW).await;
+    let mut a = args(&[&pod]);
+    a.api_key = vec!["k1".into()];
+    a.forward_authorization = true;
+    let gw = kvgate_gateway::Gateway::start(a).await.unwrap();
+    let r = send(&client(), get_with_key(&gw, "/v1/embeddings", Some("k1"))).await;
+    assert_eq!(r.status, http::StatusCode::OK);
+    assert_eq!(r.json()["authorization"], true);
+}
+
+#[tokio::test]
+async fn without_api_keys_the_listener_is_open() {
+    let pod = FakePod::start(SLOW).await;
+    let gw = gateway(&[&pod]).await;
+    let r = send(
+        &client(),
+        get_with_key(&gw, "/v1/embeddings", Some("anything")),
+    )
+    .await;
+    assert_eq!(r.status, http::StatusCode::OK);
+    assert_eq!(r.json()["authorization"], false);
+}

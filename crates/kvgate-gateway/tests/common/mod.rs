@@ -135,7 +135,13 @@ async fn models(State(s): State<Arc<FakeState>>) -> Response {
 }
 
 async fn echo_path(req: Request) -> Response {
-    Response::new(Body::from(json!({"path": req.uri().path()}).to_string()))
+    Response::new(Body::from(
+        json!({
+            "path": req.uri().path(),
+            "authorization": req.headers().contains_key("authorization"),
+        })
+        .to_string(),
+    ))
 }
 
 /// Counts a stream as active until dropped; a drop before `finished` is a cancellation.
