@@ -1,6 +1,6 @@
 //! The admin listener (default 127.0.0.1:9090, never the traffic port): `/metrics`
 //! (OpenMetrics), `/debug/decisions` (the last N decisions, oldest first), `/healthz` (the
-//! process is up), `/readyz` (at least one healthy pod).
+//! process is up), `/readyz` (at least one healthy pod, and not shutting down).
 
 use crate::state::Shared;
 use axum::body::Body;
@@ -48,6 +48,16 @@ async fn decisions(State(shared): State<Arc<Shared>>) -> Response {
 }
 
 async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
+    if shared
+        .shutting_down
+        .load(std::sync::atomic::Ordering::Acquire)
+    {
+        return with_type(
+            "not ready: shutting down\n".into(),
+            "text/plain",
+            StatusCode::SERVICE_UNAVAILABLE,
+        );
+    }
     let healthy = shared.pods.all().iter().filter(|p| p.is_healthy()).count();
     if healthy > 0 {
         with_type(

@@ -43,6 +43,8 @@ pub const DEFAULT_POD_CLASS: &str = "default";
 pub const DEFAULT_MAX_CONCURRENT_REQUESTS: usize = 1024;
 /// Default number of requests waiting for a slot before 429.
 pub const DEFAULT_MAX_QUEUED_REQUESTS: usize = 1024;
+/// Default time in-flight requests may still run after SIGTERM.
+pub const DEFAULT_SHUTDOWN_GRACE_MS: u64 = 10_000;
 
 #[derive(Debug, Error)]
 pub enum ConfigError {
@@ -234,6 +236,8 @@ pub struct GatewayConfig {
     pub api_keys: crate::auth::ApiKeys,
     /// `--forward-authorization`: pass the client's Authorization header to the pods.
     pub forward_authorization: bool,
+    /// `--shutdown-grace-ms`: how long in-flight requests may run after SIGTERM.
+    pub shutdown_grace: Duration,
 }
 
 impl GatewayConfig {
@@ -338,6 +342,9 @@ impl GatewayConfig {
             pod_events,
             api_keys: crate::auth::ApiKeys::new(args.api_key.iter().map(String::as_str)),
             forward_authorization: args.forward_authorization,
+            shutdown_grace: Duration::from_millis(
+                args.shutdown_grace_ms.unwrap_or(DEFAULT_SHUTDOWN_GRACE_MS),
+            ),
         })
     }
 

@@ -75,6 +75,9 @@ pub struct ServeArgs {
     /// Forward the client's Authorization header to the pods [default: dropped].
     #[arg(long)]
     pub forward_authorization: bool,
+    /// On SIGTERM/Ctrl-C, how long in-flight requests may still run [default: 10000].
+    #[arg(long, value_name = "MS")]
+    pub shutdown_grace_ms: Option<u64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -103,6 +106,10 @@ pub struct Gateway {
     pub ext_proc_addr: Option<SocketAddr>,
     shared: Arc<Shared>,
     tasks: Vec<JoinHandle<()>>,
+    /// The traffic listener's task, awaited by [`Gateway::shutdown`].
+    traffic_task: Option<JoinHandle<()>>,
+    /// Tells the traffic listener to stop accepting.
+    stop: tokio::sync::watch::Sender<bool>,
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
@@ -179,11 +186,18 @@ impl Gateway {
         let traffic = traffic.tap_io(|s| {
             let _ = s.set_nodelay(true);
         });
-        tasks.push(tokio::spawn(async move {
-            if let Err(e) = axum::serve(traffic, app).await {
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let traffic_task = tokio::spawn(async move {
+            let stopping = async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            };
+            if let Err(e) = axum::serve(traffic, app)
+                .with_graceful_shutdown(stopping)
+                .await
+            {
                 tracing::error!(error = %e, "traffic listener stopped");
             }
-        }));
+        });
         if let Some((listener, _)) = ext_proc {
             tasks.push(tokio::spawn(crate::ext_proc::serve(
                 shared.clone(),
@@ -202,7 +216,27 @@ impl Gateway {
             ext_proc_addr,
             shared,
             tasks,
+            traffic_task: Some(traffic_task),
+            stop,
         })
+    }
+
+    /// Graceful shutdown: `/readyz` turns 503 first, then the traffic listener stops accepting
+    /// (idle keep-alive connections are closed) while in-flight requests, streams included,
+    /// may finish for up to `grace`; then every task of the gateway stops.
+    pub async fn shutdown(mut self, grace: std::time::Duration) {
+        self.shared.shutting_down.store(true, Ordering::Release);
+        let _ = self.stop.send(true);
+        if let Some(task) = self.traffic_task.take() {
+            let abort = task.abort_handle();
+            if tokio::time::timeout(grace, task).await.is_err() {
+                tracing::warn!(
+                    grace_ms = grace.as_millis() as u64,
+                    "shutdown grace over; cutting the requests still in flight"
+                );
+                abort.abort();
+            }
+        }
     }
 
     pub fn shared(&self) -> &Arc<Shared> {
@@ -225,7 +259,7 @@ impl Drop for Gateway {
         for pod in self.shared.pods.all().iter() {
             pod.removed.store(true, Ordering::Relaxed);
         }
-        for t in &self.tasks {
+        for t in self.tasks.iter().chain(&self.traffic_task) {
             t.abort();
         }
     }
@@ -252,9 +286,30 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
     if let Some(addr) = gw.ext_proc_addr {
         eprintln!("kvgate ext_proc (Envoy endpoint picker) on grpc://{addr}");
     }
-    let _ = tokio::signal::ctrl_c().await;
-    eprintln!("kvgate: shutting down");
+    stop_signal().await;
+    let grace = cfg.shutdown_grace;
+    eprintln!(
+        "kvgate: shutting down (in-flight requests may finish for {} ms)",
+        grace.as_millis()
+    );
+    gw.shutdown(grace).await;
     Ok(())
+}
+
+/// SIGTERM or Ctrl-C.
+async fn stop_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
 }
 
 /// Logs to stderr; level from `RUST_LOG` (default `info`).

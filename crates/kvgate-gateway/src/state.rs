@@ -47,6 +47,8 @@ pub struct Shared {
     pub capture: std::sync::OnceLock<Arc<crate::capture::Capture>>,
     /// Slots and queue of the traffic listener (sized at start).
     pub admission: crate::limits::Admission,
+    /// Set by [`crate::Gateway::shutdown`]: `/readyz` answers 503.
+    pub shutting_down: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -76,6 +78,7 @@ impl Shared {
             metrics: Metrics::new(),
             client,
             capture: std::sync::OnceLock::new(),
+            shutting_down: std::sync::atomic::AtomicBool::new(false),
         })
     }
 

@@ -122,3 +122,39 @@ async fn without_api_keys_the_listener_is_open() {
     assert_eq!(r.status, http::StatusCode::OK);
     assert_eq!(r.json()["authorization"], false);
 }
+
+#[tokio::test]
+async fn shutdown_turns_readiness_false_lets_streams_finish_then_refuses_connections() {
+    let pod = FakePod::start(SLOW).await;
+    let gw = gateway(&[&pod]).await;
+    let c = client();
+    let (traffic, admin) = (gw.traffic_addr, gw.admin_addr);
+    let stream = tokio::spawn({
+        let (c, req) = (
+            c.clone(),
+            post(&gw, "/v1/chat/completions", &chat_body("a", true)),
+        );
+        async move { send(&c, req).await }
+    });
+    let shared = gw.shared().clone();
+    eventually("the stream is in flight", || shared.admission.active() == 1).await;
+    let shutdown = tokio::spawn(gw.shutdown(std::time::Duration::from_secs(5)));
+    let readyz = http::Request::get(format!("http://{admin}/readyz"))
+        .body(Default::default())
+        .unwrap();
+    let r = send(&client(), readyz).await;
+    assert_eq!(r.status, http::StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(r.text(), "not ready: shutting down\n");
+    let stream = stream.await.unwrap();
+    assert_eq!(stream.status, http::StatusCode::OK);
+    assert!(
+        stream.text().ends_with("data: [DONE]\n\n"),
+        "{}",
+        stream.text()
+    );
+    tokio::time::timeout(std::time::Duration::from_secs(5), shutdown)
+        .await
+        .expect("shutdown ends once the stream is done")
+        .unwrap();
+    assert!(tokio::net::TcpStream::connect(traffic).await.is_err());
+}
