@@ -6,6 +6,10 @@
 //! when the client goes away, `Drop` finishes the request as `client_abort`, and dropping the
 //! pod's body closes that connection, which cancels the request upstream.
 //!
+//! A pod silent for longer than the idle-chunk timeout (`--idle-chunk-timeout-ms`) ends the
+//! request as an upstream error: a stream gets the same SSE error event and `[DONE]`, a whole
+//! body an error (the client sees the connection cut).
+//!
 //! Bound: a non-stream body is copied for its `usage` only up to [`MAX_USAGE_SCAN_BYTES`].
 
 use crate::errors::stream_error_event;
@@ -19,8 +23,8 @@ use hyper::body::Incoming;
 use kvgate_core::predictor::Features;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, ready};
-use std::time::Instant;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 /// Largest non-stream response body scanned for `usage`.
 pub const MAX_USAGE_SCAN_BYTES: usize = 1 << 20;
@@ -127,12 +131,24 @@ pub struct ObservedBody {
     tracker: Option<Tracker>,
     mode: Mode,
     done: bool,
+    idle_timeout: Duration,
+    /// Fires when the pod was silent for `idle_timeout`; reset on every frame.
+    idle: Pin<Box<tokio::time::Sleep>>,
 }
 
 impl ObservedBody {
     /// `stream`: the response is SSE; `strip_usage`: drop the usage chunk the gateway asked for.
-    pub fn new(inner: Incoming, tracker: Tracker, stream: bool, strip_usage: bool) -> Self {
+    /// `idle_timeout`: longest silence between two frames of the pod's body.
+    pub fn new(
+        inner: Incoming,
+        tracker: Tracker,
+        stream: bool,
+        strip_usage: bool,
+        idle_timeout: Duration,
+    ) -> Self {
         ObservedBody {
+            idle_timeout,
+            idle: Box::pin(tokio::time::sleep(idle_timeout)),
             inner,
             tracker: Some(tracker),
             mode: if stream {
@@ -170,6 +186,27 @@ impl ObservedBody {
         }
     }
 
+    /// The pod was silent too long: end the request as an upstream error.
+    fn idle_timed_out(&mut self) -> Option<Result<Frame<Bytes>, axum::BoxError>> {
+        self.done = true;
+        if let Some(t) = &self.tracker {
+            t.shared
+                .metrics
+                .upstream_timeouts
+                .get_or_create(&crate::proxy::timeout_label("idle_chunk"))
+                .inc();
+        }
+        self.finish(Status::UpstreamError);
+        let why = format!(
+            "the pod sent nothing for {} ms",
+            self.idle_timeout.as_millis()
+        );
+        match self.mode {
+            Mode::Stream(_) => Some(Ok(Frame::data(stream_error_event(&why)))),
+            Mode::Whole(_) => Some(Err(why.into())),
+        }
+    }
+
     fn finish(&mut self, status: Status) {
         let usage = match &self.mode {
             Mode::Stream(s) => s.usage(),
@@ -183,18 +220,27 @@ impl ObservedBody {
 
 impl Body for ObservedBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = axum::BoxError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::BoxError>>> {
         let this = &mut *self;
         if this.done {
             return Poll::Ready(None);
         }
         loop {
-            match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
+            let Poll::Ready(next) = Pin::new(&mut this.inner).poll_frame(cx) else {
+                if this.idle.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(this.idle_timed_out());
+                }
+                return Poll::Pending;
+            };
+            this.idle
+                .as_mut()
+                .reset(tokio::time::Instant::now() + this.idle_timeout);
+            match next {
                 Some(Ok(frame)) => {
                     let data = match frame.into_data() {
                         Ok(data) => data,
@@ -229,7 +275,7 @@ impl Body for ObservedBody {
                         Mode::Stream(_) => Some(Ok(Frame::data(stream_error_event(&format!(
                             "the pod failed mid-stream: {e}"
                         ))))),
-                        Mode::Whole(_) => Some(Err(e)),
+                        Mode::Whole(_) => Some(Err(e.into())),
                     });
                 }
                 None => {

@@ -45,6 +45,12 @@ pub const DEFAULT_MAX_CONCURRENT_REQUESTS: usize = 1024;
 pub const DEFAULT_MAX_QUEUED_REQUESTS: usize = 1024;
 /// Default time in-flight requests may still run after SIGTERM.
 pub const DEFAULT_SHUTDOWN_GRACE_MS: u64 = 10_000;
+/// Default upstream connect timeout.
+pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 2_000;
+/// Default wait for a pod's response headers (a long prompt's prefill under load fits).
+pub const DEFAULT_FIRST_BYTE_TIMEOUT_MS: u64 = 60_000;
+/// Default silence allowed between two chunks of a response.
+pub const DEFAULT_IDLE_CHUNK_TIMEOUT_MS: u64 = 60_000;
 
 #[derive(Debug, Error)]
 pub enum ConfigError {
@@ -238,6 +244,12 @@ pub struct GatewayConfig {
     pub forward_authorization: bool,
     /// `--shutdown-grace-ms`: how long in-flight requests may run after SIGTERM.
     pub shutdown_grace: Duration,
+    /// Upstream connect timeout (read at start only).
+    pub connect_timeout: Duration,
+    /// Longest wait for a pod's response headers.
+    pub first_byte_timeout: Duration,
+    /// Longest silence between two chunks of a pod's response.
+    pub idle_chunk_timeout: Duration,
 }
 
 impl GatewayConfig {
@@ -315,6 +327,26 @@ impl GatewayConfig {
         if max_concurrent_requests == 0 {
             return Err(ConfigError::NotPositive("max_concurrent_requests"));
         }
+        let positive_ms =
+            |v: Option<u64>, default: u64, name: &'static str| match v.unwrap_or(default) {
+                0 => Err(ConfigError::NotPositive(name)),
+                ms => Ok(Duration::from_millis(ms)),
+            };
+        let connect_timeout = positive_ms(
+            args.connect_timeout_ms,
+            DEFAULT_CONNECT_TIMEOUT_MS,
+            "connect_timeout_ms",
+        )?;
+        let first_byte_timeout = positive_ms(
+            args.first_byte_timeout_ms,
+            DEFAULT_FIRST_BYTE_TIMEOUT_MS,
+            "first_byte_timeout_ms",
+        )?;
+        let idle_chunk_timeout = positive_ms(
+            args.idle_chunk_timeout_ms,
+            DEFAULT_IDLE_CHUNK_TIMEOUT_MS,
+            "idle_chunk_timeout_ms",
+        )?;
         Ok(GatewayConfig {
             listen: args.listen.or(file.listen).unwrap_or(default_listen()),
             admin_listen: args
@@ -345,6 +377,9 @@ impl GatewayConfig {
             shutdown_grace: Duration::from_millis(
                 args.shutdown_grace_ms.unwrap_or(DEFAULT_SHUTDOWN_GRACE_MS),
             ),
+            connect_timeout,
+            first_byte_timeout,
+            idle_chunk_timeout,
         })
     }
 
@@ -403,6 +438,12 @@ mod tests {
         assert_eq!(c.decision_log_size, 256);
         assert_eq!(c.max_concurrent_requests, 1024);
         assert_eq!(c.max_queued_requests, 1024);
+        assert_eq!(c.shutdown_grace, Duration::from_secs(10));
+        assert_eq!(c.connect_timeout, Duration::from_secs(2));
+        assert_eq!(c.first_byte_timeout, Duration::from_secs(60));
+        assert_eq!(c.idle_chunk_timeout, Duration::from_secs(60));
+        assert!(c.api_keys.is_empty());
+        assert!(!c.forward_authorization);
         assert!(c.response_headers);
     }
 

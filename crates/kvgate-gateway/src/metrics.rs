@@ -52,6 +52,12 @@ pub struct ReasonLabel {
     pub reason: String,
 }
 
+/// `kind`: `first_byte` (no response headers in time) or `idle_chunk` (silence mid-body).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TimeoutLabel {
+    pub kind: String,
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StreamLabel {
     pub stream: String,
@@ -67,6 +73,8 @@ pub struct Metrics {
     /// Requests rejected before any pod was involved or after retries (400, 413, 404, 503, 502).
     pub rejected: Family<ReasonLabel, Counter>,
     pub retries: Counter,
+    /// Upstream timeouts by kind.
+    pub upstream_timeouts: Family<TimeoutLabel, Counter>,
     pub ttft_ms: Histogram,
     pub tpot_ms: Histogram,
     pub predicted_ttft_ms: Histogram,
@@ -114,6 +122,7 @@ impl Metrics {
             requests: Family::default(),
             rejected: Family::default(),
             retries: Counter::default(),
+            upstream_timeouts: Family::default(),
             ttft_ms: latency_buckets(),
             tpot_ms: latency_buckets(),
             predicted_ttft_ms: latency_buckets(),
@@ -192,6 +201,11 @@ impl Metrics {
             "retries",
             "Requests re-sent to another pod before any byte reached the client",
             self.retries.clone(),
+        );
+        r.register(
+            "upstream_timeouts",
+            "Pod responses that timed out: first_byte (no headers in time, retried or 502) or idle_chunk (silence mid-body)",
+            self.upstream_timeouts.clone(),
         );
         r.register(
             "ttft_ms",

@@ -563,7 +563,29 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
             Ok(r) => r,
             Err(e) => return reject(&shared, upstream_failed(e), &rid),
         };
-        let failure = match shared.client.request(up).await {
+        let answer = tokio::time::timeout(cfg.first_byte_timeout, shared.client.request(up)).await;
+        let Ok(answer) = answer else {
+            shared
+                .metrics
+                .upstream_timeouts
+                .get_or_create(&timeout_label("first_byte"))
+                .inc();
+            let failure = format!(
+                "pod {} sent no response within {} ms",
+                pod.url,
+                cfg.first_byte_timeout.as_millis()
+            );
+            drop(guard);
+            attempt_failed(&shared, &pod, policy, branch);
+            tracing::warn!(request_id = %rid, %attempt, why = %failure, "attempt failed before any byte was sent; retrying elsewhere");
+            excluded.push(pod.id);
+            last_failure = failure;
+            if attempt < cfg.max_retries {
+                shared.metrics.retries.inc();
+            }
+            continue;
+        };
+        let failure = match answer {
             Ok(resp) if !resp.status().is_server_error() => {
                 let ok = resp.status().is_success();
                 let (parts_up, incoming) = resp.into_parts();
@@ -595,6 +617,7 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
                     tracker,
                     stream,
                     strip_usage,
+                    cfg.idle_chunk_timeout,
                 )));
                 *resp.status_mut() = parts_up.status;
                 *resp.headers_mut() = headers;
@@ -609,16 +632,7 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
             }
         };
         drop(guard);
-        shared
-            .metrics
-            .requests
-            .get_or_create(&crate::metrics::RequestLabels {
-                pod: pod.url.clone(),
-                policy: policy.to_string(),
-                branch: branch.to_string(),
-                status: Status::AttemptFailed.as_str().to_string(),
-            })
-            .inc();
+        attempt_failed(&shared, &pod, policy, branch);
         tracing::warn!(request_id = %rid, %attempt, why = %failure, "attempt failed before any byte was sent; retrying elsewhere");
         excluded.push(pod.id);
         last_failure = failure;
@@ -627,6 +641,25 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
         }
     }
     reject(&shared, upstream_failed(last_failure), &rid)
+}
+
+fn attempt_failed(shared: &Shared, pod: &Pod, policy: &str, branch: &str) {
+    shared
+        .metrics
+        .requests
+        .get_or_create(&crate::metrics::RequestLabels {
+            pod: pod.url.clone(),
+            policy: policy.to_string(),
+            branch: branch.to_string(),
+            status: Status::AttemptFailed.as_str().to_string(),
+        })
+        .inc();
+}
+
+pub(crate) fn timeout_label(kind: &'static str) -> crate::metrics::TimeoutLabel {
+    crate::metrics::TimeoutLabel {
+        kind: kind.to_string(),
+    }
 }
 
 /// `GET /v1/models`: the union (by model id) of every healthy pod's list.
@@ -747,7 +780,24 @@ pub async fn passthrough(State(shared): State<Arc<Shared>>, req: Request) -> Res
         Err(e) => return reject(&shared, upstream_failed(e), &rid),
     };
     let guard = InFlightGuard::new(pod.clone(), 0);
-    match shared.client.request(up).await {
+    let answer = tokio::time::timeout(cfg.first_byte_timeout, shared.client.request(up)).await;
+    let Ok(answer) = answer else {
+        shared
+            .metrics
+            .upstream_timeouts
+            .get_or_create(&timeout_label("first_byte"))
+            .inc();
+        return reject(
+            &shared,
+            upstream_failed(format!(
+                "pod {} sent no response within {} ms",
+                pod.url,
+                cfg.first_byte_timeout.as_millis()
+            )),
+            &rid,
+        );
+    };
+    match answer {
         Ok(resp) => {
             let (parts_up, incoming) = resp.into_parts();
             let ok = parts_up.status.is_success();
@@ -775,7 +825,11 @@ pub async fn passthrough(State(shared): State<Arc<Shared>>, req: Request) -> Res
                     .then_some((pod.url.as_str(), "passthrough")),
             );
             let mut resp = Response::new(Body::new(ObservedBody::new(
-                incoming, tracker, false, false,
+                incoming,
+                tracker,
+                false,
+                false,
+                cfg.idle_chunk_timeout,
             )));
             *resp.status_mut() = parts_up.status;
             *resp.headers_mut() = headers;

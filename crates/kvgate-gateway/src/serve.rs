@@ -78,6 +78,18 @@ pub struct ServeArgs {
     /// On SIGTERM/Ctrl-C, how long in-flight requests may still run [default: 10000].
     #[arg(long, value_name = "MS")]
     pub shutdown_grace_ms: Option<u64>,
+    /// Upstream TCP connect timeout; a pod that does not accept in time is retried elsewhere
+    /// [default: 2000].
+    #[arg(long, value_name = "MS")]
+    pub connect_timeout_ms: Option<u64>,
+    /// Longest wait for a pod's response headers; then the request goes to another pod, or 502
+    /// [default: 60000].
+    #[arg(long, value_name = "MS")]
+    pub first_byte_timeout_ms: Option<u64>,
+    /// Longest silence between two chunks of a pod's response; then a stream ends with an SSE
+    /// error event [default: 60000].
+    #[arg(long, value_name = "MS")]
+    pub idle_chunk_timeout_ms: Option<u64>,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -55,7 +55,7 @@ impl Shared {
     pub fn new(config: GatewayConfig) -> Arc<Shared> {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(Duration::from_secs(2)));
+        connector.set_connect_timeout(Some(config.connect_timeout));
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(60))
             .pool_max_idle_per_host(1024)

@@ -158,3 +158,105 @@ async fn shutdown_turns_readiness_false_lets_streams_finish_then_refuses_connect
         .unwrap();
     assert!(tokio::net::TcpStream::connect(traffic).await.is_err());
 }
+
+#[tokio::test]
+async fn a_pod_sending_no_response_in_time_gives_502_and_counters_return_to_zero() {
+    let pod = FakePod::start(Behavior::Hang).await;
+    let mut a = args(&[&pod]);
+    a.first_byte_timeout_ms = Some(200);
+    let gw = kvgate_gateway::Gateway::start(a).await.unwrap();
+    let t0 = std::time::Instant::now();
+    let r = send(
+        &client(),
+        post(&gw, "/v1/chat/completions", &chat_body("a", true)),
+    )
+    .await;
+    assert_eq!(r.status, http::StatusCode::BAD_GATEWAY);
+    assert!(t0.elapsed() < std::time::Duration::from_secs(3));
+    let err = r.json();
+    assert_eq!(err["error"]["code"], "upstream_failed");
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no response within 200 ms"),
+        "{err}"
+    );
+    assert_idle(&gw, &[&pod]).await;
+    let m = gw.shared().metrics_text().unwrap();
+    assert!(
+        m.contains("kvgate_upstream_timeouts_total{kind=\"first_byte\"} 1"),
+        "{m}"
+    );
+}
+
+#[tokio::test]
+async fn a_hung_pod_is_retried_on_another_before_any_byte() {
+    let hung = FakePod::start(Behavior::Hang).await;
+    // Non-stream: the pod answers when done, so its whole generation must fit the timeout.
+    let ok = FakePod::start(Behavior::Normal {
+        chunks: 3,
+        delay_ms: 1,
+    })
+    .await;
+    let mut a = args(&[&hung, &ok]);
+    a.first_byte_timeout_ms = Some(200);
+    a.policy = Some("round-robin".into());
+    let gw = kvgate_gateway::Gateway::start(a).await.unwrap();
+    let c = client();
+    for i in 0..2 {
+        let r = send(
+            &c,
+            post(
+                &gw,
+                "/v1/chat/completions",
+                &chat_body(&format!("q{i}"), false),
+            ),
+        )
+        .await;
+        assert_eq!(r.status, http::StatusCode::OK);
+    }
+    assert!(hung.requests() >= 1, "the hung pod was tried");
+    assert_idle(&gw, &[&hung, &ok]).await;
+}
+
+#[tokio::test]
+async fn a_pod_stalling_mid_stream_gives_a_clean_error_event_and_counters_return_to_zero() {
+    let pod = FakePod::start(Behavior::HangAfter {
+        chunks: 2,
+        delay_ms: 10,
+    })
+    .await;
+    let mut a = args(&[&pod]);
+    a.idle_chunk_timeout_ms = Some(300);
+    let gw = kvgate_gateway::Gateway::start(a).await.unwrap();
+    let r = send(
+        &client(),
+        post(&gw, "/v1/chat/completions", &chat_body("a", true)),
+    )
+    .await;
+    assert_eq!(r.status, http::StatusCode::OK);
+    let text = r.text();
+    assert!(text.contains("tok1 "), "{text}");
+    assert!(
+        text.contains("\"code\":\"upstream_stream_error\""),
+        "{text}"
+    );
+    assert!(text.contains("the pod sent nothing for 300 ms"), "{text}");
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    assert_idle(&gw, &[&pod]).await;
+    let shared = gw.shared().clone();
+    eventually("slot given back", || shared.admission.active() == 0).await;
+    eventually("the upstream stream is cancelled", || {
+        pod.state
+            .active_streams
+            .load(std::sync::atomic::Ordering::SeqCst)
+            == 0
+    })
+    .await;
+    let m = shared.metrics_text().unwrap();
+    assert!(
+        m.contains("kvgate_upstream_timeouts_total{kind=\"idle_chunk\"} 1"),
+        "{m}"
+    );
+}

@@ -27,6 +27,10 @@ pub enum Behavior {
     Fail500,
     /// Sends `chunks` content chunks, then breaks the connection.
     DieAfter { chunks: usize, delay_ms: u64 },
+    /// Never answers (accepts the request, sends no status line).
+    Hang,
+    /// Sends `chunks` content chunks, then stalls with the connection open.
+    HangAfter { chunks: usize, delay_ms: u64 },
 }
 
 pub struct FakeState {
@@ -181,8 +185,12 @@ async fn completions(State(s): State<Arc<FakeState>>, req: Request) -> Response 
             return r;
         }
         Behavior::Normal { chunks, delay_ms } => (chunks, delay_ms, false),
-        Behavior::DieAfter { chunks, delay_ms } => (chunks, delay_ms, true),
+        Behavior::DieAfter { chunks, delay_ms } | Behavior::HangAfter { chunks, delay_ms } => {
+            (chunks, delay_ms, true)
+        }
+        Behavior::Hang => return std::future::pending::<Response>().await,
     };
+    let hang = matches!(behavior, Behavior::HangAfter { .. });
     let usage =
         json!({"prompt_tokens": 10, "completion_tokens": chunks, "total_tokens": 10 + chunks});
     if !stream {
@@ -246,6 +254,9 @@ async fn completions(State(s): State<Arc<FakeState>>, req: Request) -> Response 
                     Some((Ok::<Bytes, std::io::Error>(ev), (it, guard)))
                 }
                 None if die => {
+                    if hang {
+                        std::future::pending::<()>().await;
+                    }
                     tokio::time::sleep(Duration::from_millis(delay_ms)).await;
                     guard.finished = true;
                     Some((Err(std::io::Error::other("pod died")), (it, guard)))
