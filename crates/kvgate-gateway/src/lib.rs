@@ -32,7 +32,8 @@
 //! | `capture` | `--capture FILE`: served requests as Mooncake JSONL (no text), for replay |
 //! | `serve` | `ServeArgs`, `Gateway::start`, `serve` |
 //!
-//! Memory bounds: request bodies ≤ `max_body_bytes` (32 MiB); scraped bodies ≤ 4 MiB;
+//! Memory bounds: requests in service ≤ `max_concurrent_requests` (1024), waiting ≤
+//! `max_queued_requests` (1024); request bodies ≤ `max_body_bytes` (32 MiB); scraped bodies ≤ 4 MiB;
 //! decision ring ≤ `decision_log_size` (256) records; SSE events inspected ≤ 1 MiB each;
 //! non-stream bodies copied for usage ≤ 1 MiB; routed index as in the core (≤ 96 B/block).
 
