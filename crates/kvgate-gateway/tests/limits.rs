@@ -260,3 +260,40 @@ async fn a_pod_stalling_mid_stream_gives_a_clean_error_event_and_counters_return
         "{m}"
     );
 }
+
+#[tokio::test]
+async fn a_request_within_the_queue_waits_for_a_slot_and_is_served() {
+    let pod = FakePod::start(SLOW).await;
+    let mut a = args(&[&pod]);
+    a.max_concurrent_requests = Some(1);
+    a.max_queued_requests = Some(1);
+    let gw = kvgate_gateway::Gateway::start(a).await.unwrap();
+    let c = client();
+    let shared = gw.shared().clone();
+    let spawn_stream = |text: &str| {
+        let (c, req) = (
+            c.clone(),
+            post(&gw, "/v1/chat/completions", &chat_body(text, true)),
+        );
+        tokio::spawn(async move { send(&c, req).await })
+    };
+    let first = spawn_stream("a");
+    eventually("the first holds the slot", || {
+        shared.admission.active() == 1
+    })
+    .await;
+    let second = spawn_stream("b");
+    eventually("the second waits", || shared.admission.queued() == 1).await;
+    let third = send(&c, post(&gw, "/v1/chat/completions", &chat_body("c", true))).await;
+    assert_eq!(third.status, http::StatusCode::TOO_MANY_REQUESTS);
+    for r in [first.await.unwrap(), second.await.unwrap()] {
+        assert_eq!(r.status, http::StatusCode::OK);
+        assert!(r.text().ends_with("data: [DONE]\n\n"), "{}", r.text());
+    }
+    assert_eq!(pod.requests(), 2);
+    eventually("slots and queue back to zero", || {
+        shared.admission.active() == 0 && shared.admission.queued() == 0
+    })
+    .await;
+    assert_idle(&gw, &[&pod]).await;
+}
