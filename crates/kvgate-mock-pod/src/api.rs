@@ -49,7 +49,6 @@
 //! router that sees them tries to download that tokenizer (from Hugging Face), which a mock pod
 //! must not cause.
 
-use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -77,6 +76,21 @@ pub const WORDS: [&str; 16] = [
     "serve", "tokens", "on", "time",
 ];
 
+/// Faults a pod injects, for reliability tests of what sits in front of it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Faults {
+    /// Cut every stream after this many tokens: the connection breaks, no `[DONE]`.
+    pub fail_after_tokens: Option<u32>,
+    /// Accept completion requests and never answer them.
+    pub hang: bool,
+    /// `/metrics` answers text that is not Prometheus exposition.
+    pub garbage_metrics: bool,
+}
+
+/// What `/metrics` answers with `--garbage-metrics`.
+pub const GARBAGE_METRICS: &str =
+    "vllm:num_requests_waiting{ nonsense\n\u{0}\u{1}}}} NaN? 12 13 14\n#### \n\u{7f}garbage\n";
+
 /// What the handlers share.
 #[derive(Debug)]
 pub struct PodState {
@@ -87,6 +101,7 @@ pub struct PodState {
     pub metrics: Arc<Mutex<PodMetrics>>,
     pub tokenizer: PromptTokenizer,
     pub next_id: AtomicU64,
+    pub faults: Faults,
 }
 
 pub fn router(state: Arc<PodState>) -> Router {
@@ -138,10 +153,16 @@ fn reject(st: &PodState, reason: RejectReason, status: StatusCode, message: Stri
 }
 
 async fn completions(State(st): State<Arc<PodState>>, body: Bytes) -> Response {
+    if st.faults.hang {
+        return std::future::pending().await;
+    }
     generate(&st, COMPLETIONS_PATH, &body).await
 }
 
 async fn chat_completions(State(st): State<Arc<PodState>>, body: Bytes) -> Response {
+    if st.faults.hang {
+        return std::future::pending().await;
+    }
     generate(&st, CHAT_COMPLETIONS_PATH, &body).await
 }
 
@@ -186,6 +207,9 @@ async fn model_info() -> Response {
 }
 
 async fn metrics(State(st): State<Arc<PodState>>) -> Response {
+    if st.faults.garbage_metrics {
+        return GARBAGE_METRICS.into_response();
+    }
     let text = match st.metrics.lock() {
         Ok(m) => m.render(&st.model, st.max_model_len),
         Err(_) => String::new(),
@@ -424,7 +448,7 @@ async fn generate(st: &PodState, path: &str, body: &[u8]) -> Response {
         include_usage,
     };
     if parsed.stream {
-        stream_response(generation, rx)
+        stream_response(generation, rx, st.faults.fail_after_tokens)
     } else {
         whole_response(generation, rx).await
     }
@@ -523,14 +547,19 @@ struct StreamState {
     done: bool,
 }
 
-fn stream_response(g: Generation, rx: mpsc::UnboundedReceiver<RequestEvent>) -> Response {
+/// `fail_after_tokens`: cut the stream (a body error: the connection breaks) after that many.
+fn stream_response(
+    g: Generation,
+    rx: mpsc::UnboundedReceiver<RequestEvent>,
+    fail_after_tokens: Option<u32>,
+) -> Response {
     let state = StreamState {
         g,
         rx,
         cached: 0,
         done: false,
     };
-    let stream = futures_util::stream::unfold(state, |mut s| async move {
+    let stream = futures_util::stream::unfold(state, move |mut s| async move {
         if s.done {
             return None;
         }
@@ -539,6 +568,10 @@ fn stream_response(g: Generation, rx: mpsc::UnboundedReceiver<RequestEvent>) -> 
             match s.rx.recv().await {
                 Some(RequestEvent::Admitted { cached_tokens }) => s.cached = cached_tokens,
                 Some(RequestEvent::Token { index, finished }) => {
+                    if fail_after_tokens.is_some_and(|n| index > n) {
+                        s.done = true;
+                        return Some((Err(std::io::Error::other("injected fault")), s));
+                    }
                     if index == 1 && s.g.chat {
                         sse(
                             &mut out,
@@ -575,7 +608,7 @@ fn stream_response(g: Generation, rx: mpsc::UnboundedReceiver<RequestEvent>) -> 
                 }
             }
         }
-        Some((Ok::<_, Infallible>(Bytes::from(out)), s))
+        Some((Ok::<_, std::io::Error>(Bytes::from(out)), s))
     });
     (
         [

@@ -79,6 +79,15 @@ pub struct MockPodArgs {
     /// Number of pods to start in this process, on consecutive ports.
     #[arg(long, default_value_t = 1)]
     pub count: u16,
+    /// Fault injection: cut every stream (connection broken, no `[DONE]`) after N tokens.
+    #[arg(long, value_name = "N")]
+    pub fail_after: Option<u32>,
+    /// Fault injection: accept completion requests and never answer them.
+    #[arg(long)]
+    pub hang: bool,
+    /// Fault injection: `/metrics` answers garbage text.
+    #[arg(long)]
+    pub garbage_metrics: bool,
 }
 
 /// Everything one pod needs (ports of the endpoints are those of pod 0; see [`PodConfig::for_pod`]).
@@ -93,6 +102,8 @@ pub struct PodConfig {
     pub kv_events_replay: Option<String>,
     pub kv_events_encoding: KvEventsEncoding,
     pub kv_events_topic: String,
+    /// Injected faults (`--fail-after`, `--hang`, `--garbage-metrics`); none by default.
+    pub faults: api::Faults,
 }
 
 impl Default for PodConfig {
@@ -107,6 +118,7 @@ impl Default for PodConfig {
             kv_events_replay: None,
             kv_events_encoding: KvEventsEncoding::Map,
             kv_events_topic: String::new(),
+            faults: api::Faults::default(),
         }
     }
 }
@@ -136,6 +148,11 @@ impl PodConfig {
             kv_events_replay: args.kv_events_replay.clone(),
             kv_events_encoding: args.kv_events_encoding,
             kv_events_topic: args.kv_events_topic.clone(),
+            faults: api::Faults {
+                fail_after_tokens: args.fail_after,
+                hang: args.hang,
+                garbage_metrics: args.garbage_metrics,
+            },
         };
         config.validate()?;
         Ok(config)
@@ -262,6 +279,7 @@ pub async fn spawn_pod(config: PodConfig, listener: TcpListener) -> anyhow::Resu
         metrics: metrics.clone(),
         tokenizer: tokenizer::PromptTokenizer::cl100k(),
         next_id: AtomicU64::new(0),
+        faults: config.faults,
     });
     // Every response names the pod that served it (`x-mock-pod: ip:port`), so that tests of
     // proxies in front of the pods (Envoy) can tell where a request went.
