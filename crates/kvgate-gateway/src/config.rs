@@ -51,6 +51,8 @@ pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 2_000;
 pub const DEFAULT_FIRST_BYTE_TIMEOUT_MS: u64 = 60_000;
 /// Default silence allowed between two chunks of a response.
 pub const DEFAULT_IDLE_CHUNK_TIMEOUT_MS: u64 = 60_000;
+/// Default longest prompt accepted (1 Mi tokens: above every served model's context today).
+pub const DEFAULT_MAX_PROMPT_TOKENS: u32 = 1 << 20;
 
 #[derive(Debug, Error)]
 pub enum ConfigError {
@@ -193,6 +195,7 @@ pub struct FileConfig {
     pub decision_log_size: Option<usize>,
     pub max_concurrent_requests: Option<usize>,
     pub max_queued_requests: Option<usize>,
+    pub max_prompt_tokens: Option<u32>,
     pub seed: Option<u64>,
     pub index: Option<String>,
     pub router: Option<RouterConfig>,
@@ -250,6 +253,8 @@ pub struct GatewayConfig {
     pub first_byte_timeout: Duration,
     /// Longest silence between two chunks of a pod's response.
     pub idle_chunk_timeout: Duration,
+    /// Longest prompt accepted, tokens; longer: 400.
+    pub max_prompt_tokens: u32,
 }
 
 impl GatewayConfig {
@@ -380,6 +385,10 @@ impl GatewayConfig {
             connect_timeout,
             first_byte_timeout,
             idle_chunk_timeout,
+            max_prompt_tokens: args
+                .max_prompt_tokens
+                .or(file.max_prompt_tokens)
+                .unwrap_or(DEFAULT_MAX_PROMPT_TOKENS),
         })
     }
 
@@ -444,6 +453,7 @@ mod tests {
         assert_eq!(c.idle_chunk_timeout, Duration::from_secs(60));
         assert!(c.api_keys.is_empty());
         assert!(!c.forward_authorization);
+        assert_eq!(c.max_prompt_tokens, 1 << 20);
         assert!(c.response_headers);
     }
 

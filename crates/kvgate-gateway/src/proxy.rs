@@ -514,6 +514,17 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
     };
 
     let (blocks, input_tokens) = request_blocks(&shared, &cfg, &parsed).await;
+    if input_tokens > cfg.max_prompt_tokens {
+        let err = ApiError::bad_request(
+            "context_length_exceeded",
+            format!(
+                "the prompt has about {input_tokens} tokens, more than the gateway's limit of {}",
+                cfg.max_prompt_tokens
+            ),
+            None,
+        );
+        return reject(&shared, err, &rid);
+    }
     let mut capture = shared
         .capture
         .get()

@@ -90,6 +90,11 @@ pub struct ServeArgs {
     /// error event [default: 60000].
     #[arg(long, value_name = "MS")]
     pub idle_chunk_timeout_ms: Option<u64>,
+    /// Longest prompt accepted, in tokens as the index counts them (estimated from characters
+    /// in the routed index); longer prompts get 400 `context_length_exceeded`
+    /// [default: 1048576].
+    #[arg(long, value_name = "TOKENS")]
+    pub max_prompt_tokens: Option<u32>,
 }
 
 #[derive(Debug, thiserror::Error)]

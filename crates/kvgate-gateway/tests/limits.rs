@@ -297,3 +297,37 @@ async fn a_request_within_the_queue_waits_for_a_slot_and_is_served() {
     .await;
     assert_idle(&gw, &[&pod]).await;
 }
+
+#[tokio::test]
+async fn a_prompt_over_the_limit_gets_400_and_touches_no_pod() {
+    let pod = FakePod::start(SLOW).await;
+    let mut a = args(&[&pod]);
+    a.max_prompt_tokens = Some(10);
+    let gw = kvgate_gateway::Gateway::start(a).await.unwrap();
+    let long = "word ".repeat(200);
+    let r = send(
+        &client(),
+        post(&gw, "/v1/chat/completions", &chat_body(&long, false)),
+    )
+    .await;
+    assert_eq!(r.status, http::StatusCode::BAD_REQUEST);
+    assert_eq!(r.json()["error"]["code"], "context_length_exceeded");
+    assert_eq!(pod.requests(), 0);
+}
+
+#[tokio::test]
+async fn oversized_request_headers_get_431() {
+    let pod = FakePod::start(SLOW).await;
+    let gw = gateway(&[&pod]).await;
+    let mut req = post(&gw, "/v1/chat/completions", &chat_body("a", false));
+    req.headers_mut().insert(
+        "x-padding",
+        http::HeaderValue::from_str(&"a".repeat(1 << 20)).unwrap(),
+    );
+    let r = client().request(req).await.unwrap();
+    assert_eq!(
+        r.status(),
+        http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
+    );
+    assert_eq!(pod.requests(), 0);
+}
