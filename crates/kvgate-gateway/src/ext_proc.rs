@@ -110,8 +110,13 @@ impl ExternalProcessor for ExtProc {
 }
 
 /// Serves the ext_proc service (and gRPC health: `""`, `liveness`, `readiness` and the
-/// ext_proc service name) on `listener` until the task is aborted.
-pub async fn serve(shared: Arc<Shared>, listener: tokio::net::TcpListener) {
+/// ext_proc service name) on `listener` until the task is aborted. When `stop` turns true
+/// (graceful shutdown), `""` and `readiness` report NOT_SERVING, so Envoy stops sending.
+pub async fn serve(
+    shared: Arc<Shared>,
+    listener: tokio::net::TcpListener,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter
         .set_serving::<ExternalProcessorServer<ExtProc>>()
@@ -121,6 +126,15 @@ pub async fn serve(shared: Arc<Shared>, listener: tokio::net::TcpListener) {
             .set_service_status(name, tonic_health::ServingStatus::Serving)
             .await;
     }
+    tokio::spawn(async move {
+        if stop.wait_for(|s| *s).await.is_ok() {
+            for name in ["", "readiness"] {
+                reporter
+                    .set_service_status(name, tonic_health::ServingStatus::NotServing)
+                    .await;
+            }
+        }
+    });
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
     if let Err(e) = tonic::transport::Server::builder()
         .tcp_nodelay(true)

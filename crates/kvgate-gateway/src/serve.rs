@@ -199,11 +199,11 @@ impl Gateway {
             args,
             loaded,
         )));
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
         let app = crate::proxy::traffic_router(shared.clone());
         let traffic = traffic.tap_io(|s| {
             let _ = s.set_nodelay(true);
         });
-        let (stop, mut stopped) = tokio::sync::watch::channel(false);
         let traffic_task = tokio::spawn(async move {
             let stopping = async move {
                 let _ = stopped.wait_for(|s| *s).await;
@@ -219,6 +219,7 @@ impl Gateway {
             tasks.push(tokio::spawn(crate::ext_proc::serve(
                 shared.clone(),
                 listener,
+                stop.subscribe(),
             )));
         }
         let admin_app = crate::admin::admin_router(shared.clone());
@@ -238,7 +239,7 @@ impl Gateway {
         })
     }
 
-    /// Graceful shutdown: `/readyz` turns 503 first, then the traffic listener stops accepting
+    /// Graceful shutdown: `/readyz` (and the ext_proc gRPC readiness) turns 503 first, then the traffic listener stops accepting
     /// (idle keep-alive connections are closed) while in-flight requests, streams included,
     /// may finish for up to `grace`; then every task of the gateway stops.
     pub async fn shutdown(mut self, grace: std::time::Duration) {

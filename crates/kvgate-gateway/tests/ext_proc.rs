@@ -319,3 +319,52 @@ async fn bad_body_is_400_and_no_pod_is_503() {
     let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
     assert_eq!(v["error"]["code"], "no_healthy_pod");
 }
+
+#[tokio::test]
+async fn grpc_readiness_turns_not_serving_on_shutdown() {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    let pod = FakePod::start(Behavior::Normal {
+        chunks: 5,
+        delay_ms: 100,
+    })
+    .await;
+    let mut args = common::args(&[&pod]);
+    args.ext_proc_listen = Some("127.0.0.1:0".parse().unwrap());
+    let gw = Gateway::start(args).await.unwrap();
+    let addr = gw.ext_proc_addr.unwrap();
+    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = HealthClient::new(channel);
+    let readiness = || HealthCheckRequest {
+        service: "readiness".into(),
+    };
+    let status = health.check(readiness()).await.unwrap().into_inner().status;
+    assert_eq!(status, ServingStatus::Serving as i32);
+    // A slow stream keeps the gateway in its grace period while readiness is checked.
+    let stream = tokio::spawn({
+        let (c, req) = (
+            common::client(),
+            common::post(&gw, "/v1/chat/completions", &common::chat_body("a", true)),
+        );
+        async move { common::send(&c, req).await }
+    });
+    let shared = gw.shared().clone();
+    eventually("the stream is in flight", || shared.admission.active() == 1).await;
+    let shutdown = tokio::spawn(gw.shutdown(std::time::Duration::from_secs(5)));
+    let mut status = 0;
+    for _ in 0..50 {
+        status = health.check(readiness()).await.unwrap().into_inner().status;
+        if status == ServingStatus::NotServing as i32 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert_eq!(status, ServingStatus::NotServing as i32);
+    assert_eq!(stream.await.unwrap().status, http::StatusCode::OK);
+    shutdown.await.unwrap();
+}
