@@ -113,4 +113,15 @@ mod tests {
         assert!(!keys.allows(None));
         assert!(!keys.allows(Some(&HeaderValue::from_bytes(b"Bearer \xff").unwrap())));
     }
+
+    proptest::proptest! {
+        #[test]
+        fn any_header_bytes_are_judged_without_panic(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..64)) {
+            let keys = ApiKeys::new(["secret-key"]);
+            if let Ok(v) = HeaderValue::from_bytes(&bytes) {
+                let allowed = keys.allows(Some(&v));
+                proptest::prop_assert_eq!(allowed, bearer_token(&bytes) == Some(&b"secret-key"[..]));
+            }
+        }
+    }
 }
