@@ -11,6 +11,9 @@
 //! Events, in time order (ties: step ends, then scrapes, then arrivals; then by sequence), make
 //! a run deterministic: the same workload, config and seed give the same result on any machine.
 //!
+//! Pod outages (`faults`, see [`crate::faults`]) are events too: at equal times they come after
+//! step ends and before scrapes and arrivals.
+//!
 //! Each busy pod has exactly one pending "step end" event. At a step end the step's emissions are
 //! applied at the step's end time, and the engine's next step starts immediately if it has work.
 //! An arrival at an idle pod starts a step at once.
@@ -27,6 +30,7 @@ use kvgate_core::{DecisionRng, PodId, PodSnapshot, Router, RouterConfig};
 use rand::SeedableRng;
 
 use crate::engine::{Engine, EngineRequest};
+use crate::faults::{FaultPlan, FaultRecorder, MAX_RETRIES};
 use crate::profiles::Profile;
 use crate::report::{RunMetrics, RunRecorder};
 use crate::{SIM_BLOCK_SIZE_TOKENS, SimRequest};
@@ -56,6 +60,8 @@ pub struct ClusterConfig {
     pub seed: u64,
     /// Multiplies the workload's arrival rate (arrival times are divided by it).
     pub rate_scale: f64,
+    /// Pod outages during the run (`--faults`); `None`: every pod stays up.
+    pub faults: Option<FaultPlan>,
 }
 
 impl ClusterConfig {
@@ -72,6 +78,7 @@ impl ClusterConfig {
             predictor: PredictorConfig::default(),
             seed,
             rate_scale: 1.0,
+            faults: None,
         }
     }
 
@@ -100,6 +107,34 @@ struct InFlightRequest {
     /// Tokens charged to the pod's `in_flight.decode_tokens` since the first token.
     decode_charge: u64,
     first_token_ms: Option<f64>,
+    /// 0 for the first attempt, then 1, 2, … after the pod died before the first token.
+    attempt: u8,
+}
+
+/// How routing one attempt of a request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Routed {
+    Dispatched,
+    /// No pod could take it (no healthy pod, or the engine refused it).
+    NoPod,
+    /// Every attempt hit a dead pod.
+    OutOfRetries,
+}
+
+/// What happens next in the event loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Next {
+    StepEnd,
+    Fault,
+    Arrival,
+}
+
+/// A pod going down (`down`) or coming back, at `at_ms`.
+#[derive(Debug, Clone, Copy)]
+struct FaultEvent {
+    at_ms: f64,
+    pod: u32,
+    down: bool,
 }
 
 /// Time as an orderable key: non-negative finite f64 bit patterns sort like the numbers.
@@ -121,9 +156,16 @@ struct Cluster {
     predictor: LatencyPredictor,
     rng: DecisionRng,
     in_flight: Vec<Option<InFlightRequest>>,
-    /// Pending step ends: (time key, pod). One per busy pod.
+    /// Pending step ends: (time key, pod). One per busy pod, plus stale ones of crashed pods.
     steps: BinaryHeap<Reverse<(u64, u32)>>,
+    /// The time key of each pod's pending step end; a popped entry that differs is stale.
+    step_due: Vec<Option<u64>>,
     busy: Vec<bool>,
+    /// False while the pod is down (an outage).
+    up: Vec<bool>,
+    fault_events: Vec<FaultEvent>,
+    next_fault: usize,
+    faults: Option<FaultRecorder>,
     recorder: RunRecorder,
 }
 
@@ -158,7 +200,12 @@ impl Cluster {
             index,
             in_flight: vec![None; requests],
             steps: BinaryHeap::new(),
+            step_due: vec![None; pods as usize],
             busy: vec![false; pods as usize],
+            up: vec![true; pods as usize],
+            fault_events: Vec::new(),
+            next_fault: 0,
+            faults: None,
             recorder: RunRecorder::new(pods as usize, requests),
             config: config.clone(),
         }
@@ -176,30 +223,62 @@ impl Cluster {
         let arrival_ms = |r: &SimRequest| r.arrival_ms / scale;
         let last_arrival = requests.last().map_or(0.0, arrival_ms);
         self.recorder.set_sample_stride(last_arrival / interval);
+        self.plan_faults(last_arrival);
         loop {
             let step = self.steps.peek().map(|Reverse((t, _))| *t);
             let arrival = requests.get(next_arrival).map(|r| time_key(arrival_ms(r)));
-            // At equal times: step ends, then scrapes, then arrivals.
-            let (is_step_end, at) = match (step, arrival) {
-                (None, None) => break,
-                (Some(s), None) => (true, s),
-                (None, Some(a)) => (false, a),
-                (Some(s), Some(a)) => (s <= a, s.min(a)),
-            };
+            if step.is_none() && arrival.is_none() {
+                break;
+            }
+            let fault = self
+                .fault_events
+                .get(self.next_fault)
+                .map(|e| time_key(e.at_ms));
+            // At equal times: step ends, then faults, then scrapes, then arrivals.
+            let mut next: Option<(u64, Next)> = None;
+            for (t, kind) in [
+                (step, Next::StepEnd),
+                (fault, Next::Fault),
+                (arrival, Next::Arrival),
+            ] {
+                if let Some(t) = t
+                    && next.is_none_or(|(best, _)| t < best)
+                {
+                    next = Some((t, kind));
+                }
+            }
+            let Some((at, kind)) = next else { break };
             // Scrapes happen at multiples of the interval while anything is pending.
             let scrape = time_key(next_scrape);
-            if scrape < at || (scrape == at && !is_step_end) {
+            if scrape < at || (scrape == at && kind == Next::Arrival) {
                 self.scrape(next_scrape);
                 next_scrape += interval;
                 continue;
             }
-            if is_step_end {
-                if let Some(Reverse((t, pod))) = self.steps.pop() {
-                    self.step_end(pod as usize, f64::from_bits(t));
+            match kind {
+                Next::StepEnd => {
+                    if let Some(Reverse((t, pod))) = self.steps.pop()
+                        && self.step_due[pod as usize] == Some(t)
+                    {
+                        self.step_due[pod as usize] = None;
+                        self.step_end(pod as usize, f64::from_bits(t));
+                    }
                 }
-            } else if let Some(r) = requests.get(next_arrival) {
-                next_arrival += 1;
-                self.arrive(r, arrival_ms(r));
+                Next::Fault => {
+                    let e = self.fault_events[self.next_fault];
+                    self.next_fault += 1;
+                    if e.down {
+                        self.pod_down(e.pod as usize, e.at_ms, requests);
+                    } else {
+                        self.up[e.pod as usize] = true;
+                    }
+                }
+                Next::Arrival => {
+                    if let Some(r) = requests.get(next_arrival) {
+                        next_arrival += 1;
+                        self.arrive(r, arrival_ms(r));
+                    }
+                }
             }
         }
         let engines: Vec<_> = self.engines.iter().map(Engine::metrics).collect();
@@ -214,11 +293,87 @@ impl Cluster {
             .sum();
         let mut metrics = self.recorder.finish(&engines, self.predictor.accuracy());
         metrics.in_flight_left = leaked;
+        metrics.faults = self.faults.map(FaultRecorder::finish);
         metrics
     }
 
+    /// Turns the configured fault plan into down/up events up to the last arrival.
+    fn plan_faults(&mut self, last_arrival_ms: f64) {
+        let Some(plan) = &self.config.faults else {
+            return;
+        };
+        let outages = plan.outages(self.engines.len() as u32, last_arrival_ms);
+        for o in &outages {
+            self.fault_events.push(FaultEvent {
+                at_ms: o.down_ms,
+                pod: o.pod,
+                down: true,
+            });
+            self.fault_events.push(FaultEvent {
+                at_ms: o.up_ms,
+                pod: o.pod,
+                down: false,
+            });
+        }
+        // By time; at equal times a pod comes back before another goes down.
+        self.fault_events
+            .sort_by(|a, b| a.at_ms.total_cmp(&b.at_ms).then(a.down.cmp(&b.down)));
+        self.faults = Some(FaultRecorder::new(outages, last_arrival_ms));
+    }
+
+    /// A pod dies: its engine drops everything; requests without a first token are retried on
+    /// another pod, streaming ones fail. The router's charges for them are released.
+    fn pod_down(&mut self, pod: usize, now: f64, requests: &[SimRequest]) {
+        self.up[pod] = false;
+        self.busy[pod] = false;
+        self.step_due[pod] = None;
+        let dropped = self.engines[pod].crash(now);
+        if let Some(f) = &mut self.faults {
+            f.dropped_by_crash += dropped.len() as u64;
+        }
+        for id in dropped {
+            let Some(req) = self.in_flight.get_mut(id as usize).and_then(Option::take) else {
+                continue;
+            };
+            let snap = &mut self.snapshots[pod];
+            snap.in_flight.requests = snap.in_flight.requests.saturating_sub(1);
+            if req.first_token_ms.is_none() {
+                snap.in_flight.prefill_tokens = snap
+                    .in_flight
+                    .prefill_tokens
+                    .saturating_sub(req.prefill_charge);
+            } else {
+                snap.in_flight.decode_tokens = snap
+                    .in_flight
+                    .decode_tokens
+                    .saturating_sub(req.decode_charge);
+            }
+            let arrival = self.recorder.arrival_ms(id).unwrap_or(now);
+            let retry = req.first_token_ms.is_none() && req.attempt < MAX_RETRIES;
+            let routed = match requests.get(id as usize) {
+                Some(r) if retry => {
+                    if let Some(f) = &mut self.faults {
+                        f.retried += 1;
+                    }
+                    self.route(r, now, req.attempt + 1, &mut vec![pod as u32])
+                }
+                _ => Routed::OutOfRetries,
+            };
+            if routed != Routed::Dispatched
+                && let Some(f) = &mut self.faults
+            {
+                f.failed(arrival, req.first_token_ms.is_some());
+            }
+        }
+    }
+
     fn scrape(&mut self, now_ms: f64) {
-        for (snap, engine) in self.snapshots.iter_mut().zip(&self.engines) {
+        for ((snap, engine), up) in self.snapshots.iter_mut().zip(&self.engines).zip(&self.up) {
+            // A down pod's scrape fails: unhealthy, its last figures kept.
+            snap.healthy = *up;
+            if !up {
+                continue;
+            }
             let m = engine.metrics();
             snap.waiting = m.num_requests_waiting;
             snap.running = m.num_requests_running;
@@ -228,20 +383,76 @@ impl Cluster {
     }
 
     fn arrive(&mut self, r: &SimRequest, now: f64) {
-        let decision = match self.router.decide(
-            &r.blocks,
-            r.input_tokens,
-            &self.snapshots,
-            &self.index,
-            &self.predictor,
-            &mut self.rng,
-        ) {
-            Ok(d) => d,
-            Err(_) => {
-                self.recorder.rejected(r.id);
-                return;
+        if let Some(f) = &mut self.faults {
+            f.arrived(now);
+        }
+        match self.route(r, now, 0, &mut Vec::new()) {
+            Routed::Dispatched => self.recorder.dispatched(r.id, now),
+            Routed::NoPod => self.recorder.rejected(r.id),
+            Routed::OutOfRetries => {
+                self.recorder.dispatched(r.id, now);
+                if let Some(f) = &mut self.faults {
+                    f.failed(now, false);
+                }
             }
-        };
+        }
+    }
+
+    /// Decides and dispatches one attempt of `r` (and the next ones while the chosen pod turns
+    /// out to be down), with the `excluded` pods unavailable to it.
+    fn route(
+        &mut self,
+        r: &SimRequest,
+        now: f64,
+        mut attempt: u8,
+        excluded: &mut Vec<u32>,
+    ) -> Routed {
+        loop {
+            let healthy: Vec<bool> = excluded
+                .iter()
+                .map(|&p| std::mem::replace(&mut self.snapshots[p as usize].healthy, false))
+                .collect();
+            let decided = self.router.decide(
+                &r.blocks,
+                r.input_tokens,
+                &self.snapshots,
+                &self.index,
+                &self.predictor,
+                &mut self.rng,
+            );
+            for (&p, h) in excluded.iter().zip(healthy) {
+                self.snapshots[p as usize].healthy = h;
+            }
+            let Ok(decision) = decided else {
+                return Routed::NoPod;
+            };
+            self.recorder.decided(&decision);
+            let pod = decision.pod_id.index();
+            if !self.up[pod] {
+                // Connection refused: the pod is marked unhealthy and the request decided again.
+                self.snapshots[pod].healthy = false;
+                excluded.push(pod as u32);
+                if attempt >= MAX_RETRIES {
+                    return Routed::OutOfRetries;
+                }
+                attempt += 1;
+                if let Some(f) = &mut self.faults {
+                    f.retried += 1;
+                }
+                continue;
+            }
+            return self.dispatch(r, now, &decision, attempt);
+        }
+    }
+
+    /// Sends `r` to the pod `decision` chose: index, router charges, engine.
+    fn dispatch(
+        &mut self,
+        r: &SimRequest,
+        now: f64,
+        decision: &kvgate_core::decision::Decision,
+        attempt: u8,
+    ) -> Routed {
         let pod = decision.pod_id.index();
         let chosen = decision
             .pods
@@ -251,7 +462,6 @@ impl Cluster {
         let (score, ttft, tpot) = chosen.map_or((0.0, 0.0, 0.0), |p| {
             (p.prefix_score, p.predicted_ttft_ms, p.predicted_tpot_ms)
         });
-        self.recorder.decided(&decision);
         self.index.record_routed(decision.pod_id, &r.blocks);
 
         let snap = &mut self.snapshots[pod];
@@ -263,8 +473,7 @@ impl Cluster {
             .add_request(now, EngineRequest::from(r))
             .is_err()
         {
-            self.recorder.rejected(r.id);
-            return;
+            return Routed::NoPod;
         }
         snap.in_flight.requests += 1;
         snap.in_flight.prefill_tokens += prefill_charge;
@@ -277,12 +486,13 @@ impl Cluster {
                 prefill_charge,
                 decode_charge: 0,
                 first_token_ms: None,
+                attempt,
             });
         }
-        self.recorder.dispatched(r.id, now);
         if !self.busy[pod] {
             self.start_step(pod, now);
         }
+        Routed::Dispatched
     }
 
     fn start_step(&mut self, pod: usize, now_ms: f64) {
@@ -300,8 +510,9 @@ impl Cluster {
             return;
         }
         self.busy[pod] = true;
-        self.steps
-            .push(Reverse((time_key(outcome.end_ms), pod as u32)));
+        let due = time_key(outcome.end_ms);
+        self.step_due[pod] = Some(due);
+        self.steps.push(Reverse((due, pod as u32)));
     }
 
     fn step_end(&mut self, pod: usize, now_ms: f64) {
@@ -333,6 +544,10 @@ impl Cluster {
                 self.in_flight[e.request_id as usize] = None;
                 let first = req.first_token_ms.unwrap_or(now_ms);
                 let ttft = self.recorder.ttft_ms(e.request_id, first);
+                if let Some(f) = &mut self.faults {
+                    let arrival = self.recorder.arrival_ms(e.request_id).unwrap_or(first);
+                    f.completed(arrival, ttft);
+                }
                 let tpot = (e.output_tokens_so_far > 1)
                     .then(|| (now_ms - first) / f64::from(e.output_tokens_so_far - 1));
                 self.predictor

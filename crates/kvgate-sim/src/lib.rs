@@ -2,11 +2,13 @@
 //!
 //! - `engine`: the engine model of one pod (KV blocks with prefix caching, continuous batching,
 //!   chunked prefill, preemption, profile step times). Also driven in real time by the mock pod.
+//! - `faults`: pod outages in a run (`--faults`) and what they did.
 //! - `profiles`: step-time profiles calibrated from `shared/profiles/`.
 //! - `workload`: trace readers (Mooncake JSONL, Azure CSV) and generators (chat, shared-prefix).
 
 pub mod cluster;
 pub mod engine;
+pub mod faults;
 pub mod html;
 pub mod profiles;
 pub mod report;

@@ -119,6 +119,9 @@ pub struct RunMetrics {
     pub stalled_steps: u64,
     /// Sum of the router's in-flight counters after the run (0 unless accounting leaks).
     pub in_flight_left: u64,
+    /// What pod outages did (runs with `--faults` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub faults: Option<crate::faults::FaultReport>,
 }
 
 /// Collects a run's events; turns them into [`RunMetrics`] at the end.
@@ -222,6 +225,11 @@ impl RunRecorder {
 
     pub fn stalled(&mut self) {
         self.stalled += 1;
+    }
+
+    /// When request `id` arrived (as dispatched), if it was.
+    pub fn arrival_ms(&self, id: u64) -> Option<f64> {
+        self.arrival_ms.get(id as usize).copied()
     }
 
     /// TTFT of a request whose first token came at `first_token_ms`.
@@ -329,6 +337,7 @@ impl RunRecorder {
             pod_samples: self.pod_samples,
             stalled_steps: self.stalled,
             in_flight_left: 0,
+            faults: None,
         }
     }
 }

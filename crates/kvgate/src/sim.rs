@@ -81,6 +81,11 @@ pub struct SimArgs {
     /// Ablation: hide the KV-shortfall (memory pressure) feature from the TTFT predictor.
     #[arg(long)]
     no_kv_shortfall: bool,
+    /// Pod outages: `POD@DOWN_S-UP_S,...` (e.g. `3@60-90`) or `every=PERIOD_S,down=DOWN_S[,start=S]`
+    /// (one pod after another, round-robin). Requests on a dying pod are retried before their
+    /// first token, failed after it; the report adds a TTFT timeline.
+    #[arg(long)]
+    faults: Option<String>,
     /// Router parameters as a JSON object (snake_case or llm-d camelCase keys), e.g.
     /// '{"affinity_gate_tau": 0.9}'.
     #[arg(long)]
@@ -248,6 +253,11 @@ pub fn run(args: SimArgs) -> Result<()> {
         )?,
         None => RouterConfig::default(),
     };
+    let faults = args
+        .faults
+        .as_deref()
+        .map(kvgate_sim::faults::FaultPlan::parse)
+        .transpose()?;
     let (workload, requests) = load_workload(&args)?;
 
     let mut configs = Vec::new();
@@ -267,6 +277,7 @@ pub fn run(args: SimArgs) -> Result<()> {
                         kv_shortfall_feature: !args.no_kv_shortfall,
                         ..Default::default()
                     },
+                    faults: faults.clone(),
                     ..ClusterConfig::new(pods, policy, seed)
                 });
             }
@@ -327,6 +338,7 @@ pub fn run(args: SimArgs) -> Result<()> {
     }
 
     print_table(&workload, pods, &label, &runs);
+    print_faults(&runs);
     let report = SimReport {
         workload: &workload,
         pods,
@@ -354,6 +366,63 @@ pub fn run(args: SimArgs) -> Result<()> {
         std::fs::write(path, page).with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
+}
+
+/// Per run with faults: outcome counts, steady vs during-outage TTFT, and the timeline.
+fn print_faults(runs: &[RunMetrics]) {
+    for r in runs {
+        let Some(f) = &r.faults else { continue };
+        println!(
+            "\nfaults: {} ×{} seed {}: {} outages; {} requests, {} completed, {} rejected, {} failed ({} mid-stream, {} out of retries); {} dropped by crashes, {} retries",
+            r.policy,
+            r.rate_scale,
+            r.seed,
+            f.outages.len(),
+            r.requests,
+            r.completed,
+            r.rejected,
+            f.failed(),
+            f.failed_mid_stream,
+            f.failed_no_retry,
+            f.dropped_by_crash,
+            f.retried,
+        );
+        println!(
+            "  TTFT mean/p99 ms: steady {:.1}/{:.1}, arrived during an outage {:.1}/{:.1}",
+            f.ttft_steady_mean_ms,
+            f.ttft_steady_p99_ms,
+            f.ttft_during_mean_ms,
+            f.ttft_during_p99_ms
+        );
+        println!(
+            "  {:<30} {:>9} {:>6} {:>9} {:>9} {:>9}",
+            "arrived", "completed", "failed", "ttft_mean", "ttft_p50", "ttft_p99"
+        );
+        for p in &f.phases {
+            println!(
+                "  {:<30} {:>9} {:>6} {:>9.1} {:>9.1} {:>9.1}",
+                p.phase, p.completed, p.failed, p.ttft_mean_ms, p.ttft_p50_ms, p.ttft_p99_ms
+            );
+        }
+        if f.timeline.len() > 40 {
+            println!(
+                "  ({} timeline windows of {} s: see --json `faults.timeline`)",
+                f.timeline.len(),
+                f.window_ms / 1000.0
+            );
+            continue;
+        }
+        println!(
+            "  {:>7} {:>5} {:>7} {:>9} {:>6} {:>9} {:>9}",
+            "t_s", "down", "arrived", "completed", "failed", "ttft_p50", "ttft_p99"
+        );
+        for w in &f.timeline {
+            println!(
+                "  {:>7.0} {:>5} {:>7} {:>9} {:>6} {:>9.1} {:>9.1}",
+                w.t_s, w.pods_down, w.arrived, w.completed, w.failed, w.ttft_p50_ms, w.ttft_p99_ms
+            );
+        }
+    }
 }
 
 fn print_table(workload: &Workload, pods: u32, fleet: &str, runs: &[RunMetrics]) {

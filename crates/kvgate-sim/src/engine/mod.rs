@@ -315,6 +315,26 @@ impl Engine {
         Ok(())
     }
 
+    /// The pod process dies at `now_ms`: every running and waiting request is dropped (their ids
+    /// are returned, running first) and the KV cache comes back empty, as after a vLLM restart.
+    /// If the last step was still in progress at `now_ms`, its emissions never left the pod, so
+    /// the requests that finished in it are returned too. Cumulative counters (busy time, prefix-cache queries/hits, preemptions) are kept so
+    /// a run's totals still add up; the event-recording switch is kept too.
+    pub fn crash(&mut self, now_ms: f64) -> Vec<u64> {
+        let mut dropped: Vec<u64> = self.running.drain(..).map(|r| r.id).collect();
+        dropped.extend(self.waiting.drain(..).map(|r| r.id));
+        if now_ms < self.free_at_ms {
+            let finished = self.outcome.emissions.iter().filter(|e| e.finished);
+            dropped.extend(finished.map(|e| e.request_id));
+        }
+        let record = self.kv.record_events;
+        self.kv = KvCache::new(self.kv.num_blocks());
+        self.kv.record_events = record;
+        self.outcome = StepOutcome::default();
+        self.free_at_ms = now_ms;
+        dropped
+    }
+
     /// True when no request is running or waiting.
     pub fn is_idle(&self) -> bool {
         self.running.is_empty() && self.waiting.is_empty()

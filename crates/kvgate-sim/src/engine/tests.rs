@@ -405,3 +405,47 @@ fn admission_reports_the_requests_prefix_hit_in_tokens() {
         }]
     );
 }
+
+#[test]
+fn crash_drops_every_request_and_empties_the_cache_but_keeps_counters() {
+    let mut e = Engine::new(h100(), None);
+    run(&mut e, &[(0.0, req(1, 9, 100, 2))], 100);
+    let before = e.metrics();
+    e.add_request(1000.0, req(2, 9, 100, 50)).unwrap();
+    e.add_request(1000.0, req(3, 10, 100, 50)).unwrap();
+    e.step(1000.0);
+    e.add_request(1001.0, req(4, 11, 100, 50)).unwrap();
+    let mut dropped = e.crash(1002.0);
+    dropped.sort_unstable();
+    assert_eq!(dropped, vec![2, 3, 4]);
+    assert!(e.is_idle());
+    assert_eq!(e.cached_prefix_blocks(&hashes(9, 6)), 0);
+    let m = e.metrics();
+    assert_eq!((m.kv_blocks_used, m.kv_blocks_cached), (0, 0));
+    assert!(m.prefix_cache_queries_tokens > before.prefix_cache_queries_tokens);
+    assert!(m.busy_ms >= before.busy_ms);
+    // After the restart the same prompt misses (nothing cached) and the engine serves again.
+    let steps = run(&mut e, &[(2000.0, req(5, 9, 100, 2))], 100);
+    assert_eq!(steps[0].start_ms, 2000.0);
+    assert_eq!(steps[0].prefill_tokens, 100);
+}
+
+#[test]
+fn crash_during_a_step_also_drops_the_requests_that_finished_in_it() {
+    let mut e = Engine::new(h100(), None);
+    e.add_request(0.0, req(1, 12, 100, 1)).unwrap();
+    let end = e.step(0.0).end_ms;
+    assert!(e.last_outcome().emissions.iter().any(|x| x.finished));
+    assert_eq!(
+        e.crash(end / 2.0),
+        vec![1],
+        "its only token never left the pod"
+    );
+    let mut e = Engine::new(h100(), None);
+    e.add_request(0.0, req(1, 12, 100, 1)).unwrap();
+    let end = e.step(0.0).end_ms;
+    assert!(
+        e.crash(end).is_empty(),
+        "the step ended: the token was sent"
+    );
+}
