@@ -36,6 +36,15 @@
 //! `no_pod_in_subset`, as the endpoint-picker protocol requires. Without the key every pod is a
 //! candidate.
 //!
+//! **Admission.** On its request headers a request takes a slot of the gateway's
+//! [`crate::limits::Admission`] (the same slots and queue as the HTTP listener,
+//! `max_concurrent_requests` 1024 / `max_queued_requests` 1024), waiting in the queue if needed;
+//! with both full it gets an immediate 429 with `retry-after: 1` and an OpenAI-style
+//! `too_many_requests` body (counted in `kvgate_rejected_requests{reason="too_many_requests"}`).
+//! The slot is held until the response ends or the gRPC stream ends; a stream Envoy cancels
+//! while queued gives its place back. Envoy's `message_timeout` (5 s in `deploy/envoy`) bounds
+//! how long Envoy waits for a queued request's answer.
+//!
 //! Pods must be configured with IP-literal URLs (`http://10.0.0.5:8000`): Envoy's
 //! `ORIGINAL_DST` cluster connects to the address kvgate names.
 //!
@@ -73,7 +82,7 @@ use kvgate_core::request::{RequestError, parse_request_value};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status as GrpcStatus, Streaming};
@@ -172,6 +181,10 @@ struct Exchange {
     duplex: bool,
     /// The data plane's subset hint (`None`: no hint, every pod is a candidate).
     subset: Option<Vec<String>>,
+    /// The request's admission slot, held until its response ends.
+    slot: Option<OwnedSemaphorePermit>,
+    /// Our sender of answers: closed when Envoy cancels the stream (ends a queue wait).
+    answers: mpsc::Sender<Result<ProcessingResponse, GrpcStatus>>,
     body: BytesMut,
     /// Set once the request is routed; ends the request when the response ends.
     tracker: Option<Tracker>,
@@ -202,6 +215,8 @@ async fn run_stream(
         method: String::new(),
         duplex: false,
         subset: None,
+        slot: None,
+        answers: tx.clone(),
         body: BytesMut::new(),
         tracker: None,
         stream: false,
@@ -250,7 +265,7 @@ impl Exchange {
         }
         use processing_request::Request as R;
         match msg.request {
-            Some(R::RequestHeaders(h)) => self.request_headers(h),
+            Some(R::RequestHeaders(h)) => self.request_headers(h).await,
             Some(R::RequestBody(b)) => self.request_body(b).await,
             Some(R::RequestTrailers(_)) => Outcome::Send(vec![answer(
                 processing_response::Response::RequestTrailers(Default::default()),
@@ -297,7 +312,23 @@ impl Exchange {
         }
     }
 
-    fn request_headers(&mut self, h: HttpHeaders) -> Outcome {
+    /// A slot of the gateway's admission (waiting in its queue), unless Envoy cancels the
+    /// stream meanwhile (None, and nothing to answer) or both are full (Err: 429).
+    async fn admit(&mut self) -> Result<Option<()>, ApiError> {
+        let answers = self.answers.clone();
+        tokio::select! {
+            slot = self.shared.admission.admit() => match slot {
+                Some(slot) => {
+                    self.slot = Some(slot);
+                    Ok(Some(()))
+                }
+                None => Err(crate::limits::too_many_requests(&self.shared.admission)),
+            },
+            _ = answers.closed() => Ok(None),
+        }
+    }
+
+    async fn request_headers(&mut self, h: HttpHeaders) -> Outcome {
         self.start = Instant::now();
         for hv in h.headers.iter().flat_map(|m| m.headers.iter()) {
             let raw: &[u8] = if hv.raw_value.is_empty() {
@@ -319,6 +350,13 @@ impl Exchange {
             }
         }
         self.request_id = crate::proxy::request_id(&self.headers);
+        if self.slot.is_none() {
+            match self.admit().await {
+                Ok(Some(())) => {}
+                Ok(None) => return Outcome::Send(Vec::new()),
+                Err(too_many) => return self.reject(too_many),
+            }
+        }
         if !h.end_of_stream {
             if self.duplex {
                 // Answered with the decision once the body is complete.
@@ -587,6 +625,7 @@ impl Exchange {
     }
 
     fn finish_response(&mut self) {
+        self.slot = None;
         let Some(t) = self.tracker.take() else {
             return;
         };
@@ -768,6 +807,12 @@ fn immediate(err: &ApiError, request_id: &str) -> ProcessingResponse {
     let mut set_headers = vec![header("content-type", "application/json")];
     if !request_id.is_empty() {
         set_headers.push(header("x-request-id", request_id));
+    }
+    if err.status == StatusCode::TOO_MANY_REQUESTS {
+        set_headers.push(header(
+            "retry-after",
+            &crate::limits::RETRY_AFTER_S.to_string(),
+        ));
     }
     answer(processing_response::Response::ImmediateResponse(
         ImmediateResponse {

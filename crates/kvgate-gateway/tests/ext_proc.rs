@@ -1,7 +1,7 @@
 //! The ext_proc endpoint picker over a real gRPC connection, with the test as a fake Envoy:
 //! BUFFERED and FULL_DUPLEX_STREAMED request bodies, the response phase ending the request,
-//! 400 on a bad body, 503 with no healthy pod, the subset hint. (The real Envoy test is
-//! `kvgate/tests/envoy.rs`.)
+//! 400 on a bad body, 503 with no healthy pod, the subset hint, 429 when the slots and queue are
+//! full. (The real Envoy test is `kvgate/tests/envoy.rs`.)
 
 mod common;
 
@@ -421,6 +421,64 @@ async fn subset_hint_restricts_the_candidates_and_an_unknown_subset_is_503() {
         ),
         2.0
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_the_slots_and_queue_is_429_with_retry_after() {
+    let (_pods, gw) = fleet_with(|a| {
+        a.max_concurrent_requests = Some(1);
+        a.max_queued_requests = Some(1);
+    })
+    .await;
+    // A holds the only slot (its headers are answered), B waits in the queue.
+    let mut a = FakeEnvoy::connect(&gw).await;
+    a.send(request_headers()).await;
+    assert!(matches!(
+        a.recv().await,
+        processing_response::Response::RequestHeaders(_)
+    ));
+    let mut b = FakeEnvoy::connect(&gw).await;
+    b.send(request_headers()).await;
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), b.rx.message())
+            .await
+            .is_err(),
+        "B was answered while A holds the only slot"
+    );
+    eventually("B queued", || gw.shared().admission.queued() == 1).await;
+    // C finds the slot and the queue full.
+    let mut c = FakeEnvoy::connect(&gw).await;
+    c.send(request_headers()).await;
+    let processing_response::Response::ImmediateResponse(r) = c.recv().await else {
+        panic!("expected an immediate 429")
+    };
+    assert_eq!(r.status.unwrap().code, 429);
+    let set = r.headers.unwrap().set_headers;
+    let header = |k: &str| {
+        set.iter()
+            .filter_map(|o| o.header.as_ref())
+            .find(|h| h.key == k)
+            .map(|h| String::from_utf8(h.raw_value.clone()).unwrap())
+    };
+    assert_eq!(header("retry-after").as_deref(), Some("1"));
+    assert_eq!(header("content-type").as_deref(), Some("application/json"));
+    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(v["error"]["code"], "too_many_requests");
+    assert_eq!(v["error"]["type"], "rate_limit_error");
+    assert_eq!(
+        metric(
+            &gw,
+            "kvgate_rejected_requests_total{reason=\"too_many_requests\"}"
+        ),
+        1.0
+    );
+    // A's stream ends: its slot goes to B.
+    drop(a);
+    assert!(matches!(
+        b.recv().await,
+        processing_response::Response::RequestHeaders(_)
+    ));
+    assert_eq!(gw.shared().admission.queued(), 0);
 }
 
 #[tokio::test]
