@@ -29,12 +29,28 @@
 //!    gateway. The request's in-flight share is released when the response ends, or when the
 //!    gRPC stream ends early (counted as `client_abort`).
 //!
+//! **Subset hint.** When the request's `metadata_context.filter_metadata` holds
+//! `envoy.lb.subset_hint` / `x-gateway-destination-endpoint-subset` (a list of `ip:port`
+//! strings; a comma-separated string is accepted too), only pods whose `ip:port` is in that list
+//! are candidates. A hint that names no healthy pod (or an empty list) gets 503
+//! `no_pod_in_subset`, as the endpoint-picker protocol requires. Without the key every pod is a
+//! candidate.
+//!
+//! **Admission.** On its request headers a request takes a slot of the gateway's
+//! [`crate::limits::Admission`] (the same slots and queue as the HTTP listener,
+//! `max_concurrent_requests` 1024 / `max_queued_requests` 1024), waiting in the queue if needed;
+//! with both full it gets an immediate 429 with `retry-after: 1` and an OpenAI-style
+//! `too_many_requests` body (counted in `kvgate_rejected_requests{reason="too_many_requests"}`).
+//! The slot is held until the response ends or the gRPC stream ends; a stream Envoy cancels
+//! while queued gives its place back. Envoy's `message_timeout` (5 s in `deploy/envoy`) bounds
+//! how long Envoy waits for a queued request's answer.
+//!
 //! Pods must be configured with IP-literal URLs (`http://10.0.0.5:8000`): Envoy's
-//! `ORIGINAL_DST` cluster connects to the address kvgate names. Subset hints
-//! (`envoy.lb.subset_hint`) are not read yet.
+//! `ORIGINAL_DST` cluster connects to the address kvgate names.
 //!
 //! Bounds: one request body per stream up to `max_body_bytes`; SSE events inspected ≤ 1 MiB
-//! (the scanner's bound); nothing else is kept per stream.
+//! (the scanner's bound); the subset hint as Envoy sent it (within gRPC's 4 MiB message limit);
+//! nothing else is kept per stream.
 
 use crate::body::Tracker;
 use crate::errors::ApiError;
@@ -45,7 +61,8 @@ use crate::sse::{SseScanner, Usage, usage_of_response};
 use crate::state::Shared;
 use bytes::{Bytes, BytesMut};
 use envoy_types::pb::envoy::config::core::v3::{
-    HeaderValue as PbHeaderValue, HeaderValueOption, header_value_option::HeaderAppendAction,
+    HeaderValue as PbHeaderValue, HeaderValueOption, Metadata,
+    header_value_option::HeaderAppendAction,
 };
 use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::{
@@ -59,12 +76,13 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 use envoy_types::pb::envoy::r#type::v3::HttpStatus;
 use envoy_types::pb::google::protobuf::{Struct, Value as PbValue, value::Kind};
 use http::{HeaderMap, HeaderName, StatusCode};
+use kvgate_core::PodId;
 use kvgate_core::predictor::Features;
 use kvgate_core::request::{RequestError, parse_request_value};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status as GrpcStatus, Streaming};
@@ -75,6 +93,10 @@ pub const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
 pub const LB_NAMESPACE: &str = "envoy.lb";
 /// Largest `streamed_response` chunk (GAIE: some Envoys cap streamed chunks at 64 KiB).
 pub const MAX_STREAMED_CHUNK: usize = 62_000;
+/// The filter-metadata namespace of the data plane's subset hint.
+pub const SUBSET_HINT_NAMESPACE: &str = "envoy.lb.subset_hint";
+/// The key, inside [`SUBSET_HINT_NAMESPACE`], of the endpoints the picker must choose from.
+pub const SUBSET_HINT_KEY: &str = "x-gateway-destination-endpoint-subset";
 
 /// The ext_proc service; one task per gRPC stream.
 #[derive(Clone)]
@@ -157,6 +179,12 @@ struct Exchange {
     method: String,
     /// Envoy announced FULL_DUPLEX_STREAMED request bodies.
     duplex: bool,
+    /// The data plane's subset hint (`None`: no hint, every pod is a candidate).
+    subset: Option<Vec<String>>,
+    /// The request's admission slot, held until its response ends.
+    slot: Option<OwnedSemaphorePermit>,
+    /// Our sender of answers: closed when Envoy cancels the stream (ends a queue wait).
+    answers: mpsc::Sender<Result<ProcessingResponse, GrpcStatus>>,
     body: BytesMut,
     /// Set once the request is routed; ends the request when the response ends.
     tracker: Option<Tracker>,
@@ -186,6 +214,9 @@ async fn run_stream(
         path: String::new(),
         method: String::new(),
         duplex: false,
+        subset: None,
+        slot: None,
+        answers: tx.clone(),
         body: BytesMut::new(),
         tracker: None,
         stream: false,
@@ -227,9 +258,14 @@ impl Exchange {
         if let Some(pc) = &msg.protocol_config {
             self.duplex = pc.request_body_mode == BodySendMode::FullDuplexStreamed as i32;
         }
+        if self.subset.is_none()
+            && let Some(md) = &msg.metadata_context
+        {
+            self.subset = subset_hint(md);
+        }
         use processing_request::Request as R;
         match msg.request {
-            Some(R::RequestHeaders(h)) => self.request_headers(h),
+            Some(R::RequestHeaders(h)) => self.request_headers(h).await,
             Some(R::RequestBody(b)) => self.request_body(b).await,
             Some(R::RequestTrailers(_)) => Outcome::Send(vec![answer(
                 processing_response::Response::RequestTrailers(Default::default()),
@@ -251,7 +287,48 @@ impl Exchange {
         Outcome::Done(Box::new(immediate(&err, &self.request_id)))
     }
 
-    fn request_headers(&mut self, h: HttpHeaders) -> Outcome {
+    /// Ids of the pods the subset hint rules out (none without a hint).
+    fn outside_subset(&self) -> Vec<PodId> {
+        match &self.subset {
+            None => Vec::new(),
+            Some(subset) => pods_outside(&self.shared.pods.all(), subset),
+        }
+    }
+
+    /// 503 for "no pod": `no_pod_in_subset` under a subset hint, else `no_healthy_pod`.
+    fn no_pod(&self) -> ApiError {
+        match &self.subset {
+            Some(subset) => ApiError {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                kind: "service_unavailable",
+                code: "no_pod_in_subset",
+                message: format!(
+                    "none of the {} endpoints in the subset hint is a healthy pod",
+                    subset.len()
+                ),
+                param: None,
+            },
+            None => crate::proxy::no_healthy_pod(),
+        }
+    }
+
+    /// A slot of the gateway's admission (waiting in its queue), unless Envoy cancels the
+    /// stream meanwhile (None, and nothing to answer) or both are full (Err: 429).
+    async fn admit(&mut self) -> Result<Option<()>, ApiError> {
+        let answers = self.answers.clone();
+        tokio::select! {
+            slot = self.shared.admission.admit() => match slot {
+                Some(slot) => {
+                    self.slot = Some(slot);
+                    Ok(Some(()))
+                }
+                None => Err(crate::limits::too_many_requests(&self.shared.admission)),
+            },
+            _ = answers.closed() => Ok(None),
+        }
+    }
+
+    async fn request_headers(&mut self, h: HttpHeaders) -> Outcome {
         self.start = Instant::now();
         for hv in h.headers.iter().flat_map(|m| m.headers.iter()) {
             let raw: &[u8] = if hv.raw_value.is_empty() {
@@ -273,6 +350,13 @@ impl Exchange {
             }
         }
         self.request_id = crate::proxy::request_id(&self.headers);
+        if self.slot.is_none() {
+            match self.admit().await {
+                Ok(Some(())) => {}
+                Ok(None) => return Outcome::Send(Vec::new()),
+                Err(too_many) => return self.reject(too_many),
+            }
+        }
         if !h.end_of_stream {
             if self.duplex {
                 // Answered with the decision once the body is complete.
@@ -288,16 +372,17 @@ impl Exchange {
             )));
         }
         // No body and not a completion: the least-loaded healthy pod, not trained on.
+        let outside = self.outside_subset();
         let pod = self
             .shared
             .pods
             .all()
             .iter()
-            .filter(|p| p.is_healthy())
+            .filter(|p| p.is_healthy() && !outside.contains(&p.id))
             .min_by_key(|p| (p.load_requests(), p.id))
             .cloned();
         let Some(pod) = pod else {
-            return self.reject(crate::proxy::no_healthy_pod());
+            return self.reject(self.no_pod());
         };
         let Some(dest) = destination(&pod) else {
             return self.reject(bad_pod_url(&pod));
@@ -414,13 +499,13 @@ impl Exchange {
                 &["x-slo-tpot-ms", "x-llm-d-slo-tpot-ms"],
             ),
         };
-        let mut excluded = Vec::new();
+        let mut excluded = self.outside_subset();
         let routed = loop {
             match decide_for(&self.shared, &blocks, input_tokens, &excluded, meta) {
                 Pick::Routed(r) => break r,
                 Pick::Vanished(id) => excluded.push(id),
                 Pick::NoHealthyPod | Pick::NoDecision => {
-                    return self.reject(crate::proxy::no_healthy_pod());
+                    return self.reject(self.no_pod());
                 }
             }
         };
@@ -540,6 +625,7 @@ impl Exchange {
     }
 
     fn finish_response(&mut self) {
+        self.slot = None;
         let Some(t) = self.tracker.take() else {
             return;
         };
@@ -558,6 +644,47 @@ impl Exchange {
         };
         t.finish(Status::Ok, usage);
     }
+}
+
+/// The subset hint in `md`: None when the key is absent (no restriction), else the listed
+/// `ip:port` endpoints — possibly none, which then admits no pod. List items that are not
+/// strings are skipped; a string item may hold a comma-separated list.
+pub fn subset_hint(md: &Metadata) -> Option<Vec<String>> {
+    let value = md
+        .filter_metadata
+        .get(SUBSET_HINT_NAMESPACE)?
+        .fields
+        .get(SUBSET_HINT_KEY)?;
+    let mut endpoints = Vec::new();
+    let mut push = |s: &str| {
+        endpoints.extend(
+            s.split(',')
+                .map(str::trim)
+                .filter(|e| !e.is_empty())
+                .map(str::to_string),
+        )
+    };
+    match &value.kind {
+        Some(Kind::ListValue(list)) => {
+            for item in &list.values {
+                if let Some(Kind::StringValue(s)) = &item.kind {
+                    push(s);
+                }
+            }
+        }
+        Some(Kind::StringValue(s)) => push(s),
+        _ => tracing::debug!("subset hint is neither a list nor a string; no pod may be picked"),
+    }
+    Some(endpoints)
+}
+
+/// Ids of the pods whose `ip:port` is not in `subset`.
+fn pods_outside(pods: &[Arc<Pod>], subset: &[String]) -> Vec<PodId> {
+    let wanted: rustc_hash::FxHashSet<&str> = subset.iter().map(String::as_str).collect();
+    pods.iter()
+        .filter(|p| destination(p).is_none_or(|d| !wanted.contains(d.as_str())))
+        .map(|p| p.id)
+        .collect()
 }
 
 fn request_error(e: RequestError) -> ApiError {
@@ -681,6 +808,12 @@ fn immediate(err: &ApiError, request_id: &str) -> ProcessingResponse {
     if !request_id.is_empty() {
         set_headers.push(header("x-request-id", request_id));
     }
+    if err.status == StatusCode::TOO_MANY_REQUESTS {
+        set_headers.push(header(
+            "retry-after",
+            &crate::limits::RETRY_AFTER_S.to_string(),
+        ));
+    }
     answer(processing_response::Response::ImmediateResponse(
         ImmediateResponse {
             status: Some(HttpStatus {
@@ -716,6 +849,77 @@ mod tests {
             destination(&pod("http://[::1]:8000/")).as_deref(),
             Some("[::1]:8000")
         );
+    }
+
+    fn hint(value: Kind) -> Metadata {
+        let inner = Struct {
+            fields: [(SUBSET_HINT_KEY.to_string(), PbValue { kind: Some(value) })]
+                .into_iter()
+                .collect(),
+        };
+        Metadata {
+            filter_metadata: [(SUBSET_HINT_NAMESPACE.to_string(), inner)]
+                .into_iter()
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn strings(items: &[&str]) -> Kind {
+        Kind::ListValue(envoy_types::pb::google::protobuf::ListValue {
+            values: items
+                .iter()
+                .map(|s| PbValue {
+                    kind: Some(Kind::StringValue(s.to_string())),
+                })
+                .collect(),
+        })
+    }
+
+    #[test]
+    fn subset_hint_reads_the_list_and_tells_absent_from_empty() {
+        assert_eq!(subset_hint(&Metadata::default()), None);
+        let other_key = Metadata {
+            filter_metadata: [(SUBSET_HINT_NAMESPACE.to_string(), Struct::default())]
+                .into_iter()
+                .collect(),
+            ..Default::default()
+        };
+        assert_eq!(subset_hint(&other_key), None);
+        assert_eq!(
+            subset_hint(&hint(strings(&["10.0.0.1:8000", "10.0.0.2:8000"]))),
+            Some(vec![
+                "10.0.0.1:8000".to_string(),
+                "10.0.0.2:8000".to_string()
+            ])
+        );
+        assert_eq!(
+            subset_hint(&hint(Kind::StringValue(
+                "10.0.0.1:8000, 10.0.0.3:8000".into()
+            ))),
+            Some(vec![
+                "10.0.0.1:8000".to_string(),
+                "10.0.0.3:8000".to_string()
+            ])
+        );
+        assert_eq!(subset_hint(&hint(strings(&[]))), Some(vec![]));
+        assert_eq!(subset_hint(&hint(Kind::NumberValue(3.0))), Some(vec![]));
+    }
+
+    #[test]
+    fn pods_outside_the_subset_are_excluded_by_ip_port() {
+        let pods: Vec<Arc<Pod>> = [
+            "http://10.0.0.1:8000",
+            "http://10.0.0.2:8000",
+            "http://10.0.0.3:8000/",
+        ]
+        .iter()
+        .enumerate()
+        .map(|(i, u)| Arc::new(Pod::new(PodId(i as u32), u, "default", 1)))
+        .collect();
+        let subset = vec!["10.0.0.3:8000".to_string(), "10.9.9.9:1".to_string()];
+        assert_eq!(pods_outside(&pods, &subset), vec![PodId(0), PodId(1)]);
+        assert_eq!(pods_outside(&pods, &[]).len(), 3);
     }
 
     #[test]

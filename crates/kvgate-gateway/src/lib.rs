@@ -9,6 +9,7 @@
 //!           body (stream frame by frame, first token, usage, in-flight guard) ─► predictor
 //! scrape (pod /metrics every 50 ms) ─► pods (table, health, in-flight counters)
 //! reload (config file mtime) ─► config ─► pods / router
+//! discovery (--discovery kubernetes: Pod watch) ─► pods
 //! admin (/metrics, /debug/decisions, /healthz, /readyz)
 //! ```
 //!
@@ -16,6 +17,7 @@
 //! |---|---|
 //! | `config` | `GatewayConfig` from defaults, config file and flags |
 //! | `reload` | re-read the config file on change; keep the old one if invalid |
+//! | `discovery` | `--discovery`: static, or `kubernetes` (feature `k8s`: watch ready Pods by label, keep them in the pod table) |
 //! | `pods` | the pod table, health, in-flight counters and their RAII guard |
 //! | `scrape` | tolerant `/metrics` parser and the scrape loop |
 //! | `state` | what all tasks share; the core's state behind one mutex |
@@ -43,6 +45,7 @@ pub mod body;
 pub mod capture;
 pub mod config;
 pub mod decisions;
+pub mod discovery;
 pub mod errors;
 pub mod ext_proc;
 pub mod kv_events;

@@ -5,6 +5,9 @@
 //! A request holds its slot until its response body ends or is dropped, so a long stream counts
 //! for its whole length, not just until its headers. A client that goes away while queued gives
 //! its place back. Bound: the queue is at most `max_queued_requests` waiting tasks.
+//!
+//! The ext_proc endpoint picker (`--ext-proc-listen`) admits through the same [`Admission`]:
+//! the limits hold for the gateway as a whole, whichever listener a request came in on.
 
 use crate::errors::ApiError;
 use crate::proxy::{log_reject, request_id};
@@ -79,20 +82,25 @@ impl Admission {
     }
 }
 
+/// The 429 a request gets when the slots and the queue are full (HTTP and ext_proc alike).
+pub fn too_many_requests(admission: &Admission) -> ApiError {
+    ApiError {
+        status: StatusCode::TOO_MANY_REQUESTS,
+        kind: "rate_limit_error",
+        code: "too_many_requests",
+        message: format!(
+            "the gateway is serving {} requests and queueing {}, its limits; retry later",
+            admission.max_concurrent, admission.max_queued
+        ),
+        param: None,
+    }
+}
+
 /// The middleware of the traffic listener: admit or answer 429.
 pub async fn admit(State(shared): State<Arc<Shared>>, req: Request, next: Next) -> Response {
     let Some(slot) = shared.admission.admit().await else {
         let rid = request_id(req.headers());
-        let err = ApiError {
-            status: StatusCode::TOO_MANY_REQUESTS,
-            kind: "rate_limit_error",
-            code: "too_many_requests",
-            message: format!(
-                "the gateway is serving {} requests and queueing {}, its limits; retry later",
-                shared.admission.max_concurrent, shared.admission.max_queued
-            ),
-            param: None,
-        };
+        let err = too_many_requests(&shared.admission);
         log_reject(&shared, &err, &rid);
         let mut resp = err.into_response(&rid);
         resp.headers_mut()

@@ -90,6 +90,10 @@ pub struct Metrics {
     pub scrape_errors: Family<PodLabel, Counter>,
     pub scrape_skipped_lines: Family<PodLabel, Counter>,
     pub config_reload_errors: Counter,
+    /// `--discovery kubernetes`: watch errors (the watcher retries with backoff).
+    pub discovery_errors: Counter,
+    /// `--discovery kubernetes`: ready pods the watcher currently knows.
+    pub discovered_pods: Gauge,
     /// `--capture` records dropped because the writer fell behind (0 without `--capture`).
     pub capture_dropped: Counter,
     /// Requests holding a slot of the traffic listener.
@@ -137,6 +141,8 @@ impl Metrics {
             scrape_errors: Family::default(),
             scrape_skipped_lines: Family::default(),
             config_reload_errors: Counter::default(),
+            discovery_errors: Counter::default(),
+            discovered_pods: Gauge::default(),
             capture_dropped: Counter::default(),
             active_requests: Gauge::default(),
             queued_requests: Gauge::default(),
@@ -276,6 +282,16 @@ impl Metrics {
             "config_reload_errors",
             "Config file reloads rejected (old config kept)",
             self.config_reload_errors.clone(),
+        );
+        r.register(
+            "discovery_errors",
+            "Kubernetes discovery watch errors (the watch is retried with backoff)",
+            self.discovery_errors.clone(),
+        );
+        r.register(
+            "discovered_pods",
+            "Ready pods found by Kubernetes discovery",
+            self.discovered_pods.clone(),
         );
         r.register(
             "capture_dropped",

@@ -31,8 +31,7 @@ pub fn reload_now(shared: &Arc<Shared>, args: &ServeArgs, path: &Path) -> Result
         Ok(new) => {
             if **shared.config() != new {
                 for pod in shared.apply_config(new) {
-                    crate::kv_events::spawn_for(shared, &pod);
-                    tokio::spawn(crate::scrape::scrape_loop(shared.clone(), pod));
+                    start_pod(shared, pod);
                 }
                 tracing::info!(path = %path.display(), "config reloaded");
             }
@@ -44,6 +43,13 @@ pub fn reload_now(shared: &Arc<Shared>, args: &ServeArgs, path: &Path) -> Result
             Err(why)
         }
     }
+}
+
+/// Starts an added pod's scrape loop (and KV-event subscriber, when it has events); both stop
+/// when the pod is removed.
+pub fn start_pod(shared: &Arc<Shared>, pod: Arc<crate::pods::Pod>) {
+    crate::kv_events::spawn_for(shared, &pod);
+    tokio::spawn(crate::scrape::scrape_loop(shared.clone(), pod));
 }
 
 /// Polls `args.config` until the task is dropped; `loaded` is the stamp of the version in use.

@@ -95,6 +95,21 @@ pub struct ServeArgs {
     /// [default: 1048576].
     #[arg(long, value_name = "TOKENS")]
     pub max_prompt_tokens: Option<u32>,
+    /// Where pods come from besides --pod and the config file: static (only those) or
+    /// kubernetes (the ready Pods matching --selector, kept in sync by a watch; needs a kvgate
+    /// built with `--features k8s`) [default: static].
+    #[arg(long, value_enum)]
+    pub discovery: Option<crate::discovery::DiscoveryKind>,
+    /// With --discovery kubernetes: the model-server Pods' label selector, e.g. app=vllm.
+    #[arg(long, value_name = "KEY=VALUE")]
+    pub selector: Option<String>,
+    /// With --discovery kubernetes: the Pods' namespace [default: the kubeconfig context's, or
+    /// the service account's namespace in a cluster].
+    #[arg(long, value_name = "NS")]
+    pub namespace: Option<String>,
+    /// With --discovery kubernetes: the model server's port on each Pod [default: 8000].
+    #[arg(long, value_name = "PORT")]
+    pub target_port: Option<u16>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -113,6 +128,8 @@ pub enum ServeError {
     },
     #[error("the traffic and admin listeners must differ ({0})")]
     SameListener(SocketAddr),
+    #[error(transparent)]
+    Discovery(#[from] crate::discovery::DiscoveryError),
 }
 
 /// A running gateway.
@@ -139,6 +156,12 @@ impl Gateway {
     pub async fn start(args: ServeArgs) -> Result<Gateway, ServeError> {
         let loaded = args.config.as_deref().and_then(crate::reload::stamp);
         let config = GatewayConfig::from_args(&args)?;
+        // Flags checked (and a build without `k8s` refused) before anything is bound.
+        crate::discovery::kubernetes_target(&args)?;
+        #[cfg(not(feature = "k8s"))]
+        if args.discovery == Some(crate::discovery::DiscoveryKind::Kubernetes) {
+            return Err(crate::discovery::DiscoveryError::NotBuilt.into());
+        }
         if config.listen == config.admin_listen && config.listen.port() != 0 {
             return Err(ServeError::SameListener(config.listen));
         }
@@ -193,6 +216,15 @@ impl Gateway {
                 shared.clone(),
                 pod,
             )));
+        }
+        match crate::discovery::start(&shared, &args).await {
+            Ok(task) => tasks.extend(task),
+            Err(e) => {
+                for t in &tasks {
+                    t.abort();
+                }
+                return Err(e.into());
+            }
         }
         tasks.push(tokio::spawn(crate::reload::watch(
             shared.clone(),

@@ -49,6 +49,9 @@ pub struct Shared {
     pub admission: crate::limits::Admission,
     /// Set by [`crate::Gateway::shutdown`]: `/readyz` answers 503.
     pub shutting_down: std::sync::atomic::AtomicBool,
+    /// Pods found by `--discovery` (routed to besides the config's pods). Its lock also
+    /// serialises pod-table updates, so a config reload and a discovery change never race.
+    discovered: Mutex<Vec<(String, String)>>,
 }
 
 impl Shared {
@@ -79,6 +82,7 @@ impl Shared {
             client,
             capture: std::sync::OnceLock::new(),
             shutting_down: std::sync::atomic::AtomicBool::new(false),
+            discovered: Mutex::new(Vec::new()),
         })
     }
 
@@ -91,17 +95,41 @@ impl Shared {
     /// Listener addresses are not changed. Returns the added pods (the caller starts their
     /// scrape loops).
     pub fn apply_config(&self, new: GatewayConfig) -> Vec<Arc<crate::pods::Pod>> {
+        let discovered = self.discovered.lock();
         let old = self.config.load_full();
-        let changes = self
-            .pods
-            .replace(&new.pods, new.router.lru_capacity_per_server);
+        let changes = self.pods.replace(
+            &wanted_pods(&new.pods, &discovered),
+            new.router.lru_capacity_per_server,
+        );
+        if old.router != new.router || old.policy != new.policy {
+            self.router.lock().router = Router::new(new.router, new.policy);
+        }
+        self.forget_removed(&changes);
+        self.config.store(Arc::new(new));
+        changes.added
+    }
+
+    /// Replaces the discovered pods (`--discovery`): the table becomes the config's pods plus
+    /// `pods`, as [`Shared::apply_config`] does. Returns the added pods (the caller starts
+    /// their scrape loops).
+    pub fn set_discovered(&self, pods: Vec<(String, String)>) -> Vec<Arc<crate::pods::Pod>> {
+        let mut discovered = self.discovered.lock();
+        *discovered = pods;
+        let cfg = self.config.load_full();
+        let changes = self.pods.replace(
+            &wanted_pods(&cfg.pods, &discovered),
+            cfg.router.lru_capacity_per_server,
+        );
+        self.forget_removed(&changes);
+        changes.added
+    }
+
+    /// A removed pod's index entries go away; both kinds of change are logged.
+    fn forget_removed(&self, changes: &crate::pods::PodChanges) {
         {
             let mut st = self.router.lock();
             for pod in &changes.removed {
                 st.index.remove_pod(pod.id);
-            }
-            if old.router != new.router || old.policy != new.policy {
-                st.router = Router::new(new.router, new.policy);
             }
         }
         for pod in &changes.removed {
@@ -110,8 +138,6 @@ impl Shared {
         for pod in &changes.added {
             tracing::info!(pod = %pod.url, class = %pod.class, id = pod.id.0, "pod added");
         }
-        self.config.store(Arc::new(new));
-        changes.added
     }
 
     /// The admin `/metrics` body (OpenMetrics text), gauges refreshed first.
@@ -180,6 +206,14 @@ impl Shared {
                 .saturating_add(engine_blocks.saturating_mul(ENGINE_INDEX_BYTES_PER_BLOCK)),
         );
     }
+}
+
+/// The pod table's wanted (url, class) list: configured pods first, then discovered ones.
+fn wanted_pods(
+    configured: &[(String, String)],
+    discovered: &[(String, String)],
+) -> Vec<(String, String)> {
+    configured.iter().chain(discovered).cloned().collect()
 }
 
 /// Memory bound per indexed block of the routed index (ARCHITECTURE.md, measured in the core).

@@ -1,16 +1,18 @@
 //! The ext_proc endpoint picker over a real gRPC connection, with the test as a fake Envoy:
 //! BUFFERED and FULL_DUPLEX_STREAMED request bodies, the response phase ending the request,
-//! 400 on a bad body, 503 with no healthy pod. (The real Envoy test is `kvgate/tests/envoy.rs`.)
+//! 400 on a bad body, 503 with no healthy pod, the subset hint, 429 when the slots and queue are
+//! full. (The real Envoy test is `kvgate/tests/envoy.rs`.)
 
 mod common;
 
 use common::{Behavior, FakePod, eventually};
-use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue};
+use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue, Metadata};
 use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_client::ExternalProcessorClient;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
-    CommonResponse, HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse,
-    ProtocolConfiguration, body_mutation, processing_request, processing_response,
+    CommonResponse, HttpBody, HttpHeaders, ImmediateResponse, ProcessingRequest,
+    ProcessingResponse, ProtocolConfiguration, body_mutation, processing_request,
+    processing_response,
 };
 use envoy_types::pb::google::protobuf::value::Kind;
 use kvgate_gateway::Gateway;
@@ -127,6 +129,10 @@ fn destination(
 }
 
 async fn fleet() -> (Vec<FakePod>, Gateway) {
+    fleet_with(|_| {}).await
+}
+
+async fn fleet_with(tune: impl FnOnce(&mut kvgate_gateway::ServeArgs)) -> (Vec<FakePod>, Gateway) {
     let pods = vec![
         FakePod::start(Behavior::Normal {
             chunks: 2,
@@ -141,6 +147,7 @@ async fn fleet() -> (Vec<FakePod>, Gateway) {
     ];
     let mut args = common::args(&pods.iter().collect::<Vec<_>>());
     args.ext_proc_listen = Some("127.0.0.1:0".parse().unwrap());
+    tune(&mut args);
     let gw = Gateway::start(args).await.unwrap();
     let urls: Vec<String> = pods.iter().map(|p| p.url.clone()).collect();
     eventually("pods healthy", || {
@@ -318,6 +325,160 @@ async fn bad_body_is_400_and_no_pod_is_503() {
     assert_eq!(r.status.unwrap().code, 503);
     let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
     assert_eq!(v["error"]["code"], "no_healthy_pod");
+}
+
+/// `metadata_context` with the subset hint `endpoints`.
+fn subset_hint(endpoints: &[&str]) -> Metadata {
+    use envoy_types::pb::google::protobuf::{ListValue, Struct, Value};
+    let list = Value {
+        kind: Some(Kind::ListValue(ListValue {
+            values: endpoints
+                .iter()
+                .map(|e| Value {
+                    kind: Some(Kind::StringValue(e.to_string())),
+                })
+                .collect(),
+        })),
+    };
+    let hint = Struct {
+        fields: [(kvgate_gateway::ext_proc::SUBSET_HINT_KEY.to_string(), list)]
+            .into_iter()
+            .collect(),
+    };
+    Metadata {
+        filter_metadata: [(
+            kvgate_gateway::ext_proc::SUBSET_HINT_NAMESPACE.to_string(),
+            hint,
+        )]
+        .into_iter()
+        .collect(),
+        ..Default::default()
+    }
+}
+
+/// One BUFFERED request with `hint` on its headers message: Ok(the routed `ip:port`) or
+/// Err(the immediate response).
+async fn request_with_hint(
+    gw: &Gateway,
+    hint: Metadata,
+    prompt: &str,
+) -> Result<String, ImmediateResponse> {
+    let mut envoy = FakeEnvoy::connect(gw).await;
+    envoy
+        .send_msg(ProcessingRequest {
+            request: Some(request_headers()),
+            metadata_context: Some(hint),
+            ..Default::default()
+        })
+        .await;
+    let _ = envoy.recv().await;
+    let chat =
+        format!(r#"{{"model":"fake-model","messages":[{{"role":"user","content":"{prompt}"}}]}}"#);
+    envoy
+        .send(processing_request::Request::RequestBody(body(
+            chat.as_bytes(),
+            true,
+        )))
+        .await;
+    let full = envoy.recv_full().await;
+    match full.response {
+        Some(processing_response::Response::RequestBody(b)) => Ok(destination(
+            b.response.as_ref().unwrap(),
+            full.dynamic_metadata.as_ref(),
+        )),
+        Some(processing_response::Response::ImmediateResponse(r)) => Err(r),
+        other => panic!("unexpected answer {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subset_hint_restricts_the_candidates_and_an_unknown_subset_is_503() {
+    let (pods, gw) = fleet().await;
+    let endpoint = |i: usize| pods[i].url.trim_start_matches("http://").to_string();
+    // A sequence no policy would produce unhinted (neither constant nor alternating), each
+    // request hinted to one known pod and one unknown endpoint.
+    for (i, want) in [1, 1, 1, 0, 0, 1].into_iter().enumerate() {
+        let hint = subset_hint(&[&endpoint(want), "10.9.9.9:1"]);
+        let dest = request_with_hint(&gw, hint, &format!("prompt {i}")).await;
+        assert_eq!(
+            dest.ok(),
+            Some(endpoint(want)),
+            "request {i} left its subset"
+        );
+    }
+    for hint in [subset_hint(&["10.9.9.9:1"]), subset_hint(&[])] {
+        let Err(r) = request_with_hint(&gw, hint, "anything").await else {
+            panic!("expected 503 for a subset without a known pod")
+        };
+        assert_eq!(r.status.unwrap().code, 503);
+        let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!(v["error"]["code"], "no_pod_in_subset");
+    }
+    assert_eq!(
+        metric(
+            &gw,
+            "kvgate_rejected_requests_total{reason=\"no_pod_in_subset\"}"
+        ),
+        2.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_the_slots_and_queue_is_429_with_retry_after() {
+    let (_pods, gw) = fleet_with(|a| {
+        a.max_concurrent_requests = Some(1);
+        a.max_queued_requests = Some(1);
+    })
+    .await;
+    // A holds the only slot (its headers are answered), B waits in the queue.
+    let mut a = FakeEnvoy::connect(&gw).await;
+    a.send(request_headers()).await;
+    assert!(matches!(
+        a.recv().await,
+        processing_response::Response::RequestHeaders(_)
+    ));
+    let mut b = FakeEnvoy::connect(&gw).await;
+    b.send(request_headers()).await;
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), b.rx.message())
+            .await
+            .is_err(),
+        "B was answered while A holds the only slot"
+    );
+    eventually("B queued", || gw.shared().admission.queued() == 1).await;
+    // C finds the slot and the queue full.
+    let mut c = FakeEnvoy::connect(&gw).await;
+    c.send(request_headers()).await;
+    let processing_response::Response::ImmediateResponse(r) = c.recv().await else {
+        panic!("expected an immediate 429")
+    };
+    assert_eq!(r.status.unwrap().code, 429);
+    let set = r.headers.unwrap().set_headers;
+    let header = |k: &str| {
+        set.iter()
+            .filter_map(|o| o.header.as_ref())
+            .find(|h| h.key == k)
+            .map(|h| String::from_utf8(h.raw_value.clone()).unwrap())
+    };
+    assert_eq!(header("retry-after").as_deref(), Some("1"));
+    assert_eq!(header("content-type").as_deref(), Some("application/json"));
+    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(v["error"]["code"], "too_many_requests");
+    assert_eq!(v["error"]["type"], "rate_limit_error");
+    assert_eq!(
+        metric(
+            &gw,
+            "kvgate_rejected_requests_total{reason=\"too_many_requests\"}"
+        ),
+        1.0
+    );
+    // A's stream ends: its slot goes to B.
+    drop(a);
+    assert!(matches!(
+        b.recv().await,
+        processing_response::Response::RequestHeaders(_)
+    ));
+    assert_eq!(gw.shared().admission.queued(), 0);
 }
 
 #[tokio::test]

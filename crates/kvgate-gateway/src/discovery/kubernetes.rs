@@ -1,0 +1,292 @@
+//! `--discovery kubernetes --selector KEY=VALUE [--namespace NS] [--target-port PORT]`: the pod
+//! table follows the model-server Pods of a Kubernetes namespace.
+//!
+//! Algorithm: a kube-rs [`watcher`] on `Pod` objects with the label selector (list, then watch
+//! from the list's `resourceVersion`; on a watch error or an expired version it lists again,
+//! with kube's default backoff: 800 ms doubling to 30 s, jittered). Each event updates
+//! [`DiscoveredPods`], the set of *ready* Pods:
+//!
+//! - a Pod is ready when it is not being deleted (`metadata.deletionTimestamp` unset), its
+//!   `status.phase` is `Running`, its `Ready` condition is `True` and it has a `status.podIP`;
+//!   its entry is `http://POD_IP:TARGET_PORT` (`[IP]` for IPv6), class `default`;
+//! - `ADDED`/`MODIFIED` of a ready Pod adds or updates it; of a Pod that is not ready removes it;
+//!   `DELETED` removes it;
+//! - a re-list (`Init` … `InitApply`* … `InitDone`) replaces the whole set at `InitDone`, so Pods
+//!   deleted while the watch was down go away too.
+//!
+//! When the set changes, [`crate::state::Shared::set_discovered`] makes the pod table the
+//! configured pods plus the discovered ones — the same table update a config reload does: a new
+//! Pod gets the smallest free pod id and a scrape loop (it is routed to once its first scrape
+//! succeeds), a gone Pod's index entries are dropped. Watch errors are counted in
+//! `kvgate_discovery_errors_total` and logged (warn); `kvgate_discovered_pods` is the set's size.
+//!
+//! Parameters: `--selector` (required), `--namespace` (default: the kubeconfig context's
+//! namespace, or the service account's in a cluster), `--target-port` (default 8000, vLLM's).
+//! Discovered pods have no KV-event endpoints (the routed index serves them).
+//! RBAC: `get`, `list`, `watch` on `pods` in the namespace (`deploy/k8s/rbac.yaml`).
+//!
+//! Bounds: one entry per matching Pod (two while a re-list is buffered); the pod table holds at
+//! most [`crate::pods::MAX_PODS`].
+
+use super::KubernetesTarget;
+use crate::config::DEFAULT_POD_CLASS;
+use crate::state::Shared;
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::Pod as KubePod;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event, watcher};
+use kube::{Api, Client};
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+/// The kube crate, for callers that build their own [`Client`] (tests against a fake API
+/// server use `kube::Config::new(url)`).
+pub use kube;
+
+/// Watches the target's Pods until the task is aborted, keeping the pod table in sync.
+pub async fn run(shared: Arc<Shared>, client: Client, target: KubernetesTarget) {
+    let namespace = target
+        .namespace
+        .clone()
+        .unwrap_or_else(|| client.default_namespace().to_string());
+    tracing::info!(
+        %namespace,
+        selector = %target.selector,
+        port = target.target_port,
+        "kubernetes discovery: watching pods"
+    );
+    let api: Api<KubePod> = Api::namespaced(client, &namespace);
+    let config = watcher::Config::default().labels(&target.selector);
+    let mut events = watcher(api, config).default_backoff().boxed();
+    let mut pods = DiscoveredPods::default();
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(event) => {
+                if pods.apply(&event, target.target_port) {
+                    publish(&shared, &pods);
+                }
+            }
+            Err(e) => {
+                shared.metrics.discovery_errors.inc();
+                tracing::warn!(error = %e, %namespace, "kubernetes discovery: watch error; retrying");
+            }
+        }
+    }
+}
+
+/// Puts the discovered set into the pod table and starts the new pods' scrape loops.
+fn publish(shared: &Arc<Shared>, pods: &DiscoveredPods) {
+    let urls = pods.urls();
+    shared
+        .metrics
+        .discovered_pods
+        .set(i64::try_from(urls.len()).unwrap_or(i64::MAX));
+    tracing::info!(
+        pods = urls.len(),
+        "kubernetes discovery: ready pods changed"
+    );
+    let wanted = urls
+        .into_iter()
+        .map(|u| (u, DEFAULT_POD_CLASS.to_string()))
+        .collect();
+    for pod in shared.set_discovered(wanted) {
+        crate::reload::start_pod(shared, pod);
+    }
+}
+
+/// The ready Pods the watcher has seen: `namespace/name` → base URL.
+#[derive(Debug, Default)]
+pub struct DiscoveredPods {
+    ready: BTreeMap<String, String>,
+    /// The set being rebuilt by a re-list (between `Init` and `InitDone`).
+    relist: Option<BTreeMap<String, String>>,
+}
+
+impl DiscoveredPods {
+    /// Applies one watcher event; true when the set of ready pods changed.
+    pub fn apply(&mut self, event: &Event<KubePod>, target_port: u16) -> bool {
+        match event {
+            Event::Init => {
+                self.relist = Some(BTreeMap::new());
+                false
+            }
+            Event::InitApply(pod) => match &mut self.relist {
+                Some(relist) => {
+                    if let Some(url) = pod_url(pod, target_port) {
+                        relist.insert(key(pod), url);
+                    }
+                    false
+                }
+                None => self.upsert(pod, target_port),
+            },
+            Event::InitDone => {
+                let listed = self.relist.take().unwrap_or_default();
+                let changed = listed != self.ready;
+                self.ready = listed;
+                changed
+            }
+            Event::Apply(pod) => self.upsert(pod, target_port),
+            Event::Delete(pod) => self.ready.remove(&key(pod)).is_some(),
+        }
+    }
+
+    fn upsert(&mut self, pod: &KubePod, target_port: u16) -> bool {
+        match pod_url(pod, target_port) {
+            Some(url) => self.ready.insert(key(pod), url.clone()).as_ref() != Some(&url),
+            None => self.ready.remove(&key(pod)).is_some(),
+        }
+    }
+
+    /// The ready pods' base URLs, sorted, without duplicates.
+    pub fn urls(&self) -> Vec<String> {
+        let mut urls: Vec<String> = self.ready.values().cloned().collect();
+        urls.sort();
+        urls.dedup();
+        urls
+    }
+}
+
+fn key(pod: &KubePod) -> String {
+    format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or(""),
+        pod.metadata.name.as_deref().unwrap_or("")
+    )
+}
+
+/// `http://POD_IP:PORT` when the Pod can take traffic (see the module doc), else None.
+pub fn pod_url(pod: &KubePod, target_port: u16) -> Option<String> {
+    if pod.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    let status = pod.status.as_ref()?;
+    if status.phase.as_deref() != Some("Running") {
+        return None;
+    }
+    let ready = status
+        .conditions
+        .iter()
+        .flatten()
+        .any(|c| c.type_ == "Ready" && c.status == "True");
+    if !ready {
+        return None;
+    }
+    match status.pod_ip.as_deref()?.parse::<IpAddr>().ok()? {
+        IpAddr::V4(ip) => Some(format!("http://{ip}:{target_port}")),
+        IpAddr::V6(ip) => Some(format!("http://[{ip}]:{target_port}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+
+    fn pod(name: &str, ip: Option<&str>, phase: &str, ready: bool) -> KubePod {
+        KubePod {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("llm".into()),
+                ..Default::default()
+            },
+            spec: None,
+            status: Some(PodStatus {
+                phase: Some(phase.into()),
+                pod_ip: ip.map(str::to_string),
+                conditions: Some(vec![PodCondition {
+                    type_: "Ready".into(),
+                    status: if ready { "True" } else { "False" }.into(),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn only_running_ready_pods_with_an_ip_get_a_url() {
+        assert_eq!(
+            pod_url(&pod("a", Some("10.0.0.5"), "Running", true), 8000).as_deref(),
+            Some("http://10.0.0.5:8000")
+        );
+        assert_eq!(
+            pod_url(&pod("a", Some("fd00::5"), "Running", true), 8000).as_deref(),
+            Some("http://[fd00::5]:8000")
+        );
+        assert_eq!(
+            pod_url(&pod("a", Some("10.0.0.5"), "Running", false), 8000),
+            None
+        );
+        assert_eq!(
+            pod_url(&pod("a", Some("10.0.0.5"), "Pending", true), 8000),
+            None
+        );
+        assert_eq!(pod_url(&pod("a", None, "Running", true), 8000), None);
+        assert_eq!(
+            pod_url(&pod("a", Some("not-an-ip"), "Running", true), 8000),
+            None
+        );
+        let mut deleting = pod("a", Some("10.0.0.5"), "Running", true);
+        deleting.metadata.deletion_timestamp = Some(Time(Default::default()));
+        assert_eq!(pod_url(&deleting, 8000), None);
+        assert_eq!(pod_url(&KubePod::default(), 8000), None);
+    }
+
+    #[test]
+    fn events_add_update_and_remove_pods() {
+        let mut d = DiscoveredPods::default();
+        let a = pod("a", Some("10.0.0.1"), "Running", true);
+        assert!(d.apply(&Event::Apply(a.clone()), 8000));
+        assert!(
+            !d.apply(&Event::Apply(a.clone()), 8000),
+            "same pod again: no change"
+        );
+        assert!(d.apply(
+            &Event::Apply(pod("b", Some("10.0.0.2"), "Running", true)),
+            8000
+        ));
+        assert_eq!(d.urls(), ["http://10.0.0.1:8000", "http://10.0.0.2:8000"]);
+        // a turns not ready, b is deleted.
+        assert!(d.apply(
+            &Event::Apply(pod("a", Some("10.0.0.1"), "Running", false)),
+            8000
+        ));
+        assert!(d.apply(&Event::Delete(pod("b", None, "Running", true)), 8000));
+        assert!(d.urls().is_empty());
+        assert!(!d.apply(&Event::Delete(pod("b", None, "Running", true)), 8000));
+    }
+
+    #[test]
+    fn a_relist_replaces_the_set_at_init_done() {
+        let mut d = DiscoveredPods::default();
+        d.apply(
+            &Event::Apply(pod("a", Some("10.0.0.1"), "Running", true)),
+            8000,
+        );
+        assert!(!d.apply(&Event::Init, 8000));
+        assert!(!d.apply(
+            &Event::InitApply(pod("c", Some("10.0.0.3"), "Running", true)),
+            8000
+        ));
+        assert!(!d.apply(
+            &Event::InitApply(pod("d", Some("10.0.0.4"), "Running", false)),
+            8000
+        ));
+        assert_eq!(
+            d.urls(),
+            ["http://10.0.0.1:8000"],
+            "unchanged until InitDone"
+        );
+        assert!(d.apply(&Event::InitDone, 8000));
+        assert_eq!(d.urls(), ["http://10.0.0.3:8000"]);
+        // The same list again changes nothing.
+        d.apply(&Event::Init, 8000);
+        d.apply(
+            &Event::InitApply(pod("c", Some("10.0.0.3"), "Running", true)),
+            8000,
+        );
+        assert!(!d.apply(&Event::InitDone, 8000));
+    }
+}

@@ -1,0 +1,162 @@
+//! `--discovery`: where pods come from besides `--pod` and the config file.
+//!
+//! - `static` (default): only those.
+//! - `kubernetes` (cargo feature `k8s`): [`kubernetes`] watches the ready Pods that match
+//!   `--selector` in `--namespace` and keeps them in the pod table, next to the configured
+//!   pods, through [`crate::state::Shared::set_discovered`] (the same table update a config
+//!   reload makes). Without the feature, `--discovery kubernetes` is refused at start with
+//!   [`DiscoveryError::NotBuilt`].
+
+#[cfg(feature = "k8s")]
+pub mod kubernetes;
+
+use crate::serve::ServeArgs;
+use crate::state::Shared;
+use std::sync::Arc;
+
+/// Default port of the model server on a discovered Pod (vLLM's default).
+pub const DEFAULT_TARGET_PORT: u16 = 8000;
+
+/// `--discovery`.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum DiscoveryKind {
+    /// Only `--pod` and the config file's pods.
+    #[default]
+    Static,
+    /// Also the ready Pods matching `--selector` (a build with `--features k8s`).
+    Kubernetes,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DiscoveryError {
+    #[error(
+        "--discovery kubernetes needs a kvgate built with Kubernetes support: \
+         cargo build --release -p kvgate --features k8s"
+    )]
+    NotBuilt,
+    #[error("--discovery kubernetes needs --selector KEY=VALUE (the model-server Pods' labels)")]
+    NoSelector,
+    #[error("--selector {0:?} has an empty term (KEY=VALUE[,KEY=VALUE…])")]
+    BadSelector(String),
+    #[error("--target-port must be 1..=65535")]
+    BadTargetPort,
+    #[error("cannot set up the Kubernetes client: {0}")]
+    Client(String),
+}
+
+/// What `--discovery kubernetes` watches, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KubernetesTarget {
+    /// Label selector, e.g. `app=vllm`.
+    pub selector: String,
+    /// None: the client's default namespace (kubeconfig context, or the service account's).
+    pub namespace: Option<String>,
+    pub target_port: u16,
+}
+
+/// The Kubernetes target of `args`, or None with static discovery.
+pub fn kubernetes_target(args: &ServeArgs) -> Result<Option<KubernetesTarget>, DiscoveryError> {
+    if args.discovery.unwrap_or_default() != DiscoveryKind::Kubernetes {
+        return Ok(None);
+    }
+    let selector = args
+        .selector
+        .as_deref()
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .ok_or(DiscoveryError::NoSelector)?;
+    // The API server judges the syntax (a bad selector shows as watch errors); an empty term
+    // is refused here because it is always a typo.
+    if selector.split(',').any(|term| term.trim().is_empty()) {
+        return Err(DiscoveryError::BadSelector(selector.to_string()));
+    }
+    let target_port = args.target_port.unwrap_or(DEFAULT_TARGET_PORT);
+    if target_port == 0 {
+        return Err(DiscoveryError::BadTargetPort);
+    }
+    Ok(Some(KubernetesTarget {
+        selector: selector.to_string(),
+        namespace: args.namespace.clone(),
+        target_port,
+    }))
+}
+
+/// Starts the discovery `args` ask for (nothing for static): the Kubernetes client is set up
+/// from the kubeconfig (`KUBECONFIG`, `~/.kube/config`) or the in-cluster service account.
+pub async fn start(
+    shared: &Arc<Shared>,
+    args: &ServeArgs,
+) -> Result<Option<tokio::task::JoinHandle<()>>, DiscoveryError> {
+    let Some(target) = kubernetes_target(args)? else {
+        return Ok(None);
+    };
+    start_kubernetes(shared, target).await.map(Some)
+}
+
+#[cfg(feature = "k8s")]
+async fn start_kubernetes(
+    shared: &Arc<Shared>,
+    target: KubernetesTarget,
+) -> Result<tokio::task::JoinHandle<()>, DiscoveryError> {
+    let client = kube::Client::try_default()
+        .await
+        .map_err(|e| DiscoveryError::Client(e.to_string()))?;
+    Ok(tokio::spawn(kubernetes::run(
+        shared.clone(),
+        client,
+        target,
+    )))
+}
+
+#[cfg(not(feature = "k8s"))]
+async fn start_kubernetes(
+    _shared: &Arc<Shared>,
+    _target: KubernetesTarget,
+) -> Result<tokio::task::JoinHandle<()>, DiscoveryError> {
+    Err(DiscoveryError::NotBuilt)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(discovery: DiscoveryKind, selector: Option<&str>) -> ServeArgs {
+        ServeArgs {
+            discovery: Some(discovery),
+            selector: selector.map(str::to_string),
+            ..ServeArgs::default()
+        }
+    }
+
+    #[test]
+    fn kubernetes_needs_a_well_formed_selector() {
+        assert_eq!(kubernetes_target(&ServeArgs::default()).unwrap(), None);
+        assert!(matches!(
+            kubernetes_target(&args(DiscoveryKind::Kubernetes, None)),
+            Err(DiscoveryError::NoSelector)
+        ));
+        assert!(matches!(
+            kubernetes_target(&args(DiscoveryKind::Kubernetes, Some("app=vllm,,x=y"))),
+            Err(DiscoveryError::BadSelector(_))
+        ));
+        let t = kubernetes_target(&args(DiscoveryKind::Kubernetes, Some("app=vllm,tier!=x")))
+            .unwrap()
+            .unwrap();
+        assert_eq!(t.selector, "app=vllm,tier!=x");
+        assert_eq!(t.target_port, DEFAULT_TARGET_PORT);
+        assert_eq!(t.namespace, None);
+    }
+
+    #[cfg(not(feature = "k8s"))]
+    #[tokio::test]
+    async fn without_the_feature_kubernetes_says_how_to_build_it() {
+        let shared = Shared::new(
+            crate::config::GatewayConfig::resolve(&ServeArgs::default(), None).unwrap(),
+        );
+        let err = start(&shared, &args(DiscoveryKind::Kubernetes, Some("app=vllm")))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, DiscoveryError::NotBuilt));
+        assert!(err.to_string().contains("--features k8s"), "{err}");
+    }
+}
