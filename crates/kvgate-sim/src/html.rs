@@ -703,6 +703,7 @@ mod tests {
             pod_samples,
             stalled_steps: 0,
             in_flight_left: 0,
+            kv_index: None,
         }
     }
 

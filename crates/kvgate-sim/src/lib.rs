@@ -3,10 +3,12 @@
 //! - `engine`: the engine model of one pod (KV blocks with prefix caching, continuous batching,
 //!   chunked prefill, preemption, profile step times). Also driven in real time by the mock pod.
 //! - `profiles`: step-time profiles calibrated from `shared/profiles/`.
+//! - `events`: the router's prefix index, routed or fed by the pods' KV events (delay, loss).
 //! - `workload`: trace readers (Mooncake JSONL, Azure CSV) and generators (chat, shared-prefix).
 
 pub mod cluster;
 pub mod engine;
+pub mod events;
 pub mod html;
 pub mod profiles;
 pub mod report;

@@ -119,6 +119,9 @@ pub struct RunMetrics {
     pub stalled_steps: u64,
     /// Sum of the router's in-flight counters after the run (0 unless accounting leaks).
     pub in_flight_left: u64,
+    /// The prefix index's mode, KV-event counts and accuracy ([`crate::events`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_index: Option<crate::events::IndexReport>,
 }
 
 /// Collects a run's events; turns them into [`RunMetrics`] at the end.
@@ -329,6 +332,7 @@ impl RunRecorder {
             pod_samples: self.pod_samples,
             stalled_steps: self.stalled,
             in_flight_left: 0,
+            kv_index: None,
         }
     }
 }
