@@ -4,7 +4,9 @@
 //! - pod metrics (`waiting`, `running`, KV usage) are refreshed every `scrape_interval_ms`
 //!   (default 50 ms) from the engines, so the router sees them with a scrape delay;
 //! - the router's own in-flight counters are exact (updated at dispatch, first token, finish);
-//! - the prefix index is the routed (approximate) index, learning from where requests went;
+//! - the prefix index is the routed (approximate) index, learning from where requests went, or
+//!   (`ClusterConfig::index`) the engine index fed by the pods' KV events with a delay and a
+//!   loss rate ([`crate::events`]);
 //! - the predictor trains online from each completed request's features at dispatch, its TTFT
 //!   and mean TPOT, as the gateway does.
 //!
@@ -22,14 +24,13 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 
 use kvgate_core::decision::Branch;
-use kvgate_core::index::PrefixIndex;
-use kvgate_core::index::routed::RoutedIndex;
 use kvgate_core::policy::PolicyKind;
 use kvgate_core::predictor::{Features, LatencyPredictor, PredictorConfig};
-use kvgate_core::{DecisionRng, PodId, PodSnapshot, Router, RouterConfig};
+use kvgate_core::{DecisionRng, PodSnapshot, Router, RouterConfig};
 use rand::SeedableRng;
 
 use crate::engine::{Engine, EngineRequest};
+use crate::events::{IndexConfig, SimIndex};
 use crate::faults::{FaultPlan, FaultRecorder, MAX_RETRIES};
 use crate::profiles::Profile;
 use crate::report::{RunMetrics, RunRecorder};
@@ -62,6 +63,8 @@ pub struct ClusterConfig {
     pub rate_scale: f64,
     /// Pod outages during the run (`--faults`); `None`: every pod stays up.
     pub faults: Option<FaultPlan>,
+    /// The router's prefix index: routed, or engine events with delay and loss.
+    pub index: IndexConfig,
 }
 
 impl ClusterConfig {
@@ -79,6 +82,7 @@ impl ClusterConfig {
             seed,
             rate_scale: 1.0,
             faults: None,
+            index: IndexConfig::default(),
         }
     }
 
@@ -152,7 +156,7 @@ struct Cluster {
     engines: Vec<Engine>,
     snapshots: Vec<PodSnapshot>,
     router: Router,
-    index: RoutedIndex,
+    index: SimIndex,
     predictor: LatencyPredictor,
     rng: DecisionRng,
     in_flight: Vec<Option<InFlightRequest>>,
@@ -173,16 +177,23 @@ impl Cluster {
     fn new(config: &ClusterConfig, requests: usize) -> Self {
         let fleet = config.fleet();
         let pods = fleet.len() as u32;
+        let capacities: Vec<u32> = fleet
+            .iter()
+            .map(|profile| config.kv_blocks.unwrap_or(profile.kv_blocks))
+            .collect();
+        let index = SimIndex::new(config.index, &capacities, config.seed);
         let engines: Vec<Engine> = fleet
             .iter()
-            .map(|profile| Engine::new(profile, config.kv_blocks))
+            .map(|profile| {
+                let mut engine = Engine::new(profile, config.kv_blocks);
+                engine.set_record_kv_events(index.wants_events());
+                engine
+            })
             .collect();
-        let mut index = RoutedIndex::new();
         let snapshots = (0..pods)
             .zip(&fleet)
             .map(|(i, profile)| {
                 let kv_blocks = config.kv_blocks.unwrap_or(profile.kv_blocks);
-                index.set_capacity(PodId(i), kv_blocks);
                 let class = if config.class_blind_predictor {
                     CLASS_BLIND
                 } else {
@@ -294,6 +305,7 @@ impl Cluster {
         let mut metrics = self.recorder.finish(&engines, self.predictor.accuracy());
         metrics.in_flight_left = leaked;
         metrics.faults = self.faults.map(FaultRecorder::finish);
+        metrics.kv_index = Some(self.index.report());
         metrics
     }
 
@@ -328,6 +340,7 @@ impl Cluster {
         self.busy[pod] = false;
         self.step_due[pod] = None;
         let dropped = self.engines[pod].crash(now);
+        self.index.restart(pod as u32, now);
         if let Some(f) = &mut self.faults {
             f.dropped_by_crash += dropped.len() as u64;
         }
@@ -407,6 +420,7 @@ impl Cluster {
         mut attempt: u8,
         excluded: &mut Vec<u32>,
     ) -> Routed {
+        self.index.advance(now);
         loop {
             let healthy: Vec<bool> = excluded
                 .iter()
@@ -416,7 +430,7 @@ impl Cluster {
                 &r.blocks,
                 r.input_tokens,
                 &self.snapshots,
-                &self.index,
+                self.index.index(),
                 &self.predictor,
                 &mut self.rng,
             );
@@ -462,7 +476,12 @@ impl Cluster {
         let (score, ttft, tpot) = chosen.map_or((0.0, 0.0, 0.0), |p| {
             (p.prefix_score, p.predicted_ttft_ms, p.predicted_tpot_ms)
         });
-        self.index.record_routed(decision.pod_id, &r.blocks);
+        let index_blocks = (score * r.blocks.len() as f64).round() as u32;
+        let true_blocks = self.engines[pod].cached_prefix_blocks(&r.blocks) as u32;
+        self.index.observe(index_blocks, true_blocks);
+        self.index
+            .index_mut()
+            .record_routed(decision.pod_id, &r.blocks);
 
         let snap = &mut self.snapshots[pod];
         let features = Features::new(snap, r.input_tokens, score);
@@ -517,6 +536,7 @@ impl Cluster {
 
     fn step_end(&mut self, pod: usize, now_ms: f64) {
         let outcome = self.engines[pod].last_outcome();
+        self.index.publish(pod as u32, now_ms, &outcome.kv_events);
         self.recorder.preempted(outcome.preempted.len());
         for e in &outcome.emissions {
             let Some(Some(req)) = self.in_flight.get_mut(e.request_id as usize) else {

@@ -14,8 +14,11 @@
 //! - while down, a dispatch to the pod is refused at once (connection refused): the router marks
 //!   the pod unhealthy and decides again without it; scrapes fail, so the next scrape also marks
 //!   it unhealthy; the first scrape after `up_ms` marks it healthy again;
-//! - the router is not told that the pod restarted: its routed index still believes the pod holds
-//!   what was routed there until LRU ages it out (as the HTTP gateway with `--index routed`).
+//! - with the routed index the router is not told that the pod restarted: the index still
+//!   believes the pod holds what was routed there until LRU ages it out (as the HTTP gateway
+//!   with `--index routed`); with `--index engine` the pod's view is cleared once the restart's
+//!   news arrives (`--event-delay-ms` later), as the gateway clears a pod whose event sequence
+//!   starts again from 0.
 //!
 //! Nothing is lost: every request ends completed, rejected (no pod could take it) or failed
 //! (mid-stream, or out of retries), and `completed + rejected + failed == requests`.

@@ -704,6 +704,7 @@ mod tests {
             stalled_steps: 0,
             in_flight_left: 0,
             faults: None,
+            kv_index: None,
         }
     }
 

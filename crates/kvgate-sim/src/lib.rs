@@ -4,10 +4,12 @@
 //!   chunked prefill, preemption, profile step times). Also driven in real time by the mock pod.
 //! - `faults`: pod outages in a run (`--faults`) and what they did.
 //! - `profiles`: step-time profiles calibrated from `shared/profiles/`.
+//! - `events`: the router's prefix index, routed or fed by the pods' KV events (delay, loss).
 //! - `workload`: trace readers (Mooncake JSONL, Azure CSV) and generators (chat, shared-prefix).
 
 pub mod cluster;
 pub mod engine;
+pub mod events;
 pub mod faults;
 pub mod html;
 pub mod profiles;

@@ -122,6 +122,9 @@ pub struct RunMetrics {
     /// What pod outages did (runs with `--faults` only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub faults: Option<crate::faults::FaultReport>,
+    /// The prefix index's mode, KV-event counts and accuracy ([`crate::events`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_index: Option<crate::events::IndexReport>,
 }
 
 /// Collects a run's events; turns them into [`RunMetrics`] at the end.
@@ -338,6 +341,7 @@ impl RunRecorder {
             stalled_steps: self.stalled,
             in_flight_left: 0,
             faults: None,
+            kv_index: None,
         }
     }
 }

@@ -122,3 +122,31 @@ fn runs_with_faults_are_deterministic() {
     };
     assert_eq!(run(), run());
 }
+
+#[test]
+fn with_the_engine_index_a_restart_clears_the_pods_view() {
+    use kvgate_sim::events::{IndexConfig, IndexMode};
+    let reqs = chat_workload(300);
+    let config = ClusterConfig {
+        rate_scale: 4.0,
+        faults: Some(FaultPlan::parse("every=10,down=2,start=1").unwrap()),
+        index: IndexConfig {
+            mode: IndexMode::Engine,
+            ..IndexConfig::default()
+        },
+        ..ClusterConfig::new(3, PolicyKind::AffinityGate, 3)
+    };
+    let m = cluster::run(&config, &reqs);
+    let f = m.faults.as_ref().unwrap();
+    let index = m.kv_index.as_ref().unwrap();
+    assert_eq!(index.pod_restarts, f.outages.len() as u64);
+    assert_eq!(m.completed + m.rejected + f.failed(), m.requests);
+    // With every restart known, the engine index never claims blocks a restarted pod lost: it
+    // stays as exact as without faults (routing history alone would keep the old entries).
+    assert!(
+        index.decisions_exact as f64 >= 0.97 * index.decisions as f64,
+        "{} of {}",
+        index.decisions_exact,
+        index.decisions
+    );
+}

@@ -14,6 +14,7 @@ use kvgate_core::RouterConfig;
 use kvgate_core::policy::PolicyKind;
 use kvgate_sim::SimRequest;
 use kvgate_sim::cluster::{self, ClusterConfig, DEFAULT_SCRAPE_INTERVAL_MS};
+use kvgate_sim::events::{IndexConfig, IndexMode, LossRecovery};
 use kvgate_sim::profiles::Profile;
 use kvgate_sim::report::RunMetrics;
 use kvgate_sim::workload::{self, Workload, chat, shared_prefix};
@@ -25,6 +26,18 @@ pub enum GeneratedWorkload {
     Chat,
     /// llm-d's shared-prefix scenarios (see --preset).
     SharedPrefix,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SimIndexMode {
+    Routed,
+    Engine,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum SimLossRecovery {
+    Replay,
+    Stale,
 }
 
 #[derive(Debug, Args)]
@@ -90,6 +103,23 @@ pub struct SimArgs {
     /// '{"affinity_gate_tau": 0.9}'.
     #[arg(long)]
     router_config: Option<String>,
+    /// Prefix index of the router: `routed` (learns from routing), `engine` (the pods' KV
+    /// events), or both, comma-separated, to compare them in one run.
+    #[arg(long, value_delimiter = ',', default_value = "routed")]
+    index: Vec<SimIndexMode>,
+    /// Engine index: delay from a pod's step end to its KV-event batch reaching the router, in
+    /// ms (comma-separated to sweep).
+    #[arg(long, value_delimiter = ',', default_value = "0")]
+    event_delay_ms: Vec<f64>,
+    /// Engine index: probability that a KV-event batch is lost, 0..1 (comma-separated to
+    /// sweep); seeded by --seed.
+    #[arg(long, value_delimiter = ',', default_value = "0")]
+    event_loss: Vec<f64>,
+    /// Engine index: what a lost batch costs once the pod's next batch reveals the gap:
+    /// `replay` (fetched again, as the gateway does) or `stale` (the pod falls back to the
+    /// routed index for 30 s while new events rebuild it).
+    #[arg(long, value_enum, default_value = "replay")]
+    event_loss_recovery: SimLossRecovery,
     /// Worker threads (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -199,6 +229,44 @@ fn parse_rates(args: &SimArgs) -> Result<Vec<f64>> {
     Ok(rates)
 }
 
+/// The index configurations to run: routed once, engine once per delay × loss.
+fn index_configs(args: &SimArgs) -> Result<Vec<IndexConfig>> {
+    if let Some(d) = args
+        .event_delay_ms
+        .iter()
+        .find(|d| !(d.is_finite() && **d >= 0.0))
+    {
+        bail!("--event-delay-ms must be finite and >= 0, got {d}");
+    }
+    if let Some(p) = args.event_loss.iter().find(|p| !(0.0..=1.0).contains(*p)) {
+        bail!("--event-loss must lie in 0..=1, got {p}");
+    }
+    let recovery = match args.event_loss_recovery {
+        SimLossRecovery::Replay => LossRecovery::Replay,
+        SimLossRecovery::Stale => LossRecovery::Stale,
+    };
+    let mut out = Vec::new();
+    for mode in &args.index {
+        match mode {
+            SimIndexMode::Routed => out.push(IndexConfig::default()),
+            SimIndexMode::Engine => {
+                for &delay_ms in &args.event_delay_ms {
+                    for &loss in &args.event_loss {
+                        out.push(IndexConfig {
+                            mode: IndexMode::Engine,
+                            delay_ms,
+                            loss,
+                            recovery,
+                            ..IndexConfig::default()
+                        });
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
 fn load_workload(args: &SimArgs) -> Result<(Workload, Vec<SimRequest>)> {
     let max = args.max_requests;
     let (mut workload, mut requests) = match (&args.trace, args.workload) {
@@ -258,28 +326,32 @@ pub fn run(args: SimArgs) -> Result<()> {
         .as_deref()
         .map(kvgate_sim::faults::FaultPlan::parse)
         .transpose()?;
+    let indexes = index_configs(&args)?;
     let (workload, requests) = load_workload(&args)?;
 
     let mut configs = Vec::new();
     for &rate_scale in &rates {
         for &policy in &policies {
-            for &seed in &args.seed {
-                configs.push(ClusterConfig {
-                    pods,
-                    profile,
-                    pod_profiles: fleet.clone(),
-                    class_blind_predictor: args.class_blind_predictor,
-                    kv_blocks: args.kv_blocks,
-                    scrape_interval_ms: args.scrape_interval,
-                    router,
-                    rate_scale,
-                    predictor: kvgate_core::predictor::PredictorConfig {
-                        kv_shortfall_feature: !args.no_kv_shortfall,
-                        ..Default::default()
-                    },
-                    faults: faults.clone(),
-                    ..ClusterConfig::new(pods, policy, seed)
-                });
+            for &index in &indexes {
+                for &seed in &args.seed {
+                    configs.push(ClusterConfig {
+                        pods,
+                        profile,
+                        pod_profiles: fleet.clone(),
+                        class_blind_predictor: args.class_blind_predictor,
+                        kv_blocks: args.kv_blocks,
+                        scrape_interval_ms: args.scrape_interval,
+                        router,
+                        rate_scale,
+                        predictor: kvgate_core::predictor::PredictorConfig {
+                            kv_shortfall_feature: !args.no_kv_shortfall,
+                            ..Default::default()
+                        },
+                        index,
+                        faults: faults.clone(),
+                        ..ClusterConfig::new(pods, policy, seed)
+                    });
+                }
             }
         }
     }
@@ -339,6 +411,9 @@ pub fn run(args: SimArgs) -> Result<()> {
 
     print_table(&workload, pods, &label, &runs);
     print_faults(&runs);
+    if args.index.contains(&SimIndexMode::Engine) {
+        print_index_table(&runs, args.seed.len());
+    }
     let report = SimReport {
         workload: &workload,
         pods,
@@ -473,5 +548,96 @@ fn print_table(workload: &Workload, pods: u32, fleet: &str, runs: &[RunMetrics])
             ),
             r.predictor.ttft_mape * 100.0,
         );
+    }
+}
+
+/// The prefix index's side of each run: mode, event delay and loss, hit rate and TTFT, how
+/// often the index knew the chosen pod's cached prefix exactly, and the event counts; with
+/// several seeds, a `mean` row after each group of seeds.
+fn print_index_table(runs: &[RunMetrics], seeds: usize) {
+    println!();
+    println!(
+        "{:<15} {:>5} {:>4} {:>6} {:>6} {:>6} {:>6} {:>9} {:>9} {:>7} {:>7} {:>8} {:>8} {:>6}",
+        "policy",
+        "rate",
+        "seed",
+        "index",
+        "delay",
+        "loss%",
+        "hit%",
+        "ttft_mean",
+        "ttft_p99",
+        "exact%",
+        "err_blk",
+        "batches",
+        "lost",
+        "stale"
+    );
+    // One row: (policy, rate, seed, index config) and the measured values.
+    struct Row {
+        hit: f64,
+        mean: f64,
+        p99: f64,
+        exact: f64,
+        err: f64,
+        counts: [f64; 3],
+    }
+    let of = |r: &RunMetrics| {
+        let k = r.kv_index.clone().unwrap_or_default();
+        Row {
+            hit: r.prefix_hit_rate,
+            mean: r.ttft_ms.mean,
+            p99: r.ttft_ms.p99,
+            exact: k.decisions_exact as f64 / k.decisions.max(1) as f64,
+            err: k.mean_abs_error_blocks,
+            counts: [
+                k.batches as f64,
+                k.lost_batches as f64,
+                k.stale_episodes as f64,
+            ],
+        }
+    };
+    let print = |r: &RunMetrics, seed: &str, v: &Row| {
+        let k = r.kv_index.clone().unwrap_or_default();
+        println!(
+            "{:<15} {:>5} {:>4} {:>6} {:>6} {:>6.1} {:>6.1} {:>9.1} {:>9.1} {:>7.1} {:>7.2} {:>8.0} {:>8.0} {:>6.0}",
+            r.policy,
+            r.rate_scale,
+            seed,
+            k.config.mode.name(),
+            k.config.delay_ms,
+            k.config.loss * 100.0,
+            v.hit * 100.0,
+            v.mean,
+            v.p99,
+            v.exact * 100.0,
+            v.err,
+            v.counts[0],
+            v.counts[1],
+            v.counts[2],
+        );
+    };
+    for group in runs.chunks(seeds.max(1)) {
+        let rows: Vec<Row> = group.iter().map(of).collect();
+        for (r, v) in group.iter().zip(&rows) {
+            print(r, &r.seed.to_string(), v);
+        }
+        if let (Some(first), true) = (group.first(), group.len() > 1) {
+            let n = rows.len() as f64;
+            let mean = |f: &dyn Fn(&Row) -> f64| rows.iter().map(f).sum::<f64>() / n;
+            let v = Row {
+                hit: mean(&|v| v.hit),
+                mean: mean(&|v| v.mean),
+                p99: mean(&|v| v.p99),
+                exact: mean(&|v| v.exact),
+                err: mean(&|v| v.err),
+                counts: [
+                    mean(&|v| v.counts[0]),
+                    mean(&|v| v.counts[1]),
+                    mean(&|v| v.counts[2]),
+                ],
+            };
+            print(first, "mean", &v);
+        }
     }
 }
