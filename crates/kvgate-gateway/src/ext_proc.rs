@@ -20,10 +20,11 @@
 //!      `streamed_response` chunks of at most 62,000 bytes, the last with `end_of_stream`.
 //! 3. **Response headers and body** (`response_body_mode: STREAMED` or `BUFFERED`): passed
 //!    through unchanged. What is measured, from kvgate's point of view: the request starts when
-//!    its headers reach kvgate; the first token is the first SSE event with content in a
-//!    response body chunk (non-stream: the first body chunk); the end is the body chunk with
-//!    `end_of_stream`. TTFT includes Envoy's buffering of the request body and the pod's
-//!    queueing, like the HTTP gateway's. TPOT uses the stream's `usage` when the client asked
+//!    its headers reach kvgate and it holds an admission slot (time queued in kvgate is not the
+//!    pod's); the first token is the first SSE event with content in a response body chunk
+//!    (non-stream: the first body chunk); the end is the body chunk with `end_of_stream`. TTFT
+//!    includes Envoy's buffering of the request body and the pod's queueing, like the HTTP
+//!    gateway's. TPOT uses the stream's `usage` when the client asked
 //!    for it; otherwise the count of content events (kvgate does not rewrite bodies here, so it
 //!    cannot ask the pod for usage). Only 2xx streams train the predictor, as in the HTTP
 //!    gateway. The request's in-flight share is released when the response ends, or when the
@@ -329,7 +330,6 @@ impl Exchange {
     }
 
     async fn request_headers(&mut self, h: HttpHeaders) -> Outcome {
-        self.start = Instant::now();
         for hv in h.headers.iter().flat_map(|m| m.headers.iter()) {
             let raw: &[u8] = if hv.raw_value.is_empty() {
                 hv.value.as_bytes()
@@ -357,6 +357,9 @@ impl Exchange {
                 Err(too_many) => return self.reject(too_many),
             }
         }
+        // The clock starts once admitted, as in the HTTP gateway: queueing in kvgate is not
+        // the pod's latency and must not train the predictor.
+        self.start = Instant::now();
         if !h.end_of_stream {
             if self.duplex {
                 // Answered with the decision once the body is complete.

@@ -479,6 +479,34 @@ async fn over_the_slots_and_queue_is_429_with_retry_after() {
         processing_response::Response::RequestHeaders(_)
     ));
     assert_eq!(gw.shared().admission.queued(), 0);
+    // B waited ≥ 300 ms in the queue; its TTFT starts at admission, so that wait is not
+    // trained on.
+    b.send(processing_request::Request::RequestBody(body(
+        CHAT.as_bytes(),
+        true,
+    )))
+    .await;
+    let _ = b.recv().await;
+    b.send(processing_request::Request::ResponseHeaders(headers(
+        &[(":status", "200"), ("content-type", "text/event-stream")],
+        false,
+    )))
+    .await;
+    let _ = b.recv().await;
+    let chunk =
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"}}]}\n\ndata: [DONE]\n\n";
+    b.send(processing_request::Request::ResponseBody(body(
+        chunk.as_bytes(),
+        true,
+    )))
+    .await;
+    let _ = b.recv().await;
+    eventually("B's TTFT observed", || {
+        metric(&gw, "kvgate_ttft_ms_count") == 1.0
+    })
+    .await;
+    let ttft_ms = metric(&gw, "kvgate_ttft_ms_sum");
+    assert!(ttft_ms < 250.0, "TTFT {ttft_ms} ms includes the queue wait");
 }
 
 #[tokio::test]

@@ -7,6 +7,8 @@
 //!   server adds, readies, unreadies and deletes them, also across a dropped watch;
 //! - the `kvgate serve` binary, pointed at the fake server by a kubeconfig (`KUBECONFIG`): a
 //!   discovered mock pod serves a chat request; once the pod is deleted the gateway answers 503.
+//! - failed lists (500) and a line that is not JSON in a watch stream are counted in
+//!   `kvgate_discovery_errors_total` and the watcher recovers.
 #![cfg(feature = "k8s")]
 
 use axum::body::Body;
@@ -27,10 +29,11 @@ use tokio::sync::broadcast;
 const NAMESPACE: &str = "llm";
 const SELECTOR: &str = "app=vllm";
 
-/// One watch event line, or the order to end every open watch stream.
+/// One watch event line, a line that is not JSON, or the order to end every open watch stream.
 #[derive(Clone)]
 enum Feed {
     Event(u64, String),
+    Garbage,
     DropWatches,
 }
 
@@ -41,6 +44,8 @@ struct ApiState {
     history: Vec<(u64, String)>,
     /// Every request's (watch?, namespace, labelSelector).
     requests: Vec<(bool, String, String)>,
+    /// The next this many list requests get a 500.
+    failing_lists: usize,
 }
 
 /// The fake API server.
@@ -135,6 +140,16 @@ impl FakeApi {
         let _ = self.feed.send(Feed::Event(rv, line));
     }
 
+    /// The next `n` list requests fail with 500.
+    fn fail_lists(&self, n: usize) {
+        self.state.lock().unwrap().failing_lists = n;
+    }
+
+    /// Sends a line that is not a watch event to every open watch stream.
+    fn send_garbage(&self) {
+        let _ = self.feed.send(Feed::Garbage);
+    }
+
     /// Ends every open watch stream (as an API server does at its timeout).
     fn drop_watches(&self) {
         let _ = self.feed.send(Feed::DropWatches);
@@ -175,6 +190,16 @@ async fn pods(
     let mut st = ctx.state.lock().unwrap();
     st.requests.push((watch, ns.clone(), selector.clone()));
     let matches = ns == NAMESPACE && selector == SELECTOR;
+    if !watch && st.failing_lists > 0 {
+        st.failing_lists -= 1;
+        let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+            "message": "etcd is unhappy", "reason": "InternalError", "code": 500});
+        return Response::builder()
+            .status(500)
+            .header("content-type", "application/json")
+            .body(Body::from(status.to_string()))
+            .unwrap();
+    }
     if !watch {
         let items: Vec<Value> = if matches {
             st.pods.values().cloned().collect()
@@ -226,6 +251,15 @@ async fn pods(
                     }
                 }
                 Ok(Feed::Event(..)) => {}
+                Ok(Feed::Garbage) => {
+                    if tx
+                        .send(Ok("{not a watch event\n".to_string()))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
                 Ok(Feed::DropWatches) | Err(_) => return,
             }
         }
@@ -343,6 +377,54 @@ async fn the_pod_table_follows_ready_pods_through_list_and_watch() {
         ],
         [Some(0), Some(3), Some(1)]
     );
+    watcher.abort();
+}
+
+fn discovery_errors(gw: &Gateway) -> f64 {
+    gw.shared()
+        .metrics_text()
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("kvgate_discovery_errors_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_lists_and_garbage_events_are_counted_and_the_watcher_recovers() {
+    let api = FakeApi::start().await;
+    api.put("vllm-a", "127.0.0.1", true);
+    api.fail_lists(2);
+    let gw = Gateway::start(ServeArgs {
+        listen: Some("127.0.0.1:0".parse().unwrap()),
+        admin_listen: Some("127.0.0.1:0".parse().unwrap()),
+        ..ServeArgs::default()
+    })
+    .await
+    .unwrap();
+    let url = format!("http://{}", api.addr).parse().unwrap();
+    let client = kube::Client::try_from(kube::Config::new(url)).unwrap();
+    let target = KubernetesTarget {
+        selector: SELECTOR.into(),
+        namespace: Some(NAMESPACE.into()),
+        target_port: 8000,
+    };
+    let watcher = tokio::spawn(kubernetes::run(gw.shared().clone(), client, target));
+    // Two 500s, then (after kube's backoff) the list succeeds.
+    wait_until("the pod, after two failed lists", || {
+        table(&gw) == ["http://127.0.0.1:8000"]
+    })
+    .await;
+    assert_eq!(discovery_errors(&gw), 2.0);
+    // A line that is not JSON in the watch stream: counted, then the watch resumes.
+    wait_until("a watch open", || api.watch_requests() > 0).await;
+    api.send_garbage();
+    wait_until("garbage counted", || discovery_errors(&gw) >= 3.0).await;
+    api.put("vllm-b", "127.0.0.2", true);
+    wait_until("a pod added after the garbage", || {
+        table(&gw) == ["http://127.0.0.1:8000", "http://127.0.0.2:8000"]
+    })
+    .await;
     watcher.abort();
 }
 
