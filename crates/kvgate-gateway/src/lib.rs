@@ -17,6 +17,7 @@
 //! | `config` | `GatewayConfig` from defaults, config file and flags |
 //! | `reload` | re-read the config file on change; keep the old one if invalid |
 //! | `pods` | the pod table, health, in-flight counters and their RAII guard |
+//! | `breaker` | a pod whose responses die mid-body N times in a row is avoided for a cooldown |
 //! | `scrape` | tolerant `/metrics` parser and the scrape loop |
 //! | `state` | what all tasks share; the core's state behind one mutex |
 //! | `proxy` | the HTTP handlers of the traffic listener, retries |
@@ -40,6 +41,7 @@
 pub mod admin;
 pub mod auth;
 pub mod body;
+pub mod breaker;
 pub mod capture;
 pub mod config;
 pub mod decisions;
