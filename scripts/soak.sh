@@ -11,6 +11,7 @@
 #   --down S     seconds a killed pod stays down (env SOAK_DOWN_S)         [default: 10]
 #   --out DIR    where logs, the trace and per-request records go          [default: target/soak]
 #   --debug      use a debug build (quicker to build; slower to run) instead of release
+#   --analyze-only  print the report of the run already in --out, without running
 # Ports: 127.0.0.1:$SOAK_PORT_BASE+0..7 (pods), +80 (gateway), +90 (admin); base 18100.
 # Needs: cargo, curl, python3 (standard library only). Builds `kvgate` first.
 set -euo pipefail
@@ -22,6 +23,7 @@ down_s=${SOAK_DOWN_S:-10}
 out=${SOAK_OUT:-target/soak}
 base=${SOAK_PORT_BASE:-18100}
 profile=release
+analyze_only=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --minutes) minutes=$2; shift 2 ;;
@@ -29,7 +31,8 @@ while [ $# -gt 0 ]; do
     --down) down_s=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --debug) profile=debug; shift ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    --analyze-only) analyze_only=1; shift ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
 done
@@ -45,8 +48,71 @@ fi
 pods=8
 gw_port=$((base + 80))
 admin_port=$((base + 90))
+
+# The report, from the files of a run in $out.
+analyze() {
+python3 - "$out" <<'EOF'
+import json, sys
+out = sys.argv[1]
+run = dict(l.split("=", 1) for l in open(f"{out}/run.txt").read().split())
+rss_start, rss_end = int(run["rss_start_kib"]), int(run["rss_end_kib"])
+minutes, rate, down_s, profile = run["minutes"], run["rate"], run["down_s"], run["profile"]
+RECOVER_MS = 5000
+reqs = [json.loads(l) for l in open(f"{out}/requests.jsonl") if l.strip()]
+faults = [tuple(int(x) for x in l.split()) for l in open(f"{out}/faults.tsv") if l.strip()]
+windows = [(k, r + RECOVER_MS) for _, k, r in faults]
+def in_window(r):
+    # The request's life [sent, sent + e2e] overlaps a failure window.
+    t0 = r["sent_unix_ms"]
+    t1 = t0 + r["e2e_ms"]
+    return any(t0 <= b and t1 >= a for a, b in windows)
+def p99(xs):
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(0.99 * len(xs)))]
+def p50(xs):
+    return sorted(xs)[len(xs) // 2] if xs else float("nan")
+ok = [r for r in reqs if r["error"] is None]
+failed = [r for r in reqs if r["error"] is not None]
+kinds = {}
+for r in failed:
+    kinds[r["error"]] = kinds.get(r["error"], 0) + 1
+steady = [r["ttft_ms"] for r in ok if r["ttft_ms"] is not None and not in_window(r)]
+during = [r["ttft_ms"] for r in ok if r["ttft_ms"] is not None and in_window(r)]
+sent_in = sum(1 for r in reqs if in_window(r))
+fail_in = sum(1 for r in failed if in_window(r))
+rss = [int(l.split()[1]) for l in open(f"{out}/rss.tsv") if len(l.split()) == 2]
+status = {}
+for line in open(f"{out}/gateway_metrics.txt"):
+    if line.startswith("kvgate_requests_total{"):
+        s = line.split('status="')[1].split('"')[0]
+        status[s] = status.get(s, 0) + float(line.rsplit(" ", 1)[1])
+def gauge(name):
+    return sum(float(l.rsplit(" ", 1)[1]) for l in open(f"{out}/gateway_metrics.txt")
+               if l.startswith(name + " "))
+retries = sum(float(l.rsplit(" ", 1)[1]) for l in open(f"{out}/gateway_metrics.txt")
+              if l.startswith("kvgate_retries_total"))
+print(f"soak ({profile} build): {minutes} min at {rate} req/s, 8 pods, {len(faults)} pod kills ({down_s} s down each)")
+print(f"requests sent {len(reqs)}, succeeded {len(ok)}, failed {len(failed)}"
+      + (" (" + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())) + ")" if kinds else ""))
+print(f"requests alive during a failure window (kill → restart + {RECOVER_MS // 1000} s): {sent_in}, failed {fail_in}")
+print(f"TTFT ms  steady: p50 {p50(steady):.1f} p99 {p99(steady):.1f} (n={len(steady)})"
+      f"  |  failure windows: p50 {p50(during):.1f} p99 {p99(during):.1f} (n={len(during)})")
+print(f"gateway RSS KiB: start {rss_start}, end {rss_end}, max sampled {max(rss) if rss else rss_end}"
+      f"; routed index at the end {int(gauge('kvgate_index_blocks'))} blocks,"
+      f" {gauge('kvgate_index_bytes') / 1024:.0f} KiB (bounded, ARCHITECTURE.md)")
+print("gateway kvgate_requests_total by status: "
+      + ", ".join(f"{k} {int(v)}" for k, v in sorted(status.items()))
+      + f"; retries {int(retries)}")
+EOF
+}
+if [ "$analyze_only" = 1 ]; then
+  analyze
+  exit 0
+fi
 mkdir -p "$out"
-rm -f "$out"/*.log "$out"/faults.tsv "$out"/rss.tsv "$out"/requests.jsonl "$out"/report.json
+rm -f "$out"/*.log "$out"/run.txt "$out"/faults.tsv "$out"/rss.tsv "$out"/requests.jsonl "$out"/report.json
 
 echo "== building kvgate ($profile)"
 if [ "$profile" = release ]; then
@@ -142,9 +208,9 @@ for m in $(seq 1 $((minutes - 1))); do
   while [ "$(now_ms)" -lt "$target" ]; do sleep 0.2; done
   kill -0 "$lg_pid" 2>/dev/null || break
   victim=$(( (m - 1) % pods ))
+  killed=$(now_ms)
   kill -KILL "${pod_pid[$victim]}" 2>/dev/null || true
   wait "${pod_pid[$victim]}" 2>/dev/null || true
-  killed=$(now_ms)
   sleep "$down_s"
   start_pod "$victim"
   wait_http "http://127.0.0.1:$((base + victim))/health" "pod $victim (restarted)"
@@ -158,49 +224,7 @@ wait "$lg_pid"
 lg_pid=""
 rss_end=$(rss_kib "$gw_pid")
 curl -fsS "http://127.0.0.1:$admin_port/metrics" >"$out/gateway_metrics.txt"
-
-python3 - "$out" "$rss_start" "$rss_end" "$minutes" "$rate" "$down_s" "$profile" <<'EOF'
-import json, sys
-out, rss_start, rss_end = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-minutes, rate, down_s, profile = sys.argv[4], sys.argv[5], sys.argv[6], sys.argv[7]
-RECOVER_MS = 5000
-reqs = [json.loads(l) for l in open(f"{out}/requests.jsonl") if l.strip()]
-faults = [tuple(int(x) for x in l.split()) for l in open(f"{out}/faults.tsv") if l.strip()]
-windows = [(k, r + RECOVER_MS) for _, k, r in faults]
-def in_window(t):
-    return any(a <= t <= b for a, b in windows)
-def p99(xs):
-    if not xs:
-        return float("nan")
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(0.99 * len(xs)))]
-def p50(xs):
-    return sorted(xs)[len(xs) // 2] if xs else float("nan")
-ok = [r for r in reqs if r["error"] is None]
-failed = [r for r in reqs if r["error"] is not None]
-kinds = {}
-for r in failed:
-    kinds[r["error"]] = kinds.get(r["error"], 0) + 1
-steady = [r["ttft_ms"] for r in ok if r["ttft_ms"] is not None and not in_window(r["sent_unix_ms"])]
-during = [r["ttft_ms"] for r in ok if r["ttft_ms"] is not None and in_window(r["sent_unix_ms"])]
-sent_in = sum(1 for r in reqs if in_window(r["sent_unix_ms"]))
-fail_in = sum(1 for r in failed if in_window(r["sent_unix_ms"]))
-rss = [int(l.split()[1]) for l in open(f"{out}/rss.tsv") if len(l.split()) == 2]
-status = {}
-for line in open(f"{out}/gateway_metrics.txt"):
-    if line.startswith("kvgate_requests_total{"):
-        s = line.split('status="')[1].split('"')[0]
-        status[s] = status.get(s, 0) + float(line.rsplit(" ", 1)[1])
-retries = sum(float(l.rsplit(" ", 1)[1]) for l in open(f"{out}/gateway_metrics.txt")
-              if l.startswith("kvgate_retries_total"))
-print(f"soak ({profile} build): {minutes} min at {rate} req/s, 8 pods, {len(faults)} pod kills ({down_s} s down each)")
-print(f"requests sent {len(reqs)}, succeeded {len(ok)}, failed {len(failed)}"
-      + (" (" + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())) + ")" if kinds else ""))
-print(f"failure windows (kill → restart + {RECOVER_MS // 1000} s): {sent_in} sent, {fail_in} failed")
-print(f"TTFT ms  steady: p50 {p50(steady):.1f} p99 {p99(steady):.1f} (n={len(steady)})"
-      f"  |  failure windows: p50 {p50(during):.1f} p99 {p99(during):.1f} (n={len(during)})")
-print(f"gateway RSS KiB: start {rss_start}, end {rss_end}, max sampled {max(rss) if rss else rss_end}")
-print("gateway kvgate_requests_total by status: "
-      + ", ".join(f"{k} {int(v)}" for k, v in sorted(status.items()))
-      + f"; retries {int(retries)}")
-EOF
+cat >"$out/run.txt" <<RUN
+minutes=$minutes rate=$rate down_s=$down_s profile=$profile rss_start_kib=$rss_start rss_end_kib=$rss_end
+RUN
+analyze
