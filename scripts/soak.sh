@@ -32,12 +32,16 @@ while [ $# -gt 0 ]; do
     --out) out=$2; shift 2 ;;
     --debug) profile=debug; shift ;;
     --analyze-only) analyze_only=1; shift ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
 done
 if ! [[ "$minutes" =~ ^[0-9]+$ ]] || [ "$minutes" -lt 1 ] || [ "$minutes" -gt 15 ]; then
   echo "--minutes must be 1..15 (the soak is bounded), got $minutes" >&2
+  exit 2
+fi
+if ! [[ "$rate" =~ ^[0-9]+([.][0-9]+)?$ ]] || [ "$rate" = 0 ]; then
+  echo "--rate must be a positive number, got $rate" >&2
   exit 2
 fi
 if ! [[ "$down_s" =~ ^[0-9]+$ ]] || [ "$down_s" -lt 1 ] || [ "$down_s" -ge 50 ]; then
