@@ -104,7 +104,7 @@ start_router() {
     kvgate-affinity-gate | kvgate-round-robin)
       local policy=${name#kvgate-}
       "$kvgate" serve --listen "127.0.0.1:$router_port" --admin-listen "127.0.0.1:$((router_port + 1))" \
-        --policy "$policy" $(pod_flags --pod) >"$log/$name.log" 2>&1 &
+        --policy "$policy" --shutdown-drain-ms 0 $(pod_flags --pod) >"$log/$name.log" 2>&1 &
       ;;
     sglang-cache-aware)
       [ $have_sglang = 1 ] || return 1

@@ -10,6 +10,13 @@
 //! request as an upstream error: a stream gets the same SSE error event and `[DONE]`, a whole
 //! body an error (the client sees the connection cut).
 //!
+//! The request timeout (`--request-timeout-ms`, from admission) ends the response the same way
+//! with code `request_timeout`, counted as `kvgate_upstream_timeouts_total{kind="request"}` and
+//! status `request_timeout`.
+//!
+//! Each ending feeds the pod's [`crate::breaker`]: dying mid-body (an upstream error or the
+//! idle-chunk timeout) is a failure, a normal end a success.
+//!
 //! Bound: a non-stream body is copied for its `usage` only up to [`MAX_USAGE_SCAN_BYTES`].
 
 use crate::errors::stream_error_event;
@@ -64,6 +71,7 @@ impl Tracker {
             Status::Ok if self.error_status => Status::UpstreamStatus,
             s => s,
         };
+        self.feed_breaker(status);
         let m = &self.shared.metrics;
         m.requests
             .get_or_create(&RequestLabels {
@@ -120,6 +128,38 @@ impl Tracker {
     }
 }
 
+impl Tracker {
+    /// Counts the ending in the pod's breaker; logs and counts a pod put in cooldown.
+    fn feed_breaker(&self, status: Status) {
+        let pod = self.guard.pod();
+        match status {
+            Status::Ok | Status::UpstreamStatus => pod.breaker.success(),
+            Status::UpstreamError => {
+                let cfg = self.shared.config();
+                let trip = pod.breaker.failure(
+                    Instant::now(),
+                    cfg.pod_failure_threshold,
+                    cfg.pod_failure_cooldown,
+                );
+                if let crate::breaker::Trip::Opened(n) = trip {
+                    self.shared
+                        .metrics
+                        .pod_cooldowns
+                        .get_or_create(&pod.label())
+                        .inc();
+                    tracing::warn!(
+                        pod = %pod.url,
+                        failures_in_a_row = n,
+                        cooldown_ms = cfg.pod_failure_cooldown.as_millis() as u64,
+                        "responses keep dying mid-body; pod avoided for the cooldown"
+                    );
+                }
+            }
+            Status::ClientAbort | Status::AttemptFailed | Status::RequestTimeout => {}
+        }
+    }
+}
+
 enum Mode {
     Stream(SseScanner),
     /// Whole-body response; copied (bounded) to read `usage`.
@@ -134,21 +174,35 @@ pub struct ObservedBody {
     idle_timeout: Duration,
     /// Fires when the pod was silent for `idle_timeout`; reset on every frame.
     idle: Pin<Box<tokio::time::Sleep>>,
+    /// The request timeout's deadline, and the timeout (for the message).
+    deadline: Pin<Box<tokio::time::Sleep>>,
+    request_timeout: Duration,
+}
+
+/// How long a response may go on: the pod's silence between frames, and the request's end.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyTimeouts {
+    /// Longest silence between two frames of the pod's body.
+    pub idle: Duration,
+    /// The request's deadline (admission + `request_timeout`).
+    pub deadline: tokio::time::Instant,
+    pub request_timeout: Duration,
 }
 
 impl ObservedBody {
     /// `stream`: the response is SSE; `strip_usage`: drop the usage chunk the gateway asked for.
-    /// `idle_timeout`: longest silence between two frames of the pod's body.
     pub fn new(
         inner: Incoming,
         tracker: Tracker,
         stream: bool,
         strip_usage: bool,
-        idle_timeout: Duration,
+        timeouts: BodyTimeouts,
     ) -> Self {
         ObservedBody {
-            idle_timeout,
-            idle: Box::pin(tokio::time::sleep(idle_timeout)),
+            idle_timeout: timeouts.idle,
+            idle: Box::pin(tokio::time::sleep(timeouts.idle)),
+            deadline: Box::pin(tokio::time::sleep_until(timeouts.deadline)),
+            request_timeout: timeouts.request_timeout,
             inner,
             tracker: Some(tracker),
             mode: if stream {
@@ -207,6 +261,25 @@ impl ObservedBody {
         }
     }
 
+    /// The request timeout is over: end the request, whatever the pod is doing.
+    fn request_timed_out(&mut self) -> Option<Result<Frame<Bytes>, axum::BoxError>> {
+        self.done = true;
+        if let Some(t) = &self.tracker {
+            t.shared
+                .metrics
+                .upstream_timeouts
+                .get_or_create(&crate::proxy::timeout_label("request"))
+                .inc();
+            tracing::warn!(request_id = %t.request_id, pod = %t.guard.pod().url, timeout_ms = self.request_timeout.as_millis() as u64, "request timeout; response ended");
+        }
+        self.finish(Status::RequestTimeout);
+        let err = crate::errors::request_timeout(self.request_timeout);
+        match self.mode {
+            Mode::Stream(_) => Some(Ok(Frame::data(crate::errors::stream_error(&err)))),
+            Mode::Whole(_) => Some(Err(err.message.into())),
+        }
+    }
+
     fn finish(&mut self, status: Status) {
         let usage = match &self.mode {
             Mode::Stream(s) => s.usage(),
@@ -229,6 +302,11 @@ impl Body for ObservedBody {
         let this = &mut *self;
         if this.done {
             return Poll::Ready(None);
+        }
+        // Checked on every poll (not only while the pod is silent), so that a pod streaming
+        // without pause is cut at the deadline too.
+        if this.deadline.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(this.request_timed_out());
         }
         loop {
             let Poll::Ready(next) = Pin::new(&mut this.inner).poll_frame(cx) else {

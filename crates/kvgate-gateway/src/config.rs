@@ -53,6 +53,16 @@ pub const DEFAULT_FIRST_BYTE_TIMEOUT_MS: u64 = 60_000;
 pub const DEFAULT_IDLE_CHUNK_TIMEOUT_MS: u64 = 60_000;
 /// Default longest prompt accepted (1 Mi tokens: above every served model's context today).
 pub const DEFAULT_MAX_PROMPT_TOKENS: u32 = 1 << 20;
+/// Default longest life of one request, from admission to its last byte (a 32k-token answer
+/// at 20 ms/token is about 11 minutes; 10 minutes covers the long generations of today's chats).
+pub const DEFAULT_REQUEST_TIMEOUT_MS: u64 = 600_000;
+/// Default pause on SIGTERM between `/readyz` turning 503 and the listener closing, so that load
+/// balancers polling readiness (typically every 1–5 s) stop sending new requests first.
+pub const DEFAULT_SHUTDOWN_DRAIN_MS: u64 = 5_000;
+/// Default number of responses in a row that die mid-body on one pod before it is avoided.
+pub const DEFAULT_POD_FAILURE_THRESHOLD: u32 = 3;
+/// Default time a pod is avoided after that many failures in a row.
+pub const DEFAULT_POD_FAILURE_COOLDOWN_MS: u64 = 10_000;
 
 #[derive(Debug, Error)]
 pub enum ConfigError {
@@ -255,6 +265,14 @@ pub struct GatewayConfig {
     pub idle_chunk_timeout: Duration,
     /// Longest prompt accepted, tokens; longer: 400.
     pub max_prompt_tokens: u32,
+    /// Longest life of one request, from admission to its last byte.
+    pub request_timeout: Duration,
+    /// `--shutdown-drain-ms`: pause between readiness turning false and the listener closing.
+    pub shutdown_drain: Duration,
+    /// Responses in a row dying mid-body on a pod before it is avoided (see [`crate::breaker`]).
+    pub pod_failure_threshold: u32,
+    /// How long such a pod is avoided.
+    pub pod_failure_cooldown: Duration,
 }
 
 impl GatewayConfig {
@@ -352,6 +370,22 @@ impl GatewayConfig {
             DEFAULT_IDLE_CHUNK_TIMEOUT_MS,
             "idle_chunk_timeout_ms",
         )?;
+        let request_timeout = positive_ms(
+            args.request_timeout_ms,
+            DEFAULT_REQUEST_TIMEOUT_MS,
+            "request_timeout_ms",
+        )?;
+        let pod_failure_cooldown = positive_ms(
+            args.pod_failure_cooldown_ms,
+            DEFAULT_POD_FAILURE_COOLDOWN_MS,
+            "pod_failure_cooldown_ms",
+        )?;
+        let pod_failure_threshold = args
+            .pod_failure_threshold
+            .unwrap_or(DEFAULT_POD_FAILURE_THRESHOLD);
+        if pod_failure_threshold == 0 {
+            return Err(ConfigError::NotPositive("pod_failure_threshold"));
+        }
         Ok(GatewayConfig {
             listen: args.listen.or(file.listen).unwrap_or(default_listen()),
             admin_listen: args
@@ -389,6 +423,12 @@ impl GatewayConfig {
                 .max_prompt_tokens
                 .or(file.max_prompt_tokens)
                 .unwrap_or(DEFAULT_MAX_PROMPT_TOKENS),
+            request_timeout,
+            shutdown_drain: Duration::from_millis(
+                args.shutdown_drain_ms.unwrap_or(DEFAULT_SHUTDOWN_DRAIN_MS),
+            ),
+            pod_failure_threshold,
+            pod_failure_cooldown,
         })
     }
 
@@ -454,6 +494,10 @@ mod tests {
         assert!(c.api_keys.is_empty());
         assert!(!c.forward_authorization);
         assert_eq!(c.max_prompt_tokens, 1 << 20);
+        assert_eq!(c.request_timeout, Duration::from_secs(600));
+        assert_eq!(c.shutdown_drain, Duration::from_secs(5));
+        assert_eq!(c.pod_failure_threshold, 3);
+        assert_eq!(c.pod_failure_cooldown, Duration::from_secs(10));
         assert!(c.response_headers);
     }
 

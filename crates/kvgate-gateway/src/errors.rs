@@ -56,12 +56,31 @@ impl ApiError {
 /// The SSE event sent to a streaming client when the pod fails mid-stream, followed by
 /// `[DONE]` so that clients end the stream cleanly.
 pub fn stream_error_event(message: &str) -> bytes::Bytes {
-    let err = ApiError {
+    stream_error(&ApiError {
         status: StatusCode::BAD_GATEWAY,
         kind: "upstream_error",
         code: "upstream_stream_error",
         message: message.to_string(),
         param: None,
-    };
+    })
+}
+
+/// The error of the gateway's request timeout: 504 before any response, or the SSE event
+/// (code `request_timeout`) that ends a stream.
+pub fn request_timeout(timeout: std::time::Duration) -> ApiError {
+    ApiError {
+        status: StatusCode::GATEWAY_TIMEOUT,
+        kind: "timeout_error",
+        code: "request_timeout",
+        message: format!(
+            "the request ran longer than the gateway's limit of {} ms",
+            timeout.as_millis()
+        ),
+        param: None,
+    }
+}
+
+/// `err` as the last SSE events of a stream: the error, then `[DONE]`.
+pub fn stream_error(err: &ApiError) -> bytes::Bytes {
     bytes::Bytes::from(format!("data: {}\n\ndata: [DONE]\n\n", err.body_json()))
 }

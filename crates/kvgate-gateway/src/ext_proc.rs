@@ -134,7 +134,8 @@ impl ExternalProcessor for ExtProc {
 
 /// Serves the ext_proc service (and gRPC health: `""`, `liveness`, `readiness` and the
 /// ext_proc service name) on `listener` until the task is aborted. When `stop` turns true
-/// (graceful shutdown), `""` and `readiness` report NOT_SERVING, so Envoy stops sending.
+/// (graceful shutdown: the drain begins), `""` and `readiness` report NOT_SERVING, so Envoy stops
+/// sending.
 pub async fn serve(
     shared: Arc<Shared>,
     listener: tokio::net::TcpListener,

@@ -19,6 +19,7 @@
 //! | `reload` | re-read the config file on change; keep the old one if invalid |
 //! | `discovery` | `--discovery`: static, or `kubernetes` (feature `k8s`: watch ready Pods by label, keep them in the pod table) |
 //! | `pods` | the pod table, health, in-flight counters and their RAII guard |
+//! | `breaker` | a pod whose responses die mid-body N times in a row is avoided for a cooldown |
 //! | `scrape` | tolerant `/metrics` parser and the scrape loop |
 //! | `state` | what all tasks share; the core's state behind one mutex |
 //! | `proxy` | the HTTP handlers of the traffic listener, retries |
@@ -42,6 +43,7 @@
 pub mod admin;
 pub mod auth;
 pub mod body;
+pub mod breaker;
 pub mod capture;
 pub mod config;
 pub mod decisions;

@@ -25,6 +25,8 @@ pub enum Status {
     ClientAbort,
     /// Connect error or 5xx before any byte reached the client; retried elsewhere or 502.
     AttemptFailed,
+    /// The gateway's request timeout (`--request-timeout-ms`) ended the response.
+    RequestTimeout,
 }
 
 impl Status {
@@ -35,6 +37,7 @@ impl Status {
             Status::UpstreamError => "upstream_error",
             Status::ClientAbort => "client_abort",
             Status::AttemptFailed => "attempt_failed",
+            Status::RequestTimeout => "request_timeout",
         }
     }
 }
@@ -52,7 +55,8 @@ pub struct ReasonLabel {
     pub reason: String,
 }
 
-/// `kind`: `first_byte` (no response headers in time) or `idle_chunk` (silence mid-body).
+/// `kind`: `first_byte` (no response headers in time), `idle_chunk` (silence mid-body) or
+/// `request` (the total request timeout).
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TimeoutLabel {
     pub kind: String,
@@ -88,6 +92,8 @@ pub struct Metrics {
     pub index_blocks: Gauge,
     pub index_bytes: Gauge,
     pub scrape_errors: Family<PodLabel, Counter>,
+    /// Times a pod was put in a failure cooldown ([`crate::breaker`]).
+    pub pod_cooldowns: Family<PodLabel, Counter>,
     pub scrape_skipped_lines: Family<PodLabel, Counter>,
     pub config_reload_errors: Counter,
     /// `--discovery kubernetes`: watch errors (the watcher retries with backoff).
@@ -139,6 +145,7 @@ impl Metrics {
             index_blocks: Gauge::default(),
             index_bytes: Gauge::default(),
             scrape_errors: Family::default(),
+            pod_cooldowns: Family::default(),
             scrape_skipped_lines: Family::default(),
             config_reload_errors: Counter::default(),
             discovery_errors: Counter::default(),
@@ -267,6 +274,11 @@ impl Metrics {
             "index_bytes",
             "Upper bound of the routed prefix index's memory, bytes",
             self.index_bytes.clone(),
+        );
+        r.register(
+            "pod_cooldowns",
+            "Times a pod was avoided for a cooldown after responses died mid-body in a row, by pod",
+            self.pod_cooldowns.clone(),
         );
         r.register(
             "scrape_errors",

@@ -32,6 +32,8 @@ pub struct Pod {
     pub class: String,
     /// False after a failed scrape or connection error; true again after a successful scrape.
     pub healthy: AtomicBool,
+    /// Responses dying mid-body: the pod is avoided for a cooldown even while it scrapes fine.
+    pub breaker: crate::breaker::Breaker,
     /// Set when a reload removed the pod; its scrape loop stops.
     pub removed: AtomicBool,
     scraped: Mutex<Scraped>,
@@ -73,6 +75,7 @@ impl Pod {
             url: url.trim_end_matches('/').to_string(),
             class: class.to_string(),
             healthy: AtomicBool::new(false),
+            breaker: crate::breaker::Breaker::default(),
             removed: AtomicBool::new(false),
             scraped: Mutex::new(Scraped {
                 kv_blocks: default_kv_blocks,
@@ -88,8 +91,9 @@ impl Pod {
         }
     }
 
+    /// Scraped fine, no connection error since, and not in a failure cooldown.
     pub fn is_healthy(&self) -> bool {
-        self.healthy.load(Ordering::Relaxed)
+        self.healthy.load(Ordering::Relaxed) && !self.breaker.is_open(std::time::Instant::now())
     }
 
     /// `base url + path_and_query` as a URI.

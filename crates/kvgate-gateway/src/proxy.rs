@@ -9,6 +9,11 @@
 //! - `GET /v1/models`: the union of the healthy pods' model lists.
 //! - Any other `/v1/*`: the least-loaded healthy pod, passed through.
 //!
+//! - Timeouts: a pod that sends no response headers within `first_byte_timeout` is retried
+//!   elsewhere; the request timeout (`request_timeout`, from admission) bounds the whole
+//!   request: 408 while the client is still sending the body, 504 before the pod answered, then
+//!   an SSE error event (see [`crate::body`]). It is not retried.
+//!
 //! Bounds: request bodies up to `max_body_bytes` (413 beyond); the rest is per request.
 
 use crate::body::{ObservedBody, Tracker};
@@ -449,7 +454,8 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
     let (parts, body) = req.into_parts();
     let rid = request_id(&parts.headers);
     let cfg = shared.config().clone();
-    let body = match read_body(body, cfg.max_body_bytes).await {
+    let deadline = tokio::time::Instant::now() + cfg.request_timeout;
+    let body = match read_body_until(body, cfg.max_body_bytes, deadline).await {
         Ok(b) => b,
         Err(e) => return reject(&shared, e, &rid),
     };
@@ -574,8 +580,15 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
             Ok(r) => r,
             Err(e) => return reject(&shared, upstream_failed(e), &rid),
         };
-        let answer = tokio::time::timeout(cfg.first_byte_timeout, shared.client.request(up)).await;
+        let wait = cfg
+            .first_byte_timeout
+            .min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+        let answer = tokio::time::timeout(wait, shared.client.request(up)).await;
         let Ok(answer) = answer else {
+            if tokio::time::Instant::now() >= deadline {
+                drop(guard);
+                return request_timed_out(&shared, &cfg, &pod, &rid);
+            }
             shared
                 .metrics
                 .upstream_timeouts
@@ -628,7 +641,7 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
                     tracker,
                     stream,
                     strip_usage,
-                    cfg.idle_chunk_timeout,
+                    body_timeouts(&cfg, deadline),
                 )));
                 *resp.status_mut() = parts_up.status;
                 *resp.headers_mut() = headers;
@@ -652,6 +665,55 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
         }
     }
     reject(&shared, upstream_failed(last_failure), &rid)
+}
+
+fn body_timeouts(
+    cfg: &crate::config::GatewayConfig,
+    deadline: tokio::time::Instant,
+) -> crate::body::BodyTimeouts {
+    crate::body::BodyTimeouts {
+        idle: cfg.idle_chunk_timeout,
+        deadline,
+        request_timeout: cfg.request_timeout,
+    }
+}
+
+/// The request timeout ran out before the pod answered: 504, counted as a `request` timeout.
+fn request_timed_out(
+    shared: &Shared,
+    cfg: &crate::config::GatewayConfig,
+    pod: &Pod,
+    rid: &str,
+) -> Response {
+    shared
+        .metrics
+        .upstream_timeouts
+        .get_or_create(&timeout_label("request"))
+        .inc();
+    tracing::warn!(request_id = %rid, pod = %pod.url, "request timeout before the pod answered");
+    reject(
+        shared,
+        crate::errors::request_timeout(cfg.request_timeout),
+        rid,
+    )
+}
+
+/// [`read_body`], or 408 when the client has not sent the whole body by `deadline`.
+async fn read_body_until(
+    body: Body,
+    limit: usize,
+    deadline: tokio::time::Instant,
+) -> Result<Bytes, ApiError> {
+    match tokio::time::timeout_at(deadline, read_body(body, limit)).await {
+        Ok(read) => read,
+        Err(_) => Err(ApiError {
+            status: StatusCode::REQUEST_TIMEOUT,
+            kind: "invalid_request_error",
+            code: "body_timeout",
+            message: "the request body did not arrive within the request timeout".into(),
+            param: None,
+        }),
+    }
 }
 
 fn attempt_failed(shared: &Shared, pod: &Pod, policy: &str, branch: &str) {
@@ -759,7 +821,8 @@ pub async fn passthrough(State(shared): State<Arc<Shared>>, req: Request) -> Res
     let (parts, body) = req.into_parts();
     let rid = request_id(&parts.headers);
     let cfg = shared.config().clone();
-    let body = match read_body(body, cfg.max_body_bytes).await {
+    let deadline = tokio::time::Instant::now() + cfg.request_timeout;
+    let body = match read_body_until(body, cfg.max_body_bytes, deadline).await {
         Ok(b) => b,
         Err(e) => return reject(&shared, e, &rid),
     };
@@ -791,8 +854,14 @@ pub async fn passthrough(State(shared): State<Arc<Shared>>, req: Request) -> Res
         Err(e) => return reject(&shared, upstream_failed(e), &rid),
     };
     let guard = InFlightGuard::new(pod.clone(), 0);
-    let answer = tokio::time::timeout(cfg.first_byte_timeout, shared.client.request(up)).await;
+    let wait = cfg
+        .first_byte_timeout
+        .min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+    let answer = tokio::time::timeout(wait, shared.client.request(up)).await;
     let Ok(answer) = answer else {
+        if tokio::time::Instant::now() >= deadline {
+            return request_timed_out(&shared, &cfg, &pod, &rid);
+        }
         shared
             .metrics
             .upstream_timeouts
@@ -840,7 +909,7 @@ pub async fn passthrough(State(shared): State<Arc<Shared>>, req: Request) -> Res
                 tracker,
                 false,
                 false,
-                cfg.idle_chunk_timeout,
+                body_timeouts(&cfg, deadline),
             )));
             *resp.status_mut() = parts_up.status;
             *resp.headers_mut() = headers;

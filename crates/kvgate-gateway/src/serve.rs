@@ -110,6 +110,24 @@ pub struct ServeArgs {
     /// With --discovery kubernetes: the model server's port on each Pod [default: 8000].
     #[arg(long, value_name = "PORT")]
     pub target_port: Option<u16>,
+    /// Longest life of one request, from admission to its last byte; then a stream ends with an
+    /// SSE error event (`request_timeout`), a request without response yet gets 504
+    /// [default: 600000].
+    #[arg(long, value_name = "MS")]
+    pub request_timeout_ms: Option<u64>,
+    /// On SIGTERM/Ctrl-C, how long /readyz answers 503 while requests are still accepted, before
+    /// the listener closes, so that load balancers notice; a second signal skips it
+    /// [default: 5000].
+    #[arg(long, value_name = "MS")]
+    pub shutdown_drain_ms: Option<u64>,
+    /// Responses in a row dying mid-body (connection reset, truncated, silent past the idle-chunk
+    /// timeout) on one pod before the pod is avoided for the cooldown [default: 3].
+    #[arg(long, value_name = "N")]
+    pub pod_failure_threshold: Option<u32>,
+    /// How long a pod is avoided after `--pod-failure-threshold` failures in a row, even while
+    /// its /metrics answers [default: 10000].
+    #[arg(long, value_name = "MS")]
+    pub pod_failure_cooldown_ms: Option<u64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -144,6 +162,8 @@ pub struct Gateway {
     traffic_task: Option<JoinHandle<()>>,
     /// Tells the traffic listener to stop accepting.
     stop: tokio::sync::watch::Sender<bool>,
+    /// Turns the ext_proc gRPC readiness NOT_SERVING (with `/readyz` 503) when draining begins.
+    draining: tokio::sync::watch::Sender<bool>,
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
@@ -247,11 +267,12 @@ impl Gateway {
                 tracing::error!(error = %e, "traffic listener stopped");
             }
         });
+        let (draining, _) = tokio::sync::watch::channel(false);
         if let Some((listener, _)) = ext_proc {
             tasks.push(tokio::spawn(crate::ext_proc::serve(
                 shared.clone(),
                 listener,
-                stop.subscribe(),
+                draining.subscribe(),
             )));
         }
         let admin_app = crate::admin::admin_router(shared.clone());
@@ -268,14 +289,40 @@ impl Gateway {
             tasks,
             traffic_task: Some(traffic_task),
             stop,
+            draining,
         })
     }
 
-    /// Graceful shutdown: `/readyz` (and the ext_proc gRPC readiness) turns 503 first, then the traffic listener stops accepting
+    /// The first step of a graceful shutdown: `/readyz` answers 503 and the ext_proc gRPC
+    /// readiness turns NOT_SERVING, while the traffic listener still accepts and serves, so
+    /// that load balancers polling readiness stop sending before it closes. Idempotent.
+    pub fn begin_drain(&self) {
+        self.shared.shutting_down.store(true, Ordering::Release);
+        let _ = self.draining.send(true);
+    }
+
+    /// Graceful shutdown after a drain pause: [`Gateway::begin_drain`], then `drain` (cut short
+    /// when `skip` completes, e.g. a second signal), then [`Gateway::shutdown`] with `grace`.
+    pub async fn drain_and_shutdown(
+        self,
+        drain: std::time::Duration,
+        grace: std::time::Duration,
+        skip: impl std::future::Future<Output = ()>,
+    ) {
+        self.begin_drain();
+        tokio::select! {
+            _ = tokio::time::sleep(drain) => {}
+            _ = skip => tracing::info!("drain pause cut short"),
+        }
+        self.shutdown(grace).await;
+    }
+
+    /// Graceful shutdown: `/readyz` (and the ext_proc gRPC readiness) turns 503 first (see
+    /// [`Gateway::begin_drain`]), then the traffic listener stops accepting
     /// (idle keep-alive connections are closed) while in-flight requests, streams included,
     /// may finish for up to `grace`; then every task of the gateway stops.
     pub async fn shutdown(mut self, grace: std::time::Duration) {
-        self.shared.shutting_down.store(true, Ordering::Release);
+        self.begin_drain();
         let _ = self.stop.send(true);
         if let Some(task) = self.traffic_task.take() {
             let abort = task.abort_handle();
@@ -337,12 +384,13 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
         eprintln!("kvgate ext_proc (Envoy endpoint picker) on grpc://{addr}");
     }
     stop_signal().await;
-    let grace = cfg.shutdown_grace;
+    let (drain, grace) = (cfg.shutdown_drain, cfg.shutdown_grace);
     eprintln!(
-        "kvgate: shutting down (in-flight requests may finish for {} ms)",
+        "kvgate: shutting down: /readyz 503 and still serving for {} ms (a second signal skips this), then in-flight requests may finish for {} ms",
+        drain.as_millis(),
         grace.as_millis()
     );
-    gw.shutdown(grace).await;
+    gw.drain_and_shutdown(drain, grace, stop_signal()).await;
     Ok(())
 }
 

@@ -331,3 +331,149 @@ async fn oversized_request_headers_get_431() {
     );
     assert_eq!(pod.requests(), 0);
 }
+
+#[tokio::test]
+async fn the_request_timeout_ends_a_long_stream_with_a_clean_error_event() {
+    // 40 chunks 50 ms apart: about 2 s of stream, cut at 400 ms.
+    let pod = FakePod::start(Behavior::Normal {
+        chunks: 40,
+        delay_ms: 50,
+    })
+    .await;
+    let mut a = args(&[&pod]);
+    a.request_timeout_ms = Some(400);
+    let gw = kvgate_gateway::Gateway::start(a).await.unwrap();
+    let t0 = std::time::Instant::now();
+    let r = send(
+        &client(),
+        post(&gw, "/v1/chat/completions", &chat_body("a", true)),
+    )
+    .await;
+    assert_eq!(r.status, http::StatusCode::OK);
+    assert!(t0.elapsed() < std::time::Duration::from_millis(1500));
+    let text = r.text();
+    assert!(text.contains("tok1 "), "{text}");
+    assert!(text.contains("\"code\":\"request_timeout\""), "{text}");
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    assert_idle(&gw, &[&pod]).await;
+    let shared = gw.shared().clone();
+    eventually("the upstream stream is cancelled", || {
+        pod.state
+            .active_streams
+            .load(std::sync::atomic::Ordering::SeqCst)
+            == 0
+    })
+    .await;
+    let m = shared.metrics_text().unwrap();
+    assert!(
+        m.contains("kvgate_upstream_timeouts_total{kind=\"request\"} 1"),
+        "{m}"
+    );
+    assert!(m.contains("status=\"request_timeout\"} 1"), "{m}");
+    // The gateway's own timeout is not the pod's failure.
+    assert_eq!(gw.pod_healthy(&pod.url), Some(true));
+}
+
+#[tokio::test]
+async fn the_request_timeout_before_any_response_gives_504_without_retry() {
+    let hung = FakePod::start(Behavior::Hang).await;
+    let other = FakePod::start(Behavior::Hang).await;
+    let mut a = args(&[&hung, &other]);
+    a.request_timeout_ms = Some(300);
+    let gw = kvgate_gateway::Gateway::start(a).await.unwrap();
+    let t0 = std::time::Instant::now();
+    let r = send(
+        &client(),
+        post(&gw, "/v1/chat/completions", &chat_body("a", false)),
+    )
+    .await;
+    assert_eq!(r.status, http::StatusCode::GATEWAY_TIMEOUT);
+    assert!(t0.elapsed() < std::time::Duration::from_secs(2));
+    assert_eq!(r.json()["error"]["code"], "request_timeout");
+    assert_eq!(hung.requests() + other.requests(), 1, "not retried");
+    assert_idle(&gw, &[&hung, &other]).await;
+    let m = gw.shared().metrics_text().unwrap();
+    assert!(
+        m.contains("kvgate_rejected_requests_total{reason=\"request_timeout\"} 1"),
+        "{m}"
+    );
+}
+
+#[tokio::test]
+async fn the_drain_keeps_serving_with_readiness_false_then_the_listener_closes() {
+    let pod = FakePod::start(Behavior::Normal {
+        chunks: 2,
+        delay_ms: 1,
+    })
+    .await;
+    let gw = gateway(&[&pod]).await;
+    let (traffic, admin) = (gw.traffic_addr, gw.admin_addr);
+    let drain = std::time::Duration::from_millis(800);
+    let t0 = std::time::Instant::now();
+    let shutdown = tokio::spawn(gw.drain_and_shutdown(
+        drain,
+        std::time::Duration::from_secs(5),
+        std::future::pending(),
+    ));
+    let readyz = || {
+        http::Request::get(format!("http://{admin}/readyz"))
+            .body(Default::default())
+            .unwrap()
+    };
+    let mut ready = http::StatusCode::OK;
+    for _ in 0..100 {
+        ready = send(&client(), readyz()).await.status;
+        if ready == http::StatusCode::SERVICE_UNAVAILABLE {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert_eq!(ready, http::StatusCode::SERVICE_UNAVAILABLE);
+    // Within the drain, a new connection is still accepted and served.
+    let req = http::Request::post(format!("http://{traffic}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(chat_body(
+            "during drain",
+            false,
+        ))))
+        .unwrap();
+    let r = send(&client(), req).await;
+    assert_eq!(r.status, http::StatusCode::OK);
+    assert!(t0.elapsed() < drain, "served within the drain");
+    tokio::time::timeout(std::time::Duration::from_secs(5), shutdown)
+        .await
+        .expect("shutdown ends after the drain")
+        .unwrap();
+    assert!(
+        t0.elapsed() >= drain,
+        "the listener stayed open for the drain"
+    );
+    assert!(tokio::net::TcpStream::connect(traffic).await.is_err());
+}
+
+#[tokio::test]
+async fn a_second_signal_cuts_the_drain_short() {
+    let pod = FakePod::start(Behavior::Normal {
+        chunks: 2,
+        delay_ms: 1,
+    })
+    .await;
+    let gw = gateway(&[&pod]).await;
+    let traffic = gw.traffic_addr;
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let t0 = std::time::Instant::now();
+    let shutdown = tokio::spawn(gw.drain_and_shutdown(
+        std::time::Duration::from_secs(30),
+        std::time::Duration::from_secs(5),
+        async move {
+            let _ = rx.await;
+        },
+    ));
+    tx.send(()).unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(5), shutdown)
+        .await
+        .expect("the skipped drain does not wait 30 s")
+        .unwrap();
+    assert!(t0.elapsed() < std::time::Duration::from_secs(5));
+    assert!(tokio::net::TcpStream::connect(traffic).await.is_err());
+}

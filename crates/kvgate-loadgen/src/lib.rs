@@ -17,7 +17,8 @@
 //!   Δ`vllm:prefix_cache_hits_total` / Δ`vllm:prefix_cache_queries_total` over the run, read from
 //!   every `--pod-metrics` URL (default: the target's own `/metrics`, which works when the target
 //!   is a pod).
-//! - **Report.** A summary on stdout; `--json FILE` writes [`LoadgenReport`], whose keys are those
+//! - **Report.** A summary on stdout; `--requests-jsonl FILE` one line per request (send time,
+//!   TTFT, e2e, error kind); `--json FILE` writes [`LoadgenReport`], whose keys are those
 //!   of `kvgate sim --json`'s runs where they overlap (`requests`, `completed`, `ttft_ms`,
 //!   `tpot_ms`, `e2e_ms` with `mean/p50/p90/p99`, `prefix_hit_rate`, `output_tok_per_s`).
 //!
@@ -82,6 +83,10 @@ pub struct LoadgenArgs {
     /// Write the report as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Write one JSON line per request, in send order: `id`, `sent_unix_ms` (wall clock when it
+    /// was sent), `ttft_ms`, `e2e_ms`, `output_tokens`, `error` (kind, or null).
+    #[arg(long, value_name = "FILE")]
+    pub requests_jsonl: Option<PathBuf>,
     /// No progress bar and no summary.
     #[arg(long)]
     pub quiet: bool,
@@ -137,6 +142,8 @@ pub struct LoadgenReport {
 /// The outcome of one request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Outcome {
+    /// When it was sent, ms after the run's first send slot (set by the replay loop).
+    pub sent_ms: f64,
     pub ttft_ms: Option<f64>,
     pub e2e_ms: f64,
     pub output_tokens: u64,
@@ -212,6 +219,7 @@ pub async fn run(args: LoadgenArgs) -> Result<LoadgenReport, LoadgenError> {
         stream: args.stream,
         timeout: Duration::from_secs_f64(args.timeout_s),
     });
+    let run_unix_ms = unix_ms_now();
     let (outcomes, lags, makespan_s, input_tokens_sent) =
         replay(&ctx, &requests, args.max_concurrency, &bar).await;
     bar.finish_and_clear();
@@ -238,6 +246,9 @@ pub async fn run(args: LoadgenArgs) -> Result<LoadgenReport, LoadgenError> {
     if !args.quiet {
         print_summary(&report);
     }
+    if let Some(path) = &args.requests_jsonl {
+        write_requests_jsonl(path, &requests, &outcomes, run_unix_ms)?;
+    }
     if let Some(path) = &args.json {
         let text = serde_json::to_string_pretty(&report).unwrap_or_else(|_| "{}".into());
         std::fs::write(path, text).map_err(|source| LoadgenError::Write {
@@ -246,6 +257,46 @@ pub async fn run(args: LoadgenArgs) -> Result<LoadgenReport, LoadgenError> {
         })?;
     }
     Ok(report)
+}
+
+fn unix_ms_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64() * 1e3)
+        .unwrap_or(0.0)
+}
+
+/// One JSON line per request (`--requests-jsonl`), for time-resolved analysis (e.g. p99 TTFT
+/// inside and outside fault windows in `scripts/soak.sh`).
+pub fn requests_jsonl(requests: &[Planned], outcomes: &[Outcome], run_unix_ms: f64) -> String {
+    let mut out = String::new();
+    for (r, o) in requests.iter().zip(outcomes) {
+        let line = json!({
+            "id": r.id,
+            "sent_unix_ms": (run_unix_ms + o.sent_ms).round(),
+            "ttft_ms": o.ttft_ms,
+            "e2e_ms": o.e2e_ms,
+            "output_tokens": o.output_tokens,
+            "error": o.error,
+        });
+        out.push_str(&line.to_string());
+        out.push('\n');
+    }
+    out
+}
+
+fn write_requests_jsonl(
+    path: &std::path::Path,
+    requests: &[Planned],
+    outcomes: &[Outcome],
+    run_unix_ms: f64,
+) -> Result<(), LoadgenError> {
+    std::fs::write(path, requests_jsonl(requests, outcomes, run_unix_ms)).map_err(|source| {
+        LoadgenError::Write {
+            path: path.display().to_string(),
+            source,
+        }
+    })
 }
 
 async fn first_model(client: &reqwest::Client, target: &str) -> Result<String, LoadgenError> {
@@ -299,8 +350,10 @@ async fn replay(
         lags.push(due.elapsed().as_secs_f64() * 1e3);
         input_tokens += u64::from(r.input_tokens);
         let (ctx, r, bar) = (ctx.clone(), r.clone(), bar.clone());
+        let sent_ms = start.elapsed().as_secs_f64() * 1e3;
         tasks.spawn(async move {
-            let out = send_one(&ctx, &r).await;
+            let mut out = send_one(&ctx, &r).await;
+            out.sent_ms = sent_ms;
             drop(permit);
             bar.inc(1);
             if let Some(e) = &out.error {
@@ -322,6 +375,7 @@ async fn replay(
         .into_iter()
         .map(|o| {
             o.unwrap_or(Outcome {
+                sent_ms: 0.0,
                 ttft_ms: None,
                 e2e_ms: 0.0,
                 output_tokens: 0,
@@ -364,6 +418,7 @@ async fn send_one(ctx: &SendContext, r: &Planned) -> Outcome {
     let body = request_body(&ctx.model, &r.prompt(), r.output_tokens, ctx.stream);
     let start = Instant::now();
     let fail = |kind: String, start: Instant| Outcome {
+        sent_ms: 0.0,
         ttft_ms: None,
         e2e_ms: start.elapsed().as_secs_f64() * 1e3,
         output_tokens: 0,
@@ -392,6 +447,7 @@ async fn send_one(ctx: &SendContext, r: &Planned) -> Outcome {
     };
     match result {
         Ok((ttft_ms, tokens)) => Outcome {
+            sent_ms: 0.0,
             ttft_ms,
             e2e_ms: start.elapsed().as_secs_f64() * 1e3,
             output_tokens: tokens,

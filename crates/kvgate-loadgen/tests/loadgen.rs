@@ -31,9 +31,31 @@ async fn loadgen_against_a_mock_pod_completes_every_request_and_writes_sim_keys(
         .unwrap();
     let trace = mooncake_trace("pod");
     let json = trace.with_extension("report.json");
+    let per_request = trace.with_extension("requests.jsonl");
     let mut a = args(pods[0].url(), trace.clone());
     a.json = Some(json.clone());
+    a.requests_jsonl = Some(per_request.clone());
+    let before_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as f64;
     let report = kvgate_loadgen::run(a).await.unwrap();
+    // One line per request, in send order, with wall-clock send times and the same TTFTs.
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&per_request)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 12);
+    let sent: Vec<f64> = lines
+        .iter()
+        .map(|l| l["sent_unix_ms"].as_f64().unwrap())
+        .collect();
+    assert!(sent[0] >= before_ms - 1.0, "{} < {before_ms}", sent[0]);
+    assert!(sent.windows(2).all(|w| w[0] <= w[1]), "{sent:?}");
+    assert!(lines.iter().all(|l| l["error"].is_null()));
+    assert!(lines.iter().all(|l| l["ttft_ms"].as_f64().unwrap() > 0.0));
+    let _ = std::fs::remove_file(per_request);
     assert_eq!(report.requests, 12);
     assert_eq!(report.completed, 12, "errors: {:?}", report.errors);
     assert!(report.errors.is_empty());

@@ -126,3 +126,78 @@ async fn a_pod_with_garbage_metrics_is_still_served_and_the_lines_are_counted() 
     assert!(skipped > 0.0, "{m}");
     assert_idle(&gw, &[&pod]).await;
 }
+
+/// Streams to `gw` until one ends; true when it ended with the gateway's upstream error event.
+async fn stream_died(c: &reqwest::Client, gw: &Gateway) -> bool {
+    let text = c
+        .post(format!("http://{}/v1/completions", gw.traffic_addr))
+        .json(&completion(true))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .expect("the client's stream ends cleanly");
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    text.contains("\"code\":\"upstream_stream_error\"")
+}
+
+fn metric_sum(gw: &Gateway, prefix: &str) -> f64 {
+    gw.shared()
+        .metrics_text()
+        .unwrap()
+        .lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_whose_streams_keep_dying_is_avoided_for_the_cooldown_while_its_metrics_answer() {
+    let bad = mock_pod(Faults {
+        fail_after_tokens: Some(2),
+        ..Faults::default()
+    })
+    .await;
+    let good = mock_pod(Faults::default()).await;
+    let mut args = gateway_args(&[&bad, &good]);
+    args.policy = Some("round-robin".into());
+    args.pod_failure_threshold = Some(2);
+    args.pod_failure_cooldown_ms = Some(1500);
+    let gw = Gateway::start(args).await.unwrap();
+    let c = reqwest::Client::new();
+    // Round robin alternates: two of four streams go to the bad pod and die; the second trips it.
+    let mut died = 0;
+    for _ in 0..4 {
+        died += u32::from(stream_died(&c, &gw).await);
+    }
+    assert_eq!(died, 2);
+    assert_eq!(gw.pod_healthy(&bad.url()), Some(false));
+    let cooled = format!("kvgate_pod_cooldowns_total{{pod=\"{}\"}}", bad.url());
+    assert_eq!(metric_sum(&gw, &cooled), 1.0);
+    // Its /metrics still answers, and the gateway still scrapes it without error.
+    let metrics = c
+        .get(format!("{}/metrics", bad.url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(metrics.status(), 200);
+    assert_eq!(metric_sum(&gw, "kvgate_scrape_errors_total{"), 0.0);
+    // While cooling down, every stream goes to the good pod.
+    for _ in 0..4 {
+        assert!(!stream_died(&c, &gw).await);
+    }
+    // After the cooldown the pod is tried again; one more failure sends it back at once.
+    wait_until("the cooldown ends", || {
+        gw.pod_healthy(&bad.url()) == Some(true)
+    })
+    .await;
+    let mut died = 0;
+    for _ in 0..2 {
+        died += u32::from(stream_died(&c, &gw).await);
+    }
+    assert_eq!(died, 1);
+    assert_eq!(gw.pod_healthy(&bad.url()), Some(false));
+    assert_eq!(metric_sum(&gw, &cooled), 2.0);
+    assert_idle(&gw, &[&bad, &good]).await;
+}

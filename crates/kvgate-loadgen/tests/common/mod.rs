@@ -49,6 +49,7 @@ pub fn args(target: String, trace: PathBuf) -> LoadgenArgs {
         pod_metrics: Vec::new(),
         timeout_s: 60.0,
         json: None,
+        requests_jsonl: None,
         quiet: true,
     }
 }
