@@ -4,7 +4,8 @@
 //!
 //! Built in: OpenAI's `cl100k_base` BPE from `tiktoken-rs` (ranks embedded in the crate, no
 //! download), encoded "ordinary" (special-token text such as `<|endoftext|>` is plain text).
-//! Loading a model's `tokenizer.json` (`--tokenizer`) is not implemented yet.
+//! A model's own `tokenizer.json` (`kvgate serve --tokenizer`) is loaded by the gateway
+//! (`kvgate_gateway::tokenizer`), which keeps the Hugging Face `tokenizers` crate out of the core.
 
 use tiktoken_rs::CoreBPE;
 

@@ -32,6 +32,7 @@
 //! | `decisions` | the bounded `/debug/decisions` ring |
 //! | `admin` | the admin listener |
 //! | `ext_proc` | `--ext-proc-listen`: Envoy ext_proc endpoint picker (GAIE protocol), same decision code |
+//! | `tokenizer` | token mode's tokenizer: built-in cl100k or `--tokenizer tokenizer.json` (HF `tokenizers`, pure Rust) |
 //! | `capture` | `--capture FILE`: served requests as Mooncake JSONL (no text), for replay |
 //! | `serve` | `ServeArgs`, `Gateway::start`, `serve` |
 //!
@@ -60,6 +61,7 @@ pub mod scrape;
 pub mod serve;
 pub mod sse;
 pub mod state;
+pub mod tokenizer;
 
 pub use config::GatewayConfig;
 pub use serve::{Gateway, ServeArgs, ServeError, init_tracing, init_tracing_with_default, serve};

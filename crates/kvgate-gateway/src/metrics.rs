@@ -102,6 +102,8 @@ pub struct Metrics {
     pub discovered_pods: Gauge,
     /// `--capture` records dropped because the writer fell behind (0 without `--capture`).
     pub capture_dropped: Counter,
+    /// Prompts the `--tokenizer` could not encode (they score cold).
+    pub tokenizer_errors: Counter,
     /// Requests holding a slot of the traffic listener.
     pub active_requests: Gauge,
     /// Requests waiting for a slot.
@@ -151,6 +153,7 @@ impl Metrics {
             discovery_errors: Counter::default(),
             discovered_pods: Gauge::default(),
             capture_dropped: Counter::default(),
+            tokenizer_errors: Counter::default(),
             active_requests: Gauge::default(),
             queued_requests: Gauge::default(),
             pod_healthy: Family::default(),
@@ -309,6 +312,11 @@ impl Metrics {
             "capture_dropped",
             "Captured requests not written because the capture writer fell behind",
             self.capture_dropped.clone(),
+        );
+        r.register(
+            "tokenizer_errors",
+            "Prompts the --tokenizer could not encode in token mode (scored cold)",
+            self.tokenizer_errors.clone(),
         );
         r.register(
             "active_requests",

@@ -40,7 +40,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 const INLINE_TOKENIZE_BYTES: usize = 4096;
 
 /// Token mode (`--index engine`): the prompt's blocks as the pods cut them, i.e. the rendered
-/// prompt tokenized with the pods' tokenizer (the built-in cl100k, as the mock pod) in blocks of
+/// prompt tokenized with the pods' tokenizer (`--tokenizer`, else the built-in cl100k, as the
+/// mock pod; an encoding error gives no tokens, counted and logged) in blocks of
 /// the pods' `vllm:cache_config_info` block size (first pod that reported one; else the
 /// router's `block_size_tokens`). Returns the prompt's token count.
 async fn token_mode_blocks(
@@ -49,21 +50,31 @@ async fn token_mode_blocks(
     parsed: &kvgate_core::request::ParsedRequest,
     blocks: &mut Vec<kvgate_core::BlockHash>,
 ) -> u32 {
+    use crate::tokenizer::GatewayTokenizer;
     use kvgate_core::request::Prompt;
     use kvgate_core::tokenizer::PromptTokenizer;
-    let tokenizer = PromptTokenizer::cl100k();
+    let tokenizer = shared
+        .tokenizer
+        .get()
+        .cloned()
+        .unwrap_or_else(|| GatewayTokenizer::Cl100k(PromptTokenizer::cl100k()));
     let encoded;
     let tokens: &[u32] = match &parsed.prompt {
         Prompt::Tokens(t) => t,
-        Prompt::Text(text) if text.len() <= INLINE_TOKENIZE_BYTES => {
-            encoded = tokenizer.encode(text);
-            &encoded
-        }
         Prompt::Text(text) => {
-            let text = text.clone();
-            encoded = tokio::task::spawn_blocking(move || tokenizer.encode(&text))
-                .await
-                .unwrap_or_default();
+            let result = if text.len() <= INLINE_TOKENIZE_BYTES {
+                tokenizer.encode(text)
+            } else {
+                let text = text.clone();
+                tokio::task::spawn_blocking(move || tokenizer.encode(&text))
+                    .await
+                    .unwrap_or_else(|e| Err(e.to_string()))
+            };
+            encoded = result.unwrap_or_else(|why| {
+                shared.metrics.tokenizer_errors.inc();
+                tracing::warn!(why = %why, "tokenizer failed on a prompt; it scores cold");
+                Vec::new()
+            });
             &encoded
         }
     };

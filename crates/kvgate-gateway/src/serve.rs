@@ -32,6 +32,11 @@ pub struct ServeArgs {
     /// routed fallback for pods without live events) [default: routed].
     #[arg(long, value_enum)]
     pub index: Option<crate::config::IndexKind>,
+    /// The served model's tokenizer.json for token mode (`--index engine`), so prompts are cut
+    /// into the same token blocks as the pods' KV events; read at start [default: the built-in
+    /// cl100k, the mock pod's].
+    #[arg(long, value_name = "FILE")]
+    pub tokenizer: Option<PathBuf>,
     /// Config file (TOML, or YAML with a .yaml/.yml extension); reloaded when it changes.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -144,6 +149,8 @@ pub enum ServeError {
         path: String,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Tokenizer(#[from] crate::tokenizer::TokenizerError),
     #[error("the traffic and admin listeners must differ ({0})")]
     SameListener(SocketAddr),
     #[error(transparent)]
@@ -182,6 +189,7 @@ impl Gateway {
         if args.discovery == Some(crate::discovery::DiscoveryKind::Kubernetes) {
             return Err(crate::discovery::DiscoveryError::NotBuilt.into());
         }
+        let tokenizer = crate::tokenizer::GatewayTokenizer::load(args.tokenizer.as_deref())?;
         if config.listen == config.admin_listen && config.listen.port() != 0 {
             return Err(ServeError::SameListener(config.listen));
         }
@@ -207,6 +215,8 @@ impl Gateway {
         };
         let ext_proc_addr = ext_proc.as_ref().map(|(_, a)| *a);
         let shared = Shared::new(config.clone());
+        let tokenizer_name = tokenizer.describe();
+        let _ = shared.tokenizer.set(tokenizer);
         if let Some(path) = &args.capture {
             let capture =
                 crate::capture::Capture::open(path, shared.metrics.capture_dropped.clone())
@@ -227,7 +237,8 @@ impl Gateway {
         let mut tasks = Vec::new();
         if shared.config().index == crate::config::IndexKind::Engine {
             tracing::info!(
-                "engine index: token mode with the built-in cl100k tokenizer; pods without live KV events use the routed index"
+                tokenizer = %tokenizer_name,
+                "engine index: token mode; pods without live KV events use the routed index"
             );
         }
         for pod in pods {

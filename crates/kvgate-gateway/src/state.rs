@@ -43,6 +43,8 @@ pub struct Shared {
     pub metrics: Metrics,
     pub decisions: DecisionLog,
     pub client: UpstreamClient,
+    /// Token mode's tokenizer (`--tokenizer FILE`, else the built-in cl100k), set at start.
+    pub tokenizer: std::sync::OnceLock<crate::tokenizer::GatewayTokenizer>,
     /// `--capture FILE`, when given.
     pub capture: std::sync::OnceLock<Arc<crate::capture::Capture>>,
     /// Slots and queue of the traffic listener (sized at start).
@@ -81,6 +83,7 @@ impl Shared {
             metrics: Metrics::new(),
             client,
             capture: std::sync::OnceLock::new(),
+            tokenizer: std::sync::OnceLock::new(),
             shutting_down: std::sync::atomic::AtomicBool::new(false),
             discovered: Mutex::new(Vec::new()),
         })

@@ -266,3 +266,77 @@ async fn subscriber_follows_python_publisher_through_gaps_restarts_and_garbage()
         .set_stale(PodId(0), false);
     assert_eq!(matched(&gw, 300..316), 1);
 }
+
+/// A word-level `tokenizer.json` (`w0`…`w63` are ids 0…63, whitespace splits words), written
+/// under the system temp dir: a stand-in for a model's tokenizer that cl100k does not match.
+fn word_level_tokenizer_json() -> PathBuf {
+    let mut vocab: serde_json::Map<String, Value> =
+        (0..64u32).map(|i| (format!("w{i}"), i.into())).collect();
+    vocab.insert("[UNK]".into(), 64.into());
+    let json = json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null,
+        "decoder": null, "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"}
+    });
+    let path = std::env::temp_dir().join(format!(
+        "kvgate-kv-events-{}-tokenizer.json",
+        std::process::id()
+    ));
+    std::fs::write(&path, json.to_string()).unwrap();
+    path
+}
+
+/// `--tokenizer FILE`: the gateway cuts a text prompt with the model's tokenizer.json, so the
+/// blocks the publisher reports by token ids (0…31) match the prompt `w0 w1 … w39` (40 tokens:
+/// two full blocks), which the built-in cl100k would tokenize differently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tokenizer_json_makes_text_prompts_match_the_events_token_blocks() {
+    let path = word_level_tokenizer_json();
+    let (mut publisher, pub_port, replay_port) = Publisher::start();
+    let pod = FakePod::start_with_model(
+        Behavior::Normal {
+            chunks: 1,
+            delay_ms: 0,
+        },
+        MODEL,
+    )
+    .await;
+    let mut args = common::args(&[&pod]);
+    args.pod = vec![format!(
+        "{},events=tcp://127.0.0.1:{pub_port},replay=tcp://127.0.0.1:{replay_port},model={MODEL}",
+        pod.url
+    )];
+    args.index = Some(IndexKind::Engine);
+    args.tokenizer = Some(path.clone());
+    let gw = Gateway::start(args).await.unwrap();
+    tokio::task::block_in_place(|| publisher.wait_line("subscribed"));
+    tokio::task::block_in_place(|| {
+        publisher.send(
+            "send",
+            0,
+            "map",
+            "map",
+            json!([stored(&[101, 102], None, 0..32)]),
+        );
+    });
+    common::eventually("stored blocks indexed", || matched(&gw, 0..32) == 2).await;
+
+    let prompt: Vec<String> = (0..40).map(|i| format!("w{i}")).collect();
+    let prompt = prompt.join(" ");
+    assert_ne!(
+        kvgate_core::tokenizer::PromptTokenizer::cl100k().encode(&prompt),
+        (0..40).collect::<Vec<u32>>()
+    );
+    let body = json!({"model": MODEL, "prompt": prompt, "max_tokens": 1}).to_string();
+    let resp = common::send(
+        &common::client(),
+        common::post(&gw, "/v1/completions", &body),
+    )
+    .await;
+    assert_eq!(resp.status, 200);
+    let decisions = gw.shared().decisions.snapshot();
+    let last = decisions.last().expect("a decision");
+    assert_eq!(last.decision.pods.len(), 1);
+    assert_eq!(last.decision.pods[0].prefix_score, 1.0);
+    std::fs::remove_file(path).unwrap();
+}

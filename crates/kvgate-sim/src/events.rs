@@ -18,9 +18,10 @@
 //!   change the decisions' random draws). Like the gateway, the router notices a loss only when
 //!   the pod's next batch arrives (its sequence number jumps). Then, by `recovery`:
 //!   - `replay` (default; what the gateway does against vLLM or the mock pod, whose replay
-//!     buffers hold 10,000 batches): the missing batches are fetched and applied, in order,
-//!     before the batch that revealed the gap. A loss only delays a batch until the pod's next
-//!     one.
+//!     buffers hold [`REPLAY_BUFFER_BATCHES`] = 10,000 batches): the missing batches are fetched
+//!     and applied, in order, before the batch that revealed the gap. A loss only delays a batch
+//!     until the pod's next one. A gap longer than the buffer cannot be replayed: it is handled
+//!     as `stale`.
 //!   - `stale` (the replay fails): the pod's entries are cleared and the pod is **stale** for
 //!     `stale_rebuild_ms` (default 30,000, the gateway's `STALE_REBUILD`): its score comes from
 //!     the routed index (kept warm with every decision, as the gateway's hybrid index does)
@@ -40,7 +41,7 @@
 //! Engine view: per pod ≤ its KV blocks (a pod never caches more; the view is a
 //! `RoutedIndex` with that capacity, so even lost removals cannot grow it). Batches in flight:
 //! those published in the last `delay_ms` (each ≤ the blocks a step touches); lost batches held
-//! for replay: those since the pod's last delivered batch.
+//! for replay: those since the pod's last delivered batch, ≤ [`REPLAY_BUFFER_BATCHES`] per pod.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -53,6 +54,9 @@ use rand::{RngExt, SeedableRng};
 use serde::Serialize;
 
 use crate::engine::KvEvent;
+
+/// Batches a pod's replay buffer holds (vLLM's `buffer_steps` default, the mock pod's buffer).
+pub const REPLAY_BUFFER_BATCHES: usize = 10_000;
 
 /// The gateway's `STALE_REBUILD` (30 s), in ms.
 pub const DEFAULT_STALE_REBUILD_MS: f64 = 30_000.0;
@@ -157,6 +161,8 @@ pub struct EventIndex {
     /// Per pod: lost batches not yet noticed (replayed, or dropped for `stale`, when the pod's
     /// next batch arrives).
     lost: Vec<Vec<Batch>>,
+    /// Per pod: the current gap outgrew the replay buffer.
+    unreplayable: Vec<bool>,
     in_flight: VecDeque<Batch>,
     rng: ChaCha8Rng,
     /// Time of the last `advance`.
@@ -180,6 +186,7 @@ impl EventIndex {
             routed,
             stale_until: vec![None; capacities.len()],
             lost: (0..capacities.len()).map(|_| Vec::new()).collect(),
+            unreplayable: vec![false; capacities.len()],
             in_flight: VecDeque::new(),
             rng: ChaCha8Rng::seed_from_u64(seed ^ LOSS_SEED_SALT),
             now_ms: 0.0,
@@ -246,24 +253,32 @@ impl EventIndex {
         if batch.lost {
             self.report.lost_batches += 1;
             if let Some(held) = self.lost.get_mut(pod) {
+                if held.len() >= REPLAY_BUFFER_BATCHES {
+                    // The pod's replay buffer no longer holds the start of this gap.
+                    held.clear();
+                    if let Some(u) = self.unreplayable.get_mut(pod) {
+                        *u = true;
+                    }
+                }
                 held.push(batch);
             }
             return;
         }
+        let unreplayable = self.unreplayable.get_mut(pod).is_some_and(std::mem::take);
         let missed = self
             .lost
             .get_mut(pod)
             .map(std::mem::take)
             .unwrap_or_default();
         if !missed.is_empty() {
-            match self.config.recovery {
-                LossRecovery::Replay => {
+            match (self.config.recovery, unreplayable) {
+                (LossRecovery::Replay, false) => {
                     self.report.replayed_batches += missed.len() as u64;
                     for b in &missed {
                         self.apply(b);
                     }
                 }
-                LossRecovery::Stale => {
+                _ => {
                     self.report.stale_episodes += 1;
                     self.clear_engine_view(batch.pod);
                     if let Some(s) = self.stale_until.get_mut(pod) {
@@ -612,6 +627,26 @@ mod tests {
         assert!(index.is_live(PodId(0)));
         assert_eq!(matched(&index, &[1]), vec![0, 0]);
         assert_eq!(matched(&index, &[3]), vec![1, 0]);
+    }
+
+    #[test]
+    fn a_gap_longer_than_the_replay_buffer_is_handled_as_stale_and_held_batches_stay_bounded() {
+        let mut index = EventIndex::new(engine_config(0.0, 1.0, LossRecovery::Replay), &[8], 1);
+        let n = REPLAY_BUFFER_BATCHES as u64 + 1;
+        for i in 0..n {
+            index.publish(0, i as f64, &stored(i));
+            index.advance(i as f64);
+            assert!(index.lost[0].len() <= REPLAY_BUFFER_BATCHES);
+        }
+        index.config.loss = 0.0;
+        index.publish(0, n as f64, &stored(n));
+        index.advance(n as f64);
+        let r = index.report();
+        assert_eq!(
+            (r.lost_batches, r.replayed_batches, r.stale_episodes),
+            (n, 0, 1)
+        );
+        assert!(!index.is_live(PodId(0)));
     }
 
     #[test]
