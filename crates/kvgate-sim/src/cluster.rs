@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, BinaryHeap};
 use kvgate_core::decision::Branch;
 use kvgate_core::index::PrefixIndex;
 use kvgate_core::index::routed::RoutedIndex;
-use kvgate_core::policy::PolicyKind;
+use kvgate_core::policy::{PolicyKind, RequestSlo};
 use kvgate_core::predictor::{Features, LatencyPredictor, PredictorConfig};
 use kvgate_core::{DecisionRng, PodId, PodSnapshot, Router, RouterConfig};
 use rand::SeedableRng;
@@ -56,6 +56,11 @@ pub struct ClusterConfig {
     pub seed: u64,
     /// Multiplies the workload's arrival rate (arrival times are divided by it).
     pub rate_scale: f64,
+    /// Latency objectives every request carries (none by default). The run reports goodput
+    /// against them; with `slo_routing` the router decides with them
+    /// (`Router::decide_with_slo`, the gateway's `x-slo-*` headers).
+    pub slo: RequestSlo,
+    pub slo_routing: bool,
 }
 
 impl ClusterConfig {
@@ -72,6 +77,8 @@ impl ClusterConfig {
             predictor: PredictorConfig::default(),
             seed,
             rate_scale: 1.0,
+            slo: RequestSlo::default(),
+            slo_routing: true,
         }
     }
 
@@ -149,6 +156,8 @@ impl Cluster {
                 PodSnapshot::idle(i, class, kv_blocks)
             })
             .collect();
+        let mut recorder = RunRecorder::new(pods as usize, requests);
+        recorder.set_slo(config.slo);
         Cluster {
             router: Router::new(config.router, config.policy),
             predictor: LatencyPredictor::new(config.predictor.clone()),
@@ -159,7 +168,7 @@ impl Cluster {
             in_flight: vec![None; requests],
             steps: BinaryHeap::new(),
             busy: vec![false; pods as usize],
-            recorder: RunRecorder::new(pods as usize, requests),
+            recorder,
             config: config.clone(),
         }
     }
@@ -214,6 +223,7 @@ impl Cluster {
             .sum();
         let mut metrics = self.recorder.finish(&engines, self.predictor.accuracy());
         metrics.in_flight_left = leaked;
+        metrics.gate_state = self.router.gate_state();
         metrics
     }
 
@@ -228,14 +238,27 @@ impl Cluster {
     }
 
     fn arrive(&mut self, r: &SimRequest, now: f64) {
-        let decision = match self.router.decide(
-            &r.blocks,
-            r.input_tokens,
-            &self.snapshots,
-            &self.index,
-            &self.predictor,
-            &mut self.rng,
-        ) {
+        let decided = if self.config.slo_routing && self.config.slo != RequestSlo::default() {
+            self.router.decide_with_slo(
+                &r.blocks,
+                r.input_tokens,
+                self.config.slo,
+                &self.snapshots,
+                &self.index,
+                &self.predictor,
+                &mut self.rng,
+            )
+        } else {
+            self.router.decide(
+                &r.blocks,
+                r.input_tokens,
+                &self.snapshots,
+                &self.index,
+                &self.predictor,
+                &mut self.rng,
+            )
+        };
+        let decision = match decided {
             Ok(d) => d,
             Err(_) => {
                 self.recorder.rejected(r.id);

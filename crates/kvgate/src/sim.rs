@@ -85,6 +85,16 @@ pub struct SimArgs {
     /// '{"affinity_gate_tau": 0.9}'.
     #[arg(long)]
     router_config: Option<String>,
+    /// A TTFT objective every request carries (as the gateway's `x-slo-ttft-ms`): the router
+    /// decides in SLO mode and the table gains goodput (share of requests meeting every SLO).
+    #[arg(long)]
+    slo_ttft_ms: Option<f64>,
+    /// A TPOT objective every request carries (as `x-slo-tpot-ms`).
+    #[arg(long)]
+    slo_tpot_ms: Option<f64>,
+    /// Measure goodput against --slo-* but route without them (the baseline of SLO routing).
+    #[arg(long)]
+    no_slo_routing: bool,
     /// Worker threads (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -248,6 +258,13 @@ pub fn run(args: SimArgs) -> Result<()> {
         )?,
         None => RouterConfig::default(),
     };
+    let slo = kvgate_core::policy::RequestSlo {
+        ttft_ms: args.slo_ttft_ms,
+        tpot_ms: args.slo_tpot_ms,
+    };
+    if slo.sanitized() != slo {
+        bail!("--slo-ttft-ms / --slo-tpot-ms must be finite and > 0");
+    }
     let (workload, requests) = load_workload(&args)?;
 
     let mut configs = Vec::new();
@@ -263,6 +280,8 @@ pub fn run(args: SimArgs) -> Result<()> {
                     scrape_interval_ms: args.scrape_interval,
                     router,
                     rate_scale,
+                    slo,
+                    slo_routing: !args.no_slo_routing,
                     predictor: kvgate_core::predictor::PredictorConfig {
                         kv_shortfall_feature: !args.no_kv_shortfall,
                         ..Default::default()
@@ -381,9 +400,22 @@ fn print_table(workload: &Workload, pods: u32, fleet: &str, runs: &[RunMetrics])
         "gate e/x/n/l",
         "mape%"
     );
+    let extras = |r: &RunMetrics| {
+        let mut out = String::new();
+        if let Some(g) = r.slo_goodput {
+            out.push_str(&format!("  good% {:.1}", g * 100.0));
+        }
+        if let Some(g) = r.gate_state.filter(|g| g.tau_auto || g.epsilon_auto) {
+            out.push_str(&format!(
+                "  tau {:.2} eps {:.3}",
+                g.affinity_gate_tau, g.epsilon_explore_sticky
+            ));
+        }
+        out
+    };
     for r in runs {
         println!(
-            "{:<19} {:>5} {:>4} {:>6} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>7.2} {:>6.1} {:>8.0} {:>5.1} {:>5.2} {:>7} {:>21} {:>6.1}",
+            "{:<19} {:>5} {:>4} {:>6} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>7.2} {:>6.1} {:>8.0} {:>5.1} {:>5.2} {:>7} {:>21} {:>6.1}{}",
             r.policy,
             r.rate_scale,
             r.seed,
@@ -403,6 +435,7 @@ fn print_table(workload: &Workload, pods: u32, fleet: &str, runs: &[RunMetrics])
                 r.gate.explore, r.gate.exploit, r.gate.no_sticky, r.gate.load_break
             ),
             r.predictor.ttft_mape * 100.0,
+            extras(r),
         );
     }
 }
