@@ -35,7 +35,8 @@
 //! - Start value: 0.80 (the fixed default) until the first recomputation.
 //!
 //! Memory: `AUTO_TAU_BINS` f64 per router. No clock and no RNG: the sequence of τ depends only
-//! on the sequence of decisions.
+//! on the sequence of decisions. The state lives in the router's gate: a new router (the
+//! gateway rebuilds it when a config reload changes the router section) starts again at 0.80.
 
 pub const AUTO_TAU_BINS: usize = 100;
 pub const AUTO_TAU_PERIOD: u32 = 256;
