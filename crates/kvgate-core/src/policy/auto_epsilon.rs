@@ -25,6 +25,10 @@
 //!   accuracy aim).
 //! - `AUTO_EPSILON_ERROR_BAD` = 0.50: full boost at 50 % MAPE and above.
 //!
+//! Measured (EVALUATION.md §8): neutral on chat and shared-prefix A, harmful on Mooncake at
+//! rate scale 4, where the predictor's error is high *because* the fleet is loaded and extra
+//! exploring tipped two of three seeds into growing queues. Not the default.
+//!
 //! State: two numbers; no clock, no RNG (the gate's one draw per decision is unchanged).
 
 pub const AUTO_EPSILON_FLOOR: f64 = 0.01;
