@@ -3,10 +3,13 @@
 //! - `decision/full/{16,64,256}`: one full decision — parse-free hashing of a 32,000-character
 //!   prompt, prefix match over the routed index, predict for every pod, affinity gate — with
 //!   the request's prefix cached on a quarter of the pods and a trained predictor.
+//! - `decision/full/auto_tau_epsilon/64`: the same with `affinity_gate_tau` and
+//!   `epsilon_explore_sticky` set to `"auto"`, to compare with `decision/full/64`.
 //! - `index/record_routed_500_blocks`: recording one routed request of 500 blocks.
 //! - `predictor/predict`, `predictor/observe`: one prediction / one training sample.
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use kvgate_core::config::GateSetting;
 use kvgate_core::index::PrefixIndex;
 use kvgate_core::index::routed::RoutedIndex;
 use kvgate_core::policy::PolicyKind;
@@ -80,19 +83,36 @@ fn bench_decision(c: &mut Criterion) {
             hasher.hash_text(seed, &prompt(8_000, 100 + p.id.0 as u64), &mut other);
             index.record_routed(p.id, &other);
         }
-        let mut router = Router::new(RouterConfig::default(), PolicyKind::AffinityGate);
-        let mut rng = DecisionRng::seed_from_u64(1);
-        let mut scratch = Vec::with_capacity(1024);
-        group.bench_function(BenchmarkId::from_parameter(pods_n), |b| {
-            b.iter(|| {
-                scratch.clear();
-                hasher.hash_text(seed, black_box(&text), &mut scratch);
-                let d = router
-                    .decide(&scratch, 8000, &pods, &index, &predictor, &mut rng)
-                    .unwrap();
-                black_box(d.pod_id)
-            })
-        });
+        // The default gate, and the same with τ and ε "auto" (histogram + Otsu every 256
+        // decisions, ε update, predictor error read every 128): their cost side by side.
+        let auto = RouterConfig {
+            affinity_gate_tau: GateSetting::Auto,
+            epsilon_explore_sticky: GateSetting::Auto,
+            ..RouterConfig::default()
+        };
+        for (name, config) in [("fixed", RouterConfig::default()), ("auto", auto)] {
+            if name == "auto" && pods_n != 64 {
+                continue;
+            }
+            let mut router = Router::new(config, PolicyKind::AffinityGate);
+            let mut rng = DecisionRng::seed_from_u64(1);
+            let mut scratch = Vec::with_capacity(1024);
+            let id = if name == "fixed" {
+                BenchmarkId::from_parameter(pods_n)
+            } else {
+                BenchmarkId::new("auto_tau_epsilon", pods_n)
+            };
+            group.bench_function(id, |b| {
+                b.iter(|| {
+                    scratch.clear();
+                    hasher.hash_text(seed, black_box(&text), &mut scratch);
+                    let d = router
+                        .decide(&scratch, 8000, &pods, &index, &predictor, &mut rng)
+                        .unwrap();
+                    black_box(d.pod_id)
+                })
+            });
+        }
     }
     group.finish();
 }

@@ -9,6 +9,9 @@
 //! specified in DESIGN.md §2 (kept forever as the specification and the baseline); `default` is
 //! kvgate's recommended gate, chosen by the measurements in EVALUATION.md. Keys given explicitly
 //! override the profile's values.
+//!
+//! `affinity_gate_tau` and `epsilon_explore_sticky` take a number or `"auto"` ([`GateSetting`]):
+//! `auto` lets the gate choose the value online (`policy/auto_tau.rs`, `policy/auto_epsilon.rs`).
 
 use crate::blocks::{DEFAULT_BLOCK_SIZE_TOKENS, DEFAULT_CHARS_PER_TOKEN};
 use crate::index::DEFAULT_POD_CAPACITY_BLOCKS;
@@ -42,6 +45,60 @@ pub enum ExploreMode {
     RandomIfNoSticky,
 }
 
+/// The seed's τ (llm-d's `affinityGateTau`); also where `affinity_gate_tau = "auto"` starts.
+pub const DEFAULT_AFFINITY_GATE_TAU: f64 = 0.80;
+/// The seed's ε (llm-d's `epsilonExploreSticky`); also the floor of `epsilon_explore_sticky =
+/// "auto"`.
+pub const DEFAULT_EPSILON_EXPLORE_STICKY: f64 = 0.01;
+
+/// A gate parameter given as a number, or `"auto"`: chosen online by the gate.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum GateSetting {
+    Fixed(f64),
+    Auto,
+}
+
+impl GateSetting {
+    pub fn is_auto(self) -> bool {
+        self == GateSetting::Auto
+    }
+
+    /// The fixed value, or `auto_start` (the value `auto` starts from).
+    pub fn value_or(self, auto_start: f64) -> f64 {
+        match self {
+            GateSetting::Fixed(v) => v,
+            GateSetting::Auto => auto_start,
+        }
+    }
+}
+
+impl Serialize for GateSetting {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            GateSetting::Fixed(v) => s.serialize_f64(*v),
+            GateSetting::Auto => s.serialize_str("auto"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for GateSetting {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Number(f64),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Number(v) => Ok(GateSetting::Fixed(v)),
+            Raw::Text(t) if t == "auto" => Ok(GateSetting::Auto),
+            Raw::Text(t) => Err(serde::de::Error::custom(format!(
+                "expected a number or \"auto\", got {t:?}"
+            ))),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RouterConfig {
@@ -49,12 +106,14 @@ pub struct RouterConfig {
     #[serde(alias = "gateProfile")]
     pub gate_profile: GateProfile,
     // ---- affinity gate (DESIGN.md §2; defaults from llm-d's predicted-latency scorer) ----
-    /// Pods whose prefix score is strictly above this are sticky. Default 0.80.
+    /// Pods whose prefix score is strictly above this are sticky. Default 0.80; `"auto"`:
+    /// Otsu's threshold of the observed best-pod scores (`policy/auto_tau.rs`).
     #[serde(alias = "affinityGateTau")]
-    pub affinity_gate_tau: f64,
-    /// Probability of skipping the gate and considering every pod. Default 0.01.
+    pub affinity_gate_tau: GateSetting,
+    /// Probability of skipping the gate and considering every pod. Default 0.01; `"auto"`:
+    /// raised after pods join and while the predictor is inaccurate (`policy/auto_epsilon.rs`).
     #[serde(alias = "epsilonExploreSticky")]
-    pub epsilon_explore_sticky: f64,
+    pub epsilon_explore_sticky: GateSetting,
     /// Break affinity when the best sticky pod's predicted TTFT exceeds the best pod's by more
     /// than this. Default 5000 ms; 0 disables the load gate (as upstream).
     #[serde(alias = "affinityMaxTTFTPenaltyMs", alias = "affinityMaxTtftPenaltyMs")]
@@ -132,8 +191,8 @@ impl RouterConfig {
     pub fn for_profile(profile: GateProfile) -> Self {
         let base = RouterConfig {
             gate_profile: GateProfile::Seed,
-            affinity_gate_tau: 0.80,
-            epsilon_explore_sticky: 0.01,
+            affinity_gate_tau: GateSetting::Fixed(DEFAULT_AFFINITY_GATE_TAU),
+            epsilon_explore_sticky: GateSetting::Fixed(DEFAULT_EPSILON_EXPLORE_STICKY),
             affinity_max_ttft_penalty_ms: 5000.0,
             affinity_relative_penalty: 0.0,
             affinity_relative_slack_ms: 0.0,
@@ -235,18 +294,22 @@ impl RouterConfig {
             }
         }
         let unit = |v: f64| (0.0..=1.0).contains(&v);
-        check(
-            "affinity_gate_tau",
-            self.affinity_gate_tau,
-            unit(self.affinity_gate_tau),
-            "0 <= tau <= 1",
-        )?;
-        check(
-            "epsilon_explore_sticky",
-            self.epsilon_explore_sticky,
-            unit(self.epsilon_explore_sticky),
-            "0 <= epsilon <= 1",
-        )?;
+        if let GateSetting::Fixed(tau) = self.affinity_gate_tau {
+            check(
+                "affinity_gate_tau",
+                tau,
+                unit(tau),
+                "0 <= tau <= 1, or \"auto\"",
+            )?;
+        }
+        if let GateSetting::Fixed(epsilon) = self.epsilon_explore_sticky {
+            check(
+                "epsilon_explore_sticky",
+                epsilon,
+                unit(epsilon),
+                "0 <= epsilon <= 1, or \"auto\"",
+            )?;
+        }
         check(
             "affinity_max_ttft_penalty_ms",
             self.affinity_max_ttft_penalty_ms,
@@ -358,8 +421,8 @@ mod tests {
     #[test]
     fn defaults_are_the_documented_ones() {
         let c = RouterConfig::seed();
-        assert_eq!(c.affinity_gate_tau, 0.80);
-        assert_eq!(c.epsilon_explore_sticky, 0.01);
+        assert_eq!(c.affinity_gate_tau, GateSetting::Fixed(0.80));
+        assert_eq!(c.epsilon_explore_sticky, GateSetting::Fixed(0.01));
         assert_eq!(c.affinity_max_ttft_penalty_ms, 5000.0);
         assert_eq!(c.block_size_tokens, 16);
         assert_eq!(c.lru_capacity_per_server, 31_250);
@@ -372,9 +435,39 @@ mod tests {
             "affinityGateTau": 0.9, "epsilonExploreSticky": 0.0, "affinityMaxTTFTPenaltyMs": 100
         }))
         .unwrap();
-        assert_eq!(c.affinity_gate_tau, 0.9);
-        assert_eq!(c.epsilon_explore_sticky, 0.0);
+        assert_eq!(c.affinity_gate_tau, GateSetting::Fixed(0.9));
+        assert_eq!(c.epsilon_explore_sticky, GateSetting::Fixed(0.0));
         assert_eq!(c.affinity_max_ttft_penalty_ms, 100.0);
+    }
+
+    #[test]
+    fn auto_is_accepted_for_tau_and_epsilon_in_both_spellings() {
+        let c = RouterConfig::from_json(&json!({
+            "affinity_gate_tau": "auto", "epsilon_explore_sticky": "auto"
+        }))
+        .unwrap();
+        assert_eq!(c.affinity_gate_tau, GateSetting::Auto);
+        assert_eq!(c.epsilon_explore_sticky, GateSetting::Auto);
+        let c =
+            RouterConfig::from_json(&json!({"affinityGateTau": "auto", "gate_profile": "seed"}))
+                .unwrap();
+        assert_eq!(c.affinity_gate_tau, GateSetting::Auto);
+        assert_eq!(c.epsilon_explore_sticky, GateSetting::Fixed(0.01));
+        // Round trip: auto serialises as "auto", numbers as numbers.
+        let v = serde_json::to_value(c).unwrap();
+        assert_eq!(v["affinity_gate_tau"], "auto");
+        assert_eq!(v["epsilon_explore_sticky"], 0.01);
+    }
+
+    #[test]
+    fn other_words_than_auto_are_rejected() {
+        for bad in [json!("Auto"), json!("0.8"), json!(true), json!(null)] {
+            let err = RouterConfig::from_json(&json!({"affinity_gate_tau": bad})).unwrap_err();
+            assert!(matches!(err, ConfigError::Parse(_)), "{bad}: {err}");
+        }
+        let err =
+            RouterConfig::from_json(&json!({"epsilonExploreSticky": "sometimes"})).unwrap_err();
+        assert!(err.to_string().contains("auto"), "{err}");
     }
 
     #[test]

@@ -44,6 +44,32 @@ pub struct PodExplanation {
     pub eligible: bool,
 }
 
+/// The affinity gate's parameters in force at a decision (they move when set to `auto`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct GateState {
+    pub affinity_gate_tau: f64,
+    pub epsilon_explore_sticky: f64,
+    /// `affinity_gate_tau = "auto"`.
+    #[serde(skip)]
+    pub tau_auto: bool,
+    /// `epsilon_explore_sticky = "auto"`.
+    #[serde(skip)]
+    pub epsilon_auto: bool,
+}
+
+/// What an SLO-aware policy (the affinity gate) decided for a request with objectives: the
+/// objectives and the chosen pod's predicted headroom (SLO − prediction) for each.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct SloExplanation {
+    pub ttft_ms: Option<f64>,
+    pub tpot_ms: Option<f64>,
+    pub headroom_ttft_ms: Option<f64>,
+    pub headroom_tpot_ms: Option<f64>,
+    /// Whether the chosen pod is predicted to meet every objective (else the pick was an idle
+    /// pod or the smallest violation).
+    pub predicted_to_meet: bool,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Decision {
     /// Name of the chosen pod.
@@ -53,4 +79,10 @@ pub struct Decision {
     pub pod_id: crate::pod::PodId,
     pub branch: Branch,
     pub pods: Vec<PodExplanation>,
+    /// The gate's τ and ε for this decision, present when either is `auto`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gate: Option<GateState>,
+    /// SLO mode: present when the request carried objectives and the policy routes by them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slo: Option<SloExplanation>,
 }

@@ -34,6 +34,6 @@ pub type DecisionRng = rand::rngs::ChaCha8Rng;
 
 pub use blocks::{BlockHash, BlockHasher};
 pub use config::RouterConfig;
-pub use decision::{Branch, Decision, PodExplanation};
+pub use decision::{Branch, Decision, GateState, PodExplanation, SloExplanation};
 pub use pod::{InFlight, PodId, PodSnapshot};
 pub use router::Router;

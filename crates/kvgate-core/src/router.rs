@@ -5,12 +5,16 @@
 use crate::DecisionRng;
 use crate::blocks::{BlockHash, BlockHasher};
 use crate::config::RouterConfig;
-use crate::decision::{Decision, PodExplanation};
+use crate::decision::{Decision, PodExplanation, SloExplanation};
 use crate::index::{PrefixIndex, prefix_score};
 use crate::pod::PodSnapshot;
 use crate::policy::{Candidate, Policy, PolicyError, PolicyKind, RequestFacts, RequestSlo};
 use crate::predictor::{Features, LatencyPredictor};
 use crate::request::ParsedRequest;
+
+/// Decisions between two reads of the predictor's TTFT MAPE (an O(window) mean) for
+/// [`RequestFacts::predictor_ttft_mape`].
+pub const PREDICTOR_ERROR_REFRESH: u32 = 128;
 
 pub struct Router {
     config: RouterConfig,
@@ -18,6 +22,9 @@ pub struct Router {
     policy: Box<dyn Policy>,
     matched: Vec<u32>,
     eligible: Vec<bool>,
+    /// The predictor's TTFT MAPE as last read, and decisions since (only with ε = auto).
+    predictor_error: Option<f64>,
+    since_error_read: u32,
 }
 
 impl Router {
@@ -31,7 +38,14 @@ impl Router {
             config,
             matched: Vec::new(),
             eligible: Vec::new(),
+            predictor_error: None,
+            since_error_read: 0,
         }
+    }
+
+    /// The affinity gate's τ and ε in force (`None` for other policies).
+    pub fn gate_state(&self) -> Option<crate::decision::GateState> {
+        self.policy.gate_state()
     }
 
     pub fn config(&self) -> &RouterConfig {
@@ -96,12 +110,21 @@ impl Router {
         predictor: &LatencyPredictor,
     ) -> (RequestFacts, Vec<Candidate<'p>>) {
         index.match_prefix(blocks, &mut self.matched);
+        if self.config.epsilon_explore_sticky.is_auto() {
+            if self.predictor_error.is_none() || self.since_error_read >= PREDICTOR_ERROR_REFRESH {
+                let acc = predictor.accuracy();
+                self.predictor_error = (acc.samples > 0).then_some(acc.ttft_mape);
+                self.since_error_read = 0;
+            }
+            self.since_error_read += 1;
+        }
         let facts = RequestFacts {
             prompt_blocks: blocks.len(),
             input_tokens,
             block_size_tokens: self.config.block_size_tokens,
             slo_ttft_ms: None,
             slo_tpot_ms: None,
+            predictor_ttft_mape: self.predictor_error,
         };
         let candidates = pods
             .iter()
@@ -156,6 +179,32 @@ impl Router {
                     eligible,
                 })
                 .collect(),
+            gate: self
+                .policy
+                .gate_state()
+                .filter(|g| g.tau_auto || g.epsilon_auto),
+            slo: self.slo_explanation(facts, chosen),
+        })
+    }
+
+    /// The SLO part of the explanation, for a policy that routes by SLOs.
+    fn slo_explanation(
+        &self,
+        facts: &RequestFacts,
+        chosen: &Candidate<'_>,
+    ) -> Option<SloExplanation> {
+        if !self.policy.uses_slo() || (facts.slo_ttft_ms.is_none() && facts.slo_tpot_ms.is_none()) {
+            return None;
+        }
+        let headroom_ttft_ms = facts.slo_ttft_ms.map(|s| s - chosen.predicted_ttft_ms);
+        let headroom_tpot_ms = facts.slo_tpot_ms.map(|s| s - chosen.predicted_tpot_ms);
+        Some(SloExplanation {
+            ttft_ms: facts.slo_ttft_ms,
+            tpot_ms: facts.slo_tpot_ms,
+            headroom_ttft_ms,
+            headroom_tpot_ms,
+            predicted_to_meet: headroom_ttft_ms.is_none_or(|h| h >= 0.0)
+                && headroom_tpot_ms.is_none_or(|h| h >= 0.0),
         })
     }
 }

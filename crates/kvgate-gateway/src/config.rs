@@ -16,7 +16,8 @@
 //! model = "llama"                  # optional: else the model_name label of its metrics
 //!
 //! [router]                         # kvgate_core::RouterConfig; llm-d camelCase names accepted
-//! affinity_gate_tau = 0.80
+//! affinity_gate_tau = 0.80        # or "auto" (Otsu's threshold of the observed prefix scores)
+//! epsilon_explore_sticky = 0.01    # or "auto" (more exploring after joins / while inaccurate)
 //! ```
 //!
 //! The file is re-read when its modification time changes (polled every second, see
@@ -463,6 +464,7 @@ fn check_pod_url(url: &str) -> Result<(), ConfigError> {
 mod tests {
     use super::*;
     use clap::Parser;
+    use kvgate_core::config::GateSetting;
 
     #[derive(Parser)]
     struct Cli {
@@ -514,7 +516,7 @@ mod tests {
         .unwrap();
         assert_eq!(c.policy, PolicyKind::LeastRequest);
         assert_eq!(c.scrape_interval, Duration::from_millis(200));
-        assert_eq!(c.router.affinity_gate_tau, 0.5);
+        assert_eq!(c.router.affinity_gate_tau, GateSetting::Fixed(0.5));
         assert_eq!(
             c.pods,
             vec![
@@ -538,7 +540,7 @@ mod tests {
         let file = FileConfig::load(&path).unwrap();
         let c = GatewayConfig::resolve(&args(&[]), Some(&file)).unwrap();
         assert_eq!(c.policy, PolicyKind::Prefix);
-        assert_eq!(c.router.affinity_gate_tau, 0.9);
+        assert_eq!(c.router.affinity_gate_tau, GateSetting::Fixed(0.9));
         assert_eq!(c.pods.len(), 1);
     }
 
@@ -561,5 +563,21 @@ mod tests {
             ConfigError::Router(_)
         ));
         assert!(toml::from_str::<FileConfig>("unknown_key = 1").is_err());
+        assert!(toml::from_str::<FileConfig>("[router]\naffinity_gate_tau = \"max\"").is_err());
+    }
+
+    #[test]
+    fn auto_tau_and_epsilon_are_read_from_toml_in_both_spellings() {
+        let file: FileConfig = toml::from_str(
+            "[router]\naffinityGateTau = \"auto\"\nepsilon_explore_sticky = \"auto\"\n",
+        )
+        .unwrap();
+        let c = GatewayConfig::resolve(&args(&[]), Some(&file)).unwrap();
+        assert_eq!(c.router.affinity_gate_tau, GateSetting::Auto);
+        assert_eq!(c.router.epsilon_explore_sticky, GateSetting::Auto);
+        // An integer is a number too.
+        let file: FileConfig = toml::from_str("[router]\naffinity_gate_tau = 1\n").unwrap();
+        let c = GatewayConfig::resolve(&args(&[]), Some(&file)).unwrap();
+        assert_eq!(c.router.affinity_gate_tau, GateSetting::Fixed(1.0));
     }
 }

@@ -16,7 +16,8 @@ pub struct DecisionRecord {
     pub policy: &'static str,
     /// 0 for the first try, 1.. for retries of the same request.
     pub attempt: u32,
-    /// SLOs the client sent (`x-slo-ttft-ms` / `x-llm-d-slo-ttft-ms`, …), recorded only.
+    /// SLOs the client sent (`x-slo-ttft-ms` / `x-llm-d-slo-ttft-ms`, …); with any, the
+    /// decision was made in SLO mode (its `slo` explains it for the affinity gate).
     pub slo_ttft_ms: Option<f64>,
     pub slo_tpot_ms: Option<f64>,
     #[serde(flatten)]
@@ -72,6 +73,8 @@ mod tests {
                     pod_id: PodId(0),
                     branch: Branch::Exploit,
                     pods: vec![],
+                    gate: None,
+                    slo: None,
                 },
             });
         }

@@ -489,19 +489,16 @@ impl Exchange {
             Ok(p) => p,
             Err(e) => return self.reject(request_error(e)),
         };
+        let slo = match crate::slo::request_slo(&self.headers) {
+            Ok(slo) => slo,
+            Err(e) => return self.reject(e),
+        };
         let cfg = self.shared.config().clone();
         let (blocks, input_tokens) = request_blocks(&self.shared, &cfg, &parsed).await;
         let meta = DecisionMeta {
             request_id: &self.request_id,
             attempt: 0,
-            slo_ttft_ms: crate::proxy::header_ms(
-                &self.headers,
-                &["x-slo-ttft-ms", "x-llm-d-slo-ttft-ms"],
-            ),
-            slo_tpot_ms: crate::proxy::header_ms(
-                &self.headers,
-                &["x-slo-tpot-ms", "x-llm-d-slo-tpot-ms"],
-            ),
+            slo,
         };
         let mut excluded = self.outside_subset();
         let routed = loop {

@@ -28,6 +28,7 @@
 //! | `limits` | concurrency limit and bounded queue of the traffic listener (429) |
 //! | `auth` | optional API keys (Bearer) on `/v1/*`, compared in constant time |
 //! | `errors` | OpenAI-style error bodies |
+//! | `slo` | `x-slo-ttft-ms` / `x-slo-tpot-ms` (and `x-llm-d-slo-*`) → objectives, or 400 |
 //! | `metrics` | kvgate's own Prometheus metrics |
 //! | `decisions` | the bounded `/debug/decisions` ring |
 //! | `admin` | the admin listener |
@@ -59,6 +60,7 @@ pub mod proxy;
 pub mod reload;
 pub mod scrape;
 pub mod serve;
+pub mod slo;
 pub mod sse;
 pub mod state;
 pub mod tokenizer;

@@ -2,7 +2,8 @@
 //!
 //! Label sets are bounded: `pod` is one of the configured pods, `policy` one of the policy
 //! names, `branch` one of the policies' fixed reasons, `status` one of [`Status`], `reason` one
-//! of the fixed rejection reasons.
+//! of the fixed rejection reasons, `class` one of the predictor's pod classes (≤ 64, the
+//! predictor's `max_classes`).
 
 use crate::pods::PodLabel;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -62,6 +63,12 @@ pub struct TimeoutLabel {
     pub kind: String,
 }
 
+/// A predictor pod class (`PodSnapshot::class`).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClassLabel {
+    pub class: String,
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StreamLabel {
     pub stream: String,
@@ -89,6 +96,18 @@ pub struct Metrics {
     pub predictor_tpot_mape: Gauge<f64, AtomicU64>,
     pub predictor_ttft_p90_coverage: Gauge<f64, AtomicU64>,
     pub predictor_samples: Gauge,
+    /// Per predictor class: recent TTFT / TPOT error (fractions), recent p90 coverage, drift
+    /// state, drift episodes and samples learnt.
+    pub predictor_class_ttft_mape: Family<ClassLabel, Gauge<f64, AtomicU64>>,
+    pub predictor_class_tpot_mape: Family<ClassLabel, Gauge<f64, AtomicU64>>,
+    pub predictor_class_ttft_p90_coverage: Family<ClassLabel, Gauge<f64, AtomicU64>>,
+    pub predictor_class_drift: Family<ClassLabel, Gauge>,
+    pub predictor_class_drift_episodes: Family<ClassLabel, Counter>,
+    pub predictor_class_ttft_samples: Family<ClassLabel, Gauge>,
+    pub predictor_class_tpot_samples: Family<ClassLabel, Gauge>,
+    /// The affinity gate's τ and ε in force (they move with `auto`; unset for other policies).
+    pub affinity_gate_tau: Gauge<f64, AtomicU64>,
+    pub epsilon_explore_sticky: Gauge<f64, AtomicU64>,
     pub index_blocks: Gauge,
     pub index_bytes: Gauge,
     pub scrape_errors: Family<PodLabel, Counter>,
@@ -144,6 +163,15 @@ impl Metrics {
             predictor_tpot_mape: Gauge::default(),
             predictor_ttft_p90_coverage: Gauge::default(),
             predictor_samples: Gauge::default(),
+            predictor_class_ttft_mape: Family::default(),
+            predictor_class_tpot_mape: Family::default(),
+            predictor_class_ttft_p90_coverage: Family::default(),
+            predictor_class_drift: Family::default(),
+            predictor_class_drift_episodes: Family::default(),
+            predictor_class_ttft_samples: Family::default(),
+            predictor_class_tpot_samples: Family::default(),
+            affinity_gate_tau: Gauge::default(),
+            epsilon_explore_sticky: Gauge::default(),
             index_blocks: Gauge::default(),
             index_bytes: Gauge::default(),
             scrape_errors: Family::default(),
@@ -267,6 +295,51 @@ impl Metrics {
             "predictor_samples",
             "TTFT samples the predictor learnt from",
             self.predictor_samples.clone(),
+        );
+        r.register(
+            "predictor_class_ttft_mape",
+            "Recent TTFT absolute percentage error of the class's model (fraction; weighted mean of about the last 20 samples, after its first 32)",
+            self.predictor_class_ttft_mape.clone(),
+        );
+        r.register(
+            "predictor_class_tpot_mape",
+            "Recent TPOT absolute percentage error of the class's model (fraction; as the TTFT one)",
+            self.predictor_class_tpot_mape.clone(),
+        );
+        r.register(
+            "predictor_class_ttft_p90_coverage",
+            "Recent fraction of the class's TTFTs at or below the predicted p90 (about the last 100; ideal 0.9)",
+            self.predictor_class_ttft_p90_coverage.clone(),
+        );
+        r.register(
+            "predictor_class_drift",
+            "1 while the class's TTFT or TPOT model is in a drift episode (adapting faster)",
+            self.predictor_class_drift.clone(),
+        );
+        r.register(
+            "predictor_class_drift_episodes",
+            "Drift episodes started for the class (TTFT and TPOT)",
+            self.predictor_class_drift_episodes.clone(),
+        );
+        r.register(
+            "predictor_class_ttft_samples",
+            "TTFT samples the class's model learnt",
+            self.predictor_class_ttft_samples.clone(),
+        );
+        r.register(
+            "predictor_class_tpot_samples",
+            "TPOT samples the class's model learnt",
+            self.predictor_class_tpot_samples.clone(),
+        );
+        r.register(
+            "affinity_gate_tau",
+            "The affinity gate's threshold in force (moves with affinity_gate_tau = auto)",
+            self.affinity_gate_tau.clone(),
+        );
+        r.register(
+            "epsilon_explore_sticky",
+            "The affinity gate's explore rate in force (moves with epsilon_explore_sticky = auto)",
+            self.epsilon_explore_sticky.clone(),
         );
         r.register(
             "index_blocks",

@@ -28,6 +28,7 @@ use axum::response::Response;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use http_body_util::{BodyExt, Full, Limited};
+use kvgate_core::policy::RequestSlo;
 use kvgate_core::predictor::Features;
 use kvgate_core::request::{RequestError, parse_request_value};
 use kvgate_core::{BlockHasher, PodId};
@@ -135,16 +136,6 @@ pub(crate) fn request_id(headers: &HeaderMap) -> String {
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0);
     format!("kvg-{nanos:x}-{:x}", NEXT.fetch_add(1, Ordering::Relaxed))
-}
-
-pub(crate) fn header_ms(headers: &HeaderMap, names: &[&str]) -> Option<f64> {
-    names.iter().find_map(|n| {
-        headers
-            .get(*n)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|s| s.trim().parse::<f64>().ok())
-            .filter(|v| v.is_finite() && *v >= 0.0)
-    })
 }
 
 fn reject(shared: &Shared, err: ApiError, request_id: &str) -> Response {
@@ -348,8 +339,8 @@ pub(crate) async fn request_blocks(
 pub(crate) struct DecisionMeta<'a> {
     pub request_id: &'a str,
     pub attempt: u32,
-    pub slo_ttft_ms: Option<f64>,
-    pub slo_tpot_ms: Option<f64>,
+    /// The request's objectives (`slo`); with any, the router decides in SLO mode.
+    pub slo: RequestSlo,
 }
 
 /// A routed request: the chosen pod, the request's in-flight share on it, and what the
@@ -395,14 +386,26 @@ pub(crate) fn decide_for(
     let (decision, policy) = {
         let mut st = shared.router.lock();
         let st = &mut *st;
-        let d = st.router.decide(
-            blocks,
-            input_tokens,
-            &snaps,
-            &st.index,
-            &st.predictor,
-            &mut st.rng,
-        );
+        let d = if meta.slo == RequestSlo::default() {
+            st.router.decide(
+                blocks,
+                input_tokens,
+                &snaps,
+                &st.index,
+                &st.predictor,
+                &mut st.rng,
+            )
+        } else {
+            st.router.decide_with_slo(
+                blocks,
+                input_tokens,
+                meta.slo,
+                &snaps,
+                &st.index,
+                &st.predictor,
+                &mut st.rng,
+            )
+        };
         if let Ok(d) = &d {
             kvgate_core::index::PrefixIndex::record_routed(&mut st.index, d.pod_id, blocks);
         }
@@ -446,8 +449,8 @@ pub(crate) fn decide_for(
             .unwrap_or(0),
         policy,
         attempt: meta.attempt,
-        slo_ttft_ms: meta.slo_ttft_ms,
-        slo_tpot_ms: meta.slo_tpot_ms,
+        slo_ttft_ms: meta.slo.ttft_ms,
+        slo_tpot_ms: meta.slo.tpot_ms,
         decision,
     });
     Pick::Routed(Routed {
@@ -485,8 +488,10 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
         Ok(p) => p,
         Err(e) => return reject(&shared, request_error(e), &rid),
     };
-    let slo_ttft_ms = header_ms(&parts.headers, &["x-slo-ttft-ms", "x-llm-d-slo-ttft-ms"]);
-    let slo_tpot_ms = header_ms(&parts.headers, &["x-slo-tpot-ms", "x-llm-d-slo-tpot-ms"]);
+    let slo = match crate::slo::request_slo(&parts.headers) {
+        Ok(slo) => slo,
+        Err(e) => return reject(&shared, e, &rid),
+    };
 
     // Streams: make sure the pod sends usage; strip it again if the client did not ask.
     let mut strip_usage = false;
@@ -559,8 +564,7 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
         let meta = DecisionMeta {
             request_id: &rid,
             attempt,
-            slo_ttft_ms,
-            slo_tpot_ms,
+            slo,
         };
         let Routed {
             pod,

@@ -174,7 +174,7 @@ impl Shared {
                 .get_or_create(&label)
                 .set(i64::try_from(f.decode_tokens).unwrap_or(i64::MAX));
         }
-        let (acc, routed_blocks, engine_blocks, stale) = {
+        let (acc, classes, gate, routed_blocks, engine_blocks, stale) = {
             let st = self.router.lock();
             let stale: Vec<bool> = self
                 .pods
@@ -184,6 +184,8 @@ impl Shared {
                 .collect();
             (
                 st.predictor.accuracy(),
+                st.predictor.class_reports(),
+                st.router.gate_state(),
                 kvgate_core::index::PrefixIndex::indexed_blocks(&st.index.routed),
                 kvgate_core::index::PrefixIndex::indexed_blocks(&st.index.engine),
                 stale,
@@ -199,6 +201,36 @@ impl Shared {
         m.predictor_ttft_p90_coverage.set(acc.ttft_p90_coverage);
         m.predictor_samples
             .set(i64::try_from(acc.samples).unwrap_or(i64::MAX));
+        for c in &classes {
+            let label = crate::metrics::ClassLabel {
+                class: c.class.clone(),
+            };
+            let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+            m.predictor_class_ttft_mape
+                .get_or_create(&label)
+                .set(c.ttft_recent_error);
+            m.predictor_class_tpot_mape
+                .get_or_create(&label)
+                .set(c.tpot_recent_error);
+            m.predictor_class_ttft_p90_coverage
+                .get_or_create(&label)
+                .set(c.ttft_p90_coverage);
+            m.predictor_class_drift
+                .get_or_create(&label)
+                .set(i64::from(c.drift_active));
+            let episodes = m.predictor_class_drift_episodes.get_or_create(&label);
+            episodes.inc_by(c.drift_episodes.saturating_sub(episodes.get()));
+            m.predictor_class_ttft_samples
+                .get_or_create(&label)
+                .set(count(c.ttft_samples));
+            m.predictor_class_tpot_samples
+                .get_or_create(&label)
+                .set(count(c.tpot_samples));
+        }
+        if let Some(g) = gate {
+            m.affinity_gate_tau.set(g.affinity_gate_tau);
+            m.epsilon_explore_sticky.set(g.epsilon_explore_sticky);
+        }
         let routed_blocks = i64::try_from(routed_blocks).unwrap_or(i64::MAX);
         let engine_blocks = i64::try_from(engine_blocks).unwrap_or(i64::MAX);
         m.index_blocks

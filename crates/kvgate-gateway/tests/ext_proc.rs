@@ -557,3 +557,72 @@ async fn grpc_readiness_turns_not_serving_on_shutdown() {
     assert_eq!(stream.await.unwrap().status, http::StatusCode::OK);
     shutdown.await.unwrap();
 }
+
+/// Request headers with SLO headers added.
+fn request_headers_with(extra: &[(&str, &str)]) -> processing_request::Request {
+    let mut pairs = vec![
+        (":method", "POST"),
+        (":path", "/v1/chat/completions"),
+        ("content-type", "application/json"),
+        ("x-request-id", "envoy-slo"),
+    ];
+    pairs.extend_from_slice(extra);
+    processing_request::Request::RequestHeaders(headers(&pairs, false))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slo_headers_route_in_slo_mode_and_a_bad_one_is_400() {
+    let (_pods, gw) = fleet().await;
+    let mut envoy = FakeEnvoy::connect(&gw).await;
+    envoy
+        .send(request_headers_with(&[
+            ("x-llm-d-slo-ttft-ms", "60000"),
+            ("x-slo-tpot-ms", "1000"),
+        ]))
+        .await;
+    let _ = envoy.recv().await;
+    envoy
+        .send(processing_request::Request::RequestBody(body(
+            CHAT.as_bytes(),
+            true,
+        )))
+        .await;
+    let full = envoy.recv_full().await;
+    assert!(matches!(
+        full.response,
+        Some(processing_response::Response::RequestBody(_))
+    ));
+    let decisions = gw.shared().decisions.snapshot();
+    assert_eq!(decisions.len(), 1);
+    assert_eq!(decisions[0].slo_ttft_ms, Some(60000.0));
+    let slo = decisions[0].decision.slo.expect("decided in SLO mode");
+    assert_eq!((slo.ttft_ms, slo.tpot_ms), (Some(60000.0), Some(1000.0)));
+    assert!(slo.predicted_to_meet, "{slo:?}");
+
+    let mut envoy = FakeEnvoy::connect(&gw).await;
+    envoy
+        .send(request_headers_with(&[("x-slo-ttft-ms", "-3")]))
+        .await;
+    let _ = envoy.recv().await;
+    envoy
+        .send(processing_request::Request::RequestBody(body(
+            CHAT.as_bytes(),
+            true,
+        )))
+        .await;
+    let processing_response::Response::ImmediateResponse(r) = envoy.recv().await else {
+        panic!("expected an immediate response")
+    };
+    assert_eq!(r.status.unwrap().code, 400);
+    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(v["error"]["code"], "invalid_slo_header");
+    assert_eq!(v["error"]["param"], "x-slo-ttft-ms");
+    assert_eq!(gw.shared().decisions.snapshot().len(), 1);
+    assert_eq!(
+        metric(
+            &gw,
+            "kvgate_rejected_requests_total{reason=\"invalid_slo_header\"}"
+        ),
+        1.0
+    );
+}

@@ -24,7 +24,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 
 use kvgate_core::decision::Branch;
-use kvgate_core::policy::PolicyKind;
+use kvgate_core::policy::{PolicyKind, RequestSlo};
 use kvgate_core::predictor::{Features, LatencyPredictor, PredictorConfig};
 use kvgate_core::{DecisionRng, PodSnapshot, Router, RouterConfig};
 use rand::SeedableRng;
@@ -65,6 +65,11 @@ pub struct ClusterConfig {
     pub faults: Option<FaultPlan>,
     /// The router's prefix index: routed, or engine events with delay and loss.
     pub index: IndexConfig,
+    /// Latency objectives every request carries (none by default). The run reports goodput
+    /// against them; with `slo_routing` the router decides with them
+    /// (`Router::decide_with_slo`, the gateway's `x-slo-*` headers).
+    pub slo: RequestSlo,
+    pub slo_routing: bool,
 }
 
 impl ClusterConfig {
@@ -83,6 +88,8 @@ impl ClusterConfig {
             rate_scale: 1.0,
             faults: None,
             index: IndexConfig::default(),
+            slo: RequestSlo::default(),
+            slo_routing: true,
         }
     }
 
@@ -202,6 +209,8 @@ impl Cluster {
                 PodSnapshot::idle(i, class, kv_blocks)
             })
             .collect();
+        let mut recorder = RunRecorder::new(pods as usize, requests);
+        recorder.set_slo(config.slo);
         Cluster {
             router: Router::new(config.router, config.policy),
             predictor: LatencyPredictor::new(config.predictor.clone()),
@@ -217,7 +226,7 @@ impl Cluster {
             fault_events: Vec::new(),
             next_fault: 0,
             faults: None,
-            recorder: RunRecorder::new(pods as usize, requests),
+            recorder,
             config: config.clone(),
         }
     }
@@ -306,6 +315,7 @@ impl Cluster {
         metrics.in_flight_left = leaked;
         metrics.faults = self.faults.map(FaultRecorder::finish);
         metrics.kv_index = Some(self.index.report());
+        metrics.gate_state = self.router.gate_state();
         metrics
     }
 
@@ -426,14 +436,26 @@ impl Cluster {
                 .iter()
                 .map(|&p| std::mem::replace(&mut self.snapshots[p as usize].healthy, false))
                 .collect();
-            let decided = self.router.decide(
-                &r.blocks,
-                r.input_tokens,
-                &self.snapshots,
-                self.index.index(),
-                &self.predictor,
-                &mut self.rng,
-            );
+            let decided = if self.config.slo_routing && self.config.slo != RequestSlo::default() {
+                self.router.decide_with_slo(
+                    &r.blocks,
+                    r.input_tokens,
+                    self.config.slo,
+                    &self.snapshots,
+                    self.index.index(),
+                    &self.predictor,
+                    &mut self.rng,
+                )
+            } else {
+                self.router.decide(
+                    &r.blocks,
+                    r.input_tokens,
+                    &self.snapshots,
+                    self.index.index(),
+                    &self.predictor,
+                    &mut self.rng,
+                )
+            };
             for (&p, h) in excluded.iter().zip(healthy) {
                 self.snapshots[p as usize].healthy = h;
             }

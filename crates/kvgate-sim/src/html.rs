@@ -13,7 +13,7 @@
 //!    policies at the highest rate scale;
 //! 7. the affinity gate's branch counts per rate scale (mean over seeds).
 //!
-//! The threshold marker is the default `affinity_gate_tau` (0.80, [`RouterConfig::default`]):
+//! The threshold marker is the default `affinity_gate_tau` (0.80, [`kvgate_core::config::DEFAULT_AFFINITY_GATE_TAU`]):
 //! [`RunMetrics`] does not record the tau a run used.
 //!
 //! The output depends only on the arguments (runs keep their input order for colours; rows are
@@ -23,8 +23,8 @@ mod svg;
 
 use std::fmt::Write;
 
+use kvgate_core::Branch;
 use kvgate_core::policy::PolicyKind;
-use kvgate_core::{Branch, RouterConfig};
 
 use crate::report::RunMetrics;
 use svg::{BarChart, Histogram, LineChart, Marker, Scale, Series, escape, fmt_num};
@@ -473,7 +473,7 @@ fn fractions(counts: &[u64]) -> Vec<f64> {
 }
 
 fn scores_section(page: &mut String, set: &RunSet) {
-    let tau = RouterConfig::default().affinity_gate_tau;
+    let tau = kvgate_core::config::DEFAULT_AFFINITY_GATE_TAU;
     let tau_marker = || {
         vec![Marker {
             x: tau,
@@ -705,6 +705,8 @@ mod tests {
             in_flight_left: 0,
             faults: None,
             kv_index: None,
+            slo_goodput: None,
+            gate_state: None,
         }
     }
 

@@ -6,8 +6,9 @@
 
 use std::collections::BTreeMap;
 
-use kvgate_core::decision::Decision;
+use kvgate_core::decision::{Decision, GateState};
 use kvgate_core::pod::PodSnapshot;
+use kvgate_core::policy::RequestSlo;
 use kvgate_core::predictor::AccuracyReport;
 use serde::Serialize;
 
@@ -125,6 +126,14 @@ pub struct RunMetrics {
     /// The prefix index's mode, KV-event counts and accuracy ([`crate::events`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kv_index: Option<crate::events::IndexReport>,
+    /// With SLOs (`kvgate sim --slo-ttft-ms/--slo-tpot-ms`): the share of all requests that
+    /// completed meeting every objective (TTFT ≤ its SLO and mean TPOT ≤ its SLO; a request
+    /// with one output token has no TPOT and meets that one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slo_goodput: Option<f64>,
+    /// The affinity gate's τ and ε at the end of the run (they move when `auto`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gate_state: Option<GateState>,
 }
 
 /// Collects a run's events; turns them into [`RunMetrics`] at the end.
@@ -148,6 +157,9 @@ pub struct RunRecorder {
     last_finish_ms: f64,
     output_tokens: u64,
     stalled: u64,
+    /// Objectives for the goodput; none = no goodput.
+    slo: RequestSlo,
+    slo_met: u64,
 }
 
 impl RunRecorder {
@@ -171,7 +183,14 @@ impl RunRecorder {
             last_finish_ms: 0.0,
             output_tokens: 0,
             stalled: 0,
+            slo: RequestSlo::default(),
+            slo_met: 0,
         }
+    }
+
+    /// Measure goodput against these objectives.
+    pub fn set_slo(&mut self, slo: RequestSlo) {
+        self.slo = slo.sanitized();
     }
 
     /// Keep one pod sample every `stride` scrapes so that `expected_scrapes` fit the bound.
@@ -257,6 +276,14 @@ impl RunRecorder {
         (predicted_ttft_ms, predicted_tpot_ms): (f64, f64),
     ) {
         let arrival = self.arrival_ms.get(id as usize).copied().unwrap_or(now_ms);
+        let meets_ttft = self.slo.ttft_ms.is_none_or(|s| ttft_ms <= s);
+        let meets_tpot = self
+            .slo
+            .tpot_ms
+            .is_none_or(|s| tpot_ms.is_none_or(|t| t <= s));
+        if meets_ttft && meets_tpot {
+            self.slo_met += 1;
+        }
         self.ttft.push(ttft_ms);
         self.e2e.push(now_ms - arrival);
         self.output_tokens += u64::from(output_tokens);
@@ -339,6 +366,9 @@ impl RunRecorder {
             ttft_cdf,
             pod_samples: self.pod_samples,
             stalled_steps: self.stalled,
+            slo_goodput: (self.slo != RequestSlo::default())
+                .then(|| self.slo_met as f64 / self.requests.max(1) as f64),
+            gate_state: None,
             in_flight_left: 0,
             faults: None,
             kv_index: None,

@@ -57,7 +57,7 @@ fn a_repeated_prompt_hits_the_cache_on_the_pod_the_router_remembers() {
     ];
     let config = ClusterConfig {
         router: kvgate_core::RouterConfig {
-            epsilon_explore_sticky: 0.0,
+            epsilon_explore_sticky: kvgate_core::config::GateSetting::Fixed(0.0),
             ..Default::default()
         },
         ..ClusterConfig::new(4, PolicyKind::AffinityGate, 1)
@@ -95,7 +95,7 @@ fn same_inputs_and_seed_give_identical_results() {
     let run = |seed| {
         let config = ClusterConfig {
             router: kvgate_core::RouterConfig {
-                epsilon_explore_sticky: 0.2,
+                epsilon_explore_sticky: kvgate_core::config::GateSetting::Fixed(0.2),
                 ..Default::default()
             },
             ..ClusterConfig::new(4, PolicyKind::AffinityGate, seed)
@@ -141,4 +141,55 @@ fn a_mixed_fleet_runs_each_pod_at_its_own_profile() {
         "{} vs {expected}",
         m.ttft_ms.mean
     );
+}
+
+#[test]
+fn goodput_counts_the_requests_meeting_their_slo() {
+    // Two lone requests far apart: TTFTs are the closed-form prefill times, one short and one
+    // long. An SLO between them is met by exactly one; one above both by both.
+    let profile = Profile::default_profile();
+    let reqs = [
+        request(0, 0.0, 1, 1000, 1),
+        request(1, 60_000.0, 2, 8000, 1),
+    ];
+    let short = profile.step_ms(1000, 0, 1000);
+    let long = profile.step_ms(8000, 0, 8000);
+    let with = |ttft_ms: f64, slo_routing: bool| {
+        let config = ClusterConfig {
+            slo: kvgate_core::policy::RequestSlo {
+                ttft_ms: Some(ttft_ms),
+                tpot_ms: Some(1000.0),
+            },
+            slo_routing,
+            ..ClusterConfig::new(2, PolicyKind::AffinityGate, 1)
+        };
+        cluster::run(&config, &reqs).slo_goodput
+    };
+    assert_eq!(with((short + long) / 2.0, true), Some(0.5));
+    assert_eq!(with(long + 1.0, true), Some(1.0));
+    assert_eq!(with(long + 1.0, false), Some(1.0));
+    let none = cluster::run(&ClusterConfig::new(2, PolicyKind::AffinityGate, 1), &reqs);
+    assert_eq!(none.slo_goodput, None);
+}
+
+#[test]
+fn auto_tau_and_epsilon_run_deterministically_and_report_their_final_values() {
+    let reqs = chat_workload(1500);
+    let config = ClusterConfig {
+        router: kvgate_core::RouterConfig {
+            affinity_gate_tau: kvgate_core::config::GateSetting::Auto,
+            epsilon_explore_sticky: kvgate_core::config::GateSetting::Auto,
+            ..Default::default()
+        },
+        ..ClusterConfig::new(4, PolicyKind::AffinityGate, 1)
+    };
+    let a = cluster::run(&config, &reqs);
+    let g = a.gate_state.unwrap();
+    assert!(g.tau_auto && g.epsilon_auto);
+    assert!((0.20..=0.95).contains(&g.affinity_gate_tau), "{g:?}");
+    assert!((0.01..=0.10).contains(&g.epsilon_explore_sticky), "{g:?}");
+    assert_eq!(a.completed, 1500);
+    let mut b = cluster::run(&config, &reqs);
+    b.sim_wall_s = a.sim_wall_s;
+    assert_eq!(a, b);
 }

@@ -94,6 +94,10 @@ pub struct SimArgs {
     /// Ablation: hide the KV-shortfall (memory pressure) feature from the TTFT predictor.
     #[arg(long)]
     no_kv_shortfall: bool,
+    /// Ablation: no drift detection in the predictor (a class's error growing does not speed
+    /// up its forgetting).
+    #[arg(long)]
+    no_drift_detection: bool,
     /// Pod outages: `POD@DOWN_S-UP_S,...` (e.g. `3@60-90`) or `every=PERIOD_S,down=DOWN_S[,start=S]`
     /// (one pod after another, round-robin). Requests on a dying pod are retried before their
     /// first token, failed after it; the report adds a TTFT timeline.
@@ -120,6 +124,16 @@ pub struct SimArgs {
     /// routed index for 30 s while new events rebuild it).
     #[arg(long, value_enum, default_value = "replay")]
     event_loss_recovery: SimLossRecovery,
+    /// A TTFT objective every request carries (as the gateway's `x-slo-ttft-ms`): the router
+    /// decides in SLO mode and the table gains goodput (share of requests meeting every SLO).
+    #[arg(long)]
+    slo_ttft_ms: Option<f64>,
+    /// A TPOT objective every request carries (as `x-slo-tpot-ms`).
+    #[arg(long)]
+    slo_tpot_ms: Option<f64>,
+    /// Measure goodput against --slo-* but route without them (the baseline of SLO routing).
+    #[arg(long)]
+    no_slo_routing: bool,
     /// Worker threads (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -327,6 +341,13 @@ pub fn run(args: SimArgs) -> Result<()> {
         .map(kvgate_sim::faults::FaultPlan::parse)
         .transpose()?;
     let indexes = index_configs(&args)?;
+    let slo = kvgate_core::policy::RequestSlo {
+        ttft_ms: args.slo_ttft_ms,
+        tpot_ms: args.slo_tpot_ms,
+    };
+    if slo.sanitized() != slo {
+        bail!("--slo-ttft-ms / --slo-tpot-ms must be finite and > 0");
+    }
     let (workload, requests) = load_workload(&args)?;
 
     let mut configs = Vec::new();
@@ -343,8 +364,11 @@ pub fn run(args: SimArgs) -> Result<()> {
                         scrape_interval_ms: args.scrape_interval,
                         router,
                         rate_scale,
+                        slo,
+                        slo_routing: !args.no_slo_routing,
                         predictor: kvgate_core::predictor::PredictorConfig {
                             kv_shortfall_feature: !args.no_kv_shortfall,
+                            drift_detection: !args.no_drift_detection,
                             ..Default::default()
                         },
                         index,
@@ -525,9 +549,22 @@ fn print_table(workload: &Workload, pods: u32, fleet: &str, runs: &[RunMetrics])
         "gate e/x/n/l",
         "mape%"
     );
+    let extras = |r: &RunMetrics| {
+        let mut out = String::new();
+        if let Some(g) = r.slo_goodput {
+            out.push_str(&format!("  good% {:.1}", g * 100.0));
+        }
+        if let Some(g) = r.gate_state.filter(|g| g.tau_auto || g.epsilon_auto) {
+            out.push_str(&format!(
+                "  tau {:.2} eps {:.3}",
+                g.affinity_gate_tau, g.epsilon_explore_sticky
+            ));
+        }
+        out
+    };
     for r in runs {
         println!(
-            "{:<19} {:>5} {:>4} {:>6} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>7.2} {:>6.1} {:>8.0} {:>5.1} {:>5.2} {:>7} {:>21} {:>6.1}",
+            "{:<19} {:>5} {:>4} {:>6} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>7.2} {:>6.1} {:>8.0} {:>5.1} {:>5.2} {:>7} {:>21} {:>6.1}{}",
             r.policy,
             r.rate_scale,
             r.seed,
@@ -547,6 +584,7 @@ fn print_table(workload: &Workload, pods: u32, fleet: &str, runs: &[RunMetrics])
                 r.gate.explore, r.gate.exploit, r.gate.no_sticky, r.gate.load_break
             ),
             r.predictor.ttft_mape * 100.0,
+            extras(r),
         );
     }
 }

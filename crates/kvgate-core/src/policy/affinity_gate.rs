@@ -54,21 +54,38 @@
 //! load gate lets queueing on a hot pod override its cache benefit.
 //!
 //! Parameters (defaults from llm-d's predicted-latency scorer, GIE `scorer.go` `DefaultConfig`):
-//! - `epsilon_explore_sticky` = 0.01  (probability of skipping the gate)
+//! - `epsilon_explore_sticky` = 0.01  (probability of skipping the gate); `"auto"`: recomputed
+//!   every decision by [`super::auto_epsilon`] (higher after pods join or while the predictor's
+//!   TTFT error is high, floor 0.01)
 //! - `affinity_gate_tau` = 0.80       (score a pod must exceed to be sticky; multi-turn scores
-//!   are bimodal, near 0 or near 1, and 0.80 separates the modes)
+//!   are bimodal, near 0 or near 1, and 0.80 separates the modes); `"auto"`: Otsu's threshold
+//!   of the best-pod prefix scores seen, by [`super::auto_tau`] (every decision with a prompt
+//!   block feeds it; τ moves every 256 decisions, within [0.20, 0.95], starting at 0.80)
 //! - `affinity_max_ttft_penalty_ms` = 5000 (load gate; 0 disables it, as upstream)
+//!
+//! The values in force are in [`Policy::gate_state`], and in each decision's explanation
+//! (`gate`) when either is `auto`.
 
+use super::auto_epsilon::AutoEpsilon;
+use super::auto_tau::AutoTau;
 use super::{Candidate, Pick, Policy, PolicyError, PolicyKind, RequestFacts, argmin_by};
 use crate::DecisionRng;
-use crate::config::{ExploreMode, RouterConfig};
-use crate::decision::Branch;
+use crate::config::{
+    DEFAULT_AFFINITY_GATE_TAU, DEFAULT_EPSILON_EXPLORE_STICKY, ExploreMode, RouterConfig,
+};
+use crate::decision::{Branch, GateState};
 use rand::RngExt;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AffinityGate {
+    /// τ in force (fixed, or the last value `auto_tau` chose).
     pub affinity_gate_tau: f64,
+    /// ε in force (fixed, or the last value `auto_epsilon` chose).
     pub epsilon_explore_sticky: f64,
+    /// `affinity_gate_tau = "auto"`.
+    pub auto_tau: Option<AutoTau>,
+    /// `epsilon_explore_sticky = "auto"`.
+    pub auto_epsilon: Option<AutoEpsilon>,
     pub affinity_max_ttft_penalty_ms: f64,
     pub affinity_relative_penalty: f64,
     pub affinity_relative_slack_ms: f64,
@@ -80,14 +97,42 @@ pub struct AffinityGate {
 impl AffinityGate {
     pub fn new(config: &RouterConfig) -> Self {
         AffinityGate {
-            affinity_gate_tau: config.affinity_gate_tau,
-            epsilon_explore_sticky: config.epsilon_explore_sticky,
+            affinity_gate_tau: config.affinity_gate_tau.value_or(DEFAULT_AFFINITY_GATE_TAU),
+            epsilon_explore_sticky: config
+                .epsilon_explore_sticky
+                .value_or(DEFAULT_EPSILON_EXPLORE_STICKY),
+            auto_tau: config
+                .affinity_gate_tau
+                .is_auto()
+                .then(|| AutoTau::new(DEFAULT_AFFINITY_GATE_TAU)),
+            auto_epsilon: config
+                .epsilon_explore_sticky
+                .is_auto()
+                .then(AutoEpsilon::default),
             affinity_max_ttft_penalty_ms: config.affinity_max_ttft_penalty_ms,
             affinity_relative_penalty: config.affinity_relative_penalty,
             affinity_relative_slack_ms: config.affinity_relative_slack_ms,
             explore_mode: config.explore_mode,
             explore_max_extra_ms: config.explore_max_extra_ms,
             cold_spread_window_ms: config.cold_spread_window_ms,
+        }
+    }
+
+    /// The `auto` parameters learn from this decision before it is made.
+    fn adapt(&mut self, request: &RequestFacts, candidates: &[Candidate<'_>]) {
+        if let Some(auto) = &mut self.auto_epsilon {
+            self.epsilon_explore_sticky =
+                auto.update(candidates.len(), request.predictor_ttft_mape);
+        }
+        if let Some(auto) = &mut self.auto_tau {
+            if request.prompt_blocks > 0 {
+                let best = candidates
+                    .iter()
+                    .map(|c| c.prefix_score)
+                    .fold(0.0_f64, f64::max);
+                auto.observe(best);
+            }
+            self.affinity_gate_tau = auto.tau();
         }
     }
 
@@ -273,6 +318,19 @@ impl Policy for AffinityGate {
         PolicyKind::AffinityGate
     }
 
+    fn uses_slo(&self) -> bool {
+        true
+    }
+
+    fn gate_state(&self) -> Option<GateState> {
+        Some(GateState {
+            affinity_gate_tau: self.affinity_gate_tau,
+            epsilon_explore_sticky: self.epsilon_explore_sticky,
+            tau_auto: self.auto_tau.is_some(),
+            epsilon_auto: self.auto_epsilon.is_some(),
+        })
+    }
+
     fn pick(
         &mut self,
         request: &RequestFacts,
@@ -280,6 +338,7 @@ impl Policy for AffinityGate {
         eligible: &mut [bool],
         rng: &mut DecisionRng,
     ) -> Result<Pick, PolicyError> {
+        self.adapt(request, candidates);
         let ttft = |c: &Candidate<'_>| c.predicted_ttft_ms;
         let best_all = argmin_by(candidates, eligible, ttft).ok_or(PolicyError::NoCandidates)?;
 
@@ -333,7 +392,7 @@ mod tests {
 
     fn gate(epsilon: f64, penalty: f64) -> AffinityGate {
         AffinityGate::new(&RouterConfig {
-            epsilon_explore_sticky: epsilon,
+            epsilon_explore_sticky: crate::config::GateSetting::Fixed(epsilon),
             affinity_max_ttft_penalty_ms: penalty,
             ..RouterConfig::seed()
         })
@@ -795,5 +854,59 @@ mod tests {
             }
         );
         assert_eq!(eligible, vec![true, true, false]);
+    }
+
+    #[test]
+    fn auto_tau_learns_a_low_valley_and_then_a_half_cached_pod_is_sticky() {
+        let mut g = AffinityGate::new(&RouterConfig {
+            affinity_gate_tau: crate::config::GateSetting::Auto,
+            epsilon_explore_sticky: crate::config::GateSetting::Fixed(0.0),
+            ..RouterConfig::seed()
+        });
+        let (a, b) = (pod(0, 0, 0, 0.1), pod(1, 0, 0, 0.1));
+        // Half-cached pod b (score 0.5) vs a faster cold pod a: with τ 0.80, b is not sticky.
+        let half = [cand(&a, 0, 10, 100.0), cand(&b, 5, 10, 150.0)];
+        let (pick, _) = run(&mut g.clone(), &facts(10), &half, &mut rng(1));
+        assert_eq!(pick.unwrap().branch, Branch::NoSticky);
+        assert_eq!(g.gate_state().unwrap().affinity_gate_tau, 0.80);
+        // Traffic whose best scores are 0.1 or 0.5: the valley is 0.11..0.50, so τ ≈ 0.31.
+        let cold = [cand(&a, 1, 10, 100.0), cand(&b, 0, 10, 150.0)];
+        let mut r = rng(2);
+        for i in 0..512 {
+            let c = if i % 2 == 0 { &cold } else { &half };
+            run(&mut g, &facts(10), c, &mut r).0.unwrap();
+        }
+        let tau = g.gate_state().unwrap().affinity_gate_tau;
+        assert!((tau - 0.31).abs() < 0.02, "{tau}");
+        let (pick, _) = run(&mut g, &facts(10), &half, &mut r);
+        assert_eq!(
+            pick.unwrap(),
+            Pick {
+                index: 1,
+                branch: Branch::Exploit
+            }
+        );
+    }
+
+    #[test]
+    fn auto_epsilon_starts_at_the_ceiling_and_explores_more_than_the_floor() {
+        let mut g = AffinityGate::new(&RouterConfig {
+            epsilon_explore_sticky: crate::config::GateSetting::Auto,
+            ..RouterConfig::seed()
+        });
+        let (a, b) = (pod(0, 0, 0, 0.1), pod(1, 0, 0, 0.1));
+        let cands = [cand(&a, 10, 10, 200.0), cand(&b, 0, 10, 100.0)];
+        let mut r = rng(3);
+        let mut explored = 0;
+        for _ in 0..200 {
+            if run(&mut g, &facts(10), &cands, &mut r).0.unwrap().branch == Branch::Explore {
+                explored += 1;
+            }
+        }
+        let eps = g.gate_state().unwrap().epsilon_explore_sticky;
+        // The first 200 decisions after the start run at ε from 0.10 down to 0.01 + 0.09 ×
+        // 2^(−199/1000) ≈ 0.088: ~19 explores expected, where the fixed 0.01 would give ~2.
+        assert!((eps - 0.0884).abs() < 1e-3, "{eps}");
+        assert!((8..=35).contains(&explored), "{explored}");
     }
 }

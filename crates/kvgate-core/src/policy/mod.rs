@@ -5,6 +5,8 @@
 //! scores or predicts itself, so every policy is judged on the same inputs.
 
 pub mod affinity_gate;
+pub mod auto_epsilon;
+pub mod auto_tau;
 pub mod dynamo_kv;
 pub mod latency;
 pub mod least_kv;
@@ -17,7 +19,7 @@ pub mod weighted;
 
 use crate::DecisionRng;
 use crate::config::RouterConfig;
-use crate::decision::Branch;
+use crate::decision::{Branch, GateState};
 use crate::pod::PodSnapshot;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -46,6 +48,10 @@ pub struct RequestFacts {
     pub slo_ttft_ms: Option<f64>,
     /// The request's TPOT objective (`x-slo-tpot-ms`), if it carries one.
     pub slo_tpot_ms: Option<f64>,
+    /// The predictor's recent TTFT MAPE (fraction), refreshed by the router every
+    /// [`crate::router::PREDICTOR_ERROR_REFRESH`] decisions; read by `epsilon_explore_sticky =
+    /// "auto"`.
+    pub predictor_ttft_mape: Option<f64>,
 }
 
 /// Latency objectives a request may carry; see [`crate::Router::decide_with_slo`]. Values that
@@ -82,6 +88,16 @@ pub enum PolicyError {
 
 pub trait Policy: Send {
     fn kind(&self) -> PolicyKind;
+
+    /// The affinity gate's τ and ε in force; `None` for policies without a gate.
+    fn gate_state(&self) -> Option<GateState> {
+        None
+    }
+
+    /// Whether the policy routes by the request's SLOs ([`RequestFacts::slo_ttft_ms`], …).
+    fn uses_slo(&self) -> bool {
+        false
+    }
 
     /// Picks one of `candidates` (never empty when called by the router, but every policy
     /// returns [`PolicyError::NoCandidates`] rather than panicking if it is). `eligible` has one
@@ -233,6 +249,7 @@ pub(crate) mod testutil {
             block_size_tokens: 16,
             slo_ttft_ms: None,
             slo_tpot_ms: None,
+            predictor_ttft_mape: None,
         }
     }
 

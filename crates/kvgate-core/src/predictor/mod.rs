@@ -89,7 +89,15 @@ pub struct ClassAccuracy {
     pub drift_active: bool,
     /// Drift episodes started for this class (TTFT and TPOT).
     pub drift_episodes: u64,
+    /// TPOT samples the class's model has learnt.
+    pub tpot_samples: u64,
+    /// Recent fraction of the class's TTFTs at or below their predicted p90 (exponentially
+    /// weighted, α = [`CLASS_COVERAGE_ALPHA`]: about the last 100 samples; ideal 0.9).
+    pub ttft_p90_coverage: f64,
 }
+
+/// Weight of one sample in a class's recent p90 coverage (plain mean for the first 100).
+pub const CLASS_COVERAGE_ALPHA: f64 = 0.01;
 
 /// The regressor behind each TTFT model; swap here to try another [`OnlineRegressor`].
 pub type TtftModel = Rls<TTFT_DIM>;
@@ -365,6 +373,9 @@ struct ClassModels {
     ttft_p90: LogRatioQuantile,
     ttft_drift: DriftDetector,
     tpot_drift: DriftDetector,
+    /// Recent p90 coverage (see [`ClassAccuracy::ttft_p90_coverage`]) and samples scored.
+    ttft_p90_coverage: f64,
+    coverage_samples: u64,
 }
 
 impl ClassModels {
@@ -388,7 +399,16 @@ impl ClassModels {
             ),
             ttft_drift: DriftDetector::default(),
             tpot_drift: DriftDetector::default(),
+            ttft_p90_coverage: 0.0,
+            coverage_samples: 0,
         }
+    }
+
+    fn score_p90(&mut self, actual: f64, predicted_p90: f64) {
+        self.coverage_samples += 1;
+        let alpha = CLASS_COVERAGE_ALPHA.max(1.0 / self.coverage_samples as f64);
+        let covered = if actual <= predicted_p90 { 1.0 } else { 0.0 };
+        self.ttft_p90_coverage += alpha * (covered - self.ttft_p90_coverage);
     }
 
     fn drift_active(&self) -> bool {
@@ -405,6 +425,8 @@ impl ClassModels {
             tpot_long_run_error: self.tpot_drift.long_run_error(),
             drift_active: self.drift_active(),
             drift_episodes: self.ttft_drift.episodes() + self.tpot_drift.episodes(),
+            tpot_samples: self.tpot.samples(),
+            ttft_p90_coverage: self.ttft_p90_coverage,
         }
     }
 
@@ -578,6 +600,7 @@ impl LatencyPredictor {
             let predicted = models.ttft_ms(config, &f);
             let predicted_p90 = models.ttft_p90_ms(config, predicted);
             self.accuracy.score_ttft(actual, predicted, predicted_p90);
+            models.score_p90(actual, predicted_p90);
             models.ttft_p90.observe(actual, predicted);
             if models.ttft.samples() >= config.min_samples {
                 let episodes = models.ttft_drift.episodes();

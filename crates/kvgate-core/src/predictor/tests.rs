@@ -449,3 +449,41 @@ fn steady_noise_starts_no_drift_episode() {
     });
     assert_eq!(p.accuracy().drift_episodes, 0, "{:?}", p.class_reports());
 }
+
+#[test]
+fn class_reports_give_each_class_its_own_samples_and_p90_coverage() {
+    let mut p = LatencyPredictor::new(PredictorConfig::default());
+    let mut rng = ChaCha8Rng::seed_from_u64(23);
+    // Class "a": 80 TTFT-only samples, each checked against the p90 predicted just before it
+    // (the first 100 samples are a plain mean, so the coverage is exactly this fraction).
+    let mut covered = 0;
+    for _ in 0..80 {
+        let f = random_features(&mut rng);
+        let actual = dot(&TTFT_TRUTH, &f.ttft_vector()) * (0.5 + rng.random::<f64>());
+        if actual <= p.predict_p90_ttft("a", &f) {
+            covered += 1;
+        }
+        p.observe("a", &f, actual, None);
+    }
+    // Class "b": 5 samples with TPOT too.
+    for _ in 0..5 {
+        let f = random_features(&mut rng);
+        p.observe("b", &f, 100.0, Some(10.0));
+    }
+    let reports = p.class_reports();
+    let (a, b) = (&reports[0], &reports[1]);
+    assert_eq!(
+        (a.class.as_str(), a.ttft_samples, a.tpot_samples),
+        ("a", 80, 0)
+    );
+    assert_eq!(
+        (b.class.as_str(), b.ttft_samples, b.tpot_samples),
+        ("b", 5, 5)
+    );
+    assert!(
+        (a.ttft_p90_coverage - f64::from(covered) / 80.0).abs() < 1e-9,
+        "{} vs {covered}/80",
+        a.ttft_p90_coverage
+    );
+    assert!((0.0..=1.0).contains(&b.ttft_p90_coverage));
+}
