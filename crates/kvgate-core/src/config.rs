@@ -12,6 +12,7 @@
 
 use crate::blocks::{DEFAULT_BLOCK_SIZE_TOKENS, DEFAULT_CHARS_PER_TOKEN};
 use crate::index::DEFAULT_POD_CAPACITY_BLOCKS;
+use crate::predictor::ModelKind;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -102,6 +103,12 @@ pub struct RouterConfig {
     /// Routed-index capacity per pod when the pod has not reported its KV blocks. Default 31,250.
     #[serde(alias = "lruCapacityPerServer")]
     pub lru_capacity_per_server: u32,
+
+    // ---- latency predictor ----
+    /// The predictor's model per pod class: `rls` (default), `gbdt`, `gbdt-p90`, `analytic`
+    /// (see `predictor::model`).
+    #[serde(alias = "predictorModel")]
+    pub predictor_model: ModelKind,
 }
 
 impl Default for RouterConfig {
@@ -151,6 +158,7 @@ impl RouterConfig {
             block_size_tokens: DEFAULT_BLOCK_SIZE_TOKENS,
             chars_per_token: DEFAULT_CHARS_PER_TOKEN,
             lru_capacity_per_server: DEFAULT_POD_CAPACITY_BLOCKS,
+            predictor_model: ModelKind::Rls,
         };
         match profile {
             GateProfile::Seed => base,
@@ -375,6 +383,17 @@ mod tests {
         assert_eq!(c.affinity_gate_tau, 0.9);
         assert_eq!(c.epsilon_explore_sticky, 0.0);
         assert_eq!(c.affinity_max_ttft_penalty_ms, 100.0);
+    }
+
+    #[test]
+    fn predictor_model_key_picks_the_model_and_rejects_unknown_names() {
+        assert_eq!(RouterConfig::default().predictor_model, ModelKind::Rls);
+        let c = RouterConfig::from_json(&json!({"predictor_model": "gbdt-p90"})).unwrap();
+        assert_eq!(c.predictor_model, ModelKind::GbdtP90);
+        let c = RouterConfig::from_json(&json!({"predictorModel": "analytic"})).unwrap();
+        assert_eq!(c.predictor_model, ModelKind::Analytic);
+        let err = RouterConfig::from_json(&json!({"predictor_model": "xgboost"})).unwrap_err();
+        assert!(err.to_string().contains("xgboost"), "{err}");
     }
 
     #[test]
