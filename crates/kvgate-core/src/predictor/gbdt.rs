@@ -365,9 +365,12 @@ impl Grower<'_> {
             return 0.0;
         }
         match self.tau {
-            None => rows.iter().map(|&r| self.residual[r as usize]).sum::<f64>() / rows.len() as f64,
+            None => {
+                rows.iter().map(|&r| self.residual[r as usize]).sum::<f64>() / rows.len() as f64
+            }
             Some(t) => {
-                let mut values: Vec<f64> = rows.iter().map(|&r| self.residual[r as usize]).collect();
+                let mut values: Vec<f64> =
+                    rows.iter().map(|&r| self.residual[r as usize]).collect();
                 quantile(&mut values, t)
             }
         }
@@ -433,7 +436,10 @@ mod tests {
             .map(|x| (model.predict(x) - truth(x)).abs() / truth(x))
             .sum::<f64>()
             / test_x.len() as f64;
-        println!("held-out MAPE against the noiseless truth: {:.2} %", mape * 100.0);
+        println!(
+            "held-out MAPE against the noiseless truth: {:.2} %",
+            mape * 100.0
+        );
         assert!(mape < 0.05, "held-out MAPE {mape}");
         // The step is found: moving x1 across 0.5 adds about 50.
         let step = model.predict(&[50.0, 0.9, 0.5]) - model.predict(&[50.0, 0.1, 0.5]);
@@ -444,7 +450,8 @@ mod tests {
     fn pinball_boosting_covers_about_ninety_percent() {
         // y = truth × e^ε, ε ~ U(−0.3, 0.3): the true p90 of ε is 0.24.
         let mut rng = ChaCha8Rng::seed_from_u64(11);
-        let noisy = |rng: &mut ChaCha8Rng, x: &[f64; 3]| truth(x) * rng.random_range(-0.3f64..0.3).exp();
+        let noisy =
+            |rng: &mut ChaCha8Rng, x: &[f64; 3]| truth(x) * rng.random_range(-0.3f64..0.3).exp();
         let train_x = rows(&mut rng, 6000);
         let train_y: Vec<f64> = train_x.iter().map(|x| noisy(&mut rng, x)).collect();
         let model = train(
@@ -481,8 +488,13 @@ mod tests {
         let short = [1.0];
         let (a, b) = ([1.0, 1.0], [2.0, 2.0]);
         let mixed: Vec<&[f64]> = vec![&a, &nan, &short, &b, &a, &b];
-        let model = train(&mixed, &[10.0, 10.0, 10.0, 20.0, -1.0, f64::INFINITY], Loss::Squared, &p)
-            .expect("two usable rows");
+        let model = train(
+            &mixed,
+            &[10.0, 10.0, 10.0, 20.0, -1.0, f64::INFINITY],
+            Loss::Squared,
+            &p,
+        )
+        .expect("two usable rows");
         assert_eq!(model.samples(), 2);
         assert!(model.predict(&[f64::NAN, f64::INFINITY]).is_finite());
         // Absurd parameters are clamped, not trusted.
@@ -504,7 +516,10 @@ mod tests {
     fn node_count_is_bounded_by_trees_and_depth() {
         let mut rng = ChaCha8Rng::seed_from_u64(3);
         let xs = rows(&mut rng, 3000);
-        let ys: Vec<f64> = xs.iter().map(|x| truth(x) * rng.random_range(0.5..1.5)).collect();
+        let ys: Vec<f64> = xs
+            .iter()
+            .map(|x| truth(x) * rng.random_range(0.5..1.5))
+            .collect();
         let p = GbdtParams {
             min_leaf: 1,
             ..GbdtParams::default()
@@ -518,7 +533,10 @@ mod tests {
     fn training_is_deterministic() {
         let mut rng = ChaCha8Rng::seed_from_u64(5);
         let xs = rows(&mut rng, 500);
-        let ys: Vec<f64> = xs.iter().map(|x| truth(x) * rng.random_range(0.8..1.2)).collect();
+        let ys: Vec<f64> = xs
+            .iter()
+            .map(|x| truth(x) * rng.random_range(0.8..1.2))
+            .collect();
         let a = train(&as_slices(&xs), &ys, Loss::Squared, &GbdtParams::default());
         let b = train(&as_slices(&xs), &ys, Loss::Squared, &GbdtParams::default());
         assert_eq!(a, b);

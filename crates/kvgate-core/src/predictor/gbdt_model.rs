@@ -282,7 +282,11 @@ mod tests {
             m.observe(&sample(i));
         }
         assert!(m.pending());
-        assert_eq!(m.predict_ttft(&sample(1).features), None, "nothing installed yet");
+        assert_eq!(
+            m.predict_ttft(&sample(1).features),
+            None,
+            "nothing installed yet"
+        );
         let job = m.take_job().expect("due");
         assert_eq!(job.len(), 40);
         assert!(m.take_job().is_none(), "taken once");

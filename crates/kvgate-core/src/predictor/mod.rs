@@ -28,8 +28,12 @@
 //!   `max_predicted_ms`] (so ≤ 0 too) are ignored and counted (`rejected_targets`); samples whose features are not finite are ignored and counted
 //!   (`rejected_features`). Prediction accepts any features: they are sanitised first.
 //!
-//! `predict` is allocation-free (stack vectors, a linear scan of the class table); `observe` is
-//! O(d²) with d ≤ 9, and allocates only the first time it sees a class.
+//! `predict` is allocation-free (stack vectors, a linear scan of the class table; a tree model
+//! walks at most trees × depth nodes). With `rls`, `observe` is O(d²) with d ≤ 10 and allocates
+//! only the first time it sees a class; with `gbdt`/`gbdt-p90` it stores the sample in its
+//! bucket and, when a retrain is due, either trains inline (`gbdt_background_training` false,
+//! the default: deterministic, for the simulator) or leaves the snapshot for the driver
+//! ([`LatencyPredictor::take_training_jobs`], [`LatencyPredictor::install`]).
 
 pub mod accuracy;
 pub mod analytic;

@@ -200,7 +200,10 @@ impl LatencyModel for AnalyticModel {
 }
 
 /// The model of one class, dispatched without a vtable (the decision path predicts per pod).
+/// RLS is stored inline (its state is the whole model, and the default path keeps no extra
+/// indirection); the tree model, with its sample store, is boxed.
 #[derive(Debug, Clone)]
+#[allow(clippy::large_enum_variant)]
 pub enum ClassModel {
     Rls(RlsModel),
     Gbdt(Box<GbdtModel>),
