@@ -81,6 +81,10 @@ pub struct SimArgs {
     /// Ablation: hide the KV-shortfall (memory pressure) feature from the TTFT predictor.
     #[arg(long)]
     no_kv_shortfall: bool,
+    /// The predictor's model: rls, gbdt, gbdt-p90 or analytic (overrides the router config's
+    /// `predictor_model`; default rls).
+    #[arg(long)]
+    predictor_model: Option<kvgate_core::predictor::ModelKind>,
     /// Router parameters as a JSON object (snake_case or llm-d camelCase keys), e.g.
     /// '{"affinity_gate_tau": 0.9}'.
     #[arg(long)]
@@ -242,12 +246,15 @@ pub fn run(args: SimArgs) -> Result<()> {
         Some(_) => fleet_label(&fleet),
         None => profile.name.to_string(),
     };
-    let router = match &args.router_config {
+    let mut router = match &args.router_config {
         Some(json) => RouterConfig::from_json(
             &serde_json::from_str(json).context("--router-config is not JSON")?,
         )?,
         None => RouterConfig::default(),
     };
+    if let Some(model) = args.predictor_model {
+        router.predictor_model = model;
+    }
     let (workload, requests) = load_workload(&args)?;
 
     let mut configs = Vec::new();
@@ -265,6 +272,7 @@ pub fn run(args: SimArgs) -> Result<()> {
                     rate_scale,
                     predictor: kvgate_core::predictor::PredictorConfig {
                         kv_shortfall_feature: !args.no_kv_shortfall,
+                        model: router.predictor_model,
                         ..Default::default()
                     },
                     ..ClusterConfig::new(pods, policy, seed)
