@@ -30,6 +30,7 @@
 //! | `admin` | the admin listener |
 //! | `ext_proc` | `--ext-proc-listen`: Envoy ext_proc endpoint picker (GAIE protocol), same decision code |
 //! | `capture` | `--capture FILE`: served requests as Mooncake JSONL (no text), for replay |
+//! | `trainer` | background retraining of the predictor's tree models; swaps them in under the lock |
 //! | `serve` | `ServeArgs`, `Gateway::start`, `serve` |
 //!
 //! Memory bounds: requests in service ≤ `max_concurrent_requests` (1024), waiting ≤
@@ -55,6 +56,7 @@ pub mod scrape;
 pub mod serve;
 pub mod sse;
 pub mod state;
+pub mod trainer;
 
 pub use config::GatewayConfig;
 pub use serve::{Gateway, ServeArgs, ServeError, init_tracing, init_tracing_with_default, serve};

@@ -194,6 +194,7 @@ impl Gateway {
                 pod,
             )));
         }
+        tasks.push(tokio::spawn(crate::trainer::run(shared.clone())));
         tasks.push(tokio::spawn(crate::reload::watch(
             shared.clone(),
             args,

@@ -51,6 +51,16 @@ pub struct Shared {
     pub shutting_down: std::sync::atomic::AtomicBool,
 }
 
+/// A fresh predictor with the configured model; tree models train in the background
+/// ([`crate::trainer`]).
+pub fn predictor_for(router: &kvgate_core::RouterConfig) -> LatencyPredictor {
+    LatencyPredictor::new(PredictorConfig {
+        model: router.predictor_model,
+        gbdt_background_training: true,
+        ..PredictorConfig::default()
+    })
+}
+
 impl Shared {
     pub fn new(config: GatewayConfig) -> Arc<Shared> {
         let mut connector = HttpConnector::new();
@@ -63,7 +73,7 @@ impl Shared {
         let router_state = RouterState {
             router: Router::new(config.router, config.policy),
             index: HybridIndex::new(),
-            predictor: LatencyPredictor::new(PredictorConfig::default()),
+            predictor: predictor_for(&config.router),
             rng: DecisionRng::seed_from_u64(config.seed),
         };
         Arc::new(Shared {
@@ -102,6 +112,9 @@ impl Shared {
             }
             if old.router != new.router || old.policy != new.policy {
                 st.router = Router::new(new.router, new.policy);
+            }
+            if old.router.predictor_model != new.router.predictor_model {
+                st.predictor = predictor_for(&new.router);
             }
         }
         for pod in &changes.removed {
