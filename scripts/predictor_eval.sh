@@ -5,20 +5,22 @@
 # predictor: only `latency` among them uses a predictor); then the mixed pool (4 H100 + 4 A100)
 # with class-aware and class-blind prediction. Writes JSON into OUT_DIR (default
 # predictor-out/) and prints the tables (scripts/predictor_table.py).
-# Build first: cargo build --release -p kvgate.
+# WORKLOADS (default "mooncake chat mixed") picks workloads; BASELINES (default: every baseline)
+# the baseline policies, comma-separated; SEEDS (default 1) the seeds.
+# Build first: cargo build --release -p kvgate. Mooncake alone takes ~15 min on 2 loaded cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-predictor-out}
 bin=${BIN:-./target/release/kvgate}
 trace=${TRACE:-../shared/traces/mooncake_fast25_conversation_trace.jsonl}
 seeds=${SEEDS:-1}
-baselines=round-robin,random,least-request,least-kv,prefix,weighted,sglang-cache-aware,dynamo-kv,latency
+baselines=${BASELINES:-round-robin,random,least-request,least-kv,prefix,weighted,sglang-cache-aware,dynamo-kv,latency}
 declare -A workloads=(
   [mooncake]="--trace $trace --pods 8 --sweep rate-scale=0.3,0.55,1,2"
   [chat]="--workload chat --pods 8 --sweep rate-scale=1,2,5,10"
   [mixed]="--trace $trace --pod-profiles llama3-8b-h100:4,llama3-8b-a100:4 --sweep rate-scale=0.4,0.7"
 )
-for name in mooncake chat mixed; do
+for name in ${WORKLOADS:-mooncake chat mixed}; do
   mkdir -p "$out/$name"
   # shellcheck disable=SC2086
   $bin sim ${workloads[$name]} --policy $baselines --seed "$seeds" --quiet --json "$out/$name/baselines.json" > /dev/null
