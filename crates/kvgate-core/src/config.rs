@@ -15,6 +15,7 @@
 
 use crate::blocks::{DEFAULT_BLOCK_SIZE_TOKENS, DEFAULT_CHARS_PER_TOKEN};
 use crate::index::DEFAULT_POD_CAPACITY_BLOCKS;
+use crate::predictor::ModelKind;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -161,6 +162,19 @@ pub struct RouterConfig {
     /// Routed-index capacity per pod when the pod has not reported its KV blocks. Default 31,250.
     #[serde(alias = "lruCapacityPerServer")]
     pub lru_capacity_per_server: u32,
+
+    // ---- latency predictor ----
+    /// The predictor's model per pod class: `rls` (default), `gbdt`, `gbdt-p90`, `analytic`
+    /// (see `predictor::model`).
+    #[serde(alias = "predictorModel")]
+    pub predictor_model: ModelKind,
+    /// Whether a drift episode (a class's recent error far above its long-run error) resets the
+    /// class's confidence and speeds up its forgetting. Default false: episodes are still
+    /// detected and exposed as metrics, but adapting on them made Mooncake at 4× rate tip into
+    /// growing queues on one seed of three (EVALUATION.md §6.2); turn it on for fleets whose
+    /// pods change speed (it recovers a 2× slowdown in ~300 samples instead of thousands).
+    #[serde(alias = "predictorDriftAdaptation")]
+    pub predictor_drift_adaptation: bool,
 }
 
 impl Default for RouterConfig {
@@ -210,6 +224,8 @@ impl RouterConfig {
             block_size_tokens: DEFAULT_BLOCK_SIZE_TOKENS,
             chars_per_token: DEFAULT_CHARS_PER_TOKEN,
             lru_capacity_per_server: DEFAULT_POD_CAPACITY_BLOCKS,
+            predictor_model: ModelKind::Rls,
+            predictor_drift_adaptation: false,
         };
         match profile {
             GateProfile::Seed => base,
@@ -468,6 +484,20 @@ mod tests {
         let err =
             RouterConfig::from_json(&json!({"epsilonExploreSticky": "sometimes"})).unwrap_err();
         assert!(err.to_string().contains("auto"), "{err}");
+    }
+
+    #[test]
+    fn predictor_model_key_picks_the_model_and_rejects_unknown_names() {
+        assert_eq!(RouterConfig::default().predictor_model, ModelKind::Rls);
+        let c = RouterConfig::from_json(&json!({"predictor_model": "gbdt-p90"})).unwrap();
+        assert_eq!(c.predictor_model, ModelKind::GbdtP90);
+        let c = RouterConfig::from_json(&json!({"predictorModel": "analytic"})).unwrap();
+        assert_eq!(c.predictor_model, ModelKind::Analytic);
+        let c = RouterConfig::from_json(&json!({"predictorDriftAdaptation": true})).unwrap();
+        assert!(c.predictor_drift_adaptation);
+        assert!(!RouterConfig::default().predictor_drift_adaptation);
+        let err = RouterConfig::from_json(&json!({"predictor_model": "xgboost"})).unwrap_err();
+        assert!(err.to_string().contains("xgboost"), "{err}");
     }
 
     #[test]

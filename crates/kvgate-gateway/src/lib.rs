@@ -35,6 +35,7 @@
 //! | `ext_proc` | `--ext-proc-listen`: Envoy ext_proc endpoint picker (GAIE protocol), same decision code |
 //! | `tokenizer` | token mode's tokenizer: built-in cl100k or `--tokenizer tokenizer.json` (HF `tokenizers`, pure Rust) |
 //! | `capture` | `--capture FILE`: served requests as Mooncake JSONL (no text), for replay |
+//! | `trainer` | background retraining of the predictor's tree models; swaps them in under the lock |
 //! | `serve` | `ServeArgs`, `Gateway::start`, `serve` |
 //!
 //! Memory bounds: requests in service ≤ `max_concurrent_requests` (1024), waiting ≤
@@ -64,6 +65,7 @@ pub mod slo;
 pub mod sse;
 pub mod state;
 pub mod tokenizer;
+pub mod trainer;
 
 pub use config::GatewayConfig;
 pub use serve::{Gateway, ServeArgs, ServeError, init_tracing, init_tracing_with_default, serve};

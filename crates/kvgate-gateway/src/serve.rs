@@ -248,6 +248,7 @@ impl Gateway {
                 pod,
             )));
         }
+        tasks.push(tokio::spawn(crate::trainer::run(shared.clone())));
         match crate::discovery::start(&shared, &args).await {
             Ok(task) => tasks.extend(task),
             Err(e) => {

@@ -56,6 +56,17 @@ pub struct Shared {
     discovered: Mutex<Vec<(String, String)>>,
 }
 
+/// A fresh predictor with the configured model; tree models train in the background
+/// ([`crate::trainer`]).
+pub fn predictor_for(router: &kvgate_core::RouterConfig) -> LatencyPredictor {
+    LatencyPredictor::new(PredictorConfig {
+        model: router.predictor_model,
+        drift_detection: router.predictor_drift_adaptation,
+        gbdt_background_training: true,
+        ..PredictorConfig::default()
+    })
+}
+
 impl Shared {
     pub fn new(config: GatewayConfig) -> Arc<Shared> {
         let mut connector = HttpConnector::new();
@@ -68,7 +79,7 @@ impl Shared {
         let router_state = RouterState {
             router: Router::new(config.router, config.policy),
             index: HybridIndex::new(),
-            predictor: LatencyPredictor::new(PredictorConfig::default()),
+            predictor: predictor_for(&config.router),
             rng: DecisionRng::seed_from_u64(config.seed),
         };
         Arc::new(Shared {
@@ -104,8 +115,16 @@ impl Shared {
             &wanted_pods(&new.pods, &discovered),
             new.router.lru_capacity_per_server,
         );
-        if old.router != new.router || old.policy != new.policy {
-            self.router.lock().router = Router::new(new.router, new.policy);
+        {
+            let mut st = self.router.lock();
+            if old.router != new.router || old.policy != new.policy {
+                st.router = Router::new(new.router, new.policy);
+            }
+            if old.router.predictor_model != new.router.predictor_model
+                || old.router.predictor_drift_adaptation != new.router.predictor_drift_adaptation
+            {
+                st.predictor = predictor_for(&new.router);
+            }
         }
         self.forget_removed(&changes);
         self.config.store(Arc::new(new));

@@ -69,6 +69,9 @@ pub struct PredictorMetrics {
     /// Mean |predicted − observed| / observed of the chosen pod's TTFT, as a fraction.
     pub ttft_mape: f64,
     pub tpot_mape: f64,
+    /// Fraction of requests whose TTFT was at or below the chosen pod's predicted TTFT: about
+    /// 0.5 for a central model, the p90 coverage for `gbdt-p90` (ideal 0.9).
+    pub ttft_coverage: f64,
     /// The predictor's own running report (recent window, p90 coverage).
     pub online: AccuracyReport,
 }
@@ -145,6 +148,8 @@ pub struct RunRecorder {
     e2e: Vec<f64>,
     ttft_ape: (f64, u64),
     tpot_ape: (f64, u64),
+    /// (requests with TTFT ≤ predicted, requests scored).
+    ttft_covered: (f64, u64),
     branches: BTreeMap<&'static str, u64>,
     score_histogram: Vec<u64>,
     pod_samples: Vec<Vec<PodSample>>,
@@ -171,6 +176,7 @@ impl RunRecorder {
             e2e: Vec::with_capacity(requests),
             ttft_ape: (0.0, 0),
             tpot_ape: (0.0, 0),
+            ttft_covered: (0.0, 0),
             branches: BTreeMap::new(),
             score_histogram: vec![0; SCORE_BINS],
             pod_samples: vec![Vec::new(); pods],
@@ -291,6 +297,8 @@ impl RunRecorder {
         if ttft_ms > 0.0 {
             self.ttft_ape.0 += (predicted_ttft_ms - ttft_ms).abs() / ttft_ms;
             self.ttft_ape.1 += 1;
+            self.ttft_covered.0 += f64::from(u8::from(ttft_ms <= predicted_ttft_ms));
+            self.ttft_covered.1 += 1;
         }
         if let Some(tpot) = tpot_ms {
             self.tpot.push(tpot);
@@ -347,6 +355,7 @@ impl RunRecorder {
             predictor: PredictorMetrics {
                 ttft_mape: ratio(self.ttft_ape),
                 tpot_mape: ratio(self.tpot_ape),
+                ttft_coverage: ratio(self.ttft_covered),
                 online: accuracy,
             },
             sim_wall_s: 0.0,
@@ -405,5 +414,20 @@ mod tests {
         assert_eq!((p.p50, p.p90, p.p99), (50.0, 90.0, 99.0));
         assert_eq!(p.mean, 50.5);
         assert_eq!(Percentiles::of(&mut []), Percentiles::default());
+    }
+
+    #[test]
+    fn ttft_coverage_counts_requests_at_or_below_their_prediction() {
+        let mut r = RunRecorder::new(1, 4);
+        for (id, (actual, predicted)) in [(10.0, 12.0), (10.0, 10.0), (10.0, 9.0), (20.0, 30.0)]
+            .into_iter()
+            .enumerate()
+        {
+            r.dispatched(id as u64, 0.0);
+            r.completed(id as u64, 0, actual, None, 50.0, 1, (predicted, 5.0));
+        }
+        let m = r.finish(&[], AccuracyReport::default());
+        assert_eq!(m.predictor.ttft_coverage, 0.75);
+        assert!((m.predictor.ttft_mape - (0.2 + 0.0 + 0.1 + 0.5) / 4.0).abs() < 1e-12);
     }
 }

@@ -94,15 +94,20 @@ pub struct SimArgs {
     /// Ablation: hide the KV-shortfall (memory pressure) feature from the TTFT predictor.
     #[arg(long)]
     no_kv_shortfall: bool,
-    /// Ablation: no drift detection in the predictor (a class's error growing does not speed
-    /// up its forgetting).
+    /// Drift adaptation in the predictor: a class whose recent error grows far past its long-run
+    /// error resets its confidence and forgets faster (off by default; same as the router
+    /// config's `predictor_drift_adaptation`).
     #[arg(long)]
-    no_drift_detection: bool,
+    drift_adaptation: bool,
     /// Pod outages: `POD@DOWN_S-UP_S,...` (e.g. `3@60-90`) or `every=PERIOD_S,down=DOWN_S[,start=S]`
     /// (one pod after another, round-robin). Requests on a dying pod are retried before their
     /// first token, failed after it; the report adds a TTFT timeline.
     #[arg(long)]
     faults: Option<String>,
+    /// The predictor's model: rls, gbdt, gbdt-p90 or analytic (overrides the router config's
+    /// `predictor_model`; default rls).
+    #[arg(long)]
+    predictor_model: Option<kvgate_core::predictor::ModelKind>,
     /// Router parameters as a JSON object (snake_case or llm-d camelCase keys), e.g.
     /// '{"affinity_gate_tau": 0.9}'.
     #[arg(long)]
@@ -329,7 +334,7 @@ pub fn run(args: SimArgs) -> Result<()> {
         Some(_) => fleet_label(&fleet),
         None => profile.name.to_string(),
     };
-    let router = match &args.router_config {
+    let mut router = match &args.router_config {
         Some(json) => RouterConfig::from_json(
             &serde_json::from_str(json).context("--router-config is not JSON")?,
         )?,
@@ -347,6 +352,9 @@ pub fn run(args: SimArgs) -> Result<()> {
     };
     if slo.sanitized() != slo {
         bail!("--slo-ttft-ms / --slo-tpot-ms must be finite and > 0");
+    }
+    if let Some(model) = args.predictor_model {
+        router.predictor_model = model;
     }
     let (workload, requests) = load_workload(&args)?;
 
@@ -368,7 +376,9 @@ pub fn run(args: SimArgs) -> Result<()> {
                         slo_routing: !args.no_slo_routing,
                         predictor: kvgate_core::predictor::PredictorConfig {
                             kv_shortfall_feature: !args.no_kv_shortfall,
-                            drift_detection: !args.no_drift_detection,
+                            drift_detection: args.drift_adaptation
+                                || router.predictor_drift_adaptation,
+                            model: router.predictor_model,
                             ..Default::default()
                         },
                         index,

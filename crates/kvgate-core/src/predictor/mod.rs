@@ -1,7 +1,10 @@
 //! Latency predictor: TTFT and TPOT per (request, pod), trained online (DESIGN.md §5).
 //!
-//! - **Model.** Per pod class, two [`OnlineRegressor`]s — one for TTFT, one for TPOT — on the
-//!   engineered, O(1)-scaled features of [`features`]. The default regressor is [`Rls`]:
+//! - **Model.** Per pod class, one [`LatencyModel`] predicting TTFT and TPOT from the
+//!   engineered, O(1)-scaled features of [`features`], picked by `model` (config key
+//!   `predictor_model`; [`model`]): `rls` (the default), `gbdt`, `gbdt-p90` (gradient-boosted
+//!   trees retrained from bucketed samples, [`gbdt_model`]) or `analytic`. The default regressor
+//!   is [`Rls`], one per target:
 //!   recursive least squares with forgetting factor λ = `forgetting_factor` (0.999) and a ridge
 //!   prior P₀ = I/δ, δ = `ridge_delta` (0.01), centred on the analytic model. Targets are
 //!   predicted on a linear scale (TTFT is close to additive in tokens of work); every output is
@@ -25,20 +28,33 @@
 //!   `max_predicted_ms`] (so ≤ 0 too) are ignored and counted (`rejected_targets`); samples whose features are not finite are ignored and counted
 //!   (`rejected_features`). Prediction accepts any features: they are sanitised first.
 //!
-//! `predict` is allocation-free (stack vectors, a linear scan of the class table); `observe` is
-//! O(d²) with d ≤ 9, and allocates only the first time it sees a class.
+//! `predict` is allocation-free (stack vectors, a linear scan of the class table; a tree model
+//! walks at most trees × depth nodes). With `rls`, `observe` is O(d²) with d ≤ 10 and allocates
+//! only the first time it sees a class; with `gbdt`/`gbdt-p90` it stores the sample in its
+//! bucket and, when a retrain is due, either trains inline (`gbdt_background_training` false,
+//! the default: deterministic, for the simulator) or leaves the snapshot for the driver
+//! ([`LatencyPredictor::take_training_jobs`], [`LatencyPredictor::install`]).
 
 pub mod accuracy;
 pub mod analytic;
 pub mod drift;
 pub mod features;
+pub mod gbdt;
+pub mod gbdt_model;
+pub mod model;
 pub mod rls;
+pub mod samples;
 
 pub use features::{Features, TPOT_DIM, TTFT_DIM};
+pub use gbdt::GbdtParams;
+pub use gbdt_model::{TrainedModels, TrainingJob};
+pub use model::{LatencyModel, ModelKind};
 pub use rls::{OnlineRegressor, Rls};
 
 use accuracy::{AccuracyTracker, LogRatioQuantile};
 use drift::{DriftBounds, DriftDetector};
+use model::{ClassModel, Target};
+use samples::Sample;
 use serde::Serialize;
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -99,15 +115,23 @@ pub struct ClassAccuracy {
 /// Weight of one sample in a class's recent p90 coverage (plain mean for the first 100).
 pub const CLASS_COVERAGE_ALPHA: f64 = 0.01;
 
-/// The regressor behind each TTFT model; swap here to try another [`OnlineRegressor`].
-pub type TtftModel = Rls<TTFT_DIM>;
-/// The regressor behind each TPOT model.
-pub type TpotModel = Rls<TPOT_DIM>;
-
 /// Predictor settings. Out-of-range values are replaced by their defaults in
 /// [`LatencyPredictor::new`]; [`PredictorConfig::validate`] reports them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PredictorConfig {
+    /// The model of every class (config key `predictor_model`). Default `rls`.
+    pub model: ModelKind,
+    /// Boosting parameters of `gbdt` / `gbdt-p90` ([`gbdt`]).
+    pub gbdt: GbdtParams,
+    /// Samples kept per bucket for the tree models ([`samples`]). Default 64, 1..=4096.
+    pub gbdt_bucket_capacity: usize,
+    /// The tree models retrain at most every this many samples per class (sooner while the
+    /// class is young; [`gbdt_model`]). Default 256, ≥ 1.
+    pub gbdt_retrain_every: u64,
+    /// false (default): the tree models train inline, at the observation that makes a retrain
+    /// due (deterministic; the simulator). true: due snapshots wait for the driver
+    /// ([`LatencyPredictor::take_training_jobs`]), which trains them off the decision path.
+    pub gbdt_background_training: bool,
     /// RLS forgetting factor λ in (0, 1]. Default 0.999: half-life ≈ 693 samples.
     pub forgetting_factor: f64,
     /// Ridge prior strength δ > 0; P₀ = I/δ on O(1)-scaled features. Default 0.01 (weak: the
@@ -142,8 +166,9 @@ pub struct PredictorConfig {
     /// Whether the TTFT model sees the KV-shortfall feature (memory pressure; see
     /// [`features`]). Default true; false is the ablation measured in EVALUATION.md.
     pub kv_shortfall_feature: bool,
-    /// Whether a drift episode lowers the forgetting factor ([`drift`]). Default true; when
-    /// false, episodes are still detected and counted but λ stays put.
+    /// Whether a drift episode resets confidence and lowers the forgetting factor ([`drift`]).
+    /// Default false (the router config's `predictor_drift_adaptation`; see EVALUATION.md
+    /// §6.2 for why): episodes are still detected and counted but λ stays put.
     pub drift_detection: bool,
     /// λ while a class is in a drift episode. Default 0.99 (half-life ≈ 69 samples).
     pub drift_forgetting_factor: f64,
@@ -165,6 +190,11 @@ pub struct PredictorConfig {
 impl Default for PredictorConfig {
     fn default() -> Self {
         PredictorConfig {
+            model: ModelKind::Rls,
+            gbdt: GbdtParams::default(),
+            gbdt_bucket_capacity: 64,
+            gbdt_retrain_every: 256,
+            gbdt_background_training: false,
             forgetting_factor: 0.999,
             ridge_delta: 0.01,
             min_samples: 32,
@@ -178,7 +208,7 @@ impl Default for PredictorConfig {
             ttft_p90_step: 0.01,
             ttft_p90_initial_ratio: 1.5,
             kv_shortfall_feature: true,
-            drift_detection: true,
+            drift_detection: false,
             drift_forgetting_factor: 0.99,
             drift_recent_alpha: 0.05,
             drift_long_run_alpha: 0.002,
@@ -338,6 +368,57 @@ impl PredictorConfig {
         if !bounds_ok {
             c.min_predicted_ms = d.min_predicted_ms;
         }
+        c.gbdt_bucket_capacity = checked(
+            (1..=4096).contains(&c.gbdt_bucket_capacity),
+            ("gbdt_bucket_capacity", "1..=4096"),
+            c.gbdt_bucket_capacity,
+            d.gbdt_bucket_capacity,
+            &mut first,
+        );
+        c.gbdt_retrain_every = checked(
+            c.gbdt_retrain_every >= 1,
+            ("gbdt_retrain_every", ">= 1"),
+            c.gbdt_retrain_every,
+            d.gbdt_retrain_every,
+            &mut first,
+        );
+        let g = &mut c.gbdt;
+        let dg = d.gbdt;
+        g.trees = checked(
+            (1..=1000).contains(&g.trees),
+            ("gbdt.trees", "1..=1000"),
+            g.trees,
+            dg.trees,
+            &mut first,
+        );
+        g.max_depth = checked(
+            (1..=12).contains(&g.max_depth),
+            ("gbdt.max_depth", "1..=12"),
+            g.max_depth,
+            dg.max_depth,
+            &mut first,
+        );
+        g.learning_rate = checked(
+            positive(g.learning_rate) && g.learning_rate <= 1.0,
+            ("gbdt.learning_rate", "(0, 1]"),
+            g.learning_rate,
+            dg.learning_rate,
+            &mut first,
+        );
+        g.min_leaf = checked(
+            g.min_leaf >= 1,
+            ("gbdt.min_leaf", ">= 1"),
+            g.min_leaf,
+            dg.min_leaf,
+            &mut first,
+        );
+        g.bins = checked(
+            (2..=256).contains(&g.bins),
+            ("gbdt.bins", "2..=256"),
+            g.bins,
+            dg.bins,
+            &mut first,
+        );
         (c, first)
     }
 }
@@ -361,6 +442,15 @@ fn checked<T: std::fmt::Display>(
     default
 }
 
+/// Where a [`TrainingJob`] came from, for [`LatencyPredictor::install`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClassSlot {
+    /// The class at this index of the class table, by name.
+    Class(usize, String),
+    /// The shared fallback of classes beyond `max_classes`.
+    Overflow,
+}
+
 /// The p90 quantile tracked for [`LatencyPredictor::predict_p90_ttft`].
 const P90: f64 = 0.9;
 
@@ -368,8 +458,7 @@ const P90: f64 = 0.9;
 #[derive(Debug, Clone)]
 struct ClassModels {
     class: String,
-    ttft: TtftModel,
-    tpot: TpotModel,
+    model: ClassModel,
     ttft_p90: LogRatioQuantile,
     ttft_drift: DriftDetector,
     tpot_drift: DriftDetector,
@@ -382,16 +471,7 @@ impl ClassModels {
     fn new(class: &str, config: &PredictorConfig) -> Self {
         ClassModels {
             class: class.to_string(),
-            ttft: Rls::new(
-                analytic::ttft_prior(config),
-                config.forgetting_factor,
-                config.ridge_delta,
-            ),
-            tpot: Rls::new(
-                analytic::tpot_prior(config),
-                config.forgetting_factor,
-                config.ridge_delta,
-            ),
+            model: ClassModel::new(config),
             ttft_p90: LogRatioQuantile::new(
                 config.ttft_p90_initial_ratio,
                 P90,
@@ -418,14 +498,14 @@ impl ClassModels {
     fn report(&self) -> ClassAccuracy {
         ClassAccuracy {
             class: self.class.clone(),
-            ttft_samples: self.ttft.samples(),
+            ttft_samples: self.model.samples(Target::Ttft),
             ttft_recent_error: self.ttft_drift.recent_error(),
             ttft_long_run_error: self.ttft_drift.long_run_error(),
             tpot_recent_error: self.tpot_drift.recent_error(),
             tpot_long_run_error: self.tpot_drift.long_run_error(),
             drift_active: self.drift_active(),
             drift_episodes: self.ttft_drift.episodes() + self.tpot_drift.episodes(),
-            tpot_samples: self.tpot.samples(),
+            tpot_samples: self.model.samples(Target::Tpot),
             ttft_p90_coverage: self.ttft_p90_coverage,
         }
     }
@@ -433,26 +513,22 @@ impl ClassModels {
     /// Point TTFT for sanitised features.
     fn ttft_ms(&self, config: &PredictorConfig, f: &Features) -> f64 {
         let fallback = analytic::ttft_ms(config, f);
-        let raw = if self.ttft.samples() >= config.min_samples {
-            self.ttft.predict(&f.ttft_vector())
-        } else {
-            fallback
-        };
+        let raw = self.model.predict_ttft(f).unwrap_or(fallback);
         bounded_ms(config, raw, fallback)
     }
 
     /// Point TPOT for sanitised features.
     fn tpot_ms(&self, config: &PredictorConfig, f: &Features) -> f64 {
         let fallback = analytic::tpot_ms(config, f);
-        let raw = if self.tpot.samples() >= config.min_samples {
-            self.tpot.predict(&f.tpot_vector())
-        } else {
-            fallback
-        };
+        let raw = self.model.predict_tpot(f).unwrap_or(fallback);
         bounded_ms(config, raw, fallback)
     }
 
+    /// The p90 TTFT: the model's own answer for a p90 model, else point × tracked ratio.
     fn ttft_p90_ms(&self, config: &PredictorConfig, point_ms: f64) -> f64 {
+        if config.model.is_p90() {
+            return point_ms;
+        }
         bounded_ms(config, point_ms * self.ttft_p90.ratio(), point_ms)
     }
 }
@@ -596,34 +672,75 @@ impl LatencyPredictor {
             min_error: config.drift_min_error,
         };
         let models = models_mut(&mut self.classes, &mut self.overflow, class, config);
+        // Score and adapt with the model as it was before this sample (prequential), then learn.
         if let Some(actual) = ttft {
             let predicted = models.ttft_ms(config, &f);
             let predicted_p90 = models.ttft_p90_ms(config, predicted);
             self.accuracy.score_ttft(actual, predicted, predicted_p90);
             models.score_p90(actual, predicted_p90);
             models.ttft_p90.observe(actual, predicted);
-            if models.ttft.samples() >= config.min_samples {
+            if models.model.samples(Target::Ttft) >= config.min_samples {
                 let episodes = models.ttft_drift.episodes();
                 let drifting = models.ttft_drift.observe(ape(actual, predicted), &bounds);
-                if config.drift_detection && models.ttft_drift.episodes() > episodes {
-                    models.ttft.reset_confidence();
-                }
-                models.ttft.set_forgetting_factor(lambda(config, drifting));
+                let started = config.drift_detection && models.ttft_drift.episodes() > episodes;
+                models
+                    .model
+                    .adapt(Target::Ttft, started, lambda(config, drifting));
             }
-            models.ttft.update(&f.ttft_vector(), actual);
         }
         if let Some(actual) = tpot {
             let predicted = models.tpot_ms(config, &f);
             self.accuracy.score_tpot(actual, predicted);
-            if models.tpot.samples() >= config.min_samples {
+            if models.model.samples(Target::Tpot) >= config.min_samples {
                 let episodes = models.tpot_drift.episodes();
                 let drifting = models.tpot_drift.observe(ape(actual, predicted), &bounds);
-                if config.drift_detection && models.tpot_drift.episodes() > episodes {
-                    models.tpot.reset_confidence();
-                }
-                models.tpot.set_forgetting_factor(lambda(config, drifting));
+                let started = config.drift_detection && models.tpot_drift.episodes() > episodes;
+                models
+                    .model
+                    .adapt(Target::Tpot, started, lambda(config, drifting));
             }
-            models.tpot.update(&f.tpot_vector(), actual);
+        }
+        models.model.observe(&Sample {
+            features: f,
+            ttft_ms: ttft,
+            tpot_ms: tpot,
+        });
+    }
+
+    /// Background training ([`PredictorConfig::gbdt_background_training`]): the snapshots of
+    /// the classes whose tree models are due for a retrain, each marked taken. Train them with
+    /// [`TrainingJob::train`] anywhere (it is pure) and hand the result to
+    /// [`LatencyPredictor::install`]. Empty for other models and in inline mode.
+    pub fn take_training_jobs(&mut self) -> Vec<(ClassSlot, TrainingJob)> {
+        let mut jobs = Vec::new();
+        let slots = self
+            .classes
+            .iter_mut()
+            .enumerate()
+            .map(|(i, m)| (ClassSlot::Class(i, m.class.clone()), m))
+            .chain(std::iter::once((ClassSlot::Overflow, &mut self.overflow)));
+        for (slot, models) in slots {
+            if let ClassModel::Gbdt(g) = &mut models.model
+                && let Some(job) = g.take_job()
+            {
+                jobs.push((slot, job));
+            }
+        }
+        jobs
+    }
+
+    /// Swaps freshly trained trees into a class's model (a pointer swap); ignored when the slot
+    /// no longer holds that class or the class does not use trees.
+    pub fn install(&mut self, slot: &ClassSlot, trained: TrainedModels) {
+        let models = match slot {
+            ClassSlot::Class(i, class) => match self.classes.get_mut(*i) {
+                Some(m) if &m.class == class => m,
+                _ => return,
+            },
+            ClassSlot::Overflow => &mut self.overflow,
+        };
+        if let ClassModel::Gbdt(g) = &mut models.model {
+            g.install(trained);
         }
     }
 
@@ -643,7 +760,7 @@ impl LatencyPredictor {
             .classes
             .iter()
             .chain(std::iter::once(&self.overflow))
-            .map(|m| m.ttft.resets() + m.tpot.resets())
+            .map(|m| m.model.resets())
             .sum();
         let all = || self.classes.iter().chain(std::iter::once(&self.overflow));
         let drift_episodes = all()

@@ -487,3 +487,125 @@ fn class_reports_give_each_class_its_own_samples_and_p90_coverage() {
     );
     assert!((0.0..=1.0).contains(&b.ttft_p90_coverage));
 }
+
+fn with_model(model: ModelKind) -> PredictorConfig {
+    PredictorConfig {
+        model,
+        ..PredictorConfig::default()
+    }
+}
+
+#[test]
+fn every_model_learns_per_class_and_gbdt_fits_a_linear_truth() {
+    // Two classes, the second 3× slower: each class's model must learn its own scale.
+    let mut held_out = Vec::new();
+    for model in ModelKind::ALL {
+        // Retrain rarely: the test runs unoptimised.
+        let mut p = LatencyPredictor::new(PredictorConfig {
+            gbdt_retrain_every: 1000,
+            ..with_model(model)
+        });
+        let mut rng = ChaCha8Rng::seed_from_u64(21);
+        let noise = |rng: &mut ChaCha8Rng| 1.0 + 0.05 * normal(rng);
+        for _ in 0..4 {
+            train(&mut p, &mut rng, "fast", 1.0, 1000, noise);
+            train(&mut p, &mut rng, "slow", 3.0, 1000, noise);
+        }
+        let (fast, _) = held_out_mape(&p, &mut rng, "fast", 1.0);
+        let (slow, _) = held_out_mape(&p, &mut rng, "slow", 3.0);
+        println!("{model}: held-out TTFT MAPE fast {fast:.3} slow {slow:.3}");
+        held_out.push((model, fast, slow));
+    }
+    for (model, fast, slow) in held_out {
+        match model {
+            // A linear truth is RLS's home ground.
+            ModelKind::Rls => assert!(fast < 0.02 && slow < 0.02, "{model} {fast} {slow}"),
+            // Piecewise-constant trees over 10 features approximate it (≈ 3 % measured).
+            ModelKind::Gbdt => assert!(fast < 0.06 && slow < 0.06, "{model} {fast} {slow}"),
+            // The p90 sits above the truth by about the noise's p90 (~6 %) plus the fit error.
+            ModelKind::GbdtP90 => assert!(fast < 0.2 && slow < 0.2, "{model} {fast} {slow}"),
+            // The analytic formula knows neither the truth nor the classes.
+            ModelKind::Analytic => assert!(slow > 0.5, "{model} {fast} {slow}"),
+        }
+    }
+}
+
+#[test]
+fn gbdt_p90_answers_its_own_quantile_and_covers_about_ninety_percent() {
+    // Retrain rarely: the test runs unoptimised.
+    let mut p = LatencyPredictor::new(PredictorConfig {
+        gbdt_retrain_every: 3000,
+        ..with_model(ModelKind::GbdtP90)
+    });
+    let mut rng = ChaCha8Rng::seed_from_u64(8);
+    // Lognormal noise, σ = 0.2: the true p90 is e^(1.2816 × 0.2) ≈ 1.29 × the median.
+    let noise = |rng: &mut ChaCha8Rng| (0.2 * normal(rng)).exp();
+    train(&mut p, &mut rng, "c", 1.0, 6000, noise);
+    let mut covered = 0;
+    let n = 2000;
+    for _ in 0..n {
+        let f = random_features(&mut rng);
+        let point = p.predict("c", &f).ttft_ms;
+        assert_eq!(
+            p.predict_p90_ttft("c", &f),
+            point,
+            "no ratio on top of a p90 model"
+        );
+        let actual = dot(&TTFT_TRUTH, &f.ttft_vector()) * noise(&mut rng);
+        covered += usize::from(actual <= point);
+    }
+    let coverage = covered as f64 / n as f64;
+    println!("gbdt-p90 held-out coverage {coverage:.3}");
+    assert!((coverage - 0.9).abs() < 0.05, "coverage {coverage}");
+    let report = p.accuracy();
+    assert!((report.ttft_p90_coverage - 0.9).abs() < 0.06, "{report:?}");
+}
+
+#[test]
+fn background_training_hands_jobs_to_the_driver_and_installs_by_pointer_swap() {
+    let mut p = LatencyPredictor::new(PredictorConfig {
+        gbdt_background_training: true,
+        ..with_model(ModelKind::Gbdt)
+    });
+    let mut rng = ChaCha8Rng::seed_from_u64(4);
+    train(&mut p, &mut rng, "a", 1.0, 40, no_noise);
+    train(&mut p, &mut rng, "b", 2.0, 10, no_noise);
+    let f = random_features(&mut rng);
+    let cold = p.predict("a", &f);
+    let jobs = p.take_training_jobs();
+    assert_eq!(jobs.len(), 1, "only class a has 32 samples");
+    assert_eq!(jobs[0].0, ClassSlot::Class(0, "a".to_string()));
+    assert!(
+        p.take_training_jobs().is_empty(),
+        "a job is handed out once"
+    );
+    // Still the analytic answer until the trained trees are installed.
+    assert_eq!(p.predict("a", &f), cold);
+    let (slot, job) = &jobs[0];
+    let trained = job.train();
+    // A slot that names another class is ignored.
+    p.install(&ClassSlot::Class(0, "b".to_string()), trained.clone());
+    assert_eq!(p.predict("a", &f), cold);
+    p.install(slot, trained);
+    assert_ne!(p.predict("a", &f), cold);
+}
+
+#[test]
+fn invalid_gbdt_settings_are_reported_and_replaced() {
+    let config = PredictorConfig {
+        gbdt_bucket_capacity: 0,
+        ..with_model(ModelKind::Gbdt)
+    };
+    let err = config.validate().unwrap_err();
+    assert_eq!(err.field, "gbdt_bucket_capacity");
+    let config = PredictorConfig {
+        gbdt: GbdtParams {
+            max_depth: 40,
+            ..GbdtParams::default()
+        },
+        ..with_model(ModelKind::Gbdt)
+    };
+    assert_eq!(config.validate().unwrap_err().field, "gbdt.max_depth");
+    let p = LatencyPredictor::new(config);
+    assert_eq!(p.config().gbdt.max_depth, GbdtParams::default().max_depth);
+}
