@@ -462,7 +462,6 @@ impl Cluster {
             let Ok(decision) = decided else {
                 return Routed::NoPod;
             };
-            self.recorder.decided(&decision);
             let pod = decision.pod_id.index();
             if !self.up[pod] {
                 // Connection refused: the pod is marked unhealthy and the request decided again.
@@ -477,6 +476,8 @@ impl Cluster {
                 }
                 continue;
             }
+            // Branches and scores count the attempts that reached a pod.
+            self.recorder.decided(&decision);
             return self.dispatch(r, now, &decision, attempt);
         }
     }

@@ -92,6 +92,8 @@ pub enum FaultSpecError {
     Order(String),
     #[error("fault `{0}`: period and down time must be positive and down < period")]
     Period(String),
+    #[error("faults `{0}` and `{1}` take the same pod down at overlapping times")]
+    Overlap(String, String),
 }
 
 fn seconds(s: &str, item: &str) -> Result<f64, FaultSpecError> {
@@ -146,16 +148,31 @@ impl FaultPlan {
             if up_ms <= down_ms {
                 return Err(FaultSpecError::Order(item.to_string()));
             }
-            outages.push(Outage {
-                pod,
-                down_ms,
-                up_ms,
-            });
+            outages.push((
+                item.trim(),
+                Outage {
+                    pod,
+                    down_ms,
+                    up_ms,
+                },
+            ));
         }
         if outages.is_empty() {
             return Err(FaultSpecError::Syntax(spec.to_string()));
         }
-        Ok(FaultPlan::Explicit(outages))
+        for (i, (a_item, a)) in outages.iter().enumerate() {
+            for (b_item, b) in &outages[i + 1..] {
+                if a.pod == b.pod && a.down_ms < b.up_ms && b.down_ms < a.up_ms {
+                    return Err(FaultSpecError::Overlap(
+                        a_item.to_string(),
+                        b_item.to_string(),
+                    ));
+                }
+            }
+        }
+        Ok(FaultPlan::Explicit(
+            outages.into_iter().map(|(_, o)| o).collect(),
+        ))
     }
 
     /// The outages of a run on `pods` pods whose last arrival is at `horizon_ms`, sorted by
@@ -465,6 +482,10 @@ mod tests {
             (
                 "every=10,down=1,foo=2",
                 FaultSpecError::Syntax("foo=2".into()),
+            ),
+            (
+                "0@10-30,1@0-5,0@20-25",
+                FaultSpecError::Overlap("0@10-30".into(), "0@20-25".into()),
             ),
         ] {
             assert_eq!(FaultPlan::parse(spec), Err(want), "{spec}");

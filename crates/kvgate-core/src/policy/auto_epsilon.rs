@@ -8,8 +8,8 @@
 //! and more varied samples help it learn. Otherwise the floor (the fixed default) is enough.
 //!
 //! ```text
-//! join   = 1 when the decision sees more candidate pods than the previous one (a pod added or
-//!          back from unhealthy; the first decision counts: every pod is new), else
+//! join   = 1 when the decision sees more candidate pods than any decision before it (a pod
+//!          added; the first decision counts: every pod is new), else
 //!          join × 2^(−1 / AUTO_EPSILON_JOIN_HALF_LIFE)
 //! error  = clamp((e − AUTO_EPSILON_ERROR_OK) / (AUTO_EPSILON_ERROR_BAD − AUTO_EPSILON_ERROR_OK),
 //!                0, 1),   e = the predictor's recent TTFT MAPE (RequestFacts::predictor_ttft_mape)
@@ -40,7 +40,8 @@ pub const AUTO_EPSILON_ERROR_BAD: f64 = 0.50;
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AutoEpsilon {
     join_boost: f64,
-    last_candidates: usize,
+    /// The most candidates any decision has seen.
+    max_candidates: usize,
     epsilon: f64,
 }
 
@@ -48,7 +49,7 @@ impl Default for AutoEpsilon {
     fn default() -> Self {
         AutoEpsilon {
             join_boost: 0.0,
-            last_candidates: 0,
+            max_candidates: 0,
             epsilon: AUTO_EPSILON_FLOOR,
         }
     }
@@ -63,12 +64,15 @@ impl AutoEpsilon {
     /// Updates ε for one decision over `candidates` pods, with the predictor's recent TTFT
     /// MAPE (a fraction; `None` or non-finite = no error boost). Returns the new ε.
     pub fn update(&mut self, candidates: usize, predictor_ttft_mape: Option<f64>) -> f64 {
-        if candidates > self.last_candidates {
+        // A high-water mark, not the previous count: a decision with fewer candidates (a retry
+        // excluding a failed pod, an Envoy subset hint, a pod briefly unhealthy) followed by a
+        // normal one is not a join.
+        if candidates > self.max_candidates {
             self.join_boost = 1.0;
+            self.max_candidates = candidates;
         } else {
             self.join_boost *= (-std::f64::consts::LN_2 / AUTO_EPSILON_JOIN_HALF_LIFE).exp();
         }
-        self.last_candidates = candidates;
         let error_boost = predictor_ttft_mape
             .filter(|e| e.is_finite())
             .map_or(0.0, |e| {
@@ -107,6 +111,8 @@ mod tests {
             b.update(5, None);
         }
         assert!(b.update(4, None) - AUTO_EPSILON_FLOOR < 1e-6);
+        // Back to 5 after a decision over fewer (a retry, a subset hint): not a join either.
+        assert!(b.update(5, None) - AUTO_EPSILON_FLOOR < 1e-6);
     }
 
     #[test]
