@@ -148,6 +148,33 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Drops a removed pod's per-pod series, so that pods coming and going (reloads, Kubernetes
+    /// rescheduling with new IPs) do not grow the registry without bound or show gone pods as
+    /// healthy. `kvgate_requests_total`'s pod label is kept: it is a history of what was served.
+    pub fn forget_pod(&self, label: &PodLabel) {
+        for family in [
+            &self.scrape_errors,
+            &self.pod_cooldowns,
+            &self.scrape_skipped_lines,
+            &self.kv_events_batches,
+            &self.kv_events_rejected,
+            &self.kv_events_gaps,
+            &self.kv_events_replay_failures,
+            &self.kv_events_restarts,
+        ] {
+            family.remove(label);
+        }
+        for family in [
+            &self.pod_healthy,
+            &self.in_flight_requests,
+            &self.in_flight_prefill_tokens,
+            &self.in_flight_decode_tokens,
+            &self.kv_events_stale,
+        ] {
+            family.remove(label);
+        }
+    }
+
     pub fn new() -> Self {
         let m = Metrics {
             requests: Family::default(),

@@ -155,6 +155,7 @@ impl Shared {
             }
         }
         for pod in &changes.removed {
+            self.metrics.forget_pod(&pod.label());
             tracing::info!(pod = %pod.url, "pod removed");
         }
         for pod in &changes.added {

@@ -72,9 +72,15 @@ async fn config_reload_applies_valid_files_and_keeps_the_old_config_on_invalid_o
     })
     .await;
 
-    // Removing a pod drops it from the table.
+    // Removing a pod drops it from the table and its per-pod gauges from /metrics.
+    let healthy_series = |url: &str| format!("kvgate_pod_healthy{{pod=\"{url}\"}}");
+    let text = gw.shared().metrics_text().unwrap();
+    assert!(text.contains(&healthy_series(&a.url)), "{text}");
     std::fs::write(&path, format!("pods = [\"{}\"]\n", b.url)).unwrap();
     reload_now(gw.shared(), &args, &path).unwrap();
     assert_eq!(gw.in_flight(&a.url), None);
     assert!(gw.pod_healthy(&b.url).is_some());
+    let text = gw.shared().metrics_text().unwrap();
+    assert!(!text.contains(&healthy_series(&a.url)), "{text}");
+    assert!(text.contains(&healthy_series(&b.url)), "{text}");
 }
