@@ -336,15 +336,28 @@ impl Gateway {
     pub async fn shutdown(mut self, grace: std::time::Duration) {
         self.begin_drain();
         let _ = self.stop.send(true);
+        let deadline = tokio::time::Instant::now() + grace;
         if let Some(task) = self.traffic_task.take() {
             let abort = task.abort_handle();
-            if tokio::time::timeout(grace, task).await.is_err() {
+            if tokio::time::timeout_at(deadline, task).await.is_err() {
                 tracing::warn!(
                     grace_ms = grace.as_millis() as u64,
                     "shutdown grace over; cutting the requests still in flight"
                 );
                 abort.abort();
             }
+        }
+        // ext_proc streams live in their own tasks and hold an admission slot until Envoy's
+        // response ends: they get the same grace.
+        while self.shared.admission.active() > 0 {
+            if tokio::time::Instant::now() >= deadline {
+                tracing::warn!(
+                    active = self.shared.admission.active(),
+                    "shutdown grace over; cutting the ext_proc streams still in flight"
+                );
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
     }
 

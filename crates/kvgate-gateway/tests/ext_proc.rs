@@ -558,6 +558,33 @@ async fn grpc_readiness_turns_not_serving_on_shutdown() {
     shutdown.await.unwrap();
 }
 
+#[tokio::test]
+async fn shutdown_gives_ext_proc_streams_in_flight_the_grace_period() {
+    let (_pods, gw) = fleet().await;
+    // An Envoy stream whose request was routed and whose response is still streaming.
+    let mut a = FakeEnvoy::connect(&gw).await;
+    a.send(request_headers()).await;
+    assert!(matches!(
+        a.recv().await,
+        processing_response::Response::RequestHeaders(_)
+    ));
+    let shared = gw.shared().clone();
+    assert_eq!(shared.admission.active(), 1);
+    let shutdown = tokio::spawn(gw.shutdown(Duration::from_secs(5)));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !shutdown.is_finished(),
+        "shutdown returned while an ext_proc stream was in flight"
+    );
+    // The stream ends: shutdown returns well before the grace is over.
+    drop(a);
+    tokio::time::timeout(Duration::from_secs(2), shutdown)
+        .await
+        .expect("shutdown waits for the stream, not the whole grace")
+        .unwrap();
+    assert_eq!(shared.admission.active(), 0);
+}
+
 /// Request headers with SLO headers added.
 fn request_headers_with(extra: &[(&str, &str)]) -> processing_request::Request {
     let mut pairs = vec![
