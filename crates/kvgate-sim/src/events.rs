@@ -237,6 +237,13 @@ impl EventIndex {
             }
         }
         self.now_ms = now_ms;
+        // A pod whose rebuild time is over is live again; clearing it keeps `match_prefix`'s
+        // fast path (no stale pod: no routed lookup) once every episode has ended.
+        for s in &mut self.stale_until {
+            if s.is_some_and(|until| now_ms >= until) {
+                *s = None;
+            }
+        }
     }
 
     fn deliver(&mut self, batch: Batch) {
