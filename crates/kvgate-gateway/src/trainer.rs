@@ -27,7 +27,13 @@ pub async fn run(shared: Arc<Shared>) {
 
 /// Trains and installs every job that is due now; returns how many were installed.
 pub async fn train_due(shared: &Shared) -> usize {
-    let jobs = shared.router.lock().predictor.take_training_jobs();
+    let (jobs, model) = {
+        let mut st = shared.router.lock();
+        (
+            st.predictor.take_training_jobs(),
+            st.predictor.config().model,
+        )
+    };
     if jobs.is_empty() {
         return 0;
     }
@@ -49,6 +55,12 @@ pub async fn train_due(shared: &Shared) -> usize {
     let n = trained.len();
     {
         let mut st = shared.router.lock();
+        // A reload may have replaced the predictor with another model kind meanwhile (e.g.
+        // gbdt → gbdt-p90): trees trained for the old loss must not land in it.
+        if st.predictor.config().model != model {
+            tracing::info!(%model, "predictor model changed during training; trees dropped");
+            return 0;
+        }
         for (slot, models) in trained {
             st.predictor.install(&slot, models);
         }
