@@ -11,6 +11,10 @@
 //!   `kvgate_discovery_errors_total` and the watcher recovers.
 #![cfg(feature = "k8s")]
 
+mod common;
+
+use common::start_serve;
+
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::response::Response;
@@ -19,9 +23,7 @@ use kvgate_gateway::discovery::kubernetes::{self, kube};
 use kvgate_gateway::{Gateway, ServeArgs};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashMap};
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::broadcast;
@@ -428,16 +430,6 @@ async fn failed_lists_and_garbage_events_are_counted_and_the_watcher_recovers() 
     watcher.abort();
 }
 
-/// Kills the process when the test ends.
-struct Serve(Child);
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kvgate_serve_routes_to_discovered_pods_and_503_once_they_are_gone() {
     let config = kvgate_mock_pod::PodConfig {
@@ -455,9 +447,9 @@ async fn kvgate_serve_routes_to_discovered_pods_and_503_once_they_are_gone() {
     std::fs::create_dir_all(&dir).unwrap();
     let kubeconfig = api.kubeconfig(&dir);
     // No --namespace: the kubeconfig context's namespace is used.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kvgate"))
-        .args([
-            "serve",
+    let target_port = pod_port.to_string();
+    let serve = start_serve(
+        &[
             "--listen",
             "127.0.0.1:0",
             "--admin-listen",
@@ -467,41 +459,15 @@ async fn kvgate_serve_routes_to_discovered_pods_and_503_once_they_are_gone() {
             "--selector",
             SELECTOR,
             "--target-port",
-            &pod_port.to_string(),
+            &target_port,
             "--scrape-interval-ms",
             "20",
-        ])
-        .env("KUBECONFIG", &kubeconfig)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start kvgate serve");
-    let stderr = child.stderr.take().unwrap();
-    let _serve = Serve(child);
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut tx = Some(tx);
-        for line in BufReader::new(stderr).lines() {
-            let Ok(line) = line else { break };
-            if let Some(rest) = line.strip_prefix("kvgate serving on ")
-                && let Some(tx) = tx.take()
-            {
-                let _ = tx.send(rest.to_string());
-            }
-        }
-    });
-    // "http://A (admin http://B), N pods, policy P"
-    let line = rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("kvgate serve printed its listening line");
-    let base = line.split_whitespace().next().unwrap().to_string();
-    let admin = line
-        .split("(admin ")
-        .nth(1)
-        .and_then(|s| s.split(')').next())
-        .unwrap()
-        .to_string();
+        ],
+        |cmd| {
+            cmd.env("KUBECONFIG", &kubeconfig).env("RUST_LOG", "warn");
+        },
+    );
+    let (base, admin) = (serve.base.clone(), serve.admin.clone());
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
         .build()

@@ -2,20 +2,12 @@
 //! still served for the drain pause (`--shutdown-drain-ms`), then the listener closes and the
 //! process exits 0.
 
+mod common;
+
+use common::start_serve;
 use kvgate_mock_pod::{DEFAULT_MODEL, PodConfig};
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
-
-/// Kills the gateway process when the test ends, whatever way it ends.
-struct Serve(Child);
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_turns_readiness_false_serves_through_the_drain_then_exits() {
@@ -27,47 +19,21 @@ async fn sigterm_turns_readiness_false_serves_through_the_drain_then_exits() {
         .await
         .unwrap()
         .remove(0);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kvgate"))
-        .args([
-            "serve",
+    let pod_url = pod.url();
+    let mut serve = start_serve(
+        &[
             "--listen",
             "127.0.0.1:0",
             "--admin-listen",
             "127.0.0.1:0",
             "--pod",
-            &pod.url(),
+            &pod_url,
             "--shutdown-drain-ms",
             "1500",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start kvgate serve");
-    let stderr = child.stderr.take().expect("stderr");
-    let mut serve = Serve(child);
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut tx = Some(tx);
-        for line in BufReader::new(stderr).lines() {
-            let Ok(line) = line else { break };
-            if let Some(rest) = line.strip_prefix("kvgate serving on ")
-                && let Some(tx) = tx.take()
-            {
-                let _ = tx.send(rest.to_string());
-            }
-        }
-    });
-    let line = rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("kvgate serve printed its listening line");
-    // "http://A (admin http://B), …"
-    let base = line.split_whitespace().next().unwrap().to_string();
-    let admin = line
-        .split("(admin ")
-        .nth(1)
-        .and_then(|r| r.split(')').next())
-        .unwrap()
-        .to_string();
+        ],
+        |_| {},
+    );
+    let (base, admin) = (serve.base.clone(), serve.admin.clone());
     let c = reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
         .build()
@@ -90,7 +56,7 @@ async fn sigterm_turns_readiness_false_serves_through_the_drain_then_exits() {
 
     let t0 = Instant::now();
     let killed = Command::new("kill")
-        .args(["-TERM", &serve.0.id().to_string()])
+        .args(["-TERM", &serve.child.id().to_string()])
         .status()
         .expect("run kill");
     assert!(killed.success());
@@ -117,7 +83,7 @@ async fn sigterm_turns_readiness_false_serves_through_the_drain_then_exits() {
     assert!(t0.elapsed() < Duration::from_millis(1500));
     // Then the process exits by itself, after the drain.
     let status = loop {
-        if let Some(status) = serve.0.try_wait().unwrap() {
+        if let Some(status) = serve.child.try_wait().unwrap() {
             break status;
         }
         assert!(t0.elapsed() < Duration::from_secs(15), "did not exit");
