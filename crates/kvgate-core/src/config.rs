@@ -175,6 +175,14 @@ pub struct RouterConfig {
     /// pods change speed (it recovers a 2× slowdown in ~300 samples instead of thousands).
     #[serde(alias = "predictorDriftAdaptation")]
     pub predictor_drift_adaptation: bool,
+
+    // ---- SLO routing ----
+    /// Whether requests' latency objectives (the gateway's `x-slo-*` headers, the simulator's
+    /// `--slo-ttft-ms`) change routing: with it, the affinity gate picks by SLO headroom.
+    /// Default false: SLO routing lowered goodput in EVALUATION.md §8; objectives are still
+    /// validated and recorded without it.
+    #[serde(alias = "sloRouting")]
+    pub slo_routing: bool,
 }
 
 impl Default for RouterConfig {
@@ -226,6 +234,7 @@ impl RouterConfig {
             lru_capacity_per_server: DEFAULT_POD_CAPACITY_BLOCKS,
             predictor_model: ModelKind::Rls,
             predictor_drift_adaptation: false,
+            slo_routing: false,
         };
         match profile {
             GateProfile::Seed => base,

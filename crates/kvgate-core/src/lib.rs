@@ -15,7 +15,9 @@
 //!              ─► decision::Decision                           (pod, branch, per-pod reasons)
 //! ```
 //!
-//! [`router::Router`] wires these steps together for the drivers.
+//! [`router::Router`] wires these steps together; [`session::RouterSession`] adds the state
+//! around them (index, predictor, RNG, in-flight ledger) and the request transitions (route,
+//! first token, finish) that the gateway, the ext_proc picker and the simulator all drive.
 
 pub mod blocks;
 pub mod config;
@@ -26,6 +28,7 @@ pub mod policy;
 pub mod predictor;
 pub mod request;
 pub mod router;
+pub mod session;
 pub mod tokenizer;
 
 /// The RNG every randomised policy takes. Always seeded by the caller (ChaCha8: its output is
@@ -37,3 +40,4 @@ pub use config::RouterConfig;
 pub use decision::{Branch, Decision, GateState, PodExplanation, SloExplanation};
 pub use pod::{InFlight, PodId, PodSnapshot};
 pub use router::Router;
+pub use session::{Observed, RouteError, RouteRequest, Routed, RouterSession, Ticket};

@@ -60,6 +60,13 @@ impl Router {
         self.hasher
     }
 
+    /// Leading blocks of the last evaluated request that `pod` holds, as the index said (0 for
+    /// a pod the index does not know). Read after [`Router::decide`] for the chosen pod's
+    /// charge.
+    pub fn matched_blocks(&self, pod: crate::pod::PodId) -> u32 {
+        self.matched.get(pod.index()).copied().unwrap_or(0)
+    }
+
     /// Clears `out` and fills it with the chained block hashes of a request.
     pub fn hash_request(&self, request: &ParsedRequest, out: &mut Vec<BlockHash>) {
         self.hasher.hash_request(request, out);

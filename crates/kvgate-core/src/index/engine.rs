@@ -102,6 +102,14 @@ pub enum KvEvent {
     AllBlocksCleared,
 }
 
+/// A GPU-tier store or removal whose hashes are the router's; see
+/// [`EngineIndex::apply_prehashed`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrehashedEvent<'a> {
+    Stored(&'a [BlockHash]),
+    Removed(&'a [BlockHash]),
+}
+
 /// Counters of what the index did with events (cumulative, all pods).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct EngineIndexStats {
@@ -323,15 +331,7 @@ impl EngineIndex {
                     self.stats.ignored_medium += 1;
                     return ApplyOutcome::Skipped;
                 }
-                for engine in block_hashes {
-                    match p.engine_to_router.remove(engine) {
-                        Some(router) => {
-                            release(p, &mut self.blocks, pod, router);
-                            self.stats.removed_blocks += 1;
-                        }
-                        None => self.stats.unknown_removed += 1,
-                    }
-                }
+                remove_engine_blocks(p, &mut self.blocks, &mut self.stats, pod, block_hashes);
                 ApplyOutcome::Applied
             }
             KvEvent::AllBlocksCleared => {
@@ -340,6 +340,40 @@ impl EngineIndex {
                 ApplyOutcome::Applied
             }
         }
+    }
+
+    /// Applies one event whose block hashes are already the router's (engine hash = router
+    /// hash): the simulator's engines hash blocks as the router does, so the re-hashing of
+    /// `token_ids` is skipped; maps, reference counts and bounds are [`EngineIndex::apply`]'s.
+    pub fn apply_prehashed(&mut self, pod: PodId, event: &PrehashedEvent<'_>) -> ApplyOutcome {
+        let Some(Some(p)) = self.pods.get_mut(pod.index()) else {
+            self.stats.unknown_pod += 1;
+            return ApplyOutcome::Skipped;
+        };
+        match *event {
+            PrehashedEvent::Stored(hashes) => {
+                let bound = p.map_bound();
+                let mut kept = 0;
+                for &h in hashes {
+                    if !p.engine_to_router.contains_key(&h) {
+                        if p.engine_to_router.len() >= bound {
+                            self.stats.dropped_over_bound += 1;
+                            break;
+                        }
+                        p.engine_to_router.insert(h, h);
+                        *p.router_refs.entry(h).or_insert(0) += 1;
+                    }
+                    kept += 1;
+                }
+                self.stats.stored_blocks += kept as u64;
+                self.blocks
+                    .record_routed(pod, hashes.get(..kept).unwrap_or(&[]));
+            }
+            PrehashedEvent::Removed(hashes) => {
+                remove_engine_blocks(p, &mut self.blocks, &mut self.stats, pod, hashes);
+            }
+        }
+        ApplyOutcome::Applied
     }
 
     /// Checks the maps agree (tests).
@@ -354,6 +388,25 @@ impl EngineIndex {
             assert_eq!(refs, p.router_refs, "pod {i}: refs out of sync");
             assert!(p.engine_to_router.len() <= p.map_bound());
             assert!(self.blocks.pod_blocks(PodId(i as u32)) <= p.router_refs.len());
+        }
+    }
+}
+
+/// `BlockRemoved`: each known engine hash drops its reference.
+fn remove_engine_blocks(
+    p: &mut EnginePod,
+    blocks: &mut RoutedIndex,
+    stats: &mut EngineIndexStats,
+    pod: PodId,
+    hashes: &[EngineBlockHash],
+) {
+    for engine in hashes {
+        match p.engine_to_router.remove(engine) {
+            Some(router) => {
+                release(p, blocks, pod, router);
+                stats.removed_blocks += 1;
+            }
+            None => stats.unknown_removed += 1,
         }
     }
 }
@@ -420,6 +473,14 @@ impl HybridIndex {
 impl PrefixIndex for HybridIndex {
     fn match_prefix(&self, blocks: &[BlockHash], matched: &mut Vec<u32>) {
         self.engine.match_prefix(blocks, matched);
+        let routed_pods = self.routed.pod_slots();
+        if (0..routed_pods).all(|i| {
+            let pod = PodId(i as u32);
+            !self.routed.knows_pod(pod) || self.engine.is_live(pod)
+        }) {
+            // Every pod the routed index knows has live events: its answer would be unused.
+            return;
+        }
         let mut routed = self.scratch.borrow_mut();
         self.routed.match_prefix(blocks, &mut routed);
         if matched.len() < routed.len() {

@@ -3,9 +3,11 @@
 //! Two kinds live behind [`PrefixIndex`]: the *routed* index ([`routed::RoutedIndex`], records
 //! where requests were sent) and the *engine* index ([`engine::EngineIndex`], fed by vLLM
 //! KV-cache events decoded by [`kv_events_wire`]); [`engine::HybridIndex`] uses the engine index
-//! for pods with live events and the routed index for the others.
+//! for pods with live events and the routed index for the others. [`follower`] follows one
+//! pod's event sequence (gaps, replay, restarts, staleness) for every driver.
 
 pub mod engine;
+pub mod follower;
 pub mod kv_events_wire;
 pub mod routed;
 

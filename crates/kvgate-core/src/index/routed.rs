@@ -389,6 +389,16 @@ impl RoutedIndex {
     }
 
     /// Blocks the index believes `pod` holds.
+    /// Pod ids covered by `match_prefix` answers (one past the highest id seen).
+    pub fn pod_slots(&self) -> usize {
+        self.pods.len()
+    }
+
+    /// True when the pod has a capacity or blocks here (not removed).
+    pub fn knows_pod(&self, pod: PodId) -> bool {
+        self.lru(pod).is_some()
+    }
+
     pub fn pod_blocks(&self, pod: PodId) -> usize {
         self.lru(pod).map_or(0, |l| l.len as usize)
     }

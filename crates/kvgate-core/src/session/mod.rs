@@ -1,0 +1,356 @@
+//! One request's life in the router, sans IO: the state machine every driver runs.
+//!
+//! [`RouterSession`] owns the decision state — the [`Router`] (policy), the prefix index
+//! ([`HybridIndex`]), the latency predictor, the seeded decision RNG and the in-flight
+//! [`Ledger`] — and moves each request through explicit transitions:
+//!
+//! ```text
+//! route ──► (first_token ──► tokens_generated*)? ──► finish(observed) | finish(None)
+//!   │
+//!   └─ decide over the pods' snapshots with the ledger's in-flight counters (excluded pods
+//!      count as unhealthy; SLO mode only when `slo_routing` is on and the request has
+//!      objectives) ─► the index learns the route ─► features taken ─► the pod is charged
+//! ```
+//!
+//! `route` returns a [`Ticket`]; every later transition takes it, and `finish` consumes it, so
+//! a request returns its charge exactly once: with an observation (`Some`: the predictor
+//! trains on the features taken at dispatch) or without (failed, aborted, retried elsewhere).
+//!
+//! The HTTP proxy, the Envoy ext_proc picker and the simulator are drivers of this type: they
+//! do I/O (or model it), measure time, and call these transitions; none of them decides,
+//! charges or trains on its own. Time never enters: observations are durations the driver
+//! measured.
+//!
+//! Parameters: everything comes from [`RouterConfig`] (`slo_routing`, default off) and the
+//! [`PredictorConfig`]; the RNG is ChaCha8 seeded by the caller (`seed`).
+//!
+//! Bounds: the ledger holds one counter set per pod id; a decision allocates O(pods) and frees
+//! it; a ticket is a few words plus the pod's class name.
+
+pub mod ledger;
+
+use crate::DecisionRng;
+use crate::blocks::BlockHash;
+use crate::config::RouterConfig;
+use crate::decision::Decision;
+use crate::index::PrefixIndex;
+use crate::index::engine::HybridIndex;
+use crate::pod::{InFlight, PodId, PodSnapshot};
+use crate::policy::{PolicyKind, RequestSlo};
+use crate::predictor::{Features, LatencyPredictor, PredictorConfig};
+use crate::router::Router;
+use ledger::{Ledger, Share, prefill_charge_tokens};
+use rand::SeedableRng;
+
+/// What the router needs to know about a request to route it.
+#[derive(Debug, Clone, Copy)]
+pub struct RouteRequest<'a> {
+    /// The prompt's chained block hashes.
+    pub blocks: &'a [BlockHash],
+    /// Prompt tokens (counted, or estimated from characters).
+    pub input_tokens: u32,
+    /// Tokens per block in `blocks`: what one matched block saves the pod.
+    pub block_size_tokens: u32,
+    /// The request's latency objectives (used only with `slo_routing`).
+    pub slo: RequestSlo,
+}
+
+/// Why a request could not be routed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum RouteError {
+    #[error("no healthy pod")]
+    NoHealthyPod,
+    #[error("the policy chose no pod")]
+    NoDecision,
+}
+
+/// A routed request: the decision with its explanation, and the request's ticket.
+#[derive(Debug)]
+pub struct Routed {
+    pub decision: Decision,
+    pub ticket: Ticket,
+}
+
+/// One request's hold on a pod, from dispatch to its end. Not `Clone`: it is given back once.
+#[derive(Debug)]
+pub struct Ticket {
+    share: Share,
+    class: String,
+    features: Features,
+    input_tokens: u32,
+    predicted_ttft_ms: f64,
+    predicted_tpot_ms: f64,
+    first_token: bool,
+}
+
+impl Ticket {
+    pub fn pod(&self) -> PodId {
+        self.share.pod
+    }
+
+    /// The features taken at dispatch (what the predictor trains on).
+    pub fn features(&self) -> &Features {
+        &self.features
+    }
+
+    pub fn predicted_ttft_ms(&self) -> f64 {
+        self.predicted_ttft_ms
+    }
+
+    pub fn predicted_tpot_ms(&self) -> f64 {
+        self.predicted_tpot_ms
+    }
+
+    /// Uncached prompt tokens charged at dispatch and not yet returned (0 after the first
+    /// token).
+    pub fn prefill_tokens(&self) -> u64 {
+        self.share.prefill_tokens
+    }
+
+    /// Decode tokens charged so far.
+    pub fn decode_tokens(&self) -> u64 {
+        self.share.decode_tokens
+    }
+
+    pub fn has_first_token(&self) -> bool {
+        self.first_token
+    }
+}
+
+/// What the driver measured of a request that completed normally.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Observed {
+    pub ttft_ms: f64,
+    /// Mean time per output token after the first; `None` with fewer than two tokens.
+    pub tpot_ms: Option<f64>,
+}
+
+/// The router's decision state and the request transitions; see the module docs.
+pub struct RouterSession {
+    router: Router,
+    index: HybridIndex,
+    predictor: LatencyPredictor,
+    rng: DecisionRng,
+    ledger: Ledger,
+    /// Scratch: the pods' health before exclusions, and the excluded ids as a dense bitmap.
+    health: Vec<bool>,
+    excluded: Vec<bool>,
+}
+
+impl RouterSession {
+    pub fn new(
+        router: RouterConfig,
+        policy: PolicyKind,
+        predictor: PredictorConfig,
+        seed: u64,
+    ) -> Self {
+        RouterSession {
+            router: Router::new(router, policy),
+            index: HybridIndex::new(),
+            predictor: LatencyPredictor::new(predictor),
+            rng: DecisionRng::seed_from_u64(seed),
+            ledger: Ledger::default(),
+            health: Vec::new(),
+            excluded: Vec::new(),
+        }
+    }
+
+    pub fn router(&self) -> &Router {
+        &self.router
+    }
+
+    /// Replaces the policy and its parameters (a config reload); index, predictor, RNG and
+    /// ledger are kept.
+    pub fn set_router(&mut self, router: RouterConfig, policy: PolicyKind) {
+        self.router = Router::new(router, policy);
+    }
+
+    pub fn index(&self) -> &HybridIndex {
+        &self.index
+    }
+
+    pub fn index_mut(&mut self) -> &mut HybridIndex {
+        &mut self.index
+    }
+
+    pub fn predictor(&self) -> &LatencyPredictor {
+        &self.predictor
+    }
+
+    pub fn predictor_mut(&mut self) -> &mut LatencyPredictor {
+        &mut self.predictor
+    }
+
+    /// Starts the predictor over (a reload changed its model).
+    pub fn set_predictor(&mut self, predictor: LatencyPredictor) {
+        self.predictor = predictor;
+    }
+
+    /// The router's in-flight counters for a pod.
+    pub fn in_flight(&self, pod: PodId) -> InFlight {
+        self.ledger.in_flight(pod)
+    }
+
+    /// Sum of every in-flight counter over all pods (0 when every request has ended).
+    pub fn in_flight_total(&self) -> u64 {
+        self.ledger.total()
+    }
+
+    /// Sets each snapshot's `in_flight` to the ledger's counters.
+    pub fn fill_in_flight(&self, pods: &mut [PodSnapshot]) {
+        for s in pods {
+            s.in_flight = self.ledger.in_flight(s.id);
+        }
+    }
+
+    /// The pod left the fleet: its index entries and its ledger go (see [`ledger`]).
+    pub fn remove_pod(&mut self, pod: PodId) {
+        self.index.remove_pod(pod);
+        self.ledger.remove_pod(pod);
+    }
+
+    /// Routes one request over `pods` (their scraped state; `in_flight` is overwritten with
+    /// the ledger's), with the `excluded` pods counted as unhealthy: the decision, the route
+    /// recorded in the index, the features taken and the pod charged.
+    pub fn route(
+        &mut self,
+        request: &RouteRequest<'_>,
+        pods: &mut [PodSnapshot],
+        excluded: &[PodId],
+    ) -> Result<Routed, RouteError> {
+        self.fill_in_flight(pods);
+        self.mark_excluded(excluded);
+        self.health.clear();
+        for s in pods.iter_mut() {
+            self.health.push(s.healthy);
+            if self.excluded.get(s.id.index()).copied().unwrap_or(false) {
+                s.healthy = false;
+            }
+        }
+        let routed = self.route_healthy(request, pods);
+        for (s, &h) in pods.iter_mut().zip(&self.health) {
+            s.healthy = h;
+        }
+        routed
+    }
+
+    fn mark_excluded(&mut self, excluded: &[PodId]) {
+        self.excluded.clear();
+        for p in excluded {
+            if self.excluded.len() <= p.index() {
+                self.excluded.resize(p.index() + 1, false);
+            }
+            self.excluded[p.index()] = true;
+        }
+    }
+
+    fn route_healthy(
+        &mut self,
+        request: &RouteRequest<'_>,
+        pods: &[PodSnapshot],
+    ) -> Result<Routed, RouteError> {
+        if !pods.iter().any(|s| s.healthy) {
+            return Err(RouteError::NoHealthyPod);
+        }
+        let slo_mode = self.router.config().slo_routing && request.slo != RequestSlo::default();
+        let decided = if slo_mode {
+            self.router.decide_with_slo(
+                request.blocks,
+                request.input_tokens,
+                request.slo,
+                pods,
+                &self.index,
+                &self.predictor,
+                &mut self.rng,
+            )
+        } else {
+            self.router.decide(
+                request.blocks,
+                request.input_tokens,
+                pods,
+                &self.index,
+                &self.predictor,
+                &mut self.rng,
+            )
+        };
+        let decision = decided.map_err(|_| RouteError::NoDecision)?;
+        let snap = pods
+            .iter()
+            .find(|s| s.id == decision.pod_id)
+            .ok_or(RouteError::NoDecision)?;
+        self.index.record_routed(decision.pod_id, request.blocks);
+        let chosen = decision.pods.iter().find(|p| p.id == decision.pod);
+        let prefix_score = chosen.map_or(0.0, |p| p.prefix_score);
+        let features = Features::new(snap, request.input_tokens, prefix_score);
+        let matched = self.router.matched_blocks(decision.pod_id);
+        let charge =
+            prefill_charge_tokens(request.input_tokens, matched, request.block_size_tokens);
+        let share = self.ledger.charge(decision.pod_id, charge);
+        let ticket = Ticket {
+            share,
+            class: snap.class.clone(),
+            features,
+            input_tokens: request.input_tokens,
+            predicted_ttft_ms: chosen.map_or(0.0, |p| p.predicted_ttft_ms),
+            predicted_tpot_ms: chosen.map_or(0.0, |p| p.predicted_tpot_ms),
+            first_token: false,
+        };
+        Ok(Routed { decision, ticket })
+    }
+
+    /// The healthy pod outside `excluded` with the least load (scraped queue or the ledger's
+    /// requests, whichever is larger), ties to the lower id: where requests the router does
+    /// not decide go (other `/v1/*` paths, bodiless requests).
+    pub fn least_loaded(&self, pods: &[PodSnapshot], excluded: &[PodId]) -> Option<PodId> {
+        pods.iter()
+            .filter(|p| p.healthy && !excluded.contains(&p.id))
+            .min_by_key(|p| {
+                let requests = self.ledger.in_flight(p.id).requests;
+                ((p.waiting + p.running).max(requests), p.id)
+            })
+            .map(|p| p.id)
+    }
+
+    /// Charges a request the router did not decide (no prompt, never trained on): one request
+    /// on `pod`, no tokens.
+    pub fn charge_unrouted(&mut self, pod: &PodSnapshot) -> Ticket {
+        Ticket {
+            share: self.ledger.charge(pod.id, 0),
+            class: pod.class.clone(),
+            features: Features::default(),
+            input_tokens: 0,
+            predicted_ttft_ms: 0.0,
+            predicted_tpot_ms: 0.0,
+            first_token: false,
+        }
+    }
+
+    /// The first token arrived: the prefill charge moves to decode (`input + 1` tokens).
+    /// Later calls do nothing.
+    pub fn first_token(&mut self, ticket: &mut Ticket) {
+        if ticket.first_token {
+            return;
+        }
+        ticket.first_token = true;
+        let decode = u64::from(ticket.input_tokens) + 1;
+        self.ledger.first_token(&mut ticket.share, decode);
+    }
+
+    /// `tokens` more tokens were generated after the first.
+    pub fn tokens_generated(&mut self, ticket: &mut Ticket, tokens: u64) {
+        self.ledger.add_decode(&mut ticket.share, tokens);
+    }
+
+    /// The request ended: its charge is returned; with an observation the predictor learns
+    /// from it (features at dispatch, the pod's class).
+    pub fn finish(&mut self, ticket: Ticket, observed: Option<Observed>) {
+        self.ledger.release(ticket.share);
+        if let Some(o) = observed {
+            self.predictor
+                .observe(&ticket.class, &ticket.features, o.ttft_ms, o.tpot_ms);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

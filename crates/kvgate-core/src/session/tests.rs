@@ -1,0 +1,175 @@
+use super::*;
+use crate::index::PrefixIndex;
+
+fn session(router: RouterConfig) -> RouterSession {
+    RouterSession::new(
+        router,
+        PolicyKind::AffinityGate,
+        PredictorConfig::default(),
+        7,
+    )
+}
+
+fn pods(n: u32) -> Vec<PodSnapshot> {
+    (0..n).map(|i| PodSnapshot::idle(i, "c", 1_000)).collect()
+}
+
+fn request(blocks: &[BlockHash], input_tokens: u32) -> RouteRequest<'_> {
+    RouteRequest {
+        blocks,
+        input_tokens,
+        block_size_tokens: 16,
+        slo: RequestSlo::default(),
+    }
+}
+
+#[test]
+fn a_routed_request_is_charged_its_uncached_whole_blocks_and_returns_every_charge() {
+    let mut s = session(RouterConfig::seed());
+    let blocks: Vec<BlockHash> = (0..251).collect();
+    // Pod 1 holds the first 250 blocks: the gate keeps it (score 0.996 > 0.80).
+    s.index_mut().record_routed(PodId(1), &blocks[..250]);
+    let mut snaps = pods(3);
+    let Routed {
+        decision,
+        mut ticket,
+    } = s.route(&request(&blocks, 4_010), &mut snaps, &[]).unwrap();
+    assert_eq!(decision.pod_id, PodId(1));
+    // 4,010 − 250 × 16 = 10 tokens to compute.
+    assert_eq!(ticket.prefill_tokens(), 10);
+    assert_eq!(
+        s.in_flight(PodId(1)),
+        InFlight {
+            requests: 1,
+            prefill_tokens: 10,
+            decode_tokens: 0
+        }
+    );
+    s.first_token(&mut ticket);
+    s.first_token(&mut ticket);
+    s.tokens_generated(&mut ticket, 4);
+    assert_eq!(
+        s.in_flight(PodId(1)),
+        InFlight {
+            requests: 1,
+            prefill_tokens: 0,
+            decode_tokens: 4_010 + 1 + 4
+        }
+    );
+    s.finish(ticket, None);
+    assert_eq!(s.in_flight_total(), 0);
+    assert_eq!(s.predictor().accuracy().samples, 0);
+}
+
+#[test]
+fn the_features_are_taken_before_the_request_is_charged_and_train_on_finish() {
+    let mut s = session(RouterConfig::seed());
+    let mut snaps = pods(1);
+    let first = s.route(&request(&[1, 2], 40), &mut snaps, &[]).unwrap();
+    let second = s.route(&request(&[3, 4], 40), &mut snaps, &[]).unwrap();
+    assert_eq!(first.ticket.features().prefill_tokens_in_flight, 0.0);
+    assert_eq!(second.ticket.features().prefill_tokens_in_flight, 40.0);
+    assert_eq!(snaps[0].in_flight.requests, 1, "snapshots carry the ledger");
+    s.finish(
+        first.ticket,
+        Some(Observed {
+            ttft_ms: 20.0,
+            tpot_ms: Some(5.0),
+        }),
+    );
+    s.finish(second.ticket, None);
+    assert_eq!(s.predictor().accuracy().samples, 1);
+    assert_eq!(s.in_flight_total(), 0);
+}
+
+#[test]
+fn excluded_pods_are_never_chosen_and_keep_their_health() {
+    let mut s = session(RouterConfig::default());
+    let mut snaps = pods(3);
+    for _ in 0..50 {
+        let r = s
+            .route(&request(&[9], 16), &mut snaps, &[PodId(0), PodId(2)])
+            .unwrap();
+        assert_eq!(r.decision.pod_id, PodId(1));
+        s.finish(r.ticket, None);
+    }
+    assert!(snaps.iter().all(|p| p.healthy));
+    assert_eq!(
+        s.route(
+            &request(&[9], 16),
+            &mut snaps,
+            &[PodId(0), PodId(1), PodId(2)]
+        )
+        .unwrap_err(),
+        RouteError::NoHealthyPod
+    );
+}
+
+#[test]
+fn objectives_change_routing_only_with_slo_routing_on() {
+    let slo = RequestSlo {
+        ttft_ms: Some(500.0),
+        tpot_ms: None,
+    };
+    for on in [false, true] {
+        let mut s = session(RouterConfig {
+            slo_routing: on,
+            ..RouterConfig::default()
+        });
+        let mut snaps = pods(2);
+        let req = RouteRequest {
+            slo,
+            ..request(&[1], 16)
+        };
+        let r = s.route(&req, &mut snaps, &[]).unwrap();
+        assert_eq!(r.decision.slo.is_some(), on, "slo_routing = {on}");
+    }
+}
+
+#[test]
+fn a_removed_pod_forgets_its_index_entries_and_its_charges() {
+    let mut s = session(RouterConfig::seed());
+    let mut snaps = pods(1);
+    let r = s.route(&request(&[1, 2, 3], 48), &mut snaps, &[]).unwrap();
+    assert!(s.index().indexed_blocks() > 0);
+    s.remove_pod(PodId(0));
+    assert_eq!(s.index().indexed_blocks(), 0);
+    assert_eq!(s.in_flight(PodId(0)), InFlight::default());
+    // The old ticket gives nothing back to the pod that reuses id 0.
+    let again = s.route(&request(&[7], 16), &mut snaps, &[]).unwrap();
+    s.finish(r.ticket, None);
+    assert_eq!(s.in_flight(PodId(0)).requests, 1);
+    s.finish(again.ticket, None);
+    assert_eq!(s.in_flight_total(), 0);
+}
+
+#[test]
+fn least_loaded_counts_the_ledger_and_skips_excluded_and_unhealthy_pods() {
+    let mut s = session(RouterConfig::seed());
+    let mut snaps = pods(3);
+    snaps[2].healthy = false;
+    let t = s.charge_unrouted(&snaps[0]);
+    assert_eq!(s.least_loaded(&snaps, &[]), Some(PodId(1)));
+    assert_eq!(s.least_loaded(&snaps, &[PodId(1)]), Some(PodId(0)));
+    assert_eq!(s.least_loaded(&snaps, &[PodId(0), PodId(1)]), None);
+    s.finish(t, None);
+    assert_eq!(s.least_loaded(&snaps, &[]), Some(PodId(0)));
+}
+
+#[test]
+fn the_same_seed_and_requests_give_the_same_decisions() {
+    let run = || {
+        let mut s = session(RouterConfig::default());
+        let mut snaps = pods(4);
+        (0..200u64)
+            .map(|i| {
+                let blocks: Vec<BlockHash> = (0..(i % 7 + 1)).map(|b| b + 100 * (i % 5)).collect();
+                let r = s.route(&request(&blocks, 64), &mut snaps, &[]).unwrap();
+                let pod = r.decision.pod_id;
+                s.finish(r.ticket, None);
+                pod
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(run(), run());
+}
