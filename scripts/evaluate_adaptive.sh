@@ -26,8 +26,8 @@ declare -A slo_workloads=(
 )
 for name in mooncake chat; do
   mkdir -p "$out/slo/$name"
-  run "$out/slo/$name/no-slo-routing.json" ${slo_workloads[$name]} --no-slo-routing
-  run "$out/slo/$name/slo-routing.json" ${slo_workloads[$name]}
+  run "$out/slo/$name/no-slo-routing.json" ${slo_workloads[$name]}
+  run "$out/slo/$name/slo-routing.json" ${slo_workloads[$name]} --slo-routing
   echo "slo $name done"
 done
 

@@ -1,12 +1,16 @@
 //! The cluster event loop: N engine models with kvgate's router in front, in discrete time.
 //!
-//! The router is fed exactly as in production (DESIGN.md §6):
+//! The router is production's: one [`RouterSession`] (the core's request lifecycle, as the
+//! gateway's proxy and ext_proc picker drive it) decides, charges the in-flight ledger and
+//! trains the predictor; this loop only models the pods and the wire. It is fed exactly as in
+//! production (DESIGN.md §6):
 //! - pod metrics (`waiting`, `running`, KV usage) are refreshed every `scrape_interval_ms`
 //!   (default 50 ms) from the engines, so the router sees them with a scrape delay;
-//! - the router's own in-flight counters are exact (updated at dispatch, first token, finish);
-//! - the prefix index is the routed (approximate) index, learning from where requests went, or
-//!   (`ClusterConfig::index`) the engine index fed by the pods' KV events with a delay and a
-//!   loss rate ([`crate::events`]);
+//! - the router's own in-flight counters are exact (the session's ledger: dispatch, first token,
+//!   every further token, finish);
+//! - the prefix index is the session's hybrid index: routed (learning from where requests
+//!   went), or (`ClusterConfig::index`) the engine index fed by the pods' KV events with a
+//!   delay and a loss rate ([`crate::events`]);
 //! - the predictor trains online from each completed request's features at dispatch, its TTFT
 //!   and mean TPOT, as the gateway does.
 //!
@@ -25,9 +29,10 @@ use std::collections::{BTreeMap, BinaryHeap};
 
 use kvgate_core::decision::Branch;
 use kvgate_core::policy::{PolicyKind, RequestSlo};
-use kvgate_core::predictor::{Features, LatencyPredictor, PredictorConfig};
-use kvgate_core::{DecisionRng, PodSnapshot, Router, RouterConfig};
-use rand::SeedableRng;
+use kvgate_core::predictor::PredictorConfig;
+use kvgate_core::{
+    Observed, PodId, PodSnapshot, RouteRequest, Routed, RouterConfig, RouterSession, Ticket,
+};
 
 use crate::engine::{Engine, EngineRequest};
 use crate::events::{IndexConfig, SimIndex};
@@ -66,10 +71,9 @@ pub struct ClusterConfig {
     /// The router's prefix index: routed, or engine events with delay and loss.
     pub index: IndexConfig,
     /// Latency objectives every request carries (none by default). The run reports goodput
-    /// against them; with `slo_routing` the router decides with them
-    /// (`Router::decide_with_slo`, the gateway's `x-slo-*` headers).
+    /// against them; with the router's `slo_routing` on, the router decides with them (as the
+    /// gateway does with `x-slo-*` headers).
     pub slo: RequestSlo,
-    pub slo_routing: bool,
 }
 
 impl ClusterConfig {
@@ -89,7 +93,6 @@ impl ClusterConfig {
             faults: None,
             index: IndexConfig::default(),
             slo: RequestSlo::default(),
-            slo_routing: true,
         }
     }
 
@@ -106,17 +109,10 @@ impl ClusterConfig {
 /// The class every pod reports under `class_blind_predictor`.
 pub const CLASS_BLIND: &str = "all";
 
-/// What the router remembers about a dispatched request until it finishes.
-#[derive(Debug, Clone, Copy)]
+/// A dispatched request until it finishes: its session ticket and what the loop measures.
+#[derive(Debug)]
 struct InFlightRequest {
-    pod: u32,
-    features: Features,
-    predicted_ttft_ms: f64,
-    predicted_tpot_ms: f64,
-    /// Uncached prompt tokens charged to the pod's `in_flight.prefill_tokens` until first token.
-    prefill_charge: u64,
-    /// Tokens charged to the pod's `in_flight.decode_tokens` since the first token.
-    decode_charge: u64,
+    ticket: Ticket,
     first_token_ms: Option<f64>,
     /// 0 for the first attempt, then 1, 2, … after the pod died before the first token.
     attempt: u8,
@@ -124,7 +120,7 @@ struct InFlightRequest {
 
 /// How routing one attempt of a request ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Routed {
+enum Outcome {
     Dispatched,
     /// No pod could take it (no healthy pod, or the engine refused it).
     NoPod,
@@ -161,11 +157,10 @@ pub fn run(config: &ClusterConfig, requests: &[SimRequest]) -> RunMetrics {
 struct Cluster {
     config: ClusterConfig,
     engines: Vec<Engine>,
+    /// The pods' scraped state (the session fills in its in-flight counters when it routes).
     snapshots: Vec<PodSnapshot>,
-    router: Router,
+    session: RouterSession,
     index: SimIndex,
-    predictor: LatencyPredictor,
-    rng: DecisionRng,
     in_flight: Vec<Option<InFlightRequest>>,
     /// Pending step ends: (time key, pod). One per busy pod, plus stale ones of crashed pods.
     steps: BinaryHeap<Reverse<(u64, u32)>>,
@@ -188,7 +183,13 @@ impl Cluster {
             .iter()
             .map(|profile| config.kv_blocks.unwrap_or(profile.kv_blocks))
             .collect();
-        let index = SimIndex::new(config.index, &capacities, config.seed);
+        let mut session = RouterSession::new(
+            config.router,
+            config.policy,
+            config.predictor.clone(),
+            config.seed,
+        );
+        let index = SimIndex::new(config.index, &capacities, config.seed, session.index_mut());
         let engines: Vec<Engine> = fleet
             .iter()
             .map(|profile| {
@@ -212,13 +213,11 @@ impl Cluster {
         let mut recorder = RunRecorder::new(pods as usize, requests);
         recorder.set_slo(config.slo);
         Cluster {
-            router: Router::new(config.router, config.policy),
-            predictor: LatencyPredictor::new(config.predictor.clone()),
-            rng: DecisionRng::seed_from_u64(config.seed),
+            session,
             engines,
             snapshots,
             index,
-            in_flight: vec![None; requests],
+            in_flight: (0..requests).map(|_| None).collect(),
             steps: BinaryHeap::new(),
             step_due: vec![None; pods as usize],
             busy: vec![false; pods as usize],
@@ -302,20 +301,13 @@ impl Cluster {
             }
         }
         let engines: Vec<_> = self.engines.iter().map(Engine::metrics).collect();
-        let leaked: u64 = self
-            .snapshots
-            .iter()
-            .map(|s| {
-                u64::from(s.in_flight.requests)
-                    + s.in_flight.prefill_tokens
-                    + s.in_flight.decode_tokens
-            })
-            .sum();
-        let mut metrics = self.recorder.finish(&engines, self.predictor.accuracy());
-        metrics.in_flight_left = leaked;
+        let mut metrics = self
+            .recorder
+            .finish(&engines, self.session.predictor().accuracy());
+        metrics.in_flight_left = self.session.in_flight_total();
         metrics.faults = self.faults.map(FaultRecorder::finish);
         metrics.kv_index = Some(self.index.report());
-        metrics.gate_state = self.router.gate_state();
+        metrics.gate_state = self.session.router().gate_state();
         metrics
     }
 
@@ -358,19 +350,7 @@ impl Cluster {
             let Some(req) = self.in_flight.get_mut(id as usize).and_then(Option::take) else {
                 continue;
             };
-            let snap = &mut self.snapshots[pod];
-            snap.in_flight.requests = snap.in_flight.requests.saturating_sub(1);
-            if req.first_token_ms.is_none() {
-                snap.in_flight.prefill_tokens = snap
-                    .in_flight
-                    .prefill_tokens
-                    .saturating_sub(req.prefill_charge);
-            } else {
-                snap.in_flight.decode_tokens = snap
-                    .in_flight
-                    .decode_tokens
-                    .saturating_sub(req.decode_charge);
-            }
+            self.session.finish(req.ticket, None);
             let arrival = self.recorder.arrival_ms(id).unwrap_or(now);
             let retry = req.first_token_ms.is_none() && req.attempt < MAX_RETRIES;
             let routed = match requests.get(id as usize) {
@@ -378,11 +358,11 @@ impl Cluster {
                     if let Some(f) = &mut self.faults {
                         f.retried += 1;
                     }
-                    self.route(r, now, req.attempt + 1, &mut vec![pod as u32])
+                    self.route(r, now, req.attempt + 1, &mut vec![PodId(pod as u32)])
                 }
-                _ => Routed::OutOfRetries,
+                _ => Outcome::OutOfRetries,
             };
-            if routed != Routed::Dispatched
+            if routed != Outcome::Dispatched
                 && let Some(f) = &mut self.faults
             {
                 f.failed(arrival, req.first_token_ms.is_some());
@@ -410,9 +390,9 @@ impl Cluster {
             f.arrived(now);
         }
         match self.route(r, now, 0, &mut Vec::new()) {
-            Routed::Dispatched => self.recorder.dispatched(r.id, now),
-            Routed::NoPod => self.recorder.rejected(r.id),
-            Routed::OutOfRetries => {
+            Outcome::Dispatched => self.recorder.dispatched(r.id, now),
+            Outcome::NoPod => self.recorder.rejected(r.id),
+            Outcome::OutOfRetries => {
                 self.recorder.dispatched(r.id, now);
                 if let Some(f) = &mut self.faults {
                     f.failed(now, false);
@@ -421,54 +401,35 @@ impl Cluster {
         }
     }
 
-    /// Decides and dispatches one attempt of `r` (and the next ones while the chosen pod turns
+    /// Routes and dispatches one attempt of `r` (and the next ones while the chosen pod turns
     /// out to be down), with the `excluded` pods unavailable to it.
     fn route(
         &mut self,
         r: &SimRequest,
         now: f64,
         mut attempt: u8,
-        excluded: &mut Vec<u32>,
-    ) -> Routed {
-        self.index.advance(now);
+        excluded: &mut Vec<PodId>,
+    ) -> Outcome {
+        self.index.advance(now, self.session.index_mut());
+        let request = RouteRequest {
+            blocks: &r.blocks,
+            input_tokens: r.input_tokens,
+            block_size_tokens: SIM_BLOCK_SIZE_TOKENS,
+            slo: self.config.slo,
+        };
         loop {
-            let healthy: Vec<bool> = excluded
-                .iter()
-                .map(|&p| std::mem::replace(&mut self.snapshots[p as usize].healthy, false))
-                .collect();
-            let decided = if self.config.slo_routing && self.config.slo != RequestSlo::default() {
-                self.router.decide_with_slo(
-                    &r.blocks,
-                    r.input_tokens,
-                    self.config.slo,
-                    &self.snapshots,
-                    self.index.index(),
-                    &self.predictor,
-                    &mut self.rng,
-                )
-            } else {
-                self.router.decide(
-                    &r.blocks,
-                    r.input_tokens,
-                    &self.snapshots,
-                    self.index.index(),
-                    &self.predictor,
-                    &mut self.rng,
-                )
+            let Ok(routed) = self.session.route(&request, &mut self.snapshots, excluded) else {
+                return Outcome::NoPod;
             };
-            for (&p, h) in excluded.iter().zip(healthy) {
-                self.snapshots[p as usize].healthy = h;
-            }
-            let Ok(decision) = decided else {
-                return Routed::NoPod;
-            };
-            let pod = decision.pod_id.index();
-            if !self.up[pod] {
-                // Connection refused: the pod is marked unhealthy and the request decided again.
-                self.snapshots[pod].healthy = false;
-                excluded.push(pod as u32);
+            let pod = routed.decision.pod_id;
+            if !self.up[pod.index()] {
+                // Connection refused: the attempt ends, the pod is marked unhealthy and the
+                // request decided again (the gateway's retry).
+                self.session.finish(routed.ticket, None);
+                self.snapshots[pod.index()].healthy = false;
+                excluded.push(pod);
                 if attempt >= MAX_RETRIES {
-                    return Routed::OutOfRetries;
+                    return Outcome::OutOfRetries;
                 }
                 attempt += 1;
                 if let Some(f) = &mut self.faults {
@@ -477,64 +438,39 @@ impl Cluster {
                 continue;
             }
             // Branches and scores count the attempts that reached a pod.
-            self.recorder.decided(&decision);
-            return self.dispatch(r, now, &decision, attempt);
+            self.recorder.decided(&routed.decision);
+            return self.dispatch(r, now, routed, attempt);
         }
     }
 
-    /// Sends `r` to the pod `decision` chose: index, router charges, engine.
-    fn dispatch(
-        &mut self,
-        r: &SimRequest,
-        now: f64,
-        decision: &kvgate_core::decision::Decision,
-        attempt: u8,
-    ) -> Routed {
+    /// Sends `r` to the pod the session chose: the index's accuracy noted, the engine given
+    /// the request (a refusal ends the attempt).
+    fn dispatch(&mut self, r: &SimRequest, now: f64, routed: Routed, attempt: u8) -> Outcome {
+        let Routed { decision, ticket } = routed;
         let pod = decision.pod_id.index();
-        let chosen = decision
-            .pods
-            .iter()
-            .position(|p| p.id == decision.pod)
-            .and_then(|i| decision.pods.get(i));
-        let (score, ttft, tpot) = chosen.map_or((0.0, 0.0, 0.0), |p| {
-            (p.prefix_score, p.predicted_ttft_ms, p.predicted_tpot_ms)
-        });
-        let index_blocks = (score * r.blocks.len() as f64).round() as u32;
+        let index_blocks = self.session.router().matched_blocks(decision.pod_id);
         let true_blocks = self.engines[pod].cached_prefix_blocks(&r.blocks) as u32;
         self.index.observe(index_blocks, true_blocks);
-        self.index
-            .index_mut()
-            .record_routed(decision.pod_id, &r.blocks);
-
-        let snap = &mut self.snapshots[pod];
-        let features = Features::new(snap, r.input_tokens, score);
-        let cached_tokens =
-            (score * r.blocks.len() as f64).round() * f64::from(SIM_BLOCK_SIZE_TOKENS);
-        let prefill_charge = (f64::from(r.input_tokens) - cached_tokens).max(0.0) as u64;
         if self.engines[pod]
             .add_request(now, EngineRequest::from(r))
             .is_err()
         {
-            return Routed::NoPod;
+            self.session.finish(ticket, None);
+            return Outcome::NoPod;
         }
-        snap.in_flight.requests += 1;
-        snap.in_flight.prefill_tokens += prefill_charge;
         if let Some(slot) = self.in_flight.get_mut(r.id as usize) {
             *slot = Some(InFlightRequest {
-                pod: pod as u32,
-                features,
-                predicted_ttft_ms: ttft,
-                predicted_tpot_ms: tpot,
-                prefill_charge,
-                decode_charge: 0,
+                ticket,
                 first_token_ms: None,
                 attempt,
             });
+        } else {
+            self.session.finish(ticket, None);
         }
         if !self.busy[pod] {
             self.start_step(pod, now);
         }
-        Routed::Dispatched
+        Outcome::Dispatched
     }
 
     fn start_step(&mut self, pod: usize, now_ms: f64) {
@@ -565,26 +501,16 @@ impl Cluster {
             let Some(Some(req)) = self.in_flight.get_mut(e.request_id as usize) else {
                 continue;
             };
-            let snap = &mut self.snapshots[pod];
             if req.first_token_ms.is_none() {
                 req.first_token_ms = Some(now_ms);
-                snap.in_flight.prefill_tokens = snap
-                    .in_flight
-                    .prefill_tokens
-                    .saturating_sub(req.prefill_charge);
-                req.decode_charge = req.features.input_tokens as u64;
-                snap.in_flight.decode_tokens += req.decode_charge;
+                self.session.first_token(&mut req.ticket);
+            } else {
+                self.session.tokens_generated(&mut req.ticket, 1);
             }
-            req.decode_charge += 1;
-            snap.in_flight.decode_tokens += 1;
             if e.finished {
-                snap.in_flight.requests = snap.in_flight.requests.saturating_sub(1);
-                snap.in_flight.decode_tokens = snap
-                    .in_flight
-                    .decode_tokens
-                    .saturating_sub(req.decode_charge);
-                let req = *req;
-                self.in_flight[e.request_id as usize] = None;
+                let Some(req) = self.in_flight[e.request_id as usize].take() else {
+                    continue;
+                };
                 let first = req.first_token_ms.unwrap_or(now_ms);
                 let ttft = self.recorder.ttft_ms(e.request_id, first);
                 if let Some(f) = &mut self.faults {
@@ -593,16 +519,26 @@ impl Cluster {
                 }
                 let tpot = (e.output_tokens_so_far > 1)
                     .then(|| (now_ms - first) / f64::from(e.output_tokens_so_far - 1));
-                self.predictor
-                    .observe(&self.snapshots[pod].class, &req.features, ttft, tpot);
+                let predicted = (
+                    req.ticket.predicted_ttft_ms(),
+                    req.ticket.predicted_tpot_ms(),
+                );
+                let routed_to = req.ticket.pod().index();
+                self.session.finish(
+                    req.ticket,
+                    Some(Observed {
+                        ttft_ms: ttft,
+                        tpot_ms: tpot,
+                    }),
+                );
                 self.recorder.completed(
                     e.request_id,
-                    req.pod as usize,
+                    routed_to,
                     ttft,
                     tpot,
                     now_ms,
                     e.output_tokens_so_far,
-                    (req.predicted_ttft_ms, req.predicted_tpot_ms),
+                    predicted,
                 );
             }
         }

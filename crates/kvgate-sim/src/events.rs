@@ -1,8 +1,12 @@
-//! The router's prefix index in the simulator: routed (learns from routing) or engine (fed by
-//! the simulated pods' KV-cache events, with a delivery delay and seeded loss).
+//! The simulated pods' KV-event feed: routed mode (no events: the router's index learns from
+//! routing only) or engine mode (the pods' cache changes reach the router's index with a
+//! delivery delay and seeded loss).
 //!
-//! DESIGN.md §4 and §7; the gateway's counterpart is `kvgate_core::index::engine::HybridIndex`
-//! fed by `kvgate-gateway/src/kv_events.rs`.
+//! DESIGN.md §4 and §7. The index is production's: the session's
+//! [`kvgate_core::index::engine::HybridIndex`], and each pod's event sequence is followed by
+//! [`kvgate_core::index::follower::KvEventFollower`], exactly as the gateway's ZeroMQ task
+//! (`kvgate-gateway/src/kv_events.rs`) does. What this module adds is the model of the wire:
+//! batches with sequence numbers, a delay, losses and the pods' replay buffers.
 //!
 //! # Algorithm
 //!
@@ -13,10 +17,11 @@
 //!   for every pod), and applied lazily: before each routing decision, every batch due by then
 //!   is applied, which is the same as applying each at its delivery time, since only decisions
 //!   read the index.
+//! - Each pod numbers its batches from 0 (again from 0 after a restart), as vLLM does.
 //! - A batch is **lost** with probability `loss` (default 0), drawn from a ChaCha8 RNG seeded by
 //!   the run's seed (one draw per batch, separate from the decision RNG, so a loss rate does not
-//!   change the decisions' random draws). Like the gateway, the router notices a loss only when
-//!   the pod's next batch arrives (its sequence number jumps). Then, by `recovery`:
+//!   change the decisions' random draws). As in the gateway, the follower notices a loss only
+//!   when the pod's next batch arrives (its sequence number jumps). Then, by `recovery`:
 //!   - `replay` (default; what the gateway does against vLLM or the mock pod, whose replay
 //!     buffers hold [`REPLAY_BUFFER_BATCHES`] = 10,000 batches): the missing batches are fetched
 //!     and applied, in order, before the batch that revealed the gap. A loss only delays a batch
@@ -26,11 +31,13 @@
 //!     `stale_rebuild_ms` (default 30,000, the gateway's `STALE_REBUILD`): its score comes from
 //!     the routed index (kept warm with every decision, as the gateway's hybrid index does)
 //!     while new events rebuild its view; then the engine view is trusted again.
+//! - A pod restart reaches the router `delay_ms` after the crash (never lost): the follower
+//!   clears the pod (its cache is empty) and batches lost before it are forgotten.
 //! - The engine view of a pod is exact, not an LRU guess: `Stored` adds the block, `Removed`
 //!   takes it out. The simulated engines hash blocks exactly as the router does
-//!   ([`crate::SimRequest::blocks`]), so the engine's hash *is* the router's hash here; the
-//!   re-hashing of `token_ids` and the engine → router hash map are the core's
-//!   (`EngineIndex`), tested there, and not modelled again.
+//!   ([`crate::SimRequest::blocks`]), so the engine's hash *is* the router's hash here
+//!   (`EngineIndex::apply_prehashed`); the re-hashing of `token_ids` is the core's, tested
+//!   there, and not modelled again.
 //!
 //! # Parameters (defaults)
 //!
@@ -38,17 +45,17 @@
 //!
 //! # Bounds
 //!
-//! Engine view: per pod ≤ its KV blocks (a pod never caches more; the view is a
-//! `RoutedIndex` with that capacity, so even lost removals cannot grow it). Batches in flight:
+//! Engine view: per pod ≤ its KV blocks (a pod never caches more; the engine index's block map
+//! has that capacity, so even lost removals cannot grow it). Batches in flight:
 //! those published in the last `delay_ms` (each ≤ the blocks a step touches); lost batches held
 //! for replay: those since the pod's last delivered batch, ≤ [`REPLAY_BUFFER_BATCHES`] per pod.
 
-use std::cell::RefCell;
 use std::collections::VecDeque;
 
+use kvgate_core::PodId;
 use kvgate_core::index::PrefixIndex;
-use kvgate_core::index::routed::RoutedIndex;
-use kvgate_core::{BlockHash, PodId};
+use kvgate_core::index::engine::{EngineIndex, HybridIndex, PrehashedEvent};
+use kvgate_core::index::follower::{BatchStep, KvEventFollower};
 use rand::rngs::ChaCha8Rng;
 use rand::{RngExt, SeedableRng};
 use serde::Serialize;
@@ -58,8 +65,8 @@ use crate::engine::KvEvent;
 /// Batches a pod's replay buffer holds (vLLM's `buffer_steps` default, the mock pod's buffer).
 pub const REPLAY_BUFFER_BATCHES: usize = 10_000;
 
-/// The gateway's `STALE_REBUILD` (30 s), in ms.
-pub const DEFAULT_STALE_REBUILD_MS: f64 = 30_000.0;
+/// The gateway's stale rebuild time (30 s), in ms.
+pub const DEFAULT_STALE_REBUILD_MS: f64 = kvgate_core::index::follower::DEFAULT_STALE_REBUILD_MS;
 
 /// Mixed into the run's seed for the loss RNG, so it differs from the decision RNG's stream.
 const LOSS_SEED_SALT: u64 = 0x6b76_5f65_7665_6e74;
@@ -142,311 +149,144 @@ pub struct IndexReport {
 struct Batch {
     deliver_ms: f64,
     pod: u32,
+    seq: u64,
     lost: bool,
-    /// The pod restarted: its cache is empty (the gateway sees the sequence start from 0).
+    /// The pod restarted: its cache is empty (news of it, not a batch of events).
     restart: bool,
     events: Vec<KvEvent>,
 }
 
-/// The engine index with its event feed and routed fallback; see the module docs.
+/// The event feed of engine mode; see the module docs.
 #[derive(Debug)]
-pub struct EventIndex {
-    config: IndexConfig,
-    /// Exact per-pod view from events.
-    engine: RoutedIndex,
-    /// Routing history, used for stale pods.
-    routed: RoutedIndex,
-    /// Per pod: stale until this time (ms), if stale.
-    stale_until: Vec<Option<f64>>,
-    /// Per pod: lost batches not yet noticed (replayed, or dropped for `stale`, when the pod's
-    /// next batch arrives).
+struct EventFeed {
+    /// Per pod: the follower of its sequence and the next `seq` it publishes.
+    followers: Vec<KvEventFollower>,
+    next_seq: Vec<u64>,
+    /// Per pod: lost batches not yet noticed (the part of the pod's replay buffer a replay
+    /// would return).
     lost: Vec<Vec<Batch>>,
     /// Per pod: the current gap outgrew the replay buffer.
     unreplayable: Vec<bool>,
     in_flight: VecDeque<Batch>,
     rng: ChaCha8Rng,
-    /// Time of the last `advance`.
-    now_ms: f64,
-    report: IndexReport,
-    scratch: RefCell<Vec<u32>>,
 }
 
-impl EventIndex {
-    /// An index for pods with these KV-block capacities.
-    pub fn new(config: IndexConfig, capacities: &[u32], seed: u64) -> Self {
-        let mut engine = RoutedIndex::new();
-        let mut routed = RoutedIndex::new();
+/// The simulated router's event feed (engine mode) and the accuracy bookkeeping both modes
+/// share; the index itself is the session's.
+#[derive(Debug)]
+pub struct SimIndex {
+    config: IndexConfig,
+    feed: Option<EventFeed>,
+    report: IndexReport,
+}
+
+impl SimIndex {
+    /// Sets up `index` for pods with these KV-block capacities: every pod's routed capacity,
+    /// and in engine mode every pod followed by the engine index.
+    pub fn new(
+        config: IndexConfig,
+        capacities: &[u32],
+        seed: u64,
+        index: &mut HybridIndex,
+    ) -> Self {
+        let engine = config.mode == IndexMode::Engine;
         for (i, &c) in capacities.iter().enumerate() {
-            engine.set_capacity(PodId(i as u32), c);
-            routed.set_capacity(PodId(i as u32), c);
+            let pod = PodId(i as u32);
+            if engine {
+                index.engine.add_pod(pod, SIM_MODEL);
+            }
+            index.set_capacity(pod, c);
         }
-        EventIndex {
-            config,
-            engine,
-            routed,
-            stale_until: vec![None; capacities.len()],
-            lost: (0..capacities.len()).map(|_| Vec::new()).collect(),
-            unreplayable: vec![false; capacities.len()],
+        let n = capacities.len();
+        let feed = engine.then(|| EventFeed {
+            followers: (0..n)
+                .map(|i| KvEventFollower::new(PodId(i as u32), config.stale_rebuild_ms))
+                .collect(),
+            next_seq: vec![0; n],
+            lost: (0..n).map(|_| Vec::new()).collect(),
+            unreplayable: vec![false; n],
             in_flight: VecDeque::new(),
             rng: ChaCha8Rng::seed_from_u64(seed ^ LOSS_SEED_SALT),
-            now_ms: 0.0,
+        });
+        SimIndex {
+            config,
+            feed,
             report: IndexReport {
                 config,
                 ..IndexReport::default()
             },
-            scratch: RefCell::new(Vec::new()),
         }
+    }
+
+    /// Whether the engines must record their cache changes.
+    pub fn wants_events(&self) -> bool {
+        self.feed.is_some()
     }
 
     /// A pod's step ended at `at_ms` with these cache changes: publish them as one batch.
     pub fn publish(&mut self, pod: u32, at_ms: f64, events: &[KvEvent]) {
+        let Some(feed) = &mut self.feed else { return };
         if events.is_empty() {
             return;
         }
-        let lost = self.config.loss > 0.0 && self.rng.random::<f64>() < self.config.loss;
-        self.in_flight.push_back(Batch {
+        let Some(next) = feed.next_seq.get_mut(pod as usize) else {
+            return;
+        };
+        let seq = *next;
+        *next += 1;
+        let lost = self.config.loss > 0.0 && feed.rng.random::<f64>() < self.config.loss;
+        feed.in_flight.push_back(Batch {
             deliver_ms: at_ms + self.config.delay_ms.max(0.0),
             pod,
+            seq,
             lost,
             restart: false,
             events: events.to_vec(),
         });
     }
 
-    /// The pod died at `at_ms` and came back empty: once that news arrives (`delay_ms` later,
-    /// never lost), the pod's engine view is cleared and batches lost before it are dropped.
+    /// The pod died at `at_ms` and came back empty: its sequence starts again from 0, and the
+    /// news reaches the router `delay_ms` later (never lost).
     pub fn restart(&mut self, pod: u32, at_ms: f64) {
-        self.in_flight.push_back(Batch {
+        let Some(feed) = &mut self.feed else { return };
+        if let Some(next) = feed.next_seq.get_mut(pod as usize) {
+            *next = 0;
+        }
+        feed.in_flight.push_back(Batch {
             deliver_ms: at_ms + self.config.delay_ms.max(0.0),
             pod,
+            seq: 0,
             lost: false,
             restart: true,
             events: Vec::new(),
         });
     }
 
-    /// Applies every batch due by `now_ms`.
-    pub fn advance(&mut self, now_ms: f64) {
-        while self
+    /// Applies to `index` every batch due by `now_ms`, then ends stale episodes that are over.
+    pub fn advance(&mut self, now_ms: f64, index: &mut HybridIndex) {
+        let Some(feed) = &mut self.feed else { return };
+        while feed
             .in_flight
             .front()
             .is_some_and(|b| b.deliver_ms <= now_ms)
         {
-            if let Some(batch) = self.in_flight.pop_front() {
-                self.deliver(batch);
+            if let Some(batch) = feed.in_flight.pop_front() {
+                feed.deliver(
+                    batch,
+                    self.config.recovery,
+                    &mut self.report,
+                    &mut index.engine,
+                );
             }
         }
-        self.now_ms = now_ms;
-        // A pod whose rebuild time is over is live again; clearing it keeps `match_prefix`'s
-        // fast path (no stale pod: no routed lookup) once every episode has ended.
-        for s in &mut self.stale_until {
-            if s.is_some_and(|until| now_ms >= until) {
-                *s = None;
-            }
-        }
-    }
-
-    fn deliver(&mut self, batch: Batch) {
-        let pod = batch.pod as usize;
-        if batch.restart {
-            self.report.pod_restarts += 1;
-            if let Some(held) = self.lost.get_mut(pod) {
-                held.clear();
-            }
-            self.clear_engine_view(batch.pod);
-            return;
-        }
-        self.report.batches += 1;
-        if batch.lost {
-            self.report.lost_batches += 1;
-            if let Some(held) = self.lost.get_mut(pod) {
-                if held.len() >= REPLAY_BUFFER_BATCHES {
-                    // The pod's replay buffer no longer holds the start of this gap.
-                    held.clear();
-                    if let Some(u) = self.unreplayable.get_mut(pod) {
-                        *u = true;
-                    }
-                }
-                held.push(batch);
-            }
-            return;
-        }
-        let unreplayable = self.unreplayable.get_mut(pod).is_some_and(std::mem::take);
-        let missed = self
-            .lost
-            .get_mut(pod)
-            .map(std::mem::take)
-            .unwrap_or_default();
-        if !missed.is_empty() {
-            match (self.config.recovery, unreplayable) {
-                (LossRecovery::Replay, false) => {
-                    self.report.replayed_batches += missed.len() as u64;
-                    for b in &missed {
-                        self.apply(b);
-                    }
-                }
-                _ => {
-                    self.report.stale_episodes += 1;
-                    self.clear_engine_view(batch.pod);
-                    if let Some(s) = self.stale_until.get_mut(pod) {
-                        *s = Some(batch.deliver_ms + self.config.stale_rebuild_ms);
-                    }
-                }
-            }
-        }
-        self.apply(&batch);
-    }
-
-    fn clear_engine_view(&mut self, pod: u32) {
-        let capacity = self.engine.capacity_blocks(PodId(pod));
-        self.engine.remove_pod(PodId(pod));
-        if let Some(c) = capacity {
-            self.engine.set_capacity(PodId(pod), c);
-        }
-    }
-
-    fn apply(&mut self, batch: &Batch) {
-        let pod = PodId(batch.pod);
-        for e in &batch.events {
-            match *e {
-                KvEvent::Stored(h) => {
-                    self.engine.record_routed(pod, &[h]);
-                    self.report.stored_blocks += 1;
-                }
-                KvEvent::Removed(h) => {
-                    self.engine.remove_block(pod, h);
-                    self.report.removed_blocks += 1;
-                }
-            }
-        }
-    }
-
-    /// True when the pod's engine view is trusted at the last `advance` time.
-    pub fn is_live(&self, pod: PodId) -> bool {
-        self.stale_until
-            .get(pod.index())
-            .is_none_or(|s| s.is_none_or(|until| self.now_ms >= until))
-    }
-
-    /// Blocks the engine view holds for `pod`.
-    pub fn engine_blocks(&self, pod: PodId) -> usize {
-        self.engine.pod_blocks(pod)
-    }
-
-    pub fn report(&self) -> &IndexReport {
-        &self.report
-    }
-}
-
-impl PrefixIndex for EventIndex {
-    fn match_prefix(&self, blocks: &[BlockHash], matched: &mut Vec<u32>) {
-        self.engine.match_prefix(blocks, matched);
-        if self.stale_until.iter().all(|s| s.is_none()) {
-            return;
-        }
-        let mut routed = self.scratch.borrow_mut();
-        self.routed.match_prefix(blocks, &mut routed);
-        if matched.len() < routed.len() {
-            matched.resize(routed.len(), 0);
-        }
-        for (i, m) in matched.iter_mut().enumerate() {
-            if !self.is_live(PodId(i as u32)) {
-                *m = routed.get(i).copied().unwrap_or(0);
-            }
-        }
-    }
-
-    fn record_routed(&mut self, pod: PodId, blocks: &[BlockHash]) {
-        self.routed.record_routed(pod, blocks);
-    }
-
-    fn set_capacity(&mut self, pod: PodId, capacity_blocks: u32) {
-        self.engine.set_capacity(pod, capacity_blocks);
-        self.routed.set_capacity(pod, capacity_blocks);
-    }
-
-    fn remove_pod(&mut self, pod: PodId) {
-        self.engine.remove_pod(pod);
-        self.routed.remove_pod(pod);
-    }
-
-    fn indexed_blocks(&self) -> usize {
-        self.engine.indexed_blocks() + self.routed.indexed_blocks()
-    }
-}
-
-/// The simulated router's index: one of the two modes, with the accuracy bookkeeping both share.
-#[derive(Debug)]
-pub enum SimIndex {
-    Routed(RoutedIndex, IndexReport),
-    Engine(Box<EventIndex>),
-}
-
-impl SimIndex {
-    pub fn new(config: IndexConfig, capacities: &[u32], seed: u64) -> Self {
-        match config.mode {
-            IndexMode::Routed => {
-                let mut index = RoutedIndex::new();
-                for (i, &c) in capacities.iter().enumerate() {
-                    index.set_capacity(PodId(i as u32), c);
-                }
-                SimIndex::Routed(
-                    index,
-                    IndexReport {
-                        config,
-                        ..IndexReport::default()
-                    },
-                )
-            }
-            IndexMode::Engine => {
-                SimIndex::Engine(Box::new(EventIndex::new(config, capacities, seed)))
-            }
-        }
-    }
-
-    /// Whether the engines must record their cache changes.
-    pub fn wants_events(&self) -> bool {
-        matches!(self, SimIndex::Engine(_))
-    }
-
-    pub fn index(&self) -> &dyn PrefixIndex {
-        match self {
-            SimIndex::Routed(i, _) => i,
-            SimIndex::Engine(i) => i.as_ref(),
-        }
-    }
-
-    pub fn index_mut(&mut self) -> &mut dyn PrefixIndex {
-        match self {
-            SimIndex::Routed(i, _) => i,
-            SimIndex::Engine(i) => i.as_mut(),
-        }
-    }
-
-    /// See [`EventIndex::publish`]; nothing in routed mode.
-    pub fn publish(&mut self, pod: u32, at_ms: f64, events: &[KvEvent]) {
-        if let SimIndex::Engine(i) = self {
-            i.publish(pod, at_ms, events);
-        }
-    }
-
-    /// See [`EventIndex::restart`]; nothing in routed mode (the router is not told).
-    pub fn restart(&mut self, pod: u32, at_ms: f64) {
-        if let SimIndex::Engine(i) = self {
-            i.restart(pod, at_ms);
-        }
-    }
-
-    /// See [`EventIndex::advance`]; nothing in routed mode.
-    pub fn advance(&mut self, now_ms: f64) {
-        if let SimIndex::Engine(i) = self {
-            i.advance(now_ms);
+        for f in &mut feed.followers {
+            f.tick(now_ms, &mut index.engine);
         }
     }
 
     /// Records how many leading blocks the index gave the chosen pod vs what it held.
     pub fn observe(&mut self, index_blocks: u32, true_blocks: u32) {
-        let r = self.report_mut();
+        let r = &mut self.report;
         let err = f64::from(index_blocks.abs_diff(true_blocks));
         r.decisions += 1;
         if err == 0.0 {
@@ -456,17 +296,90 @@ impl SimIndex {
         r.mean_abs_error_blocks += (err - r.mean_abs_error_blocks) / r.decisions as f64;
     }
 
-    fn report_mut(&mut self) -> &mut IndexReport {
-        match self {
-            SimIndex::Routed(_, r) => r,
-            SimIndex::Engine(i) => &mut i.report,
-        }
-    }
-
     pub fn report(&self) -> IndexReport {
-        match self {
-            SimIndex::Routed(_, r) => r.clone(),
-            SimIndex::Engine(i) => i.report.clone(),
+        self.report.clone()
+    }
+}
+
+/// The chain seed of the simulated pods' model (unused by pre-hashed events).
+const SIM_MODEL: &str = "sim";
+
+impl EventFeed {
+    fn deliver(
+        &mut self,
+        batch: Batch,
+        recovery: LossRecovery,
+        report: &mut IndexReport,
+        engine: &mut EngineIndex,
+    ) {
+        let pod = batch.pod as usize;
+        let (Some(follower), Some(held), Some(unreplayable)) = (
+            self.followers.get_mut(pod),
+            self.lost.get_mut(pod),
+            self.unreplayable.get_mut(pod),
+        ) else {
+            return;
+        };
+        if batch.restart {
+            report.pod_restarts += 1;
+            held.clear();
+            *unreplayable = false;
+            follower.restarted(batch.deliver_ms, engine);
+            return;
+        }
+        report.batches += 1;
+        if batch.lost {
+            report.lost_batches += 1;
+            if held.len() >= REPLAY_BUFFER_BATCHES {
+                // The pod's replay buffer no longer holds the start of this gap.
+                held.clear();
+                *unreplayable = true;
+            }
+            held.push(batch);
+            return;
+        }
+        let (from, to) = match follower.on_batch(batch.seq, batch.deliver_ms, engine) {
+            BatchStep::Skip => return,
+            BatchStep::Apply { .. } => (batch.seq, batch.seq),
+            // The simulated router follows every pod from its first batch, so a first `seq`
+            // above 0 means the batches before it were lost: a gap like any other.
+            BatchStep::JoinedLate { to } => (0, to),
+            BatchStep::Gap { from, to } => (from, to),
+        };
+        let missed = std::mem::take(held);
+        let overflowed = std::mem::take(unreplayable);
+        if from < to {
+            // What the pod's replay buffer returns: the held batches, if they are the whole gap.
+            let complete = recovery == LossRecovery::Replay
+                && !overflowed
+                && missed.len() as u64 == to - from
+                && missed.first().is_some_and(|b| b.seq == from);
+            if complete {
+                report.replayed_batches += missed.len() as u64;
+                for b in &missed {
+                    apply(b, report, engine);
+                }
+            } else {
+                report.stale_episodes += 1;
+            }
+            follower.gap_result(complete, batch.deliver_ms, engine);
+        }
+        apply(&batch, report, engine);
+    }
+}
+
+fn apply(batch: &Batch, report: &mut IndexReport, engine: &mut EngineIndex) {
+    let pod = PodId(batch.pod);
+    for e in &batch.events {
+        match e {
+            KvEvent::Stored(h) => {
+                engine.apply_prehashed(pod, &PrehashedEvent::Stored(std::slice::from_ref(h)));
+                report.stored_blocks += 1;
+            }
+            KvEvent::Removed(h) => {
+                engine.apply_prehashed(pod, &PrehashedEvent::Removed(std::slice::from_ref(h)));
+                report.removed_blocks += 1;
+            }
         }
     }
 }
@@ -476,6 +389,7 @@ mod tests {
     use super::*;
     use crate::engine::{Engine, EngineRequest};
     use crate::profiles::Profile;
+    use kvgate_core::BlockHash;
     use rand::RngExt;
     use std::sync::Arc;
 
@@ -489,9 +403,48 @@ mod tests {
         }
     }
 
-    fn matched(index: &dyn PrefixIndex, blocks: &[BlockHash]) -> Vec<u32> {
+    /// The feed and the index it fills, as the cluster holds them.
+    struct Fixture {
+        sim: SimIndex,
+        index: HybridIndex,
+    }
+
+    impl Fixture {
+        fn new(config: IndexConfig, capacities: &[u32], seed: u64) -> Self {
+            let mut index = HybridIndex::new();
+            let sim = SimIndex::new(config, capacities, seed, &mut index);
+            Fixture { sim, index }
+        }
+
+        fn publish(&mut self, pod: u32, at_ms: f64, events: &[KvEvent]) {
+            self.sim.publish(pod, at_ms, events);
+        }
+
+        fn advance(&mut self, now_ms: f64) {
+            self.sim.advance(now_ms, &mut self.index);
+        }
+
+        fn report(&self) -> IndexReport {
+            self.sim.report()
+        }
+
+        fn set_loss(&mut self, loss: f64) {
+            self.sim.config.loss = loss;
+        }
+
+        fn is_live(&self, pod: PodId) -> bool {
+            self.index.engine.is_live(pod)
+        }
+
+        fn held(&self, pod: usize) -> usize {
+            self.sim.feed.as_ref().map_or(0, |f| f.lost[pod].len())
+        }
+    }
+
+    fn matched(f: &Fixture, blocks: &[BlockHash]) -> Vec<u32> {
         let mut m = Vec::new();
-        index.match_prefix(blocks, &mut m);
+        f.index.match_prefix(blocks, &mut m);
+        m.resize(f.index.routed.pod_slots(), 0);
         m
     }
 
@@ -521,8 +474,7 @@ mod tests {
         for e in &mut engines {
             e.set_record_kv_events(true);
         }
-        let mut index =
-            EventIndex::new(engine_config(0.0, 0.0, LossRecovery::Replay), &[64, 64], 7);
+        let mut index = Fixture::new(engine_config(0.0, 0.0, LossRecovery::Replay), &[64, 64], 7);
         let all = prompts(3, 120);
         let mut now = 0.0;
         let mut evicted = 0;
@@ -548,7 +500,7 @@ mod tests {
                 index.advance(now);
                 for (p, e) in engines.iter().enumerate() {
                     assert_eq!(
-                        index.engine_blocks(PodId(p as u32)),
+                        index.index.engine.pod_blocks(PodId(p as u32)),
                         e.metrics().kv_blocks_cached as usize
                     );
                 }
@@ -574,7 +526,7 @@ mod tests {
 
     #[test]
     fn delayed_batches_arrive_after_the_delay_in_order() {
-        let mut index = EventIndex::new(engine_config(50.0, 0.0, LossRecovery::Replay), &[8], 1);
+        let mut index = Fixture::new(engine_config(50.0, 0.0, LossRecovery::Replay), &[8], 1);
         index.publish(0, 10.0, &stored(1));
         index.publish(0, 20.0, &[KvEvent::Removed(1), KvEvent::Stored(2)]);
         index.advance(59.9);
@@ -591,13 +543,13 @@ mod tests {
 
     #[test]
     fn lost_batches_are_replayed_when_the_next_one_reveals_the_gap() {
-        let mut index = EventIndex::new(engine_config(0.0, 1.0, LossRecovery::Replay), &[8], 1);
+        let mut index = Fixture::new(engine_config(0.0, 1.0, LossRecovery::Replay), &[8], 1);
         index.publish(0, 1.0, &stored(1));
         index.advance(1.0);
         assert_eq!(matched(&index, &[1]), vec![0]);
         assert_eq!(index.report().lost_batches, 1);
         // The next batch gets through: the lost one is replayed first.
-        index.config.loss = 0.0;
+        index.set_loss(0.0);
         index.publish(0, 2.0, &stored(2));
         index.advance(2.0);
         assert_eq!(matched(&index, &[1]), vec![1]);
@@ -607,7 +559,7 @@ mod tests {
 
     #[test]
     fn an_unrecovered_gap_makes_the_pod_stale_and_its_score_routed_until_rebuilt() {
-        let mut index = EventIndex::new(
+        let mut index = Fixture::new(
             IndexConfig {
                 stale_rebuild_ms: 100.0,
                 ..engine_config(0.0, 0.0, LossRecovery::Stale)
@@ -617,11 +569,11 @@ mod tests {
         );
         index.publish(0, 1.0, &stored(1));
         index.advance(1.0);
-        index.record_routed(PodId(0), &[9]);
-        index.config.loss = 1.0;
+        index.index.record_routed(PodId(0), &[9]);
+        index.set_loss(1.0);
         index.publish(0, 2.0, &stored(2));
         index.advance(2.0);
-        index.config.loss = 0.0;
+        index.set_loss(0.0);
         index.publish(0, 3.0, &stored(3));
         index.advance(3.0);
         assert_eq!(index.report().stale_episodes, 1);
@@ -638,14 +590,14 @@ mod tests {
 
     #[test]
     fn a_gap_longer_than_the_replay_buffer_is_handled_as_stale_and_held_batches_stay_bounded() {
-        let mut index = EventIndex::new(engine_config(0.0, 1.0, LossRecovery::Replay), &[8], 1);
+        let mut index = Fixture::new(engine_config(0.0, 1.0, LossRecovery::Replay), &[8], 1);
         let n = REPLAY_BUFFER_BATCHES as u64 + 1;
         for i in 0..n {
             index.publish(0, i as f64, &stored(i));
             index.advance(i as f64);
-            assert!(index.lost[0].len() <= REPLAY_BUFFER_BATCHES);
+            assert!(index.held(0) <= REPLAY_BUFFER_BATCHES);
         }
-        index.config.loss = 0.0;
+        index.set_loss(0.0);
         index.publish(0, n as f64, &stored(n));
         index.advance(n as f64);
         let r = index.report();
@@ -659,8 +611,7 @@ mod tests {
     #[test]
     fn losses_follow_the_seed() {
         let lost = |seed| {
-            let mut index =
-                EventIndex::new(engine_config(0.0, 0.3, LossRecovery::Replay), &[8], seed);
+            let mut index = Fixture::new(engine_config(0.0, 0.3, LossRecovery::Replay), &[8], seed);
             let mut pattern = Vec::new();
             for i in 0..64 {
                 index.publish(0, i as f64, &stored(i));

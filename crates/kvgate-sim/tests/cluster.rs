@@ -160,7 +160,10 @@ fn goodput_counts_the_requests_meeting_their_slo() {
                 ttft_ms: Some(ttft_ms),
                 tpot_ms: Some(1000.0),
             },
-            slo_routing,
+            router: kvgate_core::RouterConfig {
+                slo_routing,
+                ..kvgate_core::RouterConfig::default()
+            },
             ..ClusterConfig::new(2, PolicyKind::AffinityGate, 1)
         };
         cluster::run(&config, &reqs).slo_goodput

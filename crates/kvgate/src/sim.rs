@@ -136,9 +136,10 @@ pub struct SimArgs {
     /// A TPOT objective every request carries (as `x-slo-tpot-ms`).
     #[arg(long)]
     slo_tpot_ms: Option<f64>,
-    /// Measure goodput against --slo-* but route without them (the baseline of SLO routing).
+    /// Route with the --slo-* objectives (the router's `slo_routing`, off by default as in the
+    /// gateway: without it goodput is measured against them but routing ignores them).
     #[arg(long)]
-    no_slo_routing: bool,
+    slo_routing: bool,
     /// Worker threads (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -334,12 +335,21 @@ pub fn run(args: SimArgs) -> Result<()> {
         Some(_) => fleet_label(&fleet),
         None => profile.name.to_string(),
     };
-    let mut router = match &args.router_config {
-        Some(json) => RouterConfig::from_json(
-            &serde_json::from_str(json).context("--router-config is not JSON")?,
-        )?,
-        None => RouterConfig::default(),
+    let mut router_json: serde_json::Value = match &args.router_config {
+        Some(json) => serde_json::from_str(json).context("--router-config is not JSON")?,
+        None => serde_json::json!({}),
     };
+    // --gate-profile is the profile unless --router-config names one.
+    if let (Some(profile), Some(obj)) = (&args.gate_profile, router_json.as_object_mut())
+        && !obj.contains_key("gate_profile")
+        && !obj.contains_key("gateProfile")
+    {
+        obj.insert("gate_profile".into(), profile.as_str().into());
+    }
+    let mut router = RouterConfig::from_json(&router_json)?;
+    if args.slo_routing {
+        router.slo_routing = true;
+    }
     let faults = args
         .faults
         .as_deref()
@@ -373,7 +383,6 @@ pub fn run(args: SimArgs) -> Result<()> {
                         router,
                         rate_scale,
                         slo,
-                        slo_routing: !args.no_slo_routing,
                         predictor: kvgate_core::predictor::PredictorConfig {
                             kv_shortfall_feature: !args.no_kv_shortfall,
                             drift_detection: args.drift_adaptation
