@@ -558,12 +558,50 @@ mod tests {
             bad("pods = [\"ftp://x\"]"),
             ConfigError::BadPodUrl(_)
         ));
-        assert!(matches!(
-            bad("[router]\naffinity_gate_tau = 3.0"),
-            ConfigError::Router(_)
-        ));
+        // The router's own reader validates: an out-of-range value fails the file, naming the key.
+        let err = toml::from_str::<FileConfig>("[router]\naffinity_gate_tau = 3.0").unwrap_err();
+        assert!(err.to_string().contains("affinity_gate_tau"), "{err}");
         assert!(toml::from_str::<FileConfig>("unknown_key = 1").is_err());
         assert!(toml::from_str::<FileConfig>("[router]\naffinity_gate_tau = \"max\"").is_err());
+    }
+
+    fn temp_file(name: &str, text: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("kvgate-cfg-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    #[test]
+    fn seed_gate_profile_in_a_toml_yaml_or_json_file_runs_the_seed_gate_with_given_keys_over_it() {
+        let seed_with_spread = RouterConfig {
+            cold_spread_window_ms: 20.0,
+            ..RouterConfig::seed()
+        };
+        for (name, text) in [
+            (
+                "kvgate.toml",
+                "[router]\ngate_profile = \"seed\"\ncold_spread_window_ms = 20\n",
+            ),
+            (
+                "kvgate.yaml",
+                "router:\n  gateProfile: seed\n  coldSpreadWindowMs: 20\n",
+            ),
+            (
+                "kvgate.json",
+                r#"{"router": {"gate_profile": "seed", "cold_spread_window_ms": 20}}"#,
+            ),
+        ] {
+            let file = FileConfig::load(&temp_file(name, text)).unwrap();
+            let c = GatewayConfig::resolve(&args(&[]), Some(&file)).unwrap();
+            assert_eq!(c.router, seed_with_spread, "{name}");
+            assert_eq!(
+                c.router.explore_mode,
+                kvgate_core::config::ExploreMode::BestOverall,
+                "{name}"
+            );
+        }
     }
 
     #[test]
