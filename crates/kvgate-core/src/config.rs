@@ -188,7 +188,8 @@ fn given<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
 }
 
 /// Declares [`RouterKeys`] from one list of `field: type, "camelCaseAlias"…;` lines, so that the
-/// keys read from a file and the keys laid over the profile cannot drift apart.
+/// keys read from a file and the keys laid over the profile cannot drift apart; the list must name
+/// every field of [`RouterConfig`] (checked at compile time).
 macro_rules! router_keys {
     ($($field:ident: $ty:ty $(, $alias:tt)*;)*) => {
         /// A router config as written: every key absent or given, unknown keys rejected. The one
@@ -214,6 +215,9 @@ macro_rules! router_keys {
                 config
             }
         }
+
+        // A field added to `RouterConfig` but not to this list fails to compile here.
+        const _: fn(RouterConfig) = |RouterConfig { $($field: _),* }| {};
     };
 }
 
