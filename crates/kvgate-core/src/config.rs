@@ -8,7 +8,10 @@
 //! `gate_profile` picks the base the affinity-gate keys start from: `seed` is the gate exactly as
 //! specified in DESIGN.md §2 (kept forever as the specification and the baseline); `default` is
 //! kvgate's recommended gate, chosen by the measurements in EVALUATION.md. Keys given explicitly
-//! override the profile's values.
+//! override the profile's values. Every reader goes through that merge: `RouterConfig`'s
+//! `Deserialize` (a `[router]` table in `kvgate serve --config`, TOML, YAML or JSON, on start and
+//! on reload) and [`RouterConfig::from_json`] (`kvgate decide`, `kvgate sim --router-config`) both
+//! read a `RouterKeys` (every key absent or given), start from the profile and validate.
 //!
 //! `affinity_gate_tau` and `epsilon_explore_sticky` take a number or `"auto"` ([`GateSetting`]):
 //! `auto` lets the gate choose the value online (`policy/auto_tau.rs`, `policy/auto_epsilon.rs`).
@@ -100,49 +103,38 @@ impl<'de> Deserialize<'de> for GateSetting {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+/// Deserialised through `RouterKeys`: the chosen `gate_profile` first, every key given over it
+/// (see the module docs); the result is validated.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct RouterConfig {
     /// Base of the gate parameters (`seed` or `default`); see the module docs.
-    #[serde(alias = "gateProfile")]
     pub gate_profile: GateProfile,
     // ---- affinity gate (DESIGN.md §2; defaults from llm-d's predicted-latency scorer) ----
     /// Pods whose prefix score is strictly above this are sticky. Default 0.80; `"auto"`:
     /// Otsu's threshold of the observed best-pod scores (`policy/auto_tau.rs`).
-    #[serde(alias = "affinityGateTau")]
     pub affinity_gate_tau: GateSetting,
     /// Probability of skipping the gate and considering every pod. Default 0.01; `"auto"`:
     /// raised after pods join and while the predictor is inaccurate (`policy/auto_epsilon.rs`).
-    #[serde(alias = "epsilonExploreSticky")]
     pub epsilon_explore_sticky: GateSetting,
     /// Break affinity when the best sticky pod's predicted TTFT exceeds the best pod's by more
     /// than this. Default 5000 ms; 0 disables the load gate (as upstream).
-    #[serde(alias = "affinityMaxTTFTPenaltyMs", alias = "affinityMaxTtftPenaltyMs")]
     pub affinity_max_ttft_penalty_ms: f64,
     /// Relative load gate: also break affinity when best sticky TTFT > this × best TTFT +
     /// `affinity_relative_slack_ms`. 0 disables it (seed).
-    #[serde(alias = "affinityRelativePenalty")]
     pub affinity_relative_penalty: f64,
-    #[serde(alias = "affinityRelativeSlackMs")]
     pub affinity_relative_slack_ms: f64,
     /// What exploring picks. Seed: `best-overall`.
-    #[serde(alias = "exploreMode")]
     pub explore_mode: ExploreMode,
     /// Bounded-cost exploration: exploring may only pick a pod predicted within this many ms of
     /// the best pod's TTFT; with no such pod the request is not explored. 0 = unbounded (seed).
-    #[serde(alias = "exploreMaxExtraMs")]
     pub explore_max_extra_ms: f64,
     /// Cold spreading: when no pod is sticky, among pods predicted within this many ms of the
     /// best, pick the one with the fewest in-flight prompt tokens. 0 disables it (seed).
-    #[serde(alias = "coldSpreadWindowMs")]
     pub cold_spread_window_ms: f64,
 
     // ---- weighted (llm-d's default scorer weights without a predictor) ----
-    #[serde(alias = "prefixWeight")]
     pub weighted_prefix_weight: f64,
-    #[serde(alias = "queueWeight")]
     pub weighted_queue_weight: f64,
-    #[serde(alias = "kvCacheWeight")]
     pub weighted_kv_weight: f64,
 
     // ---- sglang-cache-aware (SGLang router CLI defaults) ----
@@ -155,25 +147,20 @@ pub struct RouterConfig {
     pub router_temperature: f64,
 
     // ---- prompt blocks and index ----
-    #[serde(alias = "blockSizeTokens")]
     pub block_size_tokens: u32,
-    #[serde(alias = "averageCharactersPerToken")]
     pub chars_per_token: u32,
     /// Routed-index capacity per pod when the pod has not reported its KV blocks. Default 31,250.
-    #[serde(alias = "lruCapacityPerServer")]
     pub lru_capacity_per_server: u32,
 
     // ---- latency predictor ----
     /// The predictor's model per pod class: `rls` (default), `gbdt`, `gbdt-p90`, `analytic`
     /// (see `predictor::model`).
-    #[serde(alias = "predictorModel")]
     pub predictor_model: ModelKind,
     /// Whether a drift episode (a class's recent error far above its long-run error) resets the
     /// class's confidence and speeds up its forgetting. Default false: episodes are still
     /// detected and exposed as metrics, but adapting on them made Mooncake at 4× rate tip into
     /// growing queues on one seed of three (EVALUATION.md §6.2); turn it on for fleets whose
     /// pods change speed (it recovers a 2× slowdown in ~300 samples instead of thousands).
-    #[serde(alias = "predictorDriftAdaptation")]
     pub predictor_drift_adaptation: bool,
 
     // ---- SLO routing ----
@@ -192,17 +179,80 @@ impl Default for RouterConfig {
     }
 }
 
-/// Gate keys a profile sets (snake_case name, camelCase alias).
-const GATE_KEYS: [(&str, &str); 8] = [
-    ("affinity_gate_tau", "affinityGateTau"),
-    ("epsilon_explore_sticky", "epsilonExploreSticky"),
-    ("affinity_max_ttft_penalty_ms", "affinityMaxTTFTPenaltyMs"),
-    ("affinity_relative_penalty", "affinityRelativePenalty"),
-    ("affinity_relative_slack_ms", "affinityRelativeSlackMs"),
-    ("explore_mode", "exploreMode"),
-    ("cold_spread_window_ms", "coldSpreadWindowMs"),
-    ("explore_max_extra_ms", "exploreMaxExtraMs"),
-];
+impl<'de> Deserialize<'de> for RouterConfig {
+    /// Profile first, given keys over it, validated: no caller can get the plain-serde reading
+    /// that ignores `gate_profile` for the keys it leaves out.
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        RouterConfig::from_keys(RouterKeys::deserialize(d)?).map_err(serde::de::Error::custom)
+    }
+}
+
+/// A key that is present: its value, never `null` (a `null` would silently mean "the profile's
+/// value", which is what leaving the key out says).
+fn given<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
+}
+
+/// Declares [`RouterKeys`] from one list of `field: type, "camelCaseAlias"…;` lines, so that the
+/// keys read from a file and the keys laid over the profile cannot drift apart; the list must name
+/// every field of [`RouterConfig`] (checked at compile time).
+macro_rules! router_keys {
+    ($($field:ident: $ty:ty $(, $alias:tt)*;)*) => {
+        /// A router config as written: every key absent or given, unknown keys rejected. The one
+        /// way in to a [`RouterConfig`] (its `Deserialize` and [`RouterConfig::from_json`]).
+        #[derive(Debug, Default, Deserialize)]
+        #[serde(default, deny_unknown_fields)]
+        struct RouterKeys {
+            $(
+                #[serde(deserialize_with = "given" $(, alias = $alias)*)]
+                $field: Option<$ty>,
+            )*
+        }
+
+        impl RouterKeys {
+            /// The chosen profile's config with every given key laid over it.
+            fn over_profile(self) -> RouterConfig {
+                let mut config = RouterConfig::for_profile(self.gate_profile.unwrap_or_default());
+                $(
+                    if let Some(value) = self.$field {
+                        config.$field = value;
+                    }
+                )*
+                config
+            }
+        }
+
+        // A field added to `RouterConfig` but not to this list fails to compile here.
+        const _: fn(RouterConfig) = |RouterConfig { $($field: _),* }| {};
+    };
+}
+
+router_keys! {
+    gate_profile: GateProfile, "gateProfile";
+    affinity_gate_tau: GateSetting, "affinityGateTau";
+    epsilon_explore_sticky: GateSetting, "epsilonExploreSticky";
+    affinity_max_ttft_penalty_ms: f64, "affinityMaxTTFTPenaltyMs", "affinityMaxTtftPenaltyMs";
+    affinity_relative_penalty: f64, "affinityRelativePenalty";
+    affinity_relative_slack_ms: f64, "affinityRelativeSlackMs";
+    explore_mode: ExploreMode, "exploreMode";
+    explore_max_extra_ms: f64, "exploreMaxExtraMs";
+    cold_spread_window_ms: f64, "coldSpreadWindowMs";
+    weighted_prefix_weight: f64, "prefixWeight";
+    weighted_queue_weight: f64, "queueWeight";
+    weighted_kv_weight: f64, "kvCacheWeight";
+    cache_threshold: f64;
+    balance_abs_threshold: f64;
+    balance_rel_threshold: f64;
+    overlap_score_weight: f64;
+    router_temperature: f64;
+    block_size_tokens: u32, "blockSizeTokens";
+    chars_per_token: u32, "averageCharactersPerToken";
+    lru_capacity_per_server: u32, "lruCapacityPerServer";
+    predictor_model: ModelKind, "predictorModel";
+    predictor_drift_adaptation: bool, "predictorDriftAdaptation";
+}
 
 impl RouterConfig {
     /// The seed's gate exactly (DESIGN.md §2).
@@ -264,39 +314,17 @@ pub enum ConfigError {
 }
 
 impl RouterConfig {
-    /// Parses a JSON object (snake_case or camelCase keys) and validates it. Gate keys that are
-    /// absent take the value of the chosen `gate_profile`.
+    /// Parses a JSON object (snake_case or camelCase keys) and validates it: the chosen
+    /// `gate_profile`'s values first, every key given over them. The same path as every other
+    /// way a `RouterConfig` is read (`Deserialize`: `kvgate serve --config`, reload, the
+    /// Kubernetes ConfigMap), but with the typed error.
     pub fn from_json(value: &serde_json::Value) -> Result<Self, ConfigError> {
-        let mut config: RouterConfig =
-            serde_json::from_value(value.clone()).map_err(|e| ConfigError::Parse(e.to_string()))?;
-        let base = RouterConfig::for_profile(config.gate_profile);
-        let given =
-            |(snake, camel): (&str, &str)| value.get(snake).is_some() || value.get(camel).is_some();
-        let [tau, eps, penalty, rel, slack, explore, spread, extra] = GATE_KEYS.map(given);
-        if !tau {
-            config.affinity_gate_tau = base.affinity_gate_tau;
-        }
-        if !eps {
-            config.epsilon_explore_sticky = base.epsilon_explore_sticky;
-        }
-        if !penalty {
-            config.affinity_max_ttft_penalty_ms = base.affinity_max_ttft_penalty_ms;
-        }
-        if !rel {
-            config.affinity_relative_penalty = base.affinity_relative_penalty;
-        }
-        if !slack {
-            config.affinity_relative_slack_ms = base.affinity_relative_slack_ms;
-        }
-        if !explore {
-            config.explore_mode = base.explore_mode;
-        }
-        if !spread {
-            config.cold_spread_window_ms = base.cold_spread_window_ms;
-        }
-        if !extra {
-            config.explore_max_extra_ms = base.explore_max_extra_ms;
-        }
+        let keys = RouterKeys::deserialize(value).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        RouterConfig::from_keys(keys)
+    }
+
+    fn from_keys(keys: RouterKeys) -> Result<Self, ConfigError> {
+        let config = keys.over_profile();
         config.validate()?;
         Ok(config)
     }
@@ -534,6 +562,86 @@ mod tests {
             .unwrap();
         assert_eq!(c.cold_spread_window_ms, 20.0);
         assert_eq!(c.explore_mode, ExploreMode::BestOverall);
+    }
+
+    #[test]
+    fn deserialize_starts_from_the_named_profile_and_lays_given_keys_over_it() {
+        // What `kvgate serve --config` and its reload read: plain serde, no `from_json`.
+        let c: RouterConfig = serde_json::from_str(r#"{"gate_profile": "seed"}"#).unwrap();
+        assert_eq!(c, RouterConfig::seed());
+        let c: RouterConfig =
+            serde_json::from_str(r#"{"gateProfile": "seed", "explore_max_extra_ms": 7}"#).unwrap();
+        assert_eq!(
+            c,
+            RouterConfig {
+                explore_max_extra_ms: 7.0,
+                ..RouterConfig::seed()
+            }
+        );
+        let c: RouterConfig = serde_json::from_str(r#"{"exploreMode": "best-overall"}"#).unwrap();
+        assert_eq!(
+            c,
+            RouterConfig {
+                explore_mode: ExploreMode::BestOverall,
+                ..RouterConfig::default()
+            }
+        );
+        let c: RouterConfig = serde_json::from_str("{}").unwrap();
+        assert_eq!(c, RouterConfig::default());
+    }
+
+    #[test]
+    fn deserialize_and_from_json_read_every_key_alike() {
+        let v = json!({
+            "gate_profile": "seed", "affinityGateTau": "auto", "affinity_relative_penalty": 2,
+            "prefixWeight": 1, "cache_threshold": 0.5, "blockSizeTokens": 32,
+            "predictor_model": "gbdt", "predictorDriftAdaptation": true
+        });
+        let via_serde: RouterConfig = serde_json::from_value(v.clone()).unwrap();
+        assert_eq!(via_serde, RouterConfig::from_json(&v).unwrap());
+        assert_eq!(via_serde.gate_profile, GateProfile::Seed);
+        assert_eq!(via_serde.affinity_gate_tau, GateSetting::Auto);
+        assert_eq!(via_serde.affinity_relative_penalty, 2.0);
+        assert_eq!(via_serde.weighted_prefix_weight, 1.0);
+        assert_eq!(via_serde.block_size_tokens, 32);
+        assert_eq!(via_serde.predictor_model, ModelKind::Gbdt);
+        assert_eq!(via_serde.explore_mode, ExploreMode::BestOverall);
+    }
+
+    #[test]
+    fn a_serialised_config_reads_back_unchanged() {
+        for c in [
+            RouterConfig::seed(),
+            RouterConfig::default(),
+            RouterConfig {
+                affinity_gate_tau: GateSetting::Auto,
+                cold_spread_window_ms: 20.0,
+                ..RouterConfig::seed()
+            },
+        ] {
+            let back: RouterConfig =
+                serde_json::from_value(serde_json::to_value(c).unwrap()).unwrap();
+            assert_eq!(back, c);
+        }
+    }
+
+    #[test]
+    fn deserialize_rejects_out_of_range_values_null_and_unknown_keys() {
+        let err =
+            serde_json::from_str::<RouterConfig>(r#"{"affinity_gate_tau": 1.5}"#).unwrap_err();
+        assert!(err.to_string().contains("affinity_gate_tau"), "{err}");
+        for null_key in ["explore_mode", "affinity_gate_tau", "block_size_tokens"] {
+            let text = format!(r#"{{"{null_key}": null}}"#);
+            assert!(
+                serde_json::from_str::<RouterConfig>(&text).is_err(),
+                "{text}"
+            );
+        }
+        let err = serde_json::from_str::<RouterConfig>(r#"{"gate_profile": "seeed"}"#).unwrap_err();
+        assert!(err.to_string().contains("seeed"), "{err}");
+        let err =
+            serde_json::from_str::<RouterConfig>(r#"{"affinity_gate_tua": 0.5}"#).unwrap_err();
+        assert!(err.to_string().contains("affinity_gate_tua"), "{err}");
     }
 
     #[test]

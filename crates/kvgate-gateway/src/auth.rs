@@ -47,6 +47,11 @@ impl ApiKeys {
         self.0.is_empty()
     }
 
+    /// How many keys are accepted (`/debug/config` shows this, never the keys).
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
     /// Whether an `Authorization` header value is `Bearer <one of the keys>`; every key is
     /// compared, in constant time.
     pub fn allows(&self, authorization: Option<&HeaderValue>) -> bool {

@@ -16,18 +16,24 @@
 //! model = "llama"                  # optional: else the model_name label of its metrics
 //!
 //! [router]                         # kvgate_core::RouterConfig; llm-d camelCase names accepted
+//! gate_profile = "seed"            # the gate as specified; keys below override it
 //! affinity_gate_tau = 0.80        # or "auto" (Otsu's threshold of the observed prefix scores)
 //! epsilon_explore_sticky = 0.01    # or "auto" (more exploring after joins / while inaccurate)
 //! ```
 //!
+//! `[router]` is read by `RouterConfig`'s own `Deserialize`: the `gate_profile` first, the keys
+//! given over it, as `kvgate decide` and `kvgate sim --router-config` read it.
+//!
 //! The file is re-read when its modification time changes (polled every second, see
 //! [`crate::reload`]); a file that fails to parse or validate keeps the old config and logs why.
-//! Listener addresses are read at start only.
+//! Listener addresses, slots and queue, the connect timeout, the decision ring's size and the seed
+//! are read at start only ([`GatewayConfig::keep_start_only`]). [`ConfigDump`] is the config in
+//! force as the admin listener's `GET /debug/config` shows it.
 
 use crate::serve::ServeArgs;
 use kvgate_core::RouterConfig;
 use kvgate_core::policy::PolicyKind;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
@@ -91,7 +97,8 @@ pub enum ConfigError {
 }
 
 /// Which prefix index routes (DESIGN.md §4).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum IndexKind {
     /// Learns from routing decisions (approximate, per replica).
     #[default]
@@ -112,9 +119,10 @@ impl IndexKind {
 }
 
 /// Where a pod publishes its KV-cache events.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct PodEvents {
-    /// The pod's base URL, as in [`GatewayConfig::pods`].
+    /// The pod's base URL, as in [`GatewayConfig::pods`] (not repeated in `/debug/config`).
+    #[serde(skip)]
     pub url: String,
     /// PUB endpoint, e.g. `tcp://10.0.0.5:5557`.
     pub endpoint: String,
@@ -433,6 +441,31 @@ impl GatewayConfig {
         })
     }
 
+    /// The settings read at start only, taken from `running` (the config in force), so that a
+    /// reloaded config says what the gateway does. Returns the keys whose new value is ignored
+    /// (the caller logs them: they need a restart).
+    pub fn keep_start_only(&mut self, running: &GatewayConfig) -> Vec<&'static str> {
+        let mut ignored = Vec::new();
+        macro_rules! keep {
+            ($($field:ident),*) => {$(
+                if self.$field != running.$field {
+                    ignored.push(stringify!($field));
+                    self.$field = running.$field.clone();
+                }
+            )*};
+        }
+        keep!(
+            listen,
+            admin_listen,
+            max_concurrent_requests,
+            max_queued_requests,
+            connect_timeout,
+            decision_log_size,
+            seed
+        );
+        ignored
+    }
+
     /// Loads `args.config` (if any) and resolves.
     pub fn from_args(args: &ServeArgs) -> Result<Self, ConfigError> {
         let file = match &args.config {
@@ -440,6 +473,129 @@ impl GatewayConfig {
             None => None,
         };
         GatewayConfig::resolve(args, file.as_ref())
+    }
+}
+
+/// `GET /debug/config` (like Envoy's config dump): the configuration in force, as JSON. Key names
+/// are the config file's and the flags' (durations in `_ms`); API keys appear as a count only.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ConfigDump {
+    /// As configured (port 0: the port the OS chose is in the `kvgate serving on` line).
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    pub policy: &'static str,
+    pub index: IndexKind,
+    /// Token mode's tokenizer (`index = engine` only).
+    pub tokenizer: Option<String>,
+    pub seed: u64,
+    pub response_headers: bool,
+    /// Every router key with its value in force (the profile merged under the keys given).
+    pub router: RouterConfig,
+    pub limits: LimitsDump,
+    pub auth: AuthDump,
+    /// The pod table: the config's pods, then the discovered ones.
+    pub pods: Vec<PodDump>,
+}
+
+/// What bounds a request and a pod (the README's "Limits, timeouts, shutdown" table).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LimitsDump {
+    pub max_body_bytes: usize,
+    pub max_prompt_tokens: u32,
+    pub max_concurrent_requests: usize,
+    pub max_queued_requests: usize,
+    pub max_retries: u32,
+    pub connect_timeout_ms: u64,
+    pub first_byte_timeout_ms: u64,
+    pub idle_chunk_timeout_ms: u64,
+    pub request_timeout_ms: u64,
+    pub pod_failure_threshold: u32,
+    pub pod_failure_cooldown_ms: u64,
+    pub scrape_interval_ms: u64,
+    pub decision_log_size: usize,
+    pub shutdown_drain_ms: u64,
+    pub shutdown_grace_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AuthDump {
+    /// How many API keys are accepted (0: no authentication); never the keys.
+    pub api_keys: usize,
+    pub forward_authorization: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PodDump {
+    pub url: String,
+    pub class: String,
+    /// `config` (the file or `--pod`) or `discovery`.
+    pub source: &'static str,
+    /// Its KV-cache event endpoints, when it publishes them.
+    pub events: Option<PodEvents>,
+}
+
+impl ConfigDump {
+    /// `config` in force, with `pod_table` (url, class), the pods routed to now.
+    pub fn new(
+        config: &GatewayConfig,
+        pod_table: &[(String, String)],
+        tokenizer: Option<String>,
+    ) -> ConfigDump {
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        let configured = |url: &str| {
+            config
+                .pods
+                .iter()
+                .any(|(u, _)| u.trim_end_matches('/') == url)
+        };
+        let pods = pod_table
+            .iter()
+            .map(|(url, class)| {
+                let url = url.trim_end_matches('/');
+                PodDump {
+                    url: url.to_string(),
+                    class: class.clone(),
+                    source: if configured(url) {
+                        "config"
+                    } else {
+                        "discovery"
+                    },
+                    events: config.pod_events.iter().find(|e| e.url == url).cloned(),
+                }
+            })
+            .collect();
+        ConfigDump {
+            listen: config.listen,
+            admin_listen: config.admin_listen,
+            policy: config.policy.name(),
+            index: config.index,
+            tokenizer,
+            seed: config.seed,
+            response_headers: config.response_headers,
+            router: config.router,
+            limits: LimitsDump {
+                max_body_bytes: config.max_body_bytes,
+                max_prompt_tokens: config.max_prompt_tokens,
+                max_concurrent_requests: config.max_concurrent_requests,
+                max_queued_requests: config.max_queued_requests,
+                max_retries: config.max_retries,
+                connect_timeout_ms: ms(config.connect_timeout),
+                first_byte_timeout_ms: ms(config.first_byte_timeout),
+                idle_chunk_timeout_ms: ms(config.idle_chunk_timeout),
+                request_timeout_ms: ms(config.request_timeout),
+                pod_failure_threshold: config.pod_failure_threshold,
+                pod_failure_cooldown_ms: ms(config.pod_failure_cooldown),
+                scrape_interval_ms: ms(config.scrape_interval),
+                decision_log_size: config.decision_log_size,
+                shutdown_drain_ms: ms(config.shutdown_drain),
+                shutdown_grace_ms: ms(config.shutdown_grace),
+            },
+            auth: AuthDump {
+                api_keys: config.api_keys.len(),
+                forward_authorization: config.forward_authorization,
+            },
+            pods,
+        }
     }
 }
 
@@ -558,12 +714,128 @@ mod tests {
             bad("pods = [\"ftp://x\"]"),
             ConfigError::BadPodUrl(_)
         ));
-        assert!(matches!(
-            bad("[router]\naffinity_gate_tau = 3.0"),
-            ConfigError::Router(_)
-        ));
+        // The router's own reader validates: an out-of-range value fails the file, naming the key.
+        let err = toml::from_str::<FileConfig>("[router]\naffinity_gate_tau = 3.0").unwrap_err();
+        assert!(err.to_string().contains("affinity_gate_tau"), "{err}");
         assert!(toml::from_str::<FileConfig>("unknown_key = 1").is_err());
         assert!(toml::from_str::<FileConfig>("[router]\naffinity_gate_tau = \"max\"").is_err());
+    }
+
+    fn temp_file(name: &str, text: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("kvgate-cfg-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    #[test]
+    fn seed_gate_profile_in_a_toml_yaml_or_json_file_runs_the_seed_gate_with_given_keys_over_it() {
+        let seed_with_spread = RouterConfig {
+            cold_spread_window_ms: 20.0,
+            ..RouterConfig::seed()
+        };
+        for (name, text) in [
+            (
+                "kvgate.toml",
+                "[router]\ngate_profile = \"seed\"\ncold_spread_window_ms = 20\n",
+            ),
+            (
+                "kvgate.yaml",
+                "router:\n  gateProfile: seed\n  coldSpreadWindowMs: 20\n",
+            ),
+            (
+                "kvgate.json",
+                r#"{"router": {"gate_profile": "seed", "cold_spread_window_ms": 20}}"#,
+            ),
+        ] {
+            let file = FileConfig::load(&temp_file(name, text)).unwrap();
+            let c = GatewayConfig::resolve(&args(&[]), Some(&file)).unwrap();
+            assert_eq!(c.router, seed_with_spread, "{name}");
+            assert_eq!(
+                c.router.explore_mode,
+                kvgate_core::config::ExploreMode::BestOverall,
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn config_dump_shows_the_merged_router_keys_the_limits_and_the_pods() {
+        let file: FileConfig = toml::from_str(
+            r#"max_body_bytes = 1000
+max_retries = 1
+pods = ["http://a:1/", { url = "http://b:2", class = "h100", events = "tcp://b:5557" }]
+[router]
+gate_profile = "seed"
+explore_max_extra_ms = 9
+"#,
+        )
+        .unwrap();
+        let c = GatewayConfig::resolve(
+            &args(&[
+                "--first-byte-timeout-ms",
+                "1234",
+                "--api-key",
+                "secret-one,secret-two",
+                "--index",
+                "engine",
+            ]),
+            Some(&file),
+        )
+        .unwrap();
+        let table = [
+            ("http://a:1".to_string(), "default".to_string()),
+            ("http://b:2".to_string(), "h100".to_string()),
+            ("http://10.0.0.9:8000".to_string(), "default".to_string()),
+        ];
+        let dump = ConfigDump::new(&c, &table, Some("built-in cl100k".into()));
+        let v = serde_json::to_value(&dump).unwrap();
+        assert_eq!(v["policy"], "affinity-gate");
+        assert_eq!(v["index"], "engine");
+        assert_eq!(v["tokenizer"], "built-in cl100k");
+        let router = &v["router"];
+        assert_eq!(router["gate_profile"], "seed");
+        assert_eq!(router["explore_mode"], "best-overall");
+        assert_eq!(router["affinity_relative_penalty"], 0.0);
+        assert_eq!(router["explore_max_extra_ms"], 9.0);
+        assert_eq!(router["affinity_gate_tau"], 0.8);
+        let limits = &v["limits"];
+        assert_eq!(limits["max_body_bytes"], 1000);
+        assert_eq!(limits["max_retries"], 1);
+        assert_eq!(limits["first_byte_timeout_ms"], 1234);
+        assert_eq!(limits["request_timeout_ms"], 600_000);
+        assert_eq!(limits["max_concurrent_requests"], 1024);
+        assert_eq!(v["auth"]["api_keys"], 2);
+        assert!(!v.to_string().contains("secret"), "{v}");
+        assert_eq!(
+            v["pods"],
+            serde_json::json!([
+                {"url": "http://a:1", "class": "default", "source": "config", "events": null},
+                {"url": "http://b:2", "class": "h100", "source": "config", "events":
+                    {"endpoint": "tcp://b:5557", "replay": null, "model": null}},
+                {"url": "http://10.0.0.9:8000", "class": "default", "source": "discovery",
+                    "events": null},
+            ])
+        );
+    }
+
+    #[test]
+    fn a_reloaded_config_keeps_the_start_only_settings_and_names_the_changed_ones() {
+        let running = GatewayConfig::resolve(&args(&["--listen", "127.0.0.1:7000"]), None).unwrap();
+        let file: FileConfig = toml::from_str(
+            "listen = \"127.0.0.1:7001\"\nmax_concurrent_requests = 8\nmax_retries = 0\n",
+        )
+        .unwrap();
+        let mut reloaded = GatewayConfig::resolve(&args(&[]), Some(&file)).unwrap();
+        let ignored = reloaded.keep_start_only(&running);
+        assert_eq!(ignored, vec!["listen", "max_concurrent_requests"]);
+        assert_eq!(reloaded.listen, running.listen);
+        assert_eq!(reloaded.max_concurrent_requests, 1024);
+        assert_eq!(
+            reloaded.max_retries, 0,
+            "a live setting takes the new value"
+        );
     }
 
     #[test]

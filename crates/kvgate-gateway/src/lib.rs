@@ -10,7 +10,7 @@
 //! scrape (pod /metrics every 50 ms) ─► pods (table, health, in-flight counters)
 //! reload (config file mtime) ─► config ─► pods / router
 //! discovery (--discovery kubernetes: Pod watch) ─► pods
-//! admin (/metrics, /debug/decisions, /healthz, /readyz)
+//! admin (/metrics, /debug/decisions, /debug/config, /healthz, /readyz)
 //! ```
 //!
 //! | module | one job |

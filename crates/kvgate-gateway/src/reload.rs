@@ -1,7 +1,10 @@
 //! Config file reloading: the file's modification time (and size) is polled every
 //! [`POLL_INTERVAL`]; on change the file is re-read and resolved with the same command-line
-//! flags. A file that fails to read, parse or validate keeps the old config; the reason is
-//! logged and counted (`kvgate_config_reload_errors`).
+//! flags, through the same readers as at start (`[router]`: the `gate_profile` first, the keys
+//! given over it). A file that fails to read, parse or validate keeps the old config; the reason
+//! is logged and counted (`kvgate_config_reload_errors`). Settings read at start only keep their
+//! running values ([`GatewayConfig::keep_start_only`]; a change is logged as needing a restart),
+//! so that `/debug/config` shows what is in force.
 
 use crate::config::{FileConfig, GatewayConfig};
 use crate::serve::ServeArgs;
@@ -28,8 +31,19 @@ pub fn reload_now(shared: &Arc<Shared>, args: &ServeArgs, path: &Path) -> Result
         .and_then(|file| GatewayConfig::resolve(args, Some(&file)))
         .map_err(|e| e.to_string());
     match result {
-        Ok(new) => {
-            if **shared.config() != new {
+        Ok(mut new) => {
+            let (restart_needed, changed) = {
+                let running = shared.config();
+                (new.keep_start_only(&running), **running != new)
+            };
+            if !restart_needed.is_empty() {
+                tracing::warn!(
+                    path = %path.display(),
+                    keys = ?restart_needed,
+                    "config keys read at start only changed; they apply after a restart"
+                );
+            }
+            if changed {
                 for pod in shared.apply_config(new) {
                     start_pod(shared, pod);
                 }
@@ -66,5 +80,39 @@ pub async fn watch(shared: Arc<Shared>, args: ServeArgs, loaded: Stamp) {
             last = now;
             let _ = reload_now(&shared, &args, &path);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvgate_core::RouterConfig;
+    use kvgate_core::config::ExploreMode;
+
+    #[tokio::test]
+    async fn a_reload_to_the_seed_profile_runs_the_seed_gate_and_a_bad_file_keeps_it() {
+        let dir = std::env::temp_dir().join(format!("kvgate-reload-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("kvgate.toml");
+        std::fs::write(&path, "[router]\nexplore_max_extra_ms = 40\n").unwrap();
+        let args = ServeArgs {
+            config: Some(path.clone()),
+            ..ServeArgs::default()
+        };
+        let config = GatewayConfig::from_args(&args).unwrap();
+        assert_eq!(config.router.explore_mode, ExploreMode::RandomNonSticky);
+        let shared = Shared::new(config.clone());
+        shared.apply_config(config);
+
+        std::fs::write(&path, "[router]\ngate_profile = \"seed\"\n").unwrap();
+        reload_now(&shared, &args, &path).unwrap();
+        assert_eq!(shared.config().router, RouterConfig::seed());
+        assert_eq!(*shared.router.lock().router.config(), RouterConfig::seed());
+
+        std::fs::write(&path, "[router]\ngate_profile = \"sead\"\n").unwrap();
+        let why = reload_now(&shared, &args, &path).unwrap_err();
+        assert!(why.contains("sead"), "{why}");
+        assert_eq!(shared.config().router, RouterConfig::seed());
+        assert_eq!(shared.metrics.config_reload_errors.get(), 1);
     }
 }

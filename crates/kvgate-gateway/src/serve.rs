@@ -20,7 +20,8 @@ pub struct ServeArgs {
     /// Traffic listener (OpenAI API) [default: 127.0.0.1:8080].
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<SocketAddr>,
-    /// Admin listener (/metrics, /debug/decisions, /healthz, /readyz) [default: 127.0.0.1:9090].
+    /// Admin listener (/metrics, /debug/decisions, /debug/config, /healthz, /readyz)
+    /// [default: 127.0.0.1:9090].
     #[arg(long, value_name = "ADDR")]
     pub admin_listen: Option<SocketAddr>,
     /// A pod's base URL, e.g. http://10.0.0.5:8000 (repeatable; adds to the config file's

@@ -32,7 +32,8 @@ pub struct DemoArgs {
     /// Traffic listener of the gateway (port 0: any free port).
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
-    /// Admin listener of the gateway (/metrics, /debug/decisions, /healthz, /readyz).
+    /// Admin listener of the gateway (/metrics, /debug/decisions, /debug/config, /healthz,
+    /// /readyz).
     #[arg(long, default_value = "127.0.0.1:9090")]
     pub admin_listen: SocketAddr,
     /// Mock pods to start.
