@@ -168,7 +168,6 @@ pub struct RouterConfig {
     /// `--slo-ttft-ms`) change routing: with it, the affinity gate picks by SLO headroom.
     /// Default false: SLO routing lowered goodput in EVALUATION.md §8; objectives are still
     /// validated and recorded without it.
-    #[serde(alias = "sloRouting")]
     pub slo_routing: bool,
 }
 
@@ -252,6 +251,7 @@ router_keys! {
     lru_capacity_per_server: u32, "lruCapacityPerServer";
     predictor_model: ModelKind, "predictorModel";
     predictor_drift_adaptation: bool, "predictorDriftAdaptation";
+    slo_routing: bool, "sloRouting";
 }
 
 impl RouterConfig {

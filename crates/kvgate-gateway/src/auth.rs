@@ -7,7 +7,8 @@
 //! to pods only with `--forward-authorization`.
 
 use crate::errors::ApiError;
-use crate::proxy::{log_reject, request_id};
+use crate::errors::log_reject;
+use crate::request_id::request_id;
 use crate::state::Shared;
 use axum::extract::{Request, State};
 use axum::middleware::Next;

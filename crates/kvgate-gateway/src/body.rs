@@ -20,14 +20,14 @@
 //! Bound: a non-stream body is copied for its `usage` only up to [`MAX_USAGE_SCAN_BYTES`].
 
 use crate::errors::stream_error_event;
+use crate::lifecycle::TicketGuard;
 use crate::metrics::{RequestLabels, Status, StreamLabel};
-use crate::pods::InFlightGuard;
 use crate::sse::{SseScanner, Usage, usage_of_response};
 use crate::state::Shared;
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
-use kvgate_core::predictor::Features;
+use kvgate_core::Observed;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -39,12 +39,11 @@ pub const MAX_USAGE_SCAN_BYTES: usize = 1 << 20;
 /// What the request needs to report when it ends.
 pub struct Tracker {
     pub shared: Arc<Shared>,
-    pub guard: InFlightGuard,
+    /// The request's session ticket: returned (and trained on) when the request ends.
+    pub guard: TicketGuard,
     pub start: Instant,
     pub first_token_at: Option<Instant>,
     pub prompt_tokens: u64,
-    pub class: String,
-    pub features: Features,
     pub policy: &'static str,
     pub branch: &'static str,
     pub request_id: String,
@@ -61,11 +60,12 @@ impl Tracker {
     pub(crate) fn first_token(&mut self) {
         if self.first_token_at.is_none() {
             self.first_token_at = Some(Instant::now());
-            self.guard.first_token(self.prompt_tokens);
+            self.guard.first_token();
         }
     }
 
-    /// Reports the outcome: metrics, and for a completed stream a training sample.
+    /// Reports the outcome: metrics, the ticket back to the session, and for a completed stream
+    /// the observation the predictor trains on.
     pub fn finish(mut self, status: Status, usage: Option<Usage>) {
         let status = match status {
             Status::Ok if self.error_status => Status::UpstreamStatus,
@@ -99,6 +99,7 @@ impl Tracker {
             );
         }
         if status != Status::Ok || !self.trainable {
+            self.guard.finish(None);
             return;
         }
         let e2e_ms = self.start.elapsed().as_secs_f64() * 1e3;
@@ -110,6 +111,7 @@ impl Tracker {
         // Non-stream responses carry no first-token time (it would be the response end, which
         // includes decoding), so only streams train the predictor.
         let (true, Some(first)) = (self.stream, self.first_token_at) else {
+            self.guard.finish(None);
             return;
         };
         let ttft_ms = first.duration_since(self.start).as_secs_f64() * 1e3;
@@ -120,11 +122,7 @@ impl Tracker {
         if let Some(t) = tpot_ms {
             m.tpot_ms.observe(t);
         }
-        self.shared
-            .router
-            .lock()
-            .predictor
-            .observe(&self.class, &self.features, ttft_ms, tpot_ms);
+        self.guard.finish(Some(Observed { ttft_ms, tpot_ms }));
     }
 }
 
@@ -223,7 +221,7 @@ impl ObservedBody {
                         t.first_token();
                     }
                     if fed.more_content_events > 0 {
-                        t.guard.add_decode_tokens(fed.more_content_events);
+                        t.guard.tokens_generated(fed.more_content_events);
                     }
                 }
                 fed.out
@@ -247,7 +245,7 @@ impl ObservedBody {
             t.shared
                 .metrics
                 .upstream_timeouts
-                .get_or_create(&crate::proxy::timeout_label("idle_chunk"))
+                .get_or_create(&crate::metrics::timeout_label("idle_chunk"))
                 .inc();
         }
         self.finish(Status::UpstreamError);
@@ -268,7 +266,7 @@ impl ObservedBody {
             t.shared
                 .metrics
                 .upstream_timeouts
-                .get_or_create(&crate::proxy::timeout_label("request"))
+                .get_or_create(&crate::metrics::timeout_label("request"))
                 .inc();
             tracing::warn!(request_id = %t.request_id, pod = %t.guard.pod().url, timeout_ms = self.request_timeout.as_millis() as u64, "request timeout; response ended");
         }

@@ -16,10 +16,14 @@ pub struct DecisionRecord {
     pub policy: &'static str,
     /// 0 for the first try, 1.. for retries of the same request.
     pub attempt: u32,
-    /// SLOs the client sent (`x-slo-ttft-ms` / `x-llm-d-slo-ttft-ms`, …); with any, the
-    /// decision was made in SLO mode (its `slo` explains it for the affinity gate).
+    /// SLOs the client sent (`x-slo-ttft-ms` / `x-llm-d-slo-ttft-ms`, …); with any and the
+    /// router's `slo_routing` on, the decision was made in SLO mode (its `slo` explains it for
+    /// the affinity gate).
     pub slo_ttft_ms: Option<f64>,
     pub slo_tpot_ms: Option<f64>,
+    /// Uncached prompt tokens the session charged the chosen pod (`input − matched blocks ×
+    /// block size`, the core's one charge formula).
+    pub charged_prefill_tokens: u64,
     #[serde(flatten)]
     pub decision: Decision,
 }
@@ -68,6 +72,7 @@ mod tests {
                 attempt: 0,
                 slo_ttft_ms: None,
                 slo_tpot_ms: None,
+                charged_prefill_tokens: 0,
                 decision: Decision {
                     pod: "p".into(),
                     pod_id: PodId(0),

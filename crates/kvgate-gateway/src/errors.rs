@@ -84,3 +84,50 @@ pub fn request_timeout(timeout: std::time::Duration) -> ApiError {
 pub fn stream_error(err: &ApiError) -> bytes::Bytes {
     bytes::Bytes::from(format!("data: {}\n\ndata: [DONE]\n\n", err.body_json()))
 }
+
+/// A request body the core's parser rejected: 400 with the field in `param`.
+pub fn request_error(e: kvgate_core::request::RequestError) -> ApiError {
+    use kvgate_core::request::RequestError;
+    let (code, param) = match &e {
+        RequestError::UnsupportedPath(_) => ("unsupported_path", None),
+        RequestError::InvalidJson(_) => ("invalid_json", None),
+        RequestError::NotAnObject => ("invalid_json", None),
+        RequestError::MissingField(f) => ("missing_field", Some(f.to_string())),
+        RequestError::WrongType { field, .. } => ("wrong_type", Some(field.to_string())),
+    };
+    ApiError::bad_request(code, e.to_string(), param)
+}
+
+/// 503: no healthy pod can take the request.
+pub fn no_healthy_pod() -> ApiError {
+    ApiError {
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        kind: "service_unavailable",
+        code: "no_healthy_pod",
+        message: "no healthy pod to serve the request".into(),
+        param: None,
+    }
+}
+
+/// 502: the pod failed before any byte reached the client, on every attempt.
+pub fn upstream_failed(why: String) -> ApiError {
+    ApiError {
+        status: StatusCode::BAD_GATEWAY,
+        kind: "upstream_error",
+        code: "upstream_failed",
+        message: why,
+        param: None,
+    }
+}
+
+/// Counts (`kvgate_rejected_requests{reason}`) and logs a request the gateway answers itself:
+/// client errors at info, the gateway's and the pods' failures at warn.
+pub fn log_reject(shared: &crate::state::Shared, err: &ApiError, request_id: &str) {
+    shared.metrics.reject(err.code);
+    match err.status.as_u16() {
+        400..=499 => {
+            tracing::info!(%request_id, code = err.code, message = %err.message, "request rejected")
+        }
+        _ => tracing::warn!(%request_id, code = err.code, message = %err.message, "request failed"),
+    }
+}

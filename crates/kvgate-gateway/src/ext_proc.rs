@@ -6,8 +6,10 @@
 //!    without a body: `POST` completions get 400; anything else goes to the least-loaded healthy
 //!    pod (as the HTTP gateway's pass-through), answered at once.
 //! 2. **Request body.** Accumulated up to the gateway's `max_body_bytes` (32 MiB; 413 beyond),
-//!    parsed with `kvgate_core::request` (400 with an OpenAI-style error body when invalid),
-//!    decided by [`crate::proxy::decide_for`] — the same code, state and in-flight accounting as
+//!    prepared by [`crate::routing::prepare`] (parsed, objectives read, blocks cut, the same
+//!    limits as the HTTP proxy: 400 with an OpenAI-style error body when invalid, 400
+//!    `context_length_exceeded` over `max_prompt_tokens`; `--capture` records it) and routed by
+//!    [`crate::routing::decide_for`] — the same core session, state and in-flight accounting as
 //!    the HTTP proxy. The answer names the pod as `ip:port` in the header
 //!    `x-gateway-destination-endpoint` (a header mutation, `clear_route_cache: true`) and in
 //!    dynamic metadata `envoy.lb` / `x-gateway-destination-endpoint`. 503 (immediate response)
@@ -55,9 +57,10 @@
 
 use crate::body::Tracker;
 use crate::errors::ApiError;
+use crate::lifecycle::TicketGuard;
 use crate::metrics::Status;
-use crate::pods::{InFlightGuard, Pod};
-use crate::proxy::{DecisionMeta, Pick, Routed, decide_for, request_blocks};
+use crate::pods::Pod;
+use crate::routing::{DecisionMeta, Pick, Routed, decide_for};
 use crate::sse::{SseScanner, Usage, usage_of_response};
 use crate::state::Shared;
 use bytes::{Bytes, BytesMut};
@@ -78,8 +81,7 @@ use envoy_types::pb::envoy::r#type::v3::HttpStatus;
 use envoy_types::pb::google::protobuf::{Struct, Value as PbValue, value::Kind};
 use http::{HeaderMap, HeaderName, StatusCode};
 use kvgate_core::PodId;
-use kvgate_core::predictor::Features;
-use kvgate_core::request::{RequestError, parse_request_value};
+use kvgate_core::request::RequestError;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
@@ -285,7 +287,7 @@ impl Exchange {
     }
 
     fn reject(&self, err: ApiError) -> Outcome {
-        crate::proxy::log_reject(&self.shared, &err, &self.request_id);
+        crate::errors::log_reject(&self.shared, &err, &self.request_id);
         Outcome::Done(Box::new(immediate(&err, &self.request_id)))
     }
 
@@ -310,7 +312,7 @@ impl Exchange {
                 ),
                 param: None,
             },
-            None => crate::proxy::no_healthy_pod(),
+            None => crate::errors::no_healthy_pod(),
         }
     }
 
@@ -350,7 +352,7 @@ impl Exchange {
                 }
             }
         }
-        self.request_id = crate::proxy::request_id(&self.headers);
+        self.request_id = crate::request_id::request_id(&self.headers);
         if self.slot.is_none() {
             match self.admit().await {
                 Ok(Some(())) => {}
@@ -377,29 +379,13 @@ impl Exchange {
         }
         // No body and not a completion: the least-loaded healthy pod, not trained on.
         let outside = self.outside_subset();
-        let pod = self
-            .shared
-            .pods
-            .all()
-            .iter()
-            .filter(|p| p.is_healthy() && !outside.contains(&p.id))
-            .min_by_key(|p| (p.load_requests(), p.id))
-            .cloned();
-        let Some(pod) = pod else {
+        let Some((pod, guard)) = crate::routing::least_loaded(&self.shared, &outside) else {
             return self.reject(self.no_pod());
         };
         let Some(dest) = destination(&pod) else {
             return self.reject(bad_pod_url(&pod));
         };
-        self.tracker = Some(self.tracker_for(
-            InFlightGuard::new(pod.clone(), 0),
-            &pod,
-            Features::default(),
-            "least-loaded",
-            "passthrough",
-            0,
-            false,
-        ));
+        self.tracker = Some(self.tracker_for(guard, "least-loaded", "passthrough", 0, false));
         let mut resp = answer(processing_response::Response::RequestHeaders(
             HeadersResponse {
                 response: Some(routing_response(&dest)),
@@ -414,12 +400,9 @@ impl Exchange {
         path == "/v1/chat/completions" || path == "/v1/completions"
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn tracker_for(
         &self,
-        guard: InFlightGuard,
-        pod: &Pod,
-        features: Features,
+        guard: TicketGuard,
         policy: &'static str,
         branch: &'static str,
         prompt_tokens: u64,
@@ -431,8 +414,6 @@ impl Exchange {
             start: self.start,
             first_token_at: None,
             prompt_tokens,
-            class: pod.class.clone(),
-            features,
             policy,
             branch,
             request_id: self.request_id.clone(),
@@ -481,56 +462,39 @@ impl Exchange {
             });
         }
         let path = self.path.split('?').next().unwrap_or("").to_string();
-        let value: serde_json::Value = match serde_json::from_slice(&body) {
-            Ok(v) => v,
-            Err(e) => return self.reject(request_error(RequestError::InvalidJson(e.to_string()))),
-        };
-        let parsed = match parse_request_value(&path, &value) {
-            Ok(p) => p,
-            Err(e) => return self.reject(request_error(e)),
-        };
-        let slo = match crate::slo::request_slo(&self.headers) {
-            Ok(slo) => slo,
-            Err(e) => return self.reject(e),
-        };
         let cfg = self.shared.config().clone();
-        let (blocks, input_tokens) = request_blocks(&self.shared, &cfg, &parsed).await;
+        let mut prepared =
+            match crate::routing::prepare(&self.shared, &cfg, &path, &body, &self.headers).await {
+                Ok(p) => p,
+                Err(e) => return self.reject(e),
+            };
         let meta = DecisionMeta {
             request_id: &self.request_id,
             attempt: 0,
-            slo,
         };
-        let mut excluded = self.outside_subset();
-        let routed = loop {
-            match decide_for(&self.shared, &blocks, input_tokens, &excluded, meta) {
-                Pick::Routed(r) => break r,
-                Pick::Vanished(id) => excluded.push(id),
-                Pick::NoHealthyPod | Pick::NoDecision => {
-                    return self.reject(self.no_pod());
-                }
-            }
-        };
+        let excluded = self.outside_subset();
         let Routed {
             pod,
             guard,
-            features,
             policy,
             branch,
-        } = routed;
+        } = match decide_for(&self.shared, &prepared.route_request(), &excluded, meta) {
+            Pick::Routed(r) => r,
+            Pick::NoHealthyPod | Pick::NoDecision => return self.reject(self.no_pod()),
+        };
         let Some(dest) = destination(&pod) else {
             return self.reject(bad_pod_url(&pod));
         };
         let mut tracker = self.tracker_for(
             guard,
-            &pod,
-            features,
             policy,
             branch,
-            u64::from(input_tokens),
+            u64::from(prepared.input_tokens),
             true,
         );
-        tracker.stream = parsed.stream;
-        self.stream = parsed.stream;
+        tracker.stream = prepared.parsed.stream;
+        tracker.capture = prepared.capture.take();
+        self.stream = prepared.parsed.stream;
         self.tracker = Some(tracker);
         tracing::debug!(request_id = %self.request_id, pod = %pod.url, %dest, "ext_proc: routed");
         if self.duplex {
@@ -603,7 +567,7 @@ impl Exchange {
                         self.content_events += 1;
                     }
                     if fed.more_content_events > 0 {
-                        t.guard.add_decode_tokens(fed.more_content_events);
+                        t.guard.tokens_generated(fed.more_content_events);
                         self.content_events += fed.more_content_events;
                     }
                 }
@@ -689,7 +653,7 @@ fn pods_outside(pods: &[Arc<Pod>], subset: &[String]) -> Vec<PodId> {
 }
 
 fn request_error(e: RequestError) -> ApiError {
-    crate::proxy::request_error(e)
+    crate::errors::request_error(e)
 }
 
 fn bad_pod_url(pod: &Pod) -> ApiError {

@@ -8,11 +8,12 @@
 //! - **Frames**: `[topic, seq (8 bytes BE), msgpack batch]`. Anything else, and payloads the
 //!   core's decoder rejects, is counted in `kvgate_kv_events_rejected_total{pod}`, logged at
 //!   debug, and skipped.
-//! - **Sequence**: batches are applied in `seq` order. A jump forward is a gap
+//! - **Sequence**: the core's [`KvEventFollower`] (the same state machine the simulator runs)
+//!   says what to do with each batch's `seq`; this task does the I/O. A jump forward is a gap
 //!   (`kv_events_gaps_total`): the task asks the replay socket (DEALER sends
 //!   `[empty, start_seq BE]`, reads `[empty, seq, payload]` until `seq = −1`) for the missing
 //!   batches; if that fails or does not cover the gap (`kv_events_replay_failures_total`), the
-//!   pod's entries are cleared and the pod is marked **stale**: the routed index stands in for it
+//!   follower clears the pod's entries and marks it **stale**: the routed index stands in for it
 //!   ([`kvgate_core::index::engine::HybridIndex`]) for [`STALE_REBUILD`], while new events
 //!   rebuild its view. A `seq` back to 0 means the engine restarted (`kv_events_restarts_total`):
 //!   the pod's entries are cleared (its cache is empty) and it stays live. The first message of
@@ -27,6 +28,7 @@ use crate::scrape::PodMetrics;
 use crate::state::Shared;
 use bytes::Bytes;
 use kvgate_core::index::PrefixIndex;
+use kvgate_core::index::follower::{BatchStep, GapOutcome, KvEventFollower};
 use kvgate_core::index::kv_events_wire::decode_batch;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -60,8 +62,8 @@ pub fn on_scrape(shared: &Shared, pod: &Pod, m: &PodMetrics) {
     let Some(model) = events.model.or_else(|| m.model_name.clone()) else {
         return;
     };
-    let mut st = shared.router.lock();
-    let engine = &mut st.index.engine;
+    let mut session = shared.session.lock();
+    let engine = &mut session.index_mut().engine;
     if engine.is_live(pod.id) || engine.is_stale(pod.id) {
         return;
     }
@@ -82,8 +84,9 @@ pub fn spawn_for(shared: &Arc<Shared>, pod: &Arc<Pod>) -> Option<tokio::task::Jo
 }
 
 fn registered(shared: &Shared, pod: &Pod) -> bool {
-    let st = shared.router.lock();
-    st.index.engine.is_live(pod.id) || st.index.engine.is_stale(pod.id)
+    let session = shared.session.lock();
+    let engine = &session.index().engine;
+    engine.is_live(pod.id) || engine.is_stale(pod.id)
 }
 
 async fn subscribe_loop(shared: Arc<Shared>, pod: Arc<Pod>, events: PodEvents) {
@@ -117,8 +120,8 @@ async fn subscribe_loop(shared: Arc<Shared>, pod: Arc<Pod>, events: PodEvents) {
         shared: &shared,
         pod: &pod,
         replay: events.replay.as_deref(),
-        next: None,
-        stale_since: None,
+        sequence: KvEventFollower::new(pod.id, STALE_REBUILD.as_secs_f64() * 1e3),
+        epoch: Instant::now(),
     };
     loop {
         if pod.removed.load(Ordering::Relaxed) {
@@ -154,17 +157,21 @@ fn parse_frames(frames: &[Bytes]) -> Option<(u64, &Bytes)> {
     Some((u64::from_be_bytes(seq), payload))
 }
 
-/// One pod's sequence state.
+/// One pod's subscription: the core's sequence follower and the I/O around it.
 struct Follower<'a> {
     shared: &'a Arc<Shared>,
     pod: &'a Arc<Pod>,
     replay: Option<&'a str>,
-    /// The next expected `seq`; `None` before the first message.
-    next: Option<u64>,
-    stale_since: Option<Instant>,
+    sequence: KvEventFollower,
+    /// Time zero of the follower's clock (ms since it).
+    epoch: Instant,
 }
 
 impl Follower<'_> {
+    fn now_ms(&self) -> f64 {
+        self.epoch.elapsed().as_secs_f64() * 1e3
+    }
+
     fn reject(&self, why: &str) {
         self.shared
             .metrics
@@ -188,9 +195,10 @@ impl Follower<'_> {
         match decode_batch(payload) {
             Ok(batch) => {
                 {
-                    let mut st = self.shared.router.lock();
+                    let mut session = self.shared.session.lock();
+                    let engine = &mut session.index_mut().engine;
                     for event in &batch.events {
-                        st.index.engine.apply(self.pod.id, event);
+                        engine.apply(self.pod.id, event);
                     }
                 }
                 self.count(&self.shared.metrics.kv_events_batches);
@@ -200,55 +208,58 @@ impl Follower<'_> {
     }
 
     async fn on_batch(&mut self, seq: u64, payload: &Bytes) {
-        match self.next {
-            None => {
-                if seq > 0 && self.replay.is_some() {
-                    // Joined late: learn what the pod already holds (partial if the buffer
-                    // rotated; blocks whose parents are gone are skipped by the index).
-                    let _ = self.fill(0, seq).await;
-                }
-            }
-            Some(next) if seq == next => {}
-            Some(next) if seq == 0 && next > 0 => {
-                self.count(&self.shared.metrics.kv_events_restarts);
-                tracing::info!(pod = %self.pod.url, "KV events restarted from 0: engine restarted, clearing its entries");
-                let mut st = self.shared.router.lock();
-                st.index.engine.clear_pod(self.pod.id);
-                st.index.engine.set_stale(self.pod.id, false);
-                self.stale_since = None;
-            }
-            Some(next) if seq < next => {
-                tracing::debug!(pod = %self.pod.url, seq, next, "duplicate KV events batch skipped");
+        let now = self.now_ms();
+        let step = {
+            let mut session = self.shared.session.lock();
+            self.sequence
+                .on_batch(seq, now, &mut session.index_mut().engine)
+        };
+        match step {
+            BatchStep::Skip => {
+                tracing::debug!(pod = %self.pod.url, seq, "duplicate KV events batch skipped");
                 return;
             }
-            Some(next) => {
+            BatchStep::Apply { restarted: false } => {}
+            BatchStep::Apply { restarted: true } => {
+                self.count(&self.shared.metrics.kv_events_restarts);
+                tracing::info!(pod = %self.pod.url, "KV events restarted from 0: engine restarted, its entries cleared");
+            }
+            BatchStep::JoinedLate { to } => {
+                // Joined late: learn what the pod already holds (partial if the buffer
+                // rotated; blocks whose parents are gone are skipped by the index).
+                if self.replay.is_some() {
+                    let _ = self.fill(0, to).await;
+                }
+            }
+            BatchStep::Gap { from, to } => {
                 self.count(&self.shared.metrics.kv_events_gaps);
-                if !self.fill(next, seq).await {
+                let complete = self.fill(from, to).await;
+                let now = self.now_ms();
+                let outcome = {
+                    let mut session = self.shared.session.lock();
+                    self.sequence
+                        .gap_result(complete, now, &mut session.index_mut().engine)
+                };
+                if outcome == GapOutcome::Stale {
                     self.count(&self.shared.metrics.kv_events_replay_failures);
-                    tracing::warn!(pod = %self.pod.url, missing_from = next, missing_to = seq, "KV events lost and not replayed: pod's engine index is stale, routed index stands in");
-                    let mut st = self.shared.router.lock();
-                    st.index.engine.clear_pod(self.pod.id);
-                    st.index.engine.set_stale(self.pod.id, true);
-                    self.stale_since = Some(Instant::now());
+                    tracing::warn!(pod = %self.pod.url, missing_from = from, missing_to = to, "KV events lost and not replayed: pod's engine index is stale, routed index stands in");
                 }
             }
         }
         self.apply(payload);
-        self.next = seq.checked_add(1);
     }
 
     /// Un-stales the pod once it has rebuilt for [`STALE_REBUILD`].
     fn maybe_rebuilt(&mut self) {
-        if let Some(since) = self.stale_since
-            && since.elapsed() >= STALE_REBUILD
-        {
-            self.stale_since = None;
-            self.shared
-                .router
-                .lock()
-                .index
-                .engine
-                .set_stale(self.pod.id, false);
+        if !self.sequence.is_stale() {
+            return;
+        }
+        let now = self.now_ms();
+        let rebuilt = {
+            let mut session = self.shared.session.lock();
+            self.sequence.tick(now, &mut session.index_mut().engine)
+        };
+        if rebuilt {
             tracing::info!(pod = %self.pod.url, "KV events view rebuilt; engine index live again");
         }
     }

@@ -10,7 +10,8 @@
 //! the limits hold for the gateway as a whole, whichever listener a request came in on.
 
 use crate::errors::ApiError;
-use crate::proxy::{log_reject, request_id};
+use crate::errors::log_reject;
+use crate::request_id::request_id;
 use crate::state::Shared;
 use axum::body::Body;
 use axum::extract::{Request, State};

@@ -459,3 +459,10 @@ impl Metrics {
             .inc();
     }
 }
+
+/// The `kind` label of `kvgate_upstream_timeouts_total`.
+pub fn timeout_label(kind: &'static str) -> TimeoutLabel {
+    TimeoutLabel {
+        kind: kind.to_string(),
+    }
+}

@@ -1,5 +1,5 @@
-//! The pod table: every pod the gateway routes to, its scraped metrics, health and the
-//! gateway's own in-flight counters.
+//! The pod table: every pod the gateway routes to, its scraped metrics and health. (The
+//! router's in-flight counters are the core session's ledger, [`kvgate_core::RouterSession`].)
 //!
 //! Pods get dense [`PodId`]s (the smallest free id), because the prefix index and the
 //! predictor key per-pod state by id. A pod removed by a config reload frees its id and its
@@ -11,7 +11,7 @@ use arc_swap::ArcSwap;
 use kvgate_core::{InFlight, PodId, PodSnapshot};
 use parking_lot::Mutex;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Largest pod id the routed index accepts.
 pub const MAX_PODS: usize = 65_536;
@@ -37,7 +37,6 @@ pub struct Pod {
     /// Set when a reload removed the pod; its scrape loop stops.
     pub removed: AtomicBool,
     scraped: Mutex<Scraped>,
-    pub in_flight: InFlightCounters,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -47,25 +46,6 @@ struct Scraped {
     kv_usage: f64,
     kv_blocks: u32,
     block_size: Option<u32>,
-}
-
-/// The router's exact accounting of work dispatched to a pod and not finished
-/// (`kvgate_core::InFlight` as atomics). Changed only through [`InFlightGuard`].
-#[derive(Debug, Default)]
-pub struct InFlightCounters {
-    requests: AtomicU32,
-    prefill_tokens: AtomicU64,
-    decode_tokens: AtomicU64,
-}
-
-impl InFlightCounters {
-    pub fn load(&self) -> InFlight {
-        InFlight {
-            requests: self.requests.load(Ordering::Relaxed),
-            prefill_tokens: self.prefill_tokens.load(Ordering::Relaxed),
-            decode_tokens: self.decode_tokens.load(Ordering::Relaxed),
-        }
-    }
 }
 
 impl Pod {
@@ -81,7 +61,6 @@ impl Pod {
                 kv_blocks: default_kv_blocks,
                 ..Scraped::default()
             }),
-            in_flight: InFlightCounters::default(),
         }
     }
 
@@ -133,6 +112,7 @@ impl Pod {
         changed
     }
 
+    /// The pod as scraped; `in_flight` is left at zero for the session to fill.
     pub fn snapshot(&self) -> PodSnapshot {
         let s = *self.scraped.lock();
         PodSnapshot {
@@ -143,73 +123,9 @@ impl Pod {
             running: s.running,
             kv_usage: s.kv_usage,
             kv_blocks: s.kv_blocks,
-            in_flight: self.in_flight.load(),
+            in_flight: InFlight::default(),
             healthy: self.is_healthy(),
         }
-    }
-
-    /// Load used to pick a pod for requests the router does not decide (other `/v1/*`).
-    pub fn load_requests(&self) -> u32 {
-        let s = *self.scraped.lock();
-        (s.waiting + s.running).max(self.in_flight.requests.load(Ordering::Relaxed))
-    }
-}
-
-/// Holds one request's share of a pod's in-flight counters and gives it back exactly once,
-/// whatever path the request ends on (done, upstream error, client abort, retry): the share
-/// is returned in `Drop`.
-#[derive(Debug)]
-pub struct InFlightGuard {
-    pod: Arc<Pod>,
-    prefill_tokens: u64,
-    decode_tokens: u64,
-}
-
-impl InFlightGuard {
-    /// Counts one request with `uncached_prompt_tokens` of prefill work against `pod`.
-    pub fn new(pod: Arc<Pod>, uncached_prompt_tokens: u64) -> Self {
-        let c = &pod.in_flight;
-        c.requests.fetch_add(1, Ordering::Relaxed);
-        c.prefill_tokens
-            .fetch_add(uncached_prompt_tokens, Ordering::Relaxed);
-        InFlightGuard {
-            pod,
-            prefill_tokens: uncached_prompt_tokens,
-            decode_tokens: 0,
-        }
-    }
-
-    pub fn pod(&self) -> &Arc<Pod> {
-        &self.pod
-    }
-
-    /// The first token arrived: the prefill share moves to decode (`prompt_tokens + 1`).
-    pub fn first_token(&mut self, prompt_tokens: u64) {
-        let c = &self.pod.in_flight;
-        c.prefill_tokens
-            .fetch_sub(self.prefill_tokens, Ordering::Relaxed);
-        self.prefill_tokens = 0;
-        self.add_decode_tokens(prompt_tokens + 1);
-    }
-
-    /// More tokens generated.
-    pub fn add_decode_tokens(&mut self, n: u64) {
-        self.pod
-            .in_flight
-            .decode_tokens
-            .fetch_add(n, Ordering::Relaxed);
-        self.decode_tokens += n;
-    }
-}
-
-impl Drop for InFlightGuard {
-    fn drop(&mut self) {
-        let c = &self.pod.in_flight;
-        c.requests.fetch_sub(1, Ordering::Relaxed);
-        c.prefill_tokens
-            .fetch_sub(self.prefill_tokens, Ordering::Relaxed);
-        c.decode_tokens
-            .fetch_sub(self.decode_tokens, Ordering::Relaxed);
     }
 }
 
@@ -287,31 +203,6 @@ impl PodTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn guard_returns_every_counter_on_drop_at_any_stage() {
-        let pod = Arc::new(Pod::new(PodId(0), "http://a", "c", 10));
-        {
-            let _g = InFlightGuard::new(pod.clone(), 100);
-            assert_eq!(pod.in_flight.load().requests, 1);
-            assert_eq!(pod.in_flight.load().prefill_tokens, 100);
-        }
-        assert_eq!(pod.in_flight.load(), InFlight::default());
-        {
-            let mut g = InFlightGuard::new(pod.clone(), 100);
-            g.first_token(120);
-            g.add_decode_tokens(3);
-            assert_eq!(
-                pod.in_flight.load(),
-                InFlight {
-                    requests: 1,
-                    prefill_tokens: 0,
-                    decode_tokens: 124
-                }
-            );
-        }
-        assert_eq!(pod.in_flight.load(), InFlight::default());
-    }
 
     #[test]
     fn replace_keeps_pods_and_reuses_the_smallest_free_id() {

@@ -17,10 +17,11 @@
 //! Bounds: request bodies up to `max_body_bytes` (413 beyond); the rest is per request.
 
 use crate::body::{ObservedBody, Tracker};
-use crate::decisions::DecisionRecord;
-use crate::errors::ApiError;
-use crate::metrics::Status;
-use crate::pods::{InFlightGuard, Pod};
+use crate::errors::{ApiError, log_reject, no_healthy_pod, upstream_failed};
+use crate::metrics::{Status, timeout_label};
+use crate::pods::Pod;
+use crate::request_id::request_id;
+use crate::routing::{DecisionMeta, Pick, Prepared, Routed, decide_for};
 use crate::state::Shared;
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -28,75 +29,12 @@ use axum::response::Response;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use http_body_util::{BodyExt, Full, Limited};
-use kvgate_core::policy::RequestSlo;
-use kvgate_core::predictor::Features;
-use kvgate_core::request::{RequestError, parse_request_value};
-use kvgate_core::{BlockHasher, PodId};
+use kvgate_core::{PodId, RouteRequest};
 use serde_json::Value;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
-/// Prompts longer than this (bytes) are tokenized on the blocking pool, not a runtime worker.
-const INLINE_TOKENIZE_BYTES: usize = 4096;
-
-/// Token mode (`--index engine`): the prompt's blocks as the pods cut them, i.e. the rendered
-/// prompt tokenized with the pods' tokenizer (`--tokenizer`, else the built-in cl100k, as the
-/// mock pod; an encoding error gives no tokens, counted and logged) in blocks of
-/// the pods' `vllm:cache_config_info` block size (first pod that reported one; else the
-/// router's `block_size_tokens`). Returns the prompt's token count.
-async fn token_mode_blocks(
-    shared: &Shared,
-    cfg: &crate::config::GatewayConfig,
-    parsed: &kvgate_core::request::ParsedRequest,
-    blocks: &mut Vec<kvgate_core::BlockHash>,
-) -> u32 {
-    use crate::tokenizer::GatewayTokenizer;
-    use kvgate_core::request::Prompt;
-    use kvgate_core::tokenizer::PromptTokenizer;
-    let tokenizer = shared
-        .tokenizer
-        .get()
-        .cloned()
-        .unwrap_or_else(|| GatewayTokenizer::Cl100k(PromptTokenizer::cl100k()));
-    let encoded;
-    let tokens: &[u32] = match &parsed.prompt {
-        Prompt::Tokens(t) => t,
-        Prompt::Text(text) => {
-            let result = if text.len() <= INLINE_TOKENIZE_BYTES {
-                tokenizer.encode(text)
-            } else {
-                let text = text.clone();
-                tokio::task::spawn_blocking(move || tokenizer.encode(&text))
-                    .await
-                    .unwrap_or_else(|e| Err(e.to_string()))
-            };
-            encoded = result.unwrap_or_else(|why| {
-                shared.metrics.tokenizer_errors.inc();
-                tracing::warn!(why = %why, "tokenizer failed on a prompt; it scores cold");
-                Vec::new()
-            });
-            &encoded
-        }
-    };
-    let block_size_tokens = shared
-        .pods
-        .all()
-        .iter()
-        .find_map(|p| p.block_size_tokens())
-        .unwrap_or(cfg.router.block_size_tokens);
-    let hasher = BlockHasher {
-        block_size_tokens,
-        chars_per_token: cfg.router.chars_per_token,
-    };
-    blocks.clear();
-    let seed = BlockHasher::chain_seed(&parsed.model, parsed.cache_salt.as_deref());
-    hasher.hash_tokens(seed, tokens, blocks);
-    u32::try_from(tokens.len()).unwrap_or(u32::MAX)
-}
-
-/// Longest `x-request-id` honoured; longer or non-visible-ASCII ids are replaced.
-const MAX_REQUEST_ID_LEN: usize = 128;
 /// Per-pod timeout of a `GET /v1/models` fan-out.
 const MODELS_TIMEOUT: Duration = Duration::from_secs(2);
 /// Largest model list read from one pod.
@@ -122,36 +60,9 @@ pub fn traffic_router(shared: Arc<Shared>) -> axum::Router {
         .with_state(shared)
 }
 
-pub(crate) fn request_id(headers: &HeaderMap) -> String {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    if let Some(id) = headers.get("x-request-id").and_then(|v| v.to_str().ok())
-        && !id.is_empty()
-        && id.len() <= MAX_REQUEST_ID_LEN
-        && id.bytes().all(|b| b.is_ascii_graphic())
-    {
-        return id.to_string();
-    }
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0);
-    format!("kvg-{nanos:x}-{:x}", NEXT.fetch_add(1, Ordering::Relaxed))
-}
-
 fn reject(shared: &Shared, err: ApiError, request_id: &str) -> Response {
     log_reject(shared, &err, request_id);
     err.into_response(request_id)
-}
-
-/// Counts and logs a request the gateway answers itself.
-pub(crate) fn log_reject(shared: &Shared, err: &ApiError, request_id: &str) {
-    shared.metrics.reject(err.code);
-    match err.status.as_u16() {
-        400..=499 => {
-            tracing::info!(%request_id, code = err.code, message = %err.message, "request rejected")
-        }
-        _ => tracing::warn!(%request_id, code = err.code, message = %err.message, "request failed"),
-    }
 }
 
 async fn not_found(State(shared): State<Arc<Shared>>, req: Request) -> Response {
@@ -188,17 +99,6 @@ async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
             None,
         )),
     }
-}
-
-pub(crate) fn request_error(e: RequestError) -> ApiError {
-    let (code, param) = match &e {
-        RequestError::UnsupportedPath(_) => ("unsupported_path", None),
-        RequestError::InvalidJson(_) => ("invalid_json", None),
-        RequestError::NotAnObject => ("invalid_json", None),
-        RequestError::MissingField(f) => ("missing_field", Some(f.to_string())),
-        RequestError::WrongType { field, .. } => ("wrong_type", Some(field.to_string())),
-    };
-    ApiError::bad_request(code, e.to_string(), param)
 }
 
 /// Hop-by-hop headers, never forwarded either way.
@@ -269,26 +169,6 @@ fn client_headers(
     h
 }
 
-pub(crate) fn no_healthy_pod() -> ApiError {
-    ApiError {
-        status: StatusCode::SERVICE_UNAVAILABLE,
-        kind: "service_unavailable",
-        code: "no_healthy_pod",
-        message: "no healthy pod to serve the request".into(),
-        param: None,
-    }
-}
-
-fn upstream_failed(why: String) -> ApiError {
-    ApiError {
-        status: StatusCode::BAD_GATEWAY,
-        kind: "upstream_error",
-        code: "upstream_failed",
-        message: why,
-        param: None,
-    }
-}
-
 /// The body with `"stream_options":{"include_usage":true}` inserted as the object's first key,
 /// without re-serialising it (the hot path of streams whose client did not ask for usage).
 /// Only for a body already parsed as a JSON object without `stream_options`; None when the
@@ -314,154 +194,6 @@ fn splice_include_usage(body: &Bytes) -> Option<Bytes> {
     Some(Bytes::from(out))
 }
 
-/// The request's prefix blocks and input-token count, as the configured index cuts them.
-pub(crate) async fn request_blocks(
-    shared: &Shared,
-    cfg: &crate::config::GatewayConfig,
-    parsed: &kvgate_core::request::ParsedRequest,
-) -> (Vec<kvgate_core::BlockHash>, u32) {
-    let mut blocks = Vec::new();
-    let input_tokens = if cfg.index == crate::config::IndexKind::Engine {
-        token_mode_blocks(shared, cfg, parsed, &mut blocks).await
-    } else {
-        let hasher = BlockHasher {
-            block_size_tokens: cfg.router.block_size_tokens,
-            chars_per_token: cfg.router.chars_per_token,
-        };
-        hasher.hash_request(parsed, &mut blocks);
-        parsed.estimated_input_tokens()
-    };
-    (blocks, input_tokens)
-}
-
-/// What a decision is recorded with.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct DecisionMeta<'a> {
-    pub request_id: &'a str,
-    pub attempt: u32,
-    /// The request's objectives (`slo`); with any, the router decides in SLO mode.
-    pub slo: RequestSlo,
-}
-
-/// A routed request: the chosen pod, the request's in-flight share on it, and what the
-/// predictor is trained with when the request ends.
-pub(crate) struct Routed {
-    pub pod: Arc<Pod>,
-    pub guard: InFlightGuard,
-    pub features: Features,
-    pub policy: &'static str,
-    pub branch: &'static str,
-}
-
-pub(crate) enum Pick {
-    Routed(Routed),
-    /// No healthy pod (after exclusions).
-    NoHealthyPod,
-    /// The core found no pod to choose.
-    NoDecision,
-    /// The chosen pod left the table meanwhile (a reload); exclude it and decide again.
-    Vanished(PodId),
-}
-
-/// One routing decision, shared by the HTTP proxy and the ext_proc endpoint picker: a snapshot
-/// of the pods now (`excluded` count as unhealthy), the core's decision under the state mutex
-/// (the routed index learns the request's blocks on the chosen pod), the in-flight share taken
-/// on that pod, and the decision recorded in `/debug/decisions` and the prediction metrics.
-pub(crate) fn decide_for(
-    shared: &Shared,
-    blocks: &[kvgate_core::BlockHash],
-    input_tokens: u32,
-    excluded: &[PodId],
-    meta: DecisionMeta<'_>,
-) -> Pick {
-    let mut snaps = shared.pods.snapshots();
-    for s in &mut snaps {
-        if excluded.contains(&s.id) {
-            s.healthy = false;
-        }
-    }
-    if !snaps.iter().any(|s| s.healthy) {
-        return Pick::NoHealthyPod;
-    }
-    let (decision, policy) = {
-        let mut st = shared.router.lock();
-        let st = &mut *st;
-        let d = if meta.slo == RequestSlo::default() {
-            st.router.decide(
-                blocks,
-                input_tokens,
-                &snaps,
-                &st.index,
-                &st.predictor,
-                &mut st.rng,
-            )
-        } else {
-            st.router.decide_with_slo(
-                blocks,
-                input_tokens,
-                meta.slo,
-                &snaps,
-                &st.index,
-                &st.predictor,
-                &mut st.rng,
-            )
-        };
-        if let Ok(d) = &d {
-            kvgate_core::index::PrefixIndex::record_routed(&mut st.index, d.pod_id, blocks);
-        }
-        (d, st.router.policy_kind().name())
-    };
-    let Ok(decision) = decision else {
-        return Pick::NoDecision;
-    };
-    let Some(pod) = shared
-        .pods
-        .all()
-        .iter()
-        .find(|p| p.id == decision.pod_id)
-        .cloned()
-    else {
-        return Pick::Vanished(decision.pod_id);
-    };
-    let Some(snap) = snaps.iter().find(|s| s.id == decision.pod_id) else {
-        return Pick::Vanished(decision.pod_id);
-    };
-    let expl = decision.pods.iter().find(|p| p.id == decision.pod);
-    let prefix_score = expl.map_or(0.0, |e| e.prefix_score);
-    let features = Features::new(snap, input_tokens, prefix_score);
-    let guard = InFlightGuard::new(pod.clone(), features.uncached_prompt_tokens() as u64);
-    let branch = decision.branch.as_str();
-    if let Some(e) = expl {
-        shared
-            .metrics
-            .predicted_ttft_ms
-            .observe(e.predicted_ttft_ms);
-        shared
-            .metrics
-            .predicted_tpot_ms
-            .observe(e.predicted_tpot_ms);
-    }
-    shared.decisions.push(DecisionRecord {
-        request_id: meta.request_id.to_string(),
-        timestamp_ms: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0),
-        policy,
-        attempt: meta.attempt,
-        slo_ttft_ms: meta.slo.ttft_ms,
-        slo_tpot_ms: meta.slo.tpot_ms,
-        decision,
-    });
-    Pick::Routed(Routed {
-        pod,
-        guard,
-        features,
-        policy,
-        branch,
-    })
-}
-
 /// `POST /v1/chat/completions` and `POST /v1/completions`.
 pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Response {
     let start = Instant::now();
@@ -474,24 +206,23 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
         Err(e) => return reject(&shared, e, &rid),
     };
     let path = parts.uri.path();
-    let mut value: Value = match serde_json::from_slice(&body) {
-        Ok(v) => v,
-        Err(e) => {
-            return reject(
-                &shared,
-                request_error(RequestError::InvalidJson(e.to_string())),
-                &rid,
-            );
-        }
-    };
-    let parsed = match parse_request_value(path, &value) {
+    let prepared = match crate::routing::prepare(&shared, &cfg, path, &body, &parts.headers).await {
         Ok(p) => p,
-        Err(e) => return reject(&shared, request_error(e), &rid),
-    };
-    let slo = match crate::slo::request_slo(&parts.headers) {
-        Ok(slo) => slo,
         Err(e) => return reject(&shared, e, &rid),
     };
+    let Prepared {
+        mut value,
+        parsed,
+        mut capture,
+        ..
+    } = prepared;
+    let request = RouteRequest {
+        blocks: &prepared.blocks,
+        input_tokens: prepared.input_tokens,
+        block_size_tokens: prepared.block_size_tokens,
+        slo: prepared.slo,
+    };
+    let input_tokens = prepared.input_tokens;
 
     // Streams: make sure the pod sends usage; strip it again if the client did not ask.
     let mut strip_usage = false;
@@ -535,22 +266,6 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
         body
     };
 
-    let (blocks, input_tokens) = request_blocks(&shared, &cfg, &parsed).await;
-    if input_tokens > cfg.max_prompt_tokens {
-        let err = ApiError::bad_request(
-            "context_length_exceeded",
-            format!(
-                "the prompt has about {input_tokens} tokens, more than the gateway's limit of {}",
-                cfg.max_prompt_tokens
-            ),
-            None,
-        );
-        return reject(&shared, err, &rid);
-    }
-    let mut capture = shared
-        .capture
-        .get()
-        .map(|c| c.ticket(&blocks, input_tokens, parsed.max_tokens));
     let path_and_query = parts
         .uri
         .path_and_query()
@@ -564,23 +279,17 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
         let meta = DecisionMeta {
             request_id: &rid,
             attempt,
-            slo,
         };
         let Routed {
             pod,
             guard,
-            features,
             policy,
             branch,
-        } = match decide_for(&shared, &blocks, input_tokens, &excluded, meta) {
+        } = match decide_for(&shared, &request, &excluded, meta) {
             Pick::Routed(r) => r,
             Pick::NoHealthyPod if attempt > 0 => break,
             Pick::NoHealthyPod | Pick::NoDecision => {
                 return reject(&shared, no_healthy_pod(), &rid);
-            }
-            Pick::Vanished(id) => {
-                excluded.push(id);
-                continue;
             }
         };
         let up = match upstream_request(
@@ -635,8 +344,6 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
                     start,
                     first_token_at: None,
                     prompt_tokens: u64::from(input_tokens),
-                    class: pod.class.clone(),
-                    features,
                     policy,
                     branch,
                     request_id: rid.clone(),
@@ -744,12 +451,6 @@ fn attempt_failed(shared: &Shared, pod: &Pod, policy: &str, branch: &str) {
         .inc();
 }
 
-pub(crate) fn timeout_label(kind: &'static str) -> crate::metrics::TimeoutLabel {
-    crate::metrics::TimeoutLabel {
-        kind: kind.to_string(),
-    }
-}
-
 /// `GET /v1/models`: the union (by model id) of every healthy pod's list.
 pub async fn models(State(shared): State<Arc<Shared>>, req: Request) -> Response {
     let rid = request_id(req.headers());
@@ -841,14 +542,7 @@ pub async fn passthrough(State(shared): State<Arc<Shared>>, req: Request) -> Res
         Ok(b) => b,
         Err(e) => return reject(&shared, e, &rid),
     };
-    let pod = shared
-        .pods
-        .all()
-        .iter()
-        .filter(|p| p.is_healthy())
-        .min_by_key(|p| (p.load_requests(), p.id))
-        .cloned();
-    let Some(pod) = pod else {
+    let Some((pod, guard)) = crate::routing::least_loaded(&shared, &[]) else {
         return reject(&shared, no_healthy_pod(), &rid);
     };
     let path_and_query = parts
@@ -868,7 +562,6 @@ pub async fn passthrough(State(shared): State<Arc<Shared>>, req: Request) -> Res
         Ok(r) => r,
         Err(e) => return reject(&shared, upstream_failed(e), &rid),
     };
-    let guard = InFlightGuard::new(pod.clone(), 0);
     let wait = cfg
         .first_byte_timeout
         .min(deadline.saturating_duration_since(tokio::time::Instant::now()));
@@ -902,8 +595,6 @@ pub async fn passthrough(State(shared): State<Arc<Shared>>, req: Request) -> Res
                 start,
                 first_token_at: None,
                 prompt_tokens: 0,
-                class: pod.class.clone(),
-                features: Features::default(),
                 policy: "least-loaded",
                 branch: "passthrough",
                 request_id: rid.clone(),

@@ -107,7 +107,10 @@ mod tests {
         std::fs::write(&path, "[router]\ngate_profile = \"seed\"\n").unwrap();
         reload_now(&shared, &args, &path).unwrap();
         assert_eq!(shared.config().router, RouterConfig::seed());
-        assert_eq!(*shared.router.lock().router.config(), RouterConfig::seed());
+        assert_eq!(
+            *shared.session.lock().router().config(),
+            RouterConfig::seed()
+        );
 
         std::fs::write(&path, "[router]\ngate_profile = \"sead\"\n").unwrap();
         let why = reload_now(&shared, &args, &path).unwrap_err();

@@ -217,7 +217,11 @@ pub async fn scrape_once(shared: &Shared, pod: &Pod) {
             if let Some(blocks) = m.num_gpu_blocks
                 && pod.apply_capacity(blocks)
             {
-                shared.router.lock().index.set_capacity(pod.id, blocks);
+                shared
+                    .session
+                    .lock()
+                    .index_mut()
+                    .set_capacity(pod.id, blocks);
             }
             pod.apply_metrics(&m);
             crate::kv_events::on_scrape(shared, pod, &m);

@@ -368,7 +368,8 @@ impl Gateway {
 
     /// The in-flight counters of the pod at `url` (None: no such pod).
     pub fn in_flight(&self, url: &str) -> Option<InFlight> {
-        self.shared.pods.by_url(url).map(|p| p.in_flight.load())
+        let pod = self.shared.pods.by_url(url)?;
+        Some(self.shared.session.lock().in_flight(pod.id))
     }
 
     /// Whether the pod at `url` is currently considered healthy.

@@ -1,9 +1,9 @@
 //! State shared by every task of one gateway: config, pod table, router state, metrics, the
 //! decision log and the upstream HTTP client.
 //!
-//! The core's decision state (router, prefix index, predictor, RNG) is single-threaded by
-//! design, so it sits behind one mutex held only for a decision or a training sample
-//! (microseconds), never across an `.await`.
+//! The core's request lifecycle ([`RouterSession`]: router, prefix index, predictor, RNG and
+//! in-flight ledger) is single-threaded by design, so it sits behind one mutex held only for a
+//! transition (a decision, a first token, a finish: microseconds), never across an `.await`.
 
 use crate::config::GatewayConfig;
 use crate::decisions::DecisionLog;
@@ -15,31 +15,21 @@ use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use kvgate_core::index::PrefixIndex;
-use kvgate_core::index::engine::HybridIndex;
+use kvgate_core::RouterSession;
 use kvgate_core::predictor::{LatencyPredictor, PredictorConfig};
-use kvgate_core::{DecisionRng, Router};
 use parking_lot::Mutex;
-use rand::SeedableRng;
 use std::sync::Arc;
 use std::time::Duration;
 
 /// The upstream client (hyper-util legacy: pooled keep-alive, frame-by-frame bodies).
 pub type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
 
-/// The core's single-threaded decision state.
-pub struct RouterState {
-    pub router: Router,
-    /// Routed index for every pod, engine index for pods with live KV events.
-    pub index: HybridIndex,
-    pub predictor: LatencyPredictor,
-    pub rng: DecisionRng,
-}
-
 pub struct Shared {
     config: ArcSwap<GatewayConfig>,
     pub pods: PodTable,
-    pub router: Mutex<RouterState>,
+    /// The core's request lifecycle: every decision, charge and training sample goes through
+    /// it (its index is routed for every pod, engine for pods with live KV events).
+    pub session: Mutex<RouterSession>,
     pub metrics: Metrics,
     pub decisions: DecisionLog,
     pub client: UpstreamClient,
@@ -56,15 +46,15 @@ pub struct Shared {
     discovered: Mutex<Vec<(String, String)>>,
 }
 
-/// A fresh predictor with the configured model; tree models train in the background
-/// ([`crate::trainer`]).
-pub fn predictor_for(router: &kvgate_core::RouterConfig) -> LatencyPredictor {
-    LatencyPredictor::new(PredictorConfig {
+/// The predictor's config for the router's: its model and drift adaptation; tree models
+/// train in the background ([`crate::trainer`]).
+pub fn predictor_config(router: &kvgate_core::RouterConfig) -> PredictorConfig {
+    PredictorConfig {
         model: router.predictor_model,
         drift_detection: router.predictor_drift_adaptation,
         gbdt_background_training: true,
         ..PredictorConfig::default()
-    })
+    }
 }
 
 impl Shared {
@@ -76,12 +66,12 @@ impl Shared {
             .pool_idle_timeout(Duration::from_secs(60))
             .pool_max_idle_per_host(1024)
             .build(connector);
-        let router_state = RouterState {
-            router: Router::new(config.router, config.policy),
-            index: HybridIndex::new(),
-            predictor: predictor_for(&config.router),
-            rng: DecisionRng::seed_from_u64(config.seed),
-        };
+        let session = RouterSession::new(
+            config.router,
+            config.policy,
+            predictor_config(&config.router),
+            config.seed,
+        );
         Arc::new(Shared {
             admission: crate::limits::Admission::new(
                 config.max_concurrent_requests,
@@ -90,7 +80,7 @@ impl Shared {
             decisions: DecisionLog::new(config.decision_log_size),
             config: ArcSwap::from_pointee(config),
             pods: PodTable::default(),
-            router: Mutex::new(router_state),
+            session: Mutex::new(session),
             metrics: Metrics::new(),
             client,
             capture: std::sync::OnceLock::new(),
@@ -116,14 +106,14 @@ impl Shared {
             new.router.lru_capacity_per_server,
         );
         {
-            let mut st = self.router.lock();
+            let mut session = self.session.lock();
             if old.router != new.router || old.policy != new.policy {
-                st.router = Router::new(new.router, new.policy);
+                session.set_router(new.router, new.policy);
             }
             if old.router.predictor_model != new.router.predictor_model
                 || old.router.predictor_drift_adaptation != new.router.predictor_drift_adaptation
             {
-                st.predictor = predictor_for(&new.router);
+                session.set_predictor(LatencyPredictor::new(predictor_config(&new.router)));
             }
         }
         self.forget_removed(&changes);
@@ -146,12 +136,13 @@ impl Shared {
         changes.added
     }
 
-    /// A removed pod's index entries go away; both kinds of change are logged.
+    /// A removed pod's index entries and in-flight counters go away; both kinds of change are
+    /// logged.
     fn forget_removed(&self, changes: &crate::pods::PodChanges) {
         {
-            let mut st = self.router.lock();
+            let mut session = self.session.lock();
             for pod in &changes.removed {
-                st.index.remove_pod(pod.id);
+                session.remove_pod(pod.id);
             }
         }
         for pod in &changes.removed {
@@ -178,9 +169,13 @@ impl Shared {
             .set(i64::try_from(self.admission.active()).unwrap_or(i64::MAX));
         m.queued_requests
             .set(i64::try_from(self.admission.queued()).unwrap_or(i64::MAX));
-        for pod in self.pods.all().iter() {
+        let pods = self.pods.all();
+        let in_flight: Vec<kvgate_core::InFlight> = {
+            let session = self.session.lock();
+            pods.iter().map(|p| session.in_flight(p.id)).collect()
+        };
+        for (pod, f) in pods.iter().zip(in_flight) {
             let label = pod.label();
-            let f = pod.in_flight.load();
             m.pod_healthy
                 .get_or_create(&label)
                 .set(i64::from(pod.is_healthy()));
@@ -195,23 +190,19 @@ impl Shared {
                 .set(i64::try_from(f.decode_tokens).unwrap_or(i64::MAX));
         }
         let (acc, classes, gate, routed_blocks, engine_blocks, stale) = {
-            let st = self.router.lock();
-            let stale: Vec<bool> = self
-                .pods
-                .all()
-                .iter()
-                .map(|p| st.index.engine.is_stale(p.id))
-                .collect();
+            let session = self.session.lock();
+            let index = session.index();
+            let stale: Vec<bool> = pods.iter().map(|p| index.engine.is_stale(p.id)).collect();
             (
-                st.predictor.accuracy(),
-                st.predictor.class_reports(),
-                st.router.gate_state(),
-                kvgate_core::index::PrefixIndex::indexed_blocks(&st.index.routed),
-                kvgate_core::index::PrefixIndex::indexed_blocks(&st.index.engine),
+                session.predictor().accuracy(),
+                session.predictor().class_reports(),
+                session.router().gate_state(),
+                kvgate_core::index::PrefixIndex::indexed_blocks(&index.routed),
+                kvgate_core::index::PrefixIndex::indexed_blocks(&index.engine),
                 stale,
             )
         };
-        for (pod, stale) in self.pods.all().iter().zip(stale) {
+        for (pod, stale) in pods.iter().zip(stale) {
             m.kv_events_stale
                 .get_or_create(&pod.label())
                 .set(i64::from(stale));

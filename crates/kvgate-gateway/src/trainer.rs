@@ -28,11 +28,9 @@ pub async fn run(shared: Arc<Shared>) {
 /// Trains and installs every job that is due now; returns how many were installed.
 pub async fn train_due(shared: &Shared) -> usize {
     let (jobs, model) = {
-        let mut st = shared.router.lock();
-        (
-            st.predictor.take_training_jobs(),
-            st.predictor.config().model,
-        )
+        let mut session = shared.session.lock();
+        let predictor = session.predictor_mut();
+        (predictor.take_training_jobs(), predictor.config().model)
     };
     if jobs.is_empty() {
         return 0;
@@ -54,15 +52,16 @@ pub async fn train_due(shared: &Shared) -> usize {
     };
     let n = trained.len();
     {
-        let mut st = shared.router.lock();
+        let mut session = shared.session.lock();
+        let predictor = session.predictor_mut();
         // A reload may have replaced the predictor with another model kind meanwhile (e.g.
         // gbdt → gbdt-p90): trees trained for the old loss must not land in it.
-        if st.predictor.config().model != model {
+        if predictor.config().model != model {
             tracing::info!(%model, "predictor model changed during training; trees dropped");
             return 0;
         }
         for (slot, models) in trained {
-            st.predictor.install(&slot, models);
+            predictor.install(&slot, models);
         }
     }
     tracing::debug!(
@@ -108,19 +107,20 @@ mod tests {
     async fn due_trees_are_trained_off_the_lock_and_swapped_in() {
         let shared = shared(ModelKind::Gbdt);
         let probe = features(7);
-        let cold = shared.router.lock().predictor.predict("c", &probe);
+        let cold = shared.session.lock().predictor().predict("c", &probe);
         {
-            let mut st = shared.router.lock();
+            let mut session = shared.session.lock();
+            let predictor = session.predictor_mut();
             for i in 0..40 {
                 let f = features(i);
                 let ttft = 10.0 + f.input_tokens * 0.05 + f.prefill_tokens_in_flight * 0.05;
-                st.predictor.observe("c", &f, ttft, Some(8.0));
+                predictor.observe("c", &f, ttft, Some(8.0));
             }
             // Due, but nothing is trained on the observing thread.
-            assert_eq!(st.predictor.predict("c", &probe), cold);
+            assert_eq!(predictor.predict("c", &probe), cold);
         }
         assert_eq!(train_due(&shared).await, 1);
-        let warm = shared.router.lock().predictor.predict("c", &probe);
+        let warm = shared.session.lock().predictor().predict("c", &probe);
         assert_ne!(warm, cold);
         let truth = 10.0 + probe.input_tokens * 0.05 + probe.prefill_tokens_in_flight * 0.05;
         assert!(
@@ -134,9 +134,10 @@ mod tests {
     async fn the_rls_model_never_has_jobs() {
         let shared = shared(ModelKind::Rls);
         {
-            let mut st = shared.router.lock();
+            let mut session = shared.session.lock();
+            let predictor = session.predictor_mut();
             for i in 0..100 {
-                st.predictor.observe("c", &features(i), 50.0, Some(8.0));
+                predictor.observe("c", &features(i), 50.0, Some(8.0));
             }
         }
         assert_eq!(train_due(&shared).await, 0);

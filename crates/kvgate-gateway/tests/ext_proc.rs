@@ -598,8 +598,12 @@ fn request_headers_with(extra: &[(&str, &str)]) -> processing_request::Request {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn slo_headers_route_in_slo_mode_and_a_bad_one_is_400() {
-    let (_pods, gw) = fleet().await;
+async fn with_slo_routing_slo_headers_route_in_slo_mode_and_a_bad_one_is_400() {
+    let dir = std::env::temp_dir().join(format!("kvgate-ext-proc-slo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("kvgate.toml");
+    std::fs::write(&config, "[router]\nslo_routing = true\n").unwrap();
+    let (_pods, gw) = fleet_with(|args| args.config = Some(config)).await;
     let mut envoy = FakeEnvoy::connect(&gw).await;
     envoy
         .send(request_headers_with(&[

@@ -107,9 +107,9 @@ fn matched(gw: &Gateway, tokens: std::ops::Range<u32>) -> u32 {
     BlockHasher::default().hash_tokens(BlockHasher::chain_seed(MODEL, None), &tokens, &mut blocks);
     let mut m = Vec::new();
     gw.shared()
-        .router
+        .session
         .lock()
-        .index
+        .index()
         .match_prefix(&blocks, &mut m);
     m.first().copied().unwrap_or(0)
 }
@@ -252,16 +252,16 @@ async fn subscriber_follows_python_publisher_through_gaps_restarts_and_garbage()
         );
     });
     common::eventually("stale after failed replay", || {
-        gw.shared().router.lock().index.engine.is_stale(PodId(0))
+        gw.shared().session.lock().index().engine.is_stale(PodId(0))
     })
     .await;
     assert_eq!(counter(&gw, &url, |m| &m.kv_events_replay_failures), 1);
     // Stale: the routed index (which never saw this prompt) answers for the pod.
     assert_eq!(matched(&gw, 300..316), 0);
     gw.shared()
-        .router
+        .session
         .lock()
-        .index
+        .index_mut()
         .engine
         .set_stale(PodId(0), false);
     assert_eq!(matched(&gw, 300..316), 1);

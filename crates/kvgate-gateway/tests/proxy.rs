@@ -55,7 +55,7 @@ async fn stream_chunks_arrive_incrementally_and_added_usage_is_stripped() {
     assert!(r.header("x-request-id").is_some());
     assert_idle(&gw, &[&pod]).await;
     // The completed stream trained the predictor (TTFT and TPOT).
-    let acc = gw.shared().router.lock().predictor.accuracy();
+    let acc = gw.shared().session.lock().predictor().accuracy();
     assert_eq!((acc.samples, acc.tpot_samples), (1, 1));
 }
 

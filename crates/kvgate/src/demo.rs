@@ -234,13 +234,11 @@ fn status_line(gw: &Gateway, pods: &[RunningPod], elapsed: Duration) -> String {
     } else {
         "-".into()
     };
-    let in_flight: u32 = gw
-        .shared()
-        .pods
-        .all()
-        .iter()
-        .map(|p| p.in_flight.load().requests)
-        .sum();
+    let in_flight: u32 = {
+        let pods = gw.shared().pods.all();
+        let session = gw.shared().session.lock();
+        pods.iter().map(|p| session.in_flight(p.id).requests).sum()
+    };
     let ok = counts.by_status.get("ok").copied().unwrap_or(0);
     let branches = if counts.by_branch.is_empty() {
         "-".to_string()

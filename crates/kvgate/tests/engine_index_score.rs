@@ -112,9 +112,9 @@ async fn score_after_a_request_is_one_minus_the_last_partial_block_from_events_a
         .map(|u| gw.shared().pods.by_url(u).unwrap().id)
         .collect();
     wait_until("every pod healthy and followed by the engine index", || {
-        let st = gw.shared().router.lock();
+        let session = gw.shared().session.lock();
         urls.iter().all(|u| gw.pod_healthy(u) == Some(true))
-            && ids.iter().all(|&id| st.index.engine.is_live(id))
+            && ids.iter().all(|&id| session.index().engine.is_live(id))
     })
     .await;
 
@@ -136,11 +136,17 @@ async fn score_after_a_request_is_one_minus_the_last_partial_block_from_events_a
     let (_, direct) = complete(&client, &urls[home], &prompt).await;
     assert_eq!(direct["usage"]["prompt_tokens"].as_u64(), Some(n as u64));
     wait_until("the pod's BlockStored events applied", || {
-        gw.shared().router.lock().index.engine.pod_blocks(ids[home]) == full_blocks
+        gw.shared()
+            .session
+            .lock()
+            .index()
+            .engine
+            .pod_blocks(ids[home])
+            == full_blocks
     })
     .await;
     assert_eq!(
-        gw.shared().router.lock().index.routed.indexed_blocks(),
+        gw.shared().session.lock().index().routed.indexed_blocks(),
         0,
         "the routed index must know nothing yet"
     );

@@ -1,4 +1,4 @@
-//! The gateway's SLO mode, predictor metrics and `affinity_gate_tau = "auto"` in front of four
+//! The gateway's SLO mode (`slo_routing`), predictor metrics and `affinity_gate_tau = "auto"` in front of four
 //! real mock pods (in process, 127.0.0.1 ephemeral ports), seen from outside: requests over
 //! HTTP, `/debug/decisions` and `/metrics` from the admin listener.
 
@@ -79,9 +79,32 @@ fn metric(text: &str, series: &str) -> Option<f64> {
         .and_then(|(_, v)| v.parse().ok())
 }
 
+/// A config file with `router_toml` as its `[router]` table.
+fn router_config(name: &str, router_toml: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("kvgate-slo-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("kvgate.toml");
+    std::fs::write(&path, format!("[router]\n{router_toml}\n")).unwrap();
+    path
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn slo_headers_switch_the_gate_to_slo_mode_and_bad_ones_are_400() {
+async fn without_slo_routing_objectives_are_validated_and_recorded_but_do_not_route() {
     let (_pods, gw) = fleet(None).await;
+    let r = post(&gw, &chat(1), &[("x-slo-ttft-ms", "0.001")]).await;
+    assert_eq!(r.status(), 200);
+    r.bytes().await.unwrap();
+    let r = post(&gw, &chat(2), &[("x-slo-ttft-ms", "-5")]).await;
+    assert_eq!(r.status(), 400);
+    let d = decisions(&gw).await;
+    assert_eq!(d.len(), 1, "{d:#?}");
+    assert_eq!(d[0]["slo_ttft_ms"], 0.001);
+    assert!(d[0].get("slo").is_none(), "{:#?}", d[0]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_slo_routing_slo_headers_switch_the_gate_to_slo_mode_and_bad_ones_are_400() {
+    let (_pods, gw) = fleet(Some(router_config("on", "slo_routing = true"))).await;
 
     // Loose objectives: every pod meets them, the explanation says so.
     let r = post(
@@ -133,10 +156,7 @@ async fn slo_headers_switch_the_gate_to_slo_mode_and_bad_ones_are_400() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn predictor_metrics_per_class_move_after_requests_and_auto_tau_is_exposed() {
-    let dir = std::env::temp_dir().join(format!("kvgate-slo-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("kvgate.toml");
-    std::fs::write(&path, "[router]\naffinity_gate_tau = \"auto\"\n").unwrap();
+    let path = router_config("auto-tau", "affinity_gate_tau = \"auto\"");
     let (_pods, gw) = fleet(Some(path)).await;
 
     let before = metrics(&gw).await;

@@ -1,0 +1,267 @@
+//! What the HTTP proxy and the ext_proc picker share between a request body and a pod: the
+//! request prepared (parsed, objectives read, prompt cut into blocks, every limit checked, a
+//! capture ticket taken) and one routing decision through the core session.
+//!
+//! Both data paths call [`prepare`] and [`decide_for`]; neither decides, charges or checks a
+//! limit on its own, so the two enforce the same rules.
+
+use crate::config::{GatewayConfig, IndexKind};
+use crate::decisions::DecisionRecord;
+use crate::errors::ApiError;
+use crate::lifecycle::TicketGuard;
+use crate::pods::Pod;
+use crate::state::Shared;
+use http::HeaderMap;
+use kvgate_core::policy::RequestSlo;
+use kvgate_core::request::{ParsedRequest, Prompt, RequestError, parse_request_value};
+use kvgate_core::{BlockHash, BlockHasher, PodId, RouteError, RouteRequest};
+use serde_json::Value;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Prompts longer than this (bytes) are tokenized on the blocking pool, not a runtime worker.
+const INLINE_TOKENIZE_BYTES: usize = 4096;
+
+/// A request ready to route.
+pub(crate) struct Prepared {
+    /// The body as JSON (the proxy may add `stream_options` before forwarding it).
+    pub value: Value,
+    pub parsed: ParsedRequest,
+    pub slo: RequestSlo,
+    pub blocks: Vec<BlockHash>,
+    pub input_tokens: u32,
+    /// Tokens per block in `blocks` (what the session credits per matched block).
+    pub block_size_tokens: u32,
+    /// `--capture`: the request's record, written when it is served.
+    pub capture: Option<crate::capture::Ticket>,
+}
+
+impl Prepared {
+    pub fn route_request(&self) -> RouteRequest<'_> {
+        RouteRequest {
+            blocks: &self.blocks,
+            input_tokens: self.input_tokens,
+            block_size_tokens: self.block_size_tokens,
+            slo: self.slo,
+        }
+    }
+}
+
+/// Body → [`Prepared`], or the error to answer (400 bad JSON / request / objectives, 400
+/// `context_length_exceeded` over `max_prompt_tokens`). No pod is touched.
+pub(crate) async fn prepare(
+    shared: &Shared,
+    cfg: &GatewayConfig,
+    path: &str,
+    body: &[u8],
+    headers: &HeaderMap,
+) -> Result<Prepared, ApiError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| crate::errors::request_error(RequestError::InvalidJson(e.to_string())))?;
+    let parsed = parse_request_value(path, &value).map_err(crate::errors::request_error)?;
+    let slo = crate::slo::request_slo(headers)?;
+    let (blocks, input_tokens, block_size_tokens) = request_blocks(shared, cfg, &parsed).await;
+    if input_tokens > cfg.max_prompt_tokens {
+        return Err(ApiError::bad_request(
+            "context_length_exceeded",
+            format!(
+                "the prompt has about {input_tokens} tokens, more than the gateway's limit of {}",
+                cfg.max_prompt_tokens
+            ),
+            None,
+        ));
+    }
+    let capture = shared
+        .capture
+        .get()
+        .map(|c| c.ticket(&blocks, input_tokens, parsed.max_tokens));
+    Ok(Prepared {
+        value,
+        parsed,
+        slo,
+        blocks,
+        input_tokens,
+        block_size_tokens,
+        capture,
+    })
+}
+
+/// The request's prefix blocks, input-token count and block size, as the configured index
+/// cuts them.
+async fn request_blocks(
+    shared: &Shared,
+    cfg: &GatewayConfig,
+    parsed: &ParsedRequest,
+) -> (Vec<BlockHash>, u32, u32) {
+    let mut blocks = Vec::new();
+    if cfg.index == IndexKind::Engine {
+        let (tokens, block_size) = token_mode_blocks(shared, cfg, parsed, &mut blocks).await;
+        (blocks, tokens, block_size)
+    } else {
+        let hasher = BlockHasher {
+            block_size_tokens: cfg.router.block_size_tokens,
+            chars_per_token: cfg.router.chars_per_token,
+        };
+        hasher.hash_request(parsed, &mut blocks);
+        (
+            blocks,
+            parsed.estimated_input_tokens(),
+            cfg.router.block_size_tokens,
+        )
+    }
+}
+
+/// Token mode (`--index engine`): the prompt's blocks as the pods cut them, i.e. the rendered
+/// prompt tokenized with the pods' tokenizer (`--tokenizer`, else the built-in cl100k, as the
+/// mock pod; an encoding error gives no tokens, counted and logged) in blocks of
+/// the pods' `vllm:cache_config_info` block size (first pod that reported one; else the
+/// router's `block_size_tokens`). Returns the prompt's token count and the block size.
+async fn token_mode_blocks(
+    shared: &Shared,
+    cfg: &GatewayConfig,
+    parsed: &ParsedRequest,
+    blocks: &mut Vec<BlockHash>,
+) -> (u32, u32) {
+    use crate::tokenizer::GatewayTokenizer;
+    use kvgate_core::tokenizer::PromptTokenizer;
+    let tokenizer = shared
+        .tokenizer
+        .get()
+        .cloned()
+        .unwrap_or_else(|| GatewayTokenizer::Cl100k(PromptTokenizer::cl100k()));
+    let encoded;
+    let tokens: &[u32] = match &parsed.prompt {
+        Prompt::Tokens(t) => t,
+        Prompt::Text(text) => {
+            let result = if text.len() <= INLINE_TOKENIZE_BYTES {
+                tokenizer.encode(text)
+            } else {
+                let text = text.clone();
+                tokio::task::spawn_blocking(move || tokenizer.encode(&text))
+                    .await
+                    .unwrap_or_else(|e| Err(e.to_string()))
+            };
+            encoded = result.unwrap_or_else(|why| {
+                shared.metrics.tokenizer_errors.inc();
+                tracing::warn!(why = %why, "tokenizer failed on a prompt; it scores cold");
+                Vec::new()
+            });
+            &encoded
+        }
+    };
+    let block_size_tokens = shared
+        .pods
+        .all()
+        .iter()
+        .find_map(|p| p.block_size_tokens())
+        .unwrap_or(cfg.router.block_size_tokens);
+    let hasher = BlockHasher {
+        block_size_tokens,
+        chars_per_token: cfg.router.chars_per_token,
+    };
+    blocks.clear();
+    let seed = BlockHasher::chain_seed(&parsed.model, parsed.cache_salt.as_deref());
+    hasher.hash_tokens(seed, tokens, blocks);
+    (
+        u32::try_from(tokens.len()).unwrap_or(u32::MAX),
+        block_size_tokens,
+    )
+}
+
+/// What a decision is recorded with.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DecisionMeta<'a> {
+    pub request_id: &'a str,
+    pub attempt: u32,
+}
+
+/// A routed request: the chosen pod and the request's ticket on it.
+pub(crate) struct Routed {
+    pub pod: Arc<Pod>,
+    pub guard: TicketGuard,
+    pub policy: &'static str,
+    pub branch: &'static str,
+}
+
+pub(crate) enum Pick {
+    Routed(Routed),
+    /// No healthy pod (after exclusions).
+    NoHealthyPod,
+    /// The core found no pod to choose.
+    NoDecision,
+}
+
+/// One routing decision: the pods as scraped now, `excluded` counted as unhealthy, routed by
+/// the core session under its mutex (decision, route recorded in the index, features taken,
+/// pod charged), and the decision recorded in `/debug/decisions` and the prediction metrics.
+pub(crate) fn decide_for(
+    shared: &Arc<Shared>,
+    request: &RouteRequest<'_>,
+    excluded: &[PodId],
+    meta: DecisionMeta<'_>,
+) -> Pick {
+    let pods = shared.pods.all();
+    let mut snaps: Vec<_> = pods.iter().map(|p| p.snapshot()).collect();
+    let (routed, policy) = {
+        let mut session = shared.session.lock();
+        let routed = session.route(request, &mut snaps, excluded);
+        (routed, session.router().policy_kind().name())
+    };
+    let routed = match routed {
+        Ok(r) => r,
+        Err(RouteError::NoHealthyPod) => return Pick::NoHealthyPod,
+        Err(RouteError::NoDecision) => return Pick::NoDecision,
+    };
+    let decision = routed.decision;
+    let charged_prefill_tokens = routed.ticket.prefill_tokens();
+    // `snaps` came from this table, so the chosen id is in it.
+    let Some(pod) = pods.iter().find(|p| p.id == decision.pod_id).cloned() else {
+        shared.session.lock().finish(routed.ticket, None);
+        return Pick::NoDecision;
+    };
+    let guard = TicketGuard::new(shared.clone(), pod.clone(), routed.ticket);
+    let branch = decision.branch.as_str();
+    if let Some(e) = decision.pods.iter().find(|p| p.id == decision.pod) {
+        shared
+            .metrics
+            .predicted_ttft_ms
+            .observe(e.predicted_ttft_ms);
+        shared
+            .metrics
+            .predicted_tpot_ms
+            .observe(e.predicted_tpot_ms);
+    }
+    shared.decisions.push(DecisionRecord {
+        request_id: meta.request_id.to_string(),
+        timestamp_ms: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0),
+        policy,
+        attempt: meta.attempt,
+        slo_ttft_ms: request.slo.ttft_ms,
+        slo_tpot_ms: request.slo.tpot_ms,
+        charged_prefill_tokens,
+        decision,
+    });
+    Pick::Routed(Routed {
+        pod,
+        guard,
+        policy,
+        branch,
+    })
+}
+
+/// The least-loaded healthy pod outside `excluded`, for requests the router does not decide;
+/// charged as one request.
+pub(crate) fn least_loaded(
+    shared: &Arc<Shared>,
+    excluded: &[PodId],
+) -> Option<(Arc<Pod>, TicketGuard)> {
+    let pods = shared.pods.all();
+    let snaps: Vec<_> = pods.iter().map(|p| p.snapshot()).collect();
+    let id = shared.session.lock().least_loaded(&snaps, excluded)?;
+    let pod = pods.iter().find(|p| p.id == id).cloned()?;
+    let guard = TicketGuard::unrouted(shared.clone(), pod.clone());
+    Some((pod, guard))
+}
