@@ -8,7 +8,14 @@ use serde::Serialize;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Branch {
-    /// Affinity gate: the ε coin skipped the gate; best latency over all pods.
+    /// Affinity gate: the ε coin came up and the request was explored. What was picked depends
+    /// on `explore_mode`: `best-overall` (the seed) the best predicted TTFT over all pods;
+    /// `random-non-sticky` (the default) a uniformly random pod among those not sticky;
+    /// `least-loaded-non-sticky` the non-sticky pod with the fewest in-flight prompt tokens;
+    /// `random-if-no-sticky` a uniformly random pod, only for requests with no sticky pod. In
+    /// the three non-sticky modes `explore_max_extra_ms` (25 ms by default) also restricts the
+    /// pick to pods predicted within that much of the best; when no pod qualifies the request is
+    /// not explored and takes one of the other branches.
     Explore,
     /// Affinity gate: best latency among the sticky pods (score > τ).
     Exploit,
