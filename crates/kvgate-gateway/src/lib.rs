@@ -3,11 +3,14 @@
 //! The OpenAI-compatible gateway: a thin I/O driver around `kvgate-core`'s decision.
 //!
 //! ```text
-//! client ─► proxy (parse, decide, forward, retry) ─► pod
-//!             │        ▲ state (router, index, predictor under one mutex)
-//!             ▼        │
-//!           body (stream frame by frame, first token, usage, in-flight guard) ─► predictor
-//! scrape (pod /metrics every 50 ms) ─► pods (table, health, in-flight counters)
+//! client ─► proxy (read body, forward, retry) ─► pod
+//!             │ routing::prepare (parse, SLO, blocks, limits, capture) ─► routing::decide_for
+//!             │        ▲ state: the core RouterSession (router, index, predictor, RNG, in-flight
+//!             ▼        │ ledger) under one mutex
+//!           body (stream frame by frame, first token, usage) ─► lifecycle::TicketGuard ─► session
+//! Envoy ─► ext_proc (admission, the same prepare + decide_for, response phase) ─► TicketGuard
+//! scrape (pod /metrics every 50 ms) ─► pods (table, health)
+//! kv_events (ZeroMQ per pod) ─► core KvEventFollower ─► the session's engine index
 //! reload (config file mtime) ─► config ─► pods / router
 //! discovery (--discovery kubernetes: Pod watch) ─► pods
 //! admin (/metrics, /debug/decisions, /debug/config, /healthz, /readyz)
@@ -15,24 +18,28 @@
 //!
 //! | module | one job |
 //! |---|---|
-//! | `config` | `GatewayConfig` from defaults, config file and flags |
+//! | `config` | `GatewayConfig` from defaults, config file and flags; `ConfigDump` (`/debug/config`) |
 //! | `reload` | re-read the config file on change; keep the old one if invalid |
 //! | `discovery` | `--discovery`: static, or `kubernetes` (feature `k8s`: watch ready Pods by label, keep them in the pod table) |
-//! | `pods` | the pod table, health, in-flight counters and their RAII guard |
+//! | `pods` | the pod table and health (in-flight counters are the session's ledger) |
 //! | `breaker` | a pod whose responses die mid-body N times in a row is avoided for a cooldown |
 //! | `scrape` | tolerant `/metrics` parser and the scrape loop |
-//! | `state` | what all tasks share; the core's state behind one mutex |
+//! | `state` | what all tasks share; the core's `RouterSession` behind one mutex (`Shared::session`) |
+//! | `routing` | what both data paths share: `prepare` (parse, SLO headers, blocks, `max_prompt_tokens`, `--capture` ticket), `decide_for` (one decision through the session, recorded in `/debug/decisions`), `least_loaded` |
+//! | `lifecycle` | `TicketGuard`: a request's session ticket with its pod; first token, tokens, finish, returned once in `Drop` on every ending |
 //! | `proxy` | the HTTP handlers of the traffic listener, retries |
 //! | `body` | the response body: pass-through, observation, end-of-request accounting |
 //! | `sse` | SSE event splitting, first-content and usage detection, usage stripping |
 //! | `limits` | concurrency limit and bounded queue of the traffic listener (429) |
 //! | `auth` | optional API keys (Bearer) on `/v1/*`, compared in constant time |
-//! | `errors` | OpenAI-style error bodies |
-//! | `slo` | `x-slo-ttft-ms` / `x-slo-tpot-ms` (and `x-llm-d-slo-*`) → objectives, or 400 |
-//! | `metrics` | kvgate's own Prometheus metrics |
+//! | `errors` | OpenAI-style error bodies; `request_error`, `no_healthy_pod`, `upstream_failed`, `log_reject` |
+//! | `request_id` | the `x-request-id` every answer carries (the client's when usable, else a fresh one) |
+//! | `slo` | `x-slo-ttft-ms` / `x-slo-tpot-ms` (and `x-llm-d-slo-*`) → objectives, or 400 (they route only with `slo_routing`) |
+//! | `metrics` | kvgate's own Prometheus metrics; `timeout_label` |
 //! | `decisions` | the bounded `/debug/decisions` ring |
 //! | `admin` | the admin listener |
-//! | `ext_proc` | `--ext-proc-listen`: Envoy ext_proc endpoint picker (GAIE protocol), same decision code |
+//! | `ext_proc` | `--ext-proc-listen`: Envoy ext_proc endpoint picker (GAIE protocol), the same `routing` and session as the proxy |
+//! | `kv_events` | `--index engine`: ZeroMQ SUB (and replay) per pod, batches decoded by the core and followed by its `KvEventFollower` |
 //! | `tokenizer` | token mode's tokenizer: built-in cl100k or `--tokenizer tokenizer.json` (HF `tokenizers`, pure Rust) |
 //! | `capture` | `--capture FILE`: served requests as Mooncake JSONL (no text), for replay |
 //! | `trainer` | background retraining of the predictor's tree models; swaps them in under the lock |
@@ -41,7 +48,8 @@
 //! Memory bounds: requests in service ≤ `max_concurrent_requests` (1024), waiting ≤
 //! `max_queued_requests` (1024); request bodies ≤ `max_body_bytes` (32 MiB); scraped bodies ≤ 4 MiB;
 //! decision ring ≤ `decision_log_size` (256) records; SSE events inspected ≤ 1 MiB each;
-//! non-stream bodies copied for usage ≤ 1 MiB; routed index as in the core (≤ 96 B/block).
+//! non-stream bodies copied for usage ≤ 1 MiB; routed index as in the core (≤ 96 B/block); the
+//! session's in-flight ledger one counter set and one generation per pod id.
 
 pub mod admin;
 pub mod auth;
