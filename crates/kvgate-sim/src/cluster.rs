@@ -74,6 +74,8 @@ pub struct ClusterConfig {
     /// against them; with the router's `slo_routing` on, the router decides with them (as the
     /// gateway does with `x-slo-*` headers).
     pub slo: RequestSlo,
+    /// Keep every routed attempt in `RunMetrics::routes` (off by default: O(requests)).
+    pub record_routes: bool,
 }
 
 impl ClusterConfig {
@@ -93,6 +95,7 @@ impl ClusterConfig {
             faults: None,
             index: IndexConfig::default(),
             slo: RequestSlo::default(),
+            record_routes: false,
         }
     }
 
@@ -173,6 +176,7 @@ struct Cluster {
     next_fault: usize,
     faults: Option<FaultRecorder>,
     recorder: RunRecorder,
+    routes: Vec<crate::report::RouteRecord>,
 }
 
 impl Cluster {
@@ -226,6 +230,7 @@ impl Cluster {
             next_fault: 0,
             faults: None,
             recorder,
+            routes: Vec::new(),
             config: config.clone(),
         }
     }
@@ -308,6 +313,7 @@ impl Cluster {
         metrics.faults = self.faults.map(FaultRecorder::finish);
         metrics.kv_index = Some(self.index.report());
         metrics.gate_state = self.session.router().gate_state();
+        metrics.routes = self.routes;
         metrics
     }
 
@@ -439,6 +445,14 @@ impl Cluster {
             }
             // Branches and scores count the attempts that reached a pod.
             self.recorder.decided(&routed.decision);
+            if self.config.record_routes {
+                self.routes.push(crate::report::RouteRecord {
+                    request: r.id,
+                    pod: pod.0,
+                    branch: routed.decision.branch.as_str(),
+                    charged_prefill_tokens: routed.ticket.prefill_tokens(),
+                });
+            }
             return self.dispatch(r, now, routed, attempt);
         }
     }

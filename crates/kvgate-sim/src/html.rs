@@ -707,6 +707,7 @@ mod tests {
             kv_index: None,
             slo_goodput: None,
             gate_state: None,
+            routes: Vec::new(),
         }
     }
 

@@ -137,6 +137,19 @@ pub struct RunMetrics {
     /// The affinity gate's τ and ε at the end of the run (they move when `auto`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gate_state: Option<GateState>,
+    /// Every attempt that reached a pod, in order, when `ClusterConfig::record_routes` is on
+    /// (empty otherwise; O(requests)).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub routes: Vec<RouteRecord>,
+}
+
+/// One routed attempt: the request, the pod, the gate's branch and the session's charge.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RouteRecord {
+    pub request: u64,
+    pub pod: u32,
+    pub branch: &'static str,
+    pub charged_prefill_tokens: u64,
 }
 
 /// Collects a run's events; turns them into [`RunMetrics`] at the end.
@@ -378,6 +391,7 @@ impl RunRecorder {
             slo_goodput: (self.slo != RequestSlo::default())
                 .then(|| self.slo_met as f64 / self.requests.max(1) as f64),
             gate_state: None,
+            routes: Vec::new(),
             in_flight_left: 0,
             faults: None,
             kv_index: None,
