@@ -15,6 +15,17 @@
 //!
 //! `affinity_gate_tau` and `epsilon_explore_sticky` take a number or `"auto"` ([`GateSetting`]):
 //! `auto` lets the gate choose the value online (`policy/auto_tau.rs`, `policy/auto_epsilon.rs`).
+//!
+//! **Experimental options.** Options that measured no better than the defaults anywhere are
+//! accepted only with `experimental_options = true` (camelCase `experimentalOptions`; default
+//! false), so they do not ship as equals of the measured ones; without it such a value is an
+//! error that names the evidence ([`EXPERIMENTAL`]). They are: `affinity_gate_tau = "auto"` and
+//! `epsilon_explore_sticky = "auto"` (EVALUATION.md §9: neutral, or worse under queueing),
+//! `explore_mode = least-loaded-non-sticky` and `random-if-no-sticky` (§3: no better than
+//! random exploration, or never spreading shared prefixes), `predictor_model = gbdt`,
+//! `gbdt-p90` and `analytic` (§6.3: `rls` is the most accurate and the best router). The
+//! simulator, where options are measured, turns the switch on unless its `--router-config` says
+//! otherwise.
 
 use crate::blocks::{DEFAULT_BLOCK_SIZE_TOKENS, DEFAULT_CHARS_PER_TOKEN};
 use crate::index::DEFAULT_POD_CAPACITY_BLOCKS;
@@ -169,6 +180,9 @@ pub struct RouterConfig {
     /// Default false: SLO routing lowered goodput in EVALUATION.md §8; objectives are still
     /// validated and recorded without it.
     pub slo_routing: bool,
+    /// Allows the options that measured no better than the defaults (see the module docs).
+    /// Default false.
+    pub experimental_options: bool,
 }
 
 impl Default for RouterConfig {
@@ -252,6 +266,7 @@ router_keys! {
     predictor_model: ModelKind, "predictorModel";
     predictor_drift_adaptation: bool, "predictorDriftAdaptation";
     slo_routing: bool, "sloRouting";
+    experimental_options: bool, "experimentalOptions";
 }
 
 impl RouterConfig {
@@ -285,6 +300,7 @@ impl RouterConfig {
             predictor_model: ModelKind::Rls,
             predictor_drift_adaptation: false,
             slo_routing: false,
+            experimental_options: false,
         };
         match profile {
             GateProfile::Seed => base,
@@ -311,7 +327,54 @@ pub enum ConfigError {
     },
     #[error("invalid config: {0}")]
     Parse(String),
+    #[error(
+        "{key} = {value} is experimental ({evidence}); set experimental_options = true to use it"
+    )]
+    Experimental {
+        key: &'static str,
+        value: &'static str,
+        evidence: &'static str,
+    },
 }
+
+/// The experimental values: (key, value, the evidence that they do not help).
+pub const EXPERIMENTAL: [(&str, &str, &str); 7] = [
+    (
+        "affinity_gate_tau",
+        "auto",
+        "EVALUATION.md §9: TTFT within ±1 % of the fixed 0.80 on every workload",
+    ),
+    (
+        "epsilon_explore_sticky",
+        "auto",
+        "EVALUATION.md §9: within 1 % of the fixed 0.01, worse on Mooncake p99",
+    ),
+    (
+        "explore_mode",
+        "least-loaded-non-sticky",
+        "EVALUATION.md §3: no better than random exploration, worse where queueing is real",
+    ),
+    (
+        "explore_mode",
+        "random-if-no-sticky",
+        "EVALUATION.md §3: never spreads shared-prefix groups (1.23x the best peer)",
+    ),
+    (
+        "predictor_model",
+        "gbdt",
+        "EVALUATION.md §6.3: less accurate and a worse router than rls",
+    ),
+    (
+        "predictor_model",
+        "gbdt-p90",
+        "EVALUATION.md §6.3: less accurate and a worse router than rls",
+    ),
+    (
+        "predictor_model",
+        "analytic",
+        "EVALUATION.md §6.3: 200 % TTFT error, a worse router than rls",
+    ),
+];
 
 impl RouterConfig {
     /// Parses a JSON object (snake_case or camelCase keys) and validates it: the chosen
@@ -329,7 +392,44 @@ impl RouterConfig {
         Ok(config)
     }
 
+    /// The experimental values this config uses (see [`EXPERIMENTAL`]).
+    pub fn experimental_values(&self) -> Vec<(&'static str, &'static str, &'static str)> {
+        let explore = match self.explore_mode {
+            ExploreMode::LeastLoadedNonSticky => "least-loaded-non-sticky",
+            ExploreMode::RandomIfNoSticky => "random-if-no-sticky",
+            _ => "",
+        };
+        let used = [
+            (
+                "affinity_gate_tau",
+                self.affinity_gate_tau.is_auto().then_some("auto"),
+            ),
+            (
+                "epsilon_explore_sticky",
+                self.epsilon_explore_sticky.is_auto().then_some("auto"),
+            ),
+            ("explore_mode", Some(explore)),
+            ("predictor_model", Some(self.predictor_model.name())),
+        ];
+        EXPERIMENTAL
+            .into_iter()
+            .filter(|(key, value, _)| {
+                used.iter()
+                    .any(|(k, v)| k == key && v.is_some_and(|v| v == *value))
+            })
+            .collect()
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
+        if !self.experimental_options
+            && let Some(&(key, value, evidence)) = self.experimental_values().first()
+        {
+            return Err(ConfigError::Experimental {
+                key,
+                value,
+                evidence,
+            });
+        }
         fn check(
             key: &'static str,
             value: f64,
@@ -496,20 +596,50 @@ mod tests {
     #[test]
     fn auto_is_accepted_for_tau_and_epsilon_in_both_spellings() {
         let c = RouterConfig::from_json(&json!({
-            "affinity_gate_tau": "auto", "epsilon_explore_sticky": "auto"
+            "affinity_gate_tau": "auto", "epsilon_explore_sticky": "auto",
+            "experimental_options": true
         }))
         .unwrap();
         assert_eq!(c.affinity_gate_tau, GateSetting::Auto);
         assert_eq!(c.epsilon_explore_sticky, GateSetting::Auto);
-        let c =
-            RouterConfig::from_json(&json!({"affinityGateTau": "auto", "gate_profile": "seed"}))
-                .unwrap();
+        let c = RouterConfig::from_json(&json!({"affinityGateTau": "auto", "gate_profile": "seed",
+                "experimentalOptions": true}))
+        .unwrap();
         assert_eq!(c.affinity_gate_tau, GateSetting::Auto);
         assert_eq!(c.epsilon_explore_sticky, GateSetting::Fixed(0.01));
         // Round trip: auto serialises as "auto", numbers as numbers.
         let v = serde_json::to_value(c).unwrap();
         assert_eq!(v["affinity_gate_tau"], "auto");
         assert_eq!(v["epsilon_explore_sticky"], 0.01);
+    }
+
+    #[test]
+    fn options_that_measured_no_better_need_the_experimental_switch() {
+        for (key, value, evidence) in EXPERIMENTAL {
+            let err = RouterConfig::from_json(&json!({ key: value })).unwrap_err();
+            assert_eq!(
+                err,
+                ConfigError::Experimental {
+                    key,
+                    value,
+                    evidence
+                },
+                "{key} = {value}"
+            );
+            assert!(err.to_string().contains("EVALUATION.md §"), "{err}");
+            let c = RouterConfig::from_json(&json!({ key: value, "experimentalOptions": true }))
+                .unwrap();
+            assert_eq!(c.experimental_values(), vec![(key, value, evidence)]);
+        }
+        // What measured better somewhere stays a plain key.
+        let c = RouterConfig::from_json(&json!({
+            "cold_spread_window_ms": 20, "predictor_drift_adaptation": true,
+            "explore_mode": "best-overall", "slo_routing": true, "predictor_model": "rls"
+        }))
+        .unwrap();
+        assert!(c.experimental_values().is_empty());
+        assert!(RouterConfig::default().experimental_values().is_empty());
+        assert!(RouterConfig::seed().experimental_values().is_empty());
     }
 
     #[test]
@@ -526,9 +656,14 @@ mod tests {
     #[test]
     fn predictor_model_key_picks_the_model_and_rejects_unknown_names() {
         assert_eq!(RouterConfig::default().predictor_model, ModelKind::Rls);
-        let c = RouterConfig::from_json(&json!({"predictor_model": "gbdt-p90"})).unwrap();
+        let lab = |v: serde_json::Value| {
+            let mut v = v;
+            v["experimental_options"] = json!(true);
+            RouterConfig::from_json(&v).unwrap()
+        };
+        let c = lab(json!({"predictor_model": "gbdt-p90"}));
         assert_eq!(c.predictor_model, ModelKind::GbdtP90);
-        let c = RouterConfig::from_json(&json!({"predictorModel": "analytic"})).unwrap();
+        let c = lab(json!({"predictorModel": "analytic"}));
         assert_eq!(c.predictor_model, ModelKind::Analytic);
         let c = RouterConfig::from_json(&json!({"predictorDriftAdaptation": true})).unwrap();
         assert!(c.predictor_drift_adaptation);
@@ -595,7 +730,8 @@ mod tests {
         let v = json!({
             "gate_profile": "seed", "affinityGateTau": "auto", "affinity_relative_penalty": 2,
             "prefixWeight": 1, "cache_threshold": 0.5, "blockSizeTokens": 32,
-            "predictor_model": "gbdt", "predictorDriftAdaptation": true
+            "predictor_model": "gbdt", "predictorDriftAdaptation": true,
+            "experimental_options": true
         });
         let via_serde: RouterConfig = serde_json::from_value(v.clone()).unwrap();
         assert_eq!(via_serde, RouterConfig::from_json(&v).unwrap());
@@ -616,6 +752,7 @@ mod tests {
             RouterConfig {
                 affinity_gate_tau: GateSetting::Auto,
                 cold_spread_window_ms: 20.0,
+                experimental_options: true,
                 ..RouterConfig::seed()
             },
         ] {

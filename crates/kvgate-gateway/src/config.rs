@@ -841,7 +841,7 @@ explore_max_extra_ms = 9
     #[test]
     fn auto_tau_and_epsilon_are_read_from_toml_in_both_spellings() {
         let file: FileConfig = toml::from_str(
-            "[router]\naffinityGateTau = \"auto\"\nepsilon_explore_sticky = \"auto\"\n",
+            "[router]\naffinityGateTau = \"auto\"\nepsilon_explore_sticky = \"auto\"\nexperimentalOptions = true\n",
         )
         .unwrap();
         let c = GatewayConfig::resolve(&args(&[]), Some(&file)).unwrap();

@@ -129,8 +129,9 @@ pub struct SimArgs {
     /// routed index for 30 s while new events rebuild it).
     #[arg(long, value_enum, default_value = "replay")]
     event_loss_recovery: SimLossRecovery,
-    /// A TTFT objective every request carries (as the gateway's `x-slo-ttft-ms`): the router
-    /// decides in SLO mode and the table gains goodput (share of requests meeting every SLO).
+    /// A TTFT objective every request carries (as the gateway's `x-slo-ttft-ms`): the table
+    /// gains goodput (share of requests meeting every SLO); with --slo-routing the router also
+    /// decides in SLO mode.
     #[arg(long)]
     slo_ttft_ms: Option<f64>,
     /// A TPOT objective every request carries (as `x-slo-tpot-ms`).
@@ -339,6 +340,14 @@ pub fn run(args: SimArgs) -> Result<()> {
         Some(json) => serde_json::from_str(json).context("--router-config is not JSON")?,
         None => serde_json::json!({}),
     };
+    // The simulator is where options are measured: experimental ones are allowed unless
+    // --router-config says otherwise.
+    if let Some(obj) = router_json.as_object_mut()
+        && !obj.contains_key("experimental_options")
+        && !obj.contains_key("experimentalOptions")
+    {
+        obj.insert("experimental_options".into(), true.into());
+    }
     // --gate-profile is the profile unless --router-config names one.
     if let (Some(profile), Some(obj)) = (&args.gate_profile, router_json.as_object_mut())
         && !obj.contains_key("gate_profile")

@@ -156,7 +156,10 @@ async fn with_slo_routing_slo_headers_switch_the_gate_to_slo_mode_and_bad_ones_a
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn predictor_metrics_per_class_move_after_requests_and_auto_tau_is_exposed() {
-    let path = router_config("auto-tau", "affinity_gate_tau = \"auto\"");
+    let path = router_config(
+        "auto-tau",
+        "affinity_gate_tau = \"auto\"\nexperimental_options = true",
+    );
     let (_pods, gw) = fleet(Some(path)).await;
 
     let before = metrics(&gw).await;
