@@ -5,6 +5,10 @@
 //!   the request's prefix cached on a quarter of the pods and a trained predictor.
 //! - `decision/full/auto_tau_epsilon/64`: the same with `affinity_gate_tau` and
 //!   `epsilon_explore_sticky` set to `"auto"`, to compare with `decision/full/64`.
+//! - `decision/driver/{decide_and_record,session_route}/64`: what a driver does per request,
+//!   the old way (`Router::decide` over the routed index, then `record_routed`) and through the
+//!   lifecycle (`RouterSession::route` — decision, record, features, ledger charge — then
+//!   `finish`), side by side on the same pods, index content and predictor.
 //! - `index/record_routed_500_blocks`: recording one routed request of 500 blocks.
 //! - `predictor/predict`, `predictor/observe`: one prediction / one training sample.
 
@@ -14,7 +18,9 @@ use kvgate_core::index::PrefixIndex;
 use kvgate_core::index::routed::RoutedIndex;
 use kvgate_core::policy::PolicyKind;
 use kvgate_core::predictor::{Features, LatencyPredictor, PredictorConfig};
-use kvgate_core::{BlockHasher, DecisionRng, PodId, PodSnapshot, Router, RouterConfig};
+use kvgate_core::{
+    BlockHasher, DecisionRng, PodId, PodSnapshot, RouteRequest, Router, RouterConfig, RouterSession,
+};
 use rand::SeedableRng;
 use std::hint::black_box;
 
@@ -54,6 +60,40 @@ fn trained_predictor() -> LatencyPredictor {
     p
 }
 
+/// `n` pods with varied load.
+fn fleet(n: u32) -> Vec<PodSnapshot> {
+    (0..n)
+        .map(|i| {
+            let mut p = PodSnapshot::idle(i, CLASS, 29_000);
+            p.running = i % 7;
+            p.kv_usage = (i % 10) as f64 / 10.0;
+            p.in_flight.prefill_tokens = (i as u64 * 997) % 8000;
+            p
+        })
+        .collect()
+}
+
+/// A routed index with `text` cached on a quarter of the pods and an 8,000-char prompt of its
+/// own on every pod.
+fn fleet_index(pods: &[PodSnapshot], text: &str) -> RoutedIndex {
+    let hasher = BlockHasher::default();
+    let seed = BlockHasher::chain_seed("llama3-8b", None);
+    let mut index = RoutedIndex::new();
+    let mut blocks = Vec::new();
+    hasher.hash_text(seed, text, &mut blocks);
+    let mut other = Vec::new();
+    for p in pods {
+        index.set_capacity(p.id, 29_000);
+        if p.id.0 % 4 == 0 {
+            index.record_routed(p.id, &blocks);
+        }
+        other.clear();
+        hasher.hash_text(seed, &prompt(8_000, 100 + p.id.0 as u64), &mut other);
+        index.record_routed(p.id, &other);
+    }
+    index
+}
+
 fn bench_decision(c: &mut Criterion) {
     let hasher = BlockHasher::default();
     let seed = BlockHasher::chain_seed("llama3-8b", None);
@@ -61,28 +101,8 @@ fn bench_decision(c: &mut Criterion) {
     let predictor = trained_predictor();
     let mut group = c.benchmark_group("decision/full");
     for pods_n in [16u32, 64, 256] {
-        let mut index = RoutedIndex::new();
-        let mut blocks = Vec::new();
-        hasher.hash_text(seed, &text, &mut blocks);
-        let mut other = Vec::new();
-        let pods: Vec<PodSnapshot> = (0..pods_n)
-            .map(|i| {
-                let mut p = PodSnapshot::idle(i, CLASS, 29_000);
-                p.running = i % 7;
-                p.kv_usage = (i % 10) as f64 / 10.0;
-                p.in_flight.prefill_tokens = (i as u64 * 997) % 8000;
-                p
-            })
-            .collect();
-        for p in &pods {
-            index.set_capacity(p.id, 29_000);
-            if p.id.0 % 4 == 0 {
-                index.record_routed(p.id, &blocks);
-            }
-            other.clear();
-            hasher.hash_text(seed, &prompt(8_000, 100 + p.id.0 as u64), &mut other);
-            index.record_routed(p.id, &other);
-        }
+        let pods = fleet(pods_n);
+        let index = fleet_index(&pods, &text);
         // The default gate, and the same with τ and ε "auto" (histogram + Otsu every 256
         // decisions, ε update, predictor error read every 128): their cost side by side.
         let auto = RouterConfig {
@@ -114,6 +134,58 @@ fn bench_decision(c: &mut Criterion) {
             });
         }
     }
+    group.finish();
+}
+
+/// Per request as a driver sees it: before the lifecycle (decide, then record the route) and
+/// through `RouterSession` (route, finish), on copies of the same state.
+fn bench_drivers(c: &mut Criterion) {
+    let pods = &fleet(64)[..];
+    let text = &prompt(32_000, 1)[..];
+    let predictor = trained_predictor();
+    let hasher = BlockHasher::default();
+    let seed = BlockHasher::chain_seed("llama3-8b", None);
+    let mut group = c.benchmark_group("decision/driver");
+    let mut router = Router::new(RouterConfig::default(), PolicyKind::AffinityGate);
+    let mut rng = DecisionRng::seed_from_u64(1);
+    let mut routed = fleet_index(pods, text);
+    let mut scratch = Vec::with_capacity(1024);
+    group.bench_function(BenchmarkId::new("decide_and_record", pods.len()), |b| {
+        b.iter(|| {
+            scratch.clear();
+            hasher.hash_text(seed, black_box(text), &mut scratch);
+            let d = router
+                .decide(&scratch, 8000, pods, &routed, &predictor, &mut rng)
+                .unwrap();
+            routed.record_routed(d.pod_id, &scratch);
+            black_box(d.pod_id)
+        })
+    });
+    let mut session = RouterSession::new(
+        RouterConfig::default(),
+        PolicyKind::AffinityGate,
+        PredictorConfig::default(),
+        1,
+    );
+    session.set_predictor(trained_predictor());
+    session.index_mut().routed = fleet_index(pods, text);
+    let mut snaps = pods.to_vec();
+    group.bench_function(BenchmarkId::new("session_route", pods.len()), |b| {
+        b.iter(|| {
+            scratch.clear();
+            hasher.hash_text(seed, black_box(text), &mut scratch);
+            let request = RouteRequest {
+                blocks: &scratch,
+                input_tokens: 8000,
+                block_size_tokens: 16,
+                slo: Default::default(),
+            };
+            let r = session.route(&request, &mut snaps, &[]).unwrap();
+            let pod = r.decision.pod_id;
+            session.finish(r.ticket, None);
+            black_box(pod)
+        })
+    });
     group.finish();
 }
 
@@ -171,5 +243,11 @@ fn bench_predictor(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, bench_decision, bench_index, bench_predictor);
+criterion_group!(
+    benches,
+    bench_decision,
+    bench_drivers,
+    bench_index,
+    bench_predictor
+);
 criterion_main!(benches);

@@ -343,34 +343,27 @@ impl EngineIndex {
     }
 
     /// Applies one event whose block hashes are already the router's (engine hash = router
-    /// hash): the simulator's engines hash blocks as the router does, so the re-hashing of
-    /// `token_ids` is skipped; maps, reference counts and bounds are [`EngineIndex::apply`]'s.
+    /// hash): the simulator's engines hash blocks as the router does, so there is nothing to
+    /// re-hash or map, and the event goes straight to the block map (whose per-pod capacity
+    /// still bounds it). A pod is fed either these or [`EngineIndex::apply`]'s events, not both.
     pub fn apply_prehashed(&mut self, pod: PodId, event: &PrehashedEvent<'_>) -> ApplyOutcome {
-        let Some(Some(p)) = self.pods.get_mut(pod.index()) else {
+        if self.pod(pod).is_none() {
             self.stats.unknown_pod += 1;
             return ApplyOutcome::Skipped;
-        };
+        }
         match *event {
             PrehashedEvent::Stored(hashes) => {
-                let bound = p.map_bound();
-                let mut kept = 0;
-                for &h in hashes {
-                    if !p.engine_to_router.contains_key(&h) {
-                        if p.engine_to_router.len() >= bound {
-                            self.stats.dropped_over_bound += 1;
-                            break;
-                        }
-                        p.engine_to_router.insert(h, h);
-                        *p.router_refs.entry(h).or_insert(0) += 1;
-                    }
-                    kept += 1;
-                }
-                self.stats.stored_blocks += kept as u64;
-                self.blocks
-                    .record_routed(pod, hashes.get(..kept).unwrap_or(&[]));
+                self.stats.stored_blocks += hashes.len() as u64;
+                self.blocks.record_routed(pod, hashes);
             }
             PrehashedEvent::Removed(hashes) => {
-                remove_engine_blocks(p, &mut self.blocks, &mut self.stats, pod, hashes);
+                for &h in hashes {
+                    if self.blocks.remove_block(pod, h) {
+                        self.stats.removed_blocks += 1;
+                    } else {
+                        self.stats.unknown_removed += 1;
+                    }
+                }
             }
         }
         ApplyOutcome::Applied
