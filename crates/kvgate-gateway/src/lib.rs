@@ -77,6 +77,7 @@ pub mod sse;
 pub mod state;
 pub mod tokenizer;
 pub mod trainer;
+pub mod upstream;
 
 pub use config::GatewayConfig;
 pub use serve::{Gateway, ServeArgs, ServeError, init_tracing, init_tracing_with_default, serve};
