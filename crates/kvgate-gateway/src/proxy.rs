@@ -55,15 +55,9 @@ pub fn traffic_router(shared: Arc<Shared>) -> axum::Router {
         .route("/v1/models", get(models))
         .route("/v1/{*rest}", any(passthrough))
         .fallback(not_found)
-        .layer(axum::middleware::from_fn_with_state(
-            shared.clone(),
-            crate::limits::admit,
-        ))
+        .layer(crate::limits::AdmissionLayer::new(shared.clone()))
         // Outermost: a request without a valid key takes no slot.
-        .layer(axum::middleware::from_fn_with_state(
-            shared.clone(),
-            crate::auth::authorize,
-        ))
+        .layer(crate::auth::AuthLayer::new(shared.clone()))
         .with_state(shared)
 }
 
