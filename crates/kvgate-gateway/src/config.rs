@@ -96,25 +96,40 @@ pub enum ConfigError {
     UnknownIndex(String),
 }
 
-/// Which prefix index routes (DESIGN.md §4).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize)]
+/// Which prefix index routes (DESIGN.md §4); [`IndexKind::help`] says what each is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum IndexKind {
-    /// Learns from routing decisions (approximate, per replica).
     #[default]
     Routed,
-    /// Fed by the pods' KV-cache events (precise, shared by replicas); token mode with the
-    /// built-in cl100k tokenizer; pods without events, or stale, use the routed index.
     Engine,
 }
 
 impl IndexKind {
-    pub fn from_name(name: &str) -> Option<Self> {
-        match name {
-            "routed" => Some(IndexKind::Routed),
-            "engine" => Some(IndexKind::Engine),
-            _ => None,
+    /// Every kind, in the order `kvgate serve --help` lists them.
+    pub const ALL: [IndexKind; 2] = [IndexKind::Routed, IndexKind::Engine];
+
+    /// The name in `--index` and the config file.
+    pub fn name(self) -> &'static str {
+        match self {
+            IndexKind::Routed => "routed",
+            IndexKind::Engine => "engine",
         }
+    }
+
+    /// What the kind is, as `kvgate serve --help` says it.
+    pub fn help(self) -> &'static str {
+        match self {
+            IndexKind::Routed => "Learns from routing decisions (approximate, per replica)",
+            IndexKind::Engine => {
+                "Fed by the pods' KV-cache events (precise, shared by replicas); token mode with \
+                 the built-in cl100k tokenizer; pods without events, or stale, use the routed index"
+            }
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.name() == name)
     }
 }
 
@@ -619,24 +634,15 @@ fn check_pod_url(url: &str) -> Result<(), ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
     use kvgate_core::config::GateSetting;
 
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        args: ServeArgs,
-    }
-
-    fn args(flags: &[&str]) -> ServeArgs {
-        let mut argv = vec!["kvgate"];
-        argv.extend_from_slice(flags);
-        Cli::parse_from(argv).args
+    fn no_flags() -> ServeArgs {
+        ServeArgs::default()
     }
 
     #[test]
     fn defaults_are_the_documented_ones() {
-        let c = GatewayConfig::resolve(&args(&[]), None).unwrap();
+        let c = GatewayConfig::resolve(&no_flags(), None).unwrap();
         assert_eq!(c.listen, default_listen());
         assert_eq!(c.admin_listen, default_admin_listen());
         assert_eq!(c.policy, PolicyKind::AffinityGate);
@@ -666,7 +672,11 @@ mod tests {
         )
         .unwrap();
         let c = GatewayConfig::resolve(
-            &args(&["--pod", "http://c:3", "--policy", "least-request"]),
+            &ServeArgs {
+                pod: vec!["http://c:3".into()],
+                policy: Some("least-request".into()),
+                ..no_flags()
+            },
             Some(&file),
         )
         .unwrap();
@@ -694,7 +704,7 @@ mod tests {
         )
         .unwrap();
         let file = FileConfig::load(&path).unwrap();
-        let c = GatewayConfig::resolve(&args(&[]), Some(&file)).unwrap();
+        let c = GatewayConfig::resolve(&no_flags(), Some(&file)).unwrap();
         assert_eq!(c.policy, PolicyKind::Prefix);
         assert_eq!(c.router.affinity_gate_tau, GateSetting::Fixed(0.9));
         assert_eq!(c.pods.len(), 1);
@@ -704,7 +714,7 @@ mod tests {
     fn invalid_values_are_rejected_with_a_reason() {
         let bad = |toml_text: &str| {
             let file: FileConfig = toml::from_str(toml_text).unwrap();
-            GatewayConfig::resolve(&args(&[]), Some(&file)).unwrap_err()
+            GatewayConfig::resolve(&no_flags(), Some(&file)).unwrap_err()
         };
         assert!(matches!(
             bad("policy = \"nope\""),
@@ -750,7 +760,7 @@ mod tests {
             ),
         ] {
             let file = FileConfig::load(&temp_file(name, text)).unwrap();
-            let c = GatewayConfig::resolve(&args(&[]), Some(&file)).unwrap();
+            let c = GatewayConfig::resolve(&no_flags(), Some(&file)).unwrap();
             assert_eq!(c.router, seed_with_spread, "{name}");
             assert_eq!(
                 c.router.explore_mode,
@@ -773,14 +783,12 @@ explore_max_extra_ms = 9
         )
         .unwrap();
         let c = GatewayConfig::resolve(
-            &args(&[
-                "--first-byte-timeout-ms",
-                "1234",
-                "--api-key",
-                "secret-one,secret-two",
-                "--index",
-                "engine",
-            ]),
+            &ServeArgs {
+                first_byte_timeout_ms: Some(1234),
+                api_key: vec!["secret-one".into(), "secret-two".into()],
+                index: Some(IndexKind::Engine),
+                ..no_flags()
+            },
             Some(&file),
         )
         .unwrap();
@@ -822,12 +830,19 @@ explore_max_extra_ms = 9
 
     #[test]
     fn a_reloaded_config_keeps_the_start_only_settings_and_names_the_changed_ones() {
-        let running = GatewayConfig::resolve(&args(&["--listen", "127.0.0.1:7000"]), None).unwrap();
+        let running = GatewayConfig::resolve(
+            &ServeArgs {
+                listen: Some("127.0.0.1:7000".parse().unwrap()),
+                ..no_flags()
+            },
+            None,
+        )
+        .unwrap();
         let file: FileConfig = toml::from_str(
             "listen = \"127.0.0.1:7001\"\nmax_concurrent_requests = 8\nmax_retries = 0\n",
         )
         .unwrap();
-        let mut reloaded = GatewayConfig::resolve(&args(&[]), Some(&file)).unwrap();
+        let mut reloaded = GatewayConfig::resolve(&no_flags(), Some(&file)).unwrap();
         let ignored = reloaded.keep_start_only(&running);
         assert_eq!(ignored, vec!["listen", "max_concurrent_requests"]);
         assert_eq!(reloaded.listen, running.listen);
@@ -844,12 +859,12 @@ explore_max_extra_ms = 9
             "[router]\naffinityGateTau = \"auto\"\nepsilon_explore_sticky = \"auto\"\nexperimentalOptions = true\n",
         )
         .unwrap();
-        let c = GatewayConfig::resolve(&args(&[]), Some(&file)).unwrap();
+        let c = GatewayConfig::resolve(&no_flags(), Some(&file)).unwrap();
         assert_eq!(c.router.affinity_gate_tau, GateSetting::Auto);
         assert_eq!(c.router.epsilon_explore_sticky, GateSetting::Auto);
         // An integer is a number too.
         let file: FileConfig = toml::from_str("[router]\naffinity_gate_tau = 1\n").unwrap();
-        let c = GatewayConfig::resolve(&args(&[]), Some(&file)).unwrap();
+        let c = GatewayConfig::resolve(&no_flags(), Some(&file)).unwrap();
         assert_eq!(c.router.affinity_gate_tau, GateSetting::Fixed(1.0));
     }
 }

@@ -131,3 +131,9 @@ pub fn log_reject(shared: &crate::state::Shared, err: &ApiError, request_id: &st
         _ => tracing::warn!(%request_id, code = err.code, message = %err.message, "request failed"),
     }
 }
+
+/// [`log_reject`], then the error as the client's answer.
+pub fn reject(shared: &crate::state::Shared, err: ApiError, request_id: &str) -> Response {
+    log_reject(shared, &err, request_id);
+    err.into_response(request_id)
+}

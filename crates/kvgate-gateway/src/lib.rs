@@ -3,7 +3,7 @@
 //! The OpenAI-compatible gateway: a thin I/O driver around `kvgate-core`'s decision.
 //!
 //! ```text
-//! client ─► proxy (read body, forward, retry) ─► pod
+//! client ─► proxy (tower layers auth, limits; read body, retry) ─► upstream (forward) ─► pod
 //!             │ routing::prepare (parse, SLO, blocks, limits, capture) ─► routing::decide_for
 //!             │        ▲ state: the core RouterSession (router, index, predictor, RNG, in-flight
 //!             ▼        │ ledger) under one mutex
@@ -27,23 +27,25 @@
 //! | `state` | what all tasks share; the core's `RouterSession` behind one mutex (`Shared::session`) |
 //! | `routing` | what both data paths share: `prepare` (parse, SLO headers, blocks, `max_prompt_tokens`, `--capture` ticket), `decide_for` (one decision through the session, recorded in `/debug/decisions`), `least_loaded` |
 //! | `lifecycle` | `TicketGuard`: a request's session ticket with its pod; first token, tokens, finish, returned once in `Drop` on every ending |
-//! | `proxy` | the HTTP handlers of the traffic listener, retries |
+//! | `proxy` | the HTTP handlers of the traffic listener (`traffic_router`), the retry loop |
+//! | `upstream` | forwarding to a pod: the upstream request (hop-by-hop, `Authorization`, `x-request-id`), the client's response headers, the `include_usage` rewrite, `send` (first-byte and request timeouts), failed-attempt counting |
 //! | `body` | the response body: pass-through, observation, end-of-request accounting |
 //! | `sse` | SSE event splitting, first-content and usage detection, usage stripping |
-//! | `limits` | concurrency limit and bounded queue of the traffic listener (429) |
-//! | `auth` | optional API keys (Bearer) on `/v1/*`, compared in constant time |
-//! | `errors` | OpenAI-style error bodies; `request_error`, `no_healthy_pod`, `upstream_failed`, `log_reject` |
+//! | `limits` | `Admission` (concurrency limit and bounded queue, shared with ext_proc); `AdmissionLayer`, the traffic listener's tower layer (429) |
+//! | `auth` | optional API keys (Bearer) on `/v1/*`, compared in constant time; `AuthLayer`, the traffic listener's tower layer (401) |
+//! | `errors` | OpenAI-style error bodies; `request_error`, `no_healthy_pod`, `upstream_failed`, `log_reject`, `reject` |
 //! | `request_id` | the `x-request-id` every answer carries (the client's when usable, else a fresh one) |
 //! | `slo` | `x-slo-ttft-ms` / `x-slo-tpot-ms` (and `x-llm-d-slo-*`) → objectives, or 400 (they route only with `slo_routing`) |
 //! | `metrics` | kvgate's own Prometheus metrics; `timeout_label` |
 //! | `decisions` | the bounded `/debug/decisions` ring |
 //! | `admin` | the admin listener |
-//! | `ext_proc` | `--ext-proc-listen`: Envoy ext_proc endpoint picker (GAIE protocol), the same `routing` and session as the proxy |
+//! | `ext_proc` | `--ext-proc-listen`: Envoy ext_proc endpoint picker (GAIE protocol), the stream's state machine; the same `routing` and session as the proxy |
+//! | `ext_proc::protocol` | the protocol's messages: header values, response status, subset hint read; routing answers (header mutation, `envoy.lb` metadata), streamed body chunks, immediate errors built |
 //! | `kv_events` | `--index engine`: ZeroMQ SUB (and replay) per pod, batches decoded by the core and followed by its `KvEventFollower` |
 //! | `tokenizer` | token mode's tokenizer: built-in cl100k or `--tokenizer tokenizer.json` (HF `tokenizers`, pure Rust) |
 //! | `capture` | `--capture FILE`: served requests as Mooncake JSONL (no text), for replay |
 //! | `trainer` | background retraining of the predictor's tree models; swaps them in under the lock |
-//! | `serve` | `ServeArgs`, `Gateway::start`, `serve` |
+//! | `serve` | `ServeArgs` (plain options, one per flag; the clap flags are the binary's `serve_cli.rs`), `Gateway::start`, `serve` |
 //!
 //! Memory bounds: requests in service ≤ `max_concurrent_requests` (1024), waiting ≤
 //! `max_queued_requests` (1024); request bodies ≤ `max_body_bytes` (32 MiB); scraped bodies ≤ 4 MiB;
@@ -77,6 +79,7 @@ pub mod sse;
 pub mod state;
 pub mod tokenizer;
 pub mod trainer;
+pub mod upstream;
 
 pub use config::GatewayConfig;
 pub use serve::{Gateway, ServeArgs, ServeError, init_tracing, init_tracing_with_default, serve};

@@ -14,20 +14,27 @@
 //!   request: 408 while the client is still sending the body, 504 before the pod answered, then
 //!   an SSE error event (see [`crate::body`]). It is not retried.
 //!
+//! The request a pod gets, the headers the client gets back, the wait for the first byte and the
+//! bookkeeping of a failed attempt are [`crate::upstream`]'s; the response body is
+//! [`crate::body`]'s; admission and API keys are layers ([`crate::limits`], [`crate::auth`]).
+//!
 //! Bounds: request bodies up to `max_body_bytes` (413 beyond); the rest is per request.
 
 use crate::body::{ObservedBody, Tracker};
-use crate::errors::{ApiError, log_reject, no_healthy_pod, upstream_failed};
-use crate::metrics::{Status, timeout_label};
+use crate::errors::{ApiError, no_healthy_pod, reject, upstream_failed};
 use crate::pods::Pod;
 use crate::request_id::request_id;
 use crate::routing::{DecisionMeta, Pick, Prepared, Routed, decide_for};
 use crate::state::Shared;
+use crate::upstream::{
+    Sent, attempt_failed, body_timeouts, client_headers, completion_body, request_timed_out, send,
+    upstream_request,
+};
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::Response;
 use bytes::Bytes;
-use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
+use http::{HeaderValue, StatusCode, header};
 use http_body_util::{BodyExt, Full, Limited};
 use kvgate_core::{PodId, RouteRequest};
 use serde_json::Value;
@@ -48,21 +55,10 @@ pub fn traffic_router(shared: Arc<Shared>) -> axum::Router {
         .route("/v1/models", get(models))
         .route("/v1/{*rest}", any(passthrough))
         .fallback(not_found)
-        .layer(axum::middleware::from_fn_with_state(
-            shared.clone(),
-            crate::limits::admit,
-        ))
+        .layer(crate::limits::AdmissionLayer::new(shared.clone()))
         // Outermost: a request without a valid key takes no slot.
-        .layer(axum::middleware::from_fn_with_state(
-            shared.clone(),
-            crate::auth::authorize,
-        ))
+        .layer(crate::auth::AuthLayer::new(shared.clone()))
         .with_state(shared)
-}
-
-fn reject(shared: &Shared, err: ApiError, request_id: &str) -> Response {
-    log_reject(shared, &err, request_id);
-    err.into_response(request_id)
 }
 
 async fn not_found(State(shared): State<Arc<Shared>>, req: Request) -> Response {
@@ -101,99 +97,6 @@ async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
     }
 }
 
-/// Hop-by-hop headers, never forwarded either way.
-fn is_hop_by_hop(name: &HeaderName) -> bool {
-    matches!(
-        name.as_str(),
-        "connection"
-            | "keep-alive"
-            | "proxy-connection"
-            | "proxy-authenticate"
-            | "proxy-authorization"
-            | "te"
-            | "trailer"
-            | "transfer-encoding"
-            | "upgrade"
-            | "host"
-            | "content-length"
-    )
-}
-
-fn upstream_request(
-    cfg: &crate::config::GatewayConfig,
-    pod: &Pod,
-    method: &Method,
-    path_and_query: &str,
-    headers: &HeaderMap,
-    request_id: &str,
-    body: Bytes,
-) -> Result<http::Request<Full<Bytes>>, String> {
-    let uri = pod.uri_for(path_and_query).map_err(|e| e.to_string())?;
-    let mut req = http::Request::new(Full::new(body));
-    *req.method_mut() = method.clone();
-    *req.uri_mut() = uri;
-    let h = req.headers_mut();
-    for (name, value) in headers {
-        if !is_hop_by_hop(name) && (cfg.forward_authorization || name != header::AUTHORIZATION) {
-            h.append(name.clone(), value.clone());
-        }
-    }
-    if let Ok(v) = HeaderValue::from_str(request_id) {
-        h.insert("x-request-id", v);
-    }
-    Ok(req)
-}
-
-/// The response headers the client gets: the pod's minus hop-by-hop, plus ours.
-fn client_headers(
-    upstream: &HeaderMap,
-    keep_length: bool,
-    request_id: &str,
-    routing: Option<(&str, &'static str)>,
-) -> HeaderMap {
-    let mut h = HeaderMap::with_capacity(upstream.len() + 3);
-    for (name, value) in upstream {
-        if !is_hop_by_hop(name) || (keep_length && name == header::CONTENT_LENGTH) {
-            h.append(name.clone(), value.clone());
-        }
-    }
-    if let Ok(v) = HeaderValue::from_str(request_id) {
-        h.insert("x-request-id", v);
-    }
-    if let Some((pod, branch)) = routing {
-        if let Ok(v) = HeaderValue::from_str(pod) {
-            h.insert("x-kvgate-pod", v);
-        }
-        h.insert("x-kvgate-branch", HeaderValue::from_static(branch));
-    }
-    h
-}
-
-/// The body with `"stream_options":{"include_usage":true}` inserted as the object's first key,
-/// without re-serialising it (the hot path of streams whose client did not ask for usage).
-/// Only for a body already parsed as a JSON object without `stream_options`; None when the
-/// body does not start with `{` after whitespace.
-fn splice_include_usage(body: &Bytes) -> Option<Bytes> {
-    const FIELD: &[u8] = br#""stream_options":{"include_usage":true}"#;
-    let open = body.iter().position(|b| !b.is_ascii_whitespace())?;
-    if body.get(open) != Some(&b'{') {
-        return None;
-    }
-    let rest = body.get(open + 1..)?;
-    let empty = rest
-        .iter()
-        .find(|b| !b.is_ascii_whitespace())
-        .is_some_and(|b| *b == b'}');
-    let mut out = Vec::with_capacity(body.len() + FIELD.len() + 1);
-    out.extend_from_slice(body.get(..=open)?);
-    out.extend_from_slice(FIELD);
-    if !empty {
-        out.push(b',');
-    }
-    out.extend_from_slice(rest);
-    Some(Bytes::from(out))
-}
-
 /// `POST /v1/chat/completions` and `POST /v1/completions`.
 pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Response {
     let start = Instant::now();
@@ -211,7 +114,7 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
         Err(e) => return reject(&shared, e, &rid),
     };
     let Prepared {
-        mut value,
+        value,
         parsed,
         mut capture,
         ..
@@ -223,48 +126,7 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
         slo: prepared.slo,
     };
     let input_tokens = prepared.input_tokens;
-
-    // Streams: make sure the pod sends usage; strip it again if the client did not ask.
-    let mut strip_usage = false;
-    let upstream_body = if parsed.stream {
-        let client_wants_usage = value
-            .get("stream_options")
-            .filter(|so| !so.is_null())
-            .map(|so| {
-                so.get("include_usage")
-                    .and_then(Value::as_bool)
-                    .unwrap_or(true)
-            })
-            .unwrap_or(false);
-        if client_wants_usage {
-            body
-        } else {
-            strip_usage = true;
-            if value.get("stream_options").is_none()
-                && let Some(spliced) = splice_include_usage(&body)
-            {
-                spliced
-            } else if let Some(obj) = value.as_object_mut() {
-                let so = obj
-                    .entry("stream_options")
-                    .or_insert_with(|| Value::Object(Default::default()));
-                if !so.is_object() {
-                    *so = Value::Object(Default::default());
-                }
-                if let Some(so) = so.as_object_mut() {
-                    so.insert("include_usage".into(), Value::Bool(true));
-                }
-                match serde_json::to_vec(&value) {
-                    Ok(v) => Bytes::from(v),
-                    Err(_) => body,
-                }
-            } else {
-                body
-            }
-        }
-    } else {
-        body
-    };
+    let (upstream_body, strip_usage) = completion_body(value, body, parsed.stream);
 
     let path_and_query = parts
         .uri
@@ -304,37 +166,13 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
             Ok(r) => r,
             Err(e) => return reject(&shared, upstream_failed(e), &rid),
         };
-        let wait = cfg
-            .first_byte_timeout
-            .min(deadline.saturating_duration_since(tokio::time::Instant::now()));
-        let answer = tokio::time::timeout(wait, shared.client.request(up)).await;
-        let Ok(answer) = answer else {
-            if tokio::time::Instant::now() >= deadline {
+        let failure = match send(&shared, &cfg, &pod, up, deadline).await {
+            Sent::RequestTimeout => {
                 drop(guard);
                 return request_timed_out(&shared, &cfg, &pod, &rid);
             }
-            shared
-                .metrics
-                .upstream_timeouts
-                .get_or_create(&timeout_label("first_byte"))
-                .inc();
-            let failure = format!(
-                "pod {} sent no response within {} ms",
-                pod.url,
-                cfg.first_byte_timeout.as_millis()
-            );
-            drop(guard);
-            attempt_failed(&shared, &pod, policy, branch);
-            tracing::warn!(request_id = %rid, %attempt, why = %failure, "attempt failed before any byte was sent; retrying elsewhere");
-            excluded.push(pod.id);
-            last_failure = failure;
-            if attempt < cfg.max_retries {
-                shared.metrics.retries.inc();
-            }
-            continue;
-        };
-        let failure = match answer {
-            Ok(resp) if !resp.status().is_server_error() => {
+            Sent::FirstByteTimeout(failure) => failure,
+            Sent::Answer(Ok(resp)) if !resp.status().is_server_error() => {
                 let ok = resp.status().is_success();
                 let (parts_up, incoming) = resp.into_parts();
                 let stream = parsed.stream && ok;
@@ -369,8 +207,8 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
                 *resp.headers_mut() = headers;
                 return resp;
             }
-            Ok(resp) => format!("pod {} answered {}", pod.url, resp.status()),
-            Err(e) => {
+            Sent::Answer(Ok(resp)) => format!("pod {} answered {}", pod.url, resp.status()),
+            Sent::Answer(Err(e)) => {
                 if e.is_connect() {
                     pod.healthy.store(false, Ordering::Relaxed);
                 }
@@ -389,37 +227,6 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
     reject(&shared, upstream_failed(last_failure), &rid)
 }
 
-fn body_timeouts(
-    cfg: &crate::config::GatewayConfig,
-    deadline: tokio::time::Instant,
-) -> crate::body::BodyTimeouts {
-    crate::body::BodyTimeouts {
-        idle: cfg.idle_chunk_timeout,
-        deadline,
-        request_timeout: cfg.request_timeout,
-    }
-}
-
-/// The request timeout ran out before the pod answered: 504, counted as a `request` timeout.
-fn request_timed_out(
-    shared: &Shared,
-    cfg: &crate::config::GatewayConfig,
-    pod: &Pod,
-    rid: &str,
-) -> Response {
-    shared
-        .metrics
-        .upstream_timeouts
-        .get_or_create(&timeout_label("request"))
-        .inc();
-    tracing::warn!(request_id = %rid, pod = %pod.url, "request timeout before the pod answered");
-    reject(
-        shared,
-        crate::errors::request_timeout(cfg.request_timeout),
-        rid,
-    )
-}
-
 /// [`read_body`], or 408 when the client has not sent the whole body by `deadline`.
 async fn read_body_until(
     body: Body,
@@ -436,19 +243,6 @@ async fn read_body_until(
             param: None,
         }),
     }
-}
-
-fn attempt_failed(shared: &Shared, pod: &Pod, policy: &str, branch: &str) {
-    shared
-        .metrics
-        .requests
-        .get_or_create(&crate::metrics::RequestLabels {
-            pod: pod.url.clone(),
-            policy: policy.to_string(),
-            branch: branch.to_string(),
-            status: Status::AttemptFailed.as_str().to_string(),
-        })
-        .inc();
 }
 
 /// `GET /v1/models`: the union (by model id) of every healthy pod's list.
@@ -562,28 +356,12 @@ pub async fn passthrough(State(shared): State<Arc<Shared>>, req: Request) -> Res
         Ok(r) => r,
         Err(e) => return reject(&shared, upstream_failed(e), &rid),
     };
-    let wait = cfg
-        .first_byte_timeout
-        .min(deadline.saturating_duration_since(tokio::time::Instant::now()));
-    let answer = tokio::time::timeout(wait, shared.client.request(up)).await;
-    let Ok(answer) = answer else {
-        if tokio::time::Instant::now() >= deadline {
-            return request_timed_out(&shared, &cfg, &pod, &rid);
+    let answer = match send(&shared, &cfg, &pod, up, deadline).await {
+        Sent::Answer(answer) => answer,
+        Sent::RequestTimeout => return request_timed_out(&shared, &cfg, &pod, &rid),
+        Sent::FirstByteTimeout(failure) => {
+            return reject(&shared, upstream_failed(failure), &rid);
         }
-        shared
-            .metrics
-            .upstream_timeouts
-            .get_or_create(&timeout_label("first_byte"))
-            .inc();
-        return reject(
-            &shared,
-            upstream_failed(format!(
-                "pod {} sent no response within {} ms",
-                pod.url,
-                cfg.first_byte_timeout.as_millis()
-            )),
-            &rid,
-        );
     };
     match answer {
         Ok(resp) => {
@@ -631,33 +409,5 @@ pub async fn passthrough(State(shared): State<Arc<Shared>>, req: Request) -> Res
                 &rid,
             )
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn spliced(body: &str) -> Value {
-        let out = splice_include_usage(&Bytes::copy_from_slice(body.as_bytes())).unwrap();
-        serde_json::from_slice(&out).unwrap()
-    }
-
-    #[test]
-    fn include_usage_splice_keeps_every_field_and_adds_stream_options() {
-        let v = spliced(
-            r#" { "model": "m", "stream": true, "messages": [{"role": "user", "content": "{x}"}] }"#,
-        );
-        assert_eq!(
-            v["stream_options"],
-            serde_json::json!({"include_usage": true})
-        );
-        assert_eq!(v["model"], "m");
-        assert_eq!(v["messages"][0]["content"], "{x}");
-        assert_eq!(
-            spliced("{}"),
-            serde_json::json!({"stream_options": {"include_usage": true}})
-        );
-        assert!(splice_include_usage(&Bytes::from_static(b"[1]")).is_none());
     }
 }

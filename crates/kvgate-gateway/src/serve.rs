@@ -1,4 +1,4 @@
-//! `kvgate serve`: flags, start-up and shutdown of one gateway.
+//! `kvgate serve`: its options, start-up and shutdown of one gateway.
 //!
 //! [`Gateway::start`] binds both listeners (port 0 allowed, for tests), scrapes every pod once,
 //! then spawns the scrape loops, the config watcher and the two HTTP servers. Dropping the
@@ -15,124 +15,70 @@ use std::sync::atomic::Ordering;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-#[derive(clap::Args, Debug, Clone, Default, PartialEq)]
+/// What `kvgate serve` was asked for: one field per flag, `None` (or empty, or false) where
+/// the flag was not given, so the config file and the defaults fill in (see
+/// [`GatewayConfig::resolve`]). The flags themselves (names, help, defaults shown, the
+/// `KVGATE_API_KEYS` variable) are the binary's (`kvgate serve --help`); each field is named
+/// after its flag.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct ServeArgs {
-    /// Traffic listener (OpenAI API) [default: 127.0.0.1:8080].
-    #[arg(long, value_name = "ADDR")]
+    /// `--listen`: the traffic listener (OpenAI API).
     pub listen: Option<SocketAddr>,
-    /// Admin listener (/metrics, /debug/decisions, /debug/config, /healthz, /readyz)
-    /// [default: 127.0.0.1:9090].
-    #[arg(long, value_name = "ADDR")]
+    /// `--admin-listen`: the admin listener.
     pub admin_listen: Option<SocketAddr>,
-    /// A pod's base URL, e.g. http://10.0.0.5:8000 (repeatable; adds to the config file's
-    /// pods), optionally with its KV-events endpoints:
-    /// `URL,events=tcp://HOST:5557,replay=tcp://HOST:5558[,model=NAME][,class=NAME]`.
-    #[arg(long = "pod", value_name = "URL[,events=…,replay=…]")]
+    /// `--pod URL[,events=…,replay=…][,model=NAME][,class=NAME]`, repeatable.
     pub pod: Vec<String>,
-    /// Prefix index: routed (learns from routing) or engine (KV-cache events + token mode,
-    /// routed fallback for pods without live events) [default: routed].
-    #[arg(long, value_enum)]
+    /// `--index`: which prefix index routes.
     pub index: Option<crate::config::IndexKind>,
-    /// The served model's tokenizer.json for token mode (`--index engine`), so prompts are cut
-    /// into the same token blocks as the pods' KV events; read at start [default: the built-in
-    /// cl100k, the mock pod's].
-    #[arg(long, value_name = "FILE")]
+    /// `--tokenizer`: the served model's tokenizer.json, for token mode.
     pub tokenizer: Option<PathBuf>,
-    /// Config file (TOML, or YAML with a .yaml/.yml extension); reloaded when it changes.
-    #[arg(long, value_name = "FILE")]
+    /// `--config`: the config file (TOML or YAML), reloaded when it changes.
     pub config: Option<PathBuf>,
-    /// Routing policy [default: affinity-gate].
-    #[arg(long, value_name = "NAME")]
+    /// `--policy`: the routing policy by name.
     pub policy: Option<String>,
-    /// How often each pod's /metrics is scraped [default: 50].
-    #[arg(long, value_name = "MS")]
+    /// `--scrape-interval-ms`: how often each pod's /metrics is scraped.
     pub scrape_interval_ms: Option<u64>,
-    /// Seed of the decision RNG [default: 0].
-    #[arg(long)]
+    /// `--seed`: the seed of the decision RNG.
     pub seed: Option<u64>,
-    /// Do not add x-kvgate-pod / x-kvgate-branch to responses.
-    #[arg(long)]
+    /// `--no-response-headers`: no x-kvgate-pod / x-kvgate-branch on responses.
     pub no_response_headers: bool,
-    /// Append one Mooncake JSONL line per served request to FILE (lengths and prefix-chained
-    /// span ids, no text), for `kvgate sim --trace FILE`.
-    #[arg(long, value_name = "FILE")]
+    /// `--capture`: the Mooncake JSONL file served requests are appended to.
     pub capture: Option<PathBuf>,
-    /// Also serve the Envoy ext_proc endpoint-picker protocol (gRPC
-    /// `envoy.service.ext_proc.v3.ExternalProcessor`, plus gRPC health) on ADDR, e.g.
-    /// 127.0.0.1:9002; see deploy/envoy/.
-    #[arg(long, value_name = "ADDR")]
+    /// `--ext-proc-listen`: also serve the Envoy ext_proc endpoint picker here.
     pub ext_proc_listen: Option<SocketAddr>,
-    /// Requests served at once on the traffic listener; more wait in the queue [default: 1024].
-    #[arg(long, value_name = "N")]
+    /// `--max-concurrent-requests`: requests served at once.
     pub max_concurrent_requests: Option<usize>,
-    /// Requests waiting for a slot; beyond it, 429 with `Retry-After` [default: 1024].
-    #[arg(long, value_name = "N")]
+    /// `--max-queued-requests`: requests waiting for a slot.
     pub max_queued_requests: Option<usize>,
-    /// API key clients must send as `Authorization: Bearer KEY` on /v1/* (repeatable, or
-    /// comma-separated in KVGATE_API_KEYS) [default: none: no authentication].
-    #[arg(
-        long = "api-key",
-        value_name = "KEY",
-        env = "KVGATE_API_KEYS",
-        value_delimiter = ',',
-        hide_env_values = true
-    )]
+    /// `--api-key` (repeatable) or `KVGATE_API_KEYS`: the accepted API keys.
     pub api_key: Vec<String>,
-    /// Forward the client's Authorization header to the pods [default: dropped].
-    #[arg(long)]
+    /// `--forward-authorization`: forward the client's Authorization header.
     pub forward_authorization: bool,
-    /// On SIGTERM/Ctrl-C, how long in-flight requests may still run [default: 10000].
-    #[arg(long, value_name = "MS")]
+    /// `--shutdown-grace-ms`: how long in-flight requests may still run on shutdown.
     pub shutdown_grace_ms: Option<u64>,
-    /// Upstream TCP connect timeout; a pod that does not accept in time is retried elsewhere
-    /// [default: 2000].
-    #[arg(long, value_name = "MS")]
+    /// `--connect-timeout-ms`: the upstream TCP connect timeout.
     pub connect_timeout_ms: Option<u64>,
-    /// Longest wait for a pod's response headers; then the request goes to another pod, or 502
-    /// [default: 60000].
-    #[arg(long, value_name = "MS")]
+    /// `--first-byte-timeout-ms`: the longest wait for a pod's response headers.
     pub first_byte_timeout_ms: Option<u64>,
-    /// Longest silence between two chunks of a pod's response; then a stream ends with an SSE
-    /// error event [default: 60000].
-    #[arg(long, value_name = "MS")]
+    /// `--idle-chunk-timeout-ms`: the longest silence between two chunks.
     pub idle_chunk_timeout_ms: Option<u64>,
-    /// Longest prompt accepted, in tokens as the index counts them (estimated from characters
-    /// in the routed index); longer prompts get 400 `context_length_exceeded`
-    /// [default: 1048576].
-    #[arg(long, value_name = "TOKENS")]
+    /// `--max-prompt-tokens`: the longest prompt accepted.
     pub max_prompt_tokens: Option<u32>,
-    /// Where pods come from besides --pod and the config file: static (only those) or
-    /// kubernetes (the ready Pods matching --selector, kept in sync by a watch; needs a kvgate
-    /// built with `--features k8s`) [default: static].
-    #[arg(long, value_enum)]
+    /// `--discovery`: where pods come from besides `--pod` and the config file.
     pub discovery: Option<crate::discovery::DiscoveryKind>,
-    /// With --discovery kubernetes: the model-server Pods' label selector, e.g. app=vllm.
-    #[arg(long, value_name = "KEY=VALUE")]
+    /// `--selector`: with kubernetes discovery, the model-server Pods' label selector.
     pub selector: Option<String>,
-    /// With --discovery kubernetes: the Pods' namespace [default: the kubeconfig context's, or
-    /// the service account's namespace in a cluster].
-    #[arg(long, value_name = "NS")]
+    /// `--namespace`: with kubernetes discovery, the Pods' namespace.
     pub namespace: Option<String>,
-    /// With --discovery kubernetes: the model server's port on each Pod [default: 8000].
-    #[arg(long, value_name = "PORT")]
+    /// `--target-port`: with kubernetes discovery, the model server's port.
     pub target_port: Option<u16>,
-    /// Longest life of one request, from admission to its last byte; then a stream ends with an
-    /// SSE error event (`request_timeout`), a request without response yet gets 504
-    /// [default: 600000].
-    #[arg(long, value_name = "MS")]
+    /// `--request-timeout-ms`: the longest life of one request.
     pub request_timeout_ms: Option<u64>,
-    /// On SIGTERM/Ctrl-C, how long /readyz answers 503 while requests are still accepted, before
-    /// the listener closes, so that load balancers notice; a second signal skips it
-    /// [default: 5000].
-    #[arg(long, value_name = "MS")]
+    /// `--shutdown-drain-ms`: how long /readyz answers 503 before the listener closes.
     pub shutdown_drain_ms: Option<u64>,
-    /// Responses in a row dying mid-body (connection reset, truncated, silent past the idle-chunk
-    /// timeout) on one pod before the pod is avoided for the cooldown [default: 3].
-    #[arg(long, value_name = "N")]
+    /// `--pod-failure-threshold`: mid-body failures in a row before a pod is avoided.
     pub pod_failure_threshold: Option<u32>,
-    /// How long a pod is avoided after `--pod-failure-threshold` failures in a row, even while
-    /// its /metrics answers [default: 10000].
-    #[arg(long, value_name = "MS")]
+    /// `--pod-failure-cooldown-ms`: how long such a pod is avoided.
     pub pod_failure_cooldown_ms: Option<u64>,
 }
 

@@ -78,17 +78,10 @@ mod tests {
     use super::*;
     use crate::config::GatewayConfig;
     use crate::serve::ServeArgs;
-    use clap::Parser;
     use kvgate_core::predictor::{Features, ModelKind};
 
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        args: ServeArgs,
-    }
-
     fn shared(model: ModelKind) -> Arc<Shared> {
-        let args = Cli::parse_from(["kvgate"]).args;
+        let args = ServeArgs::default();
         let mut config = GatewayConfig::resolve(&args, None).expect("defaults are valid");
         config.router.predictor_model = model;
         Shared::new(config)

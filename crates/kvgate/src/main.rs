@@ -2,6 +2,7 @@
 
 mod decide;
 mod demo;
+mod serve_cli;
 mod sim;
 
 use clap::{Parser, Subcommand};
@@ -33,7 +34,7 @@ enum Command {
     /// Serve vLLM-compatible mock pods on CPU, timed by the simulator's engine model.
     MockPod(Box<kvgate_mock_pod::MockPodArgs>),
     /// The OpenAI-compatible gateway: routes each request with the affinity gate.
-    Serve(Box<kvgate_gateway::ServeArgs>),
+    Serve(Box<serve_cli::ServeCli>),
     /// Replay a trace or generated workload against an OpenAI endpoint (open loop) and report
     /// TTFT/TPOT/e2e, errors, throughput and the pods' prefix-cache hit rate.
     Loadgen(Box<kvgate_loadgen::LoadgenArgs>),
@@ -51,7 +52,7 @@ fn main() -> anyhow::Result<()> {
         Command::MockPod(args) => kvgate_mock_pod::run(*args)?,
         Command::Serve(args) => {
             kvgate_gateway::init_tracing();
-            tokio::runtime::Runtime::new()?.block_on(kvgate_gateway::serve(*args))?;
+            tokio::runtime::Runtime::new()?.block_on(kvgate_gateway::serve((*args).into()))?;
         }
         Command::Loadgen(args) => {
             tokio::runtime::Runtime::new()?.block_on(kvgate_loadgen::run(*args))?;

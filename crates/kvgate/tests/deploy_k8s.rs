@@ -5,9 +5,14 @@
 //! config. (No cluster here: the API server's own schema validation is not run.)
 
 use clap::Parser;
+use kvgate_gateway::ServeArgs;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+
+/// The binary's own flag definition (the binary crate has no library to import it from).
+#[path = "../src/serve_cli.rs"]
+mod serve_cli;
 
 fn dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy/k8s")
@@ -55,7 +60,7 @@ fn one<'a>(m: &'a BTreeMap<String, Vec<Value>>, kind: &str) -> &'a Value {
 #[derive(Parser)]
 struct Serve {
     #[command(flatten)]
-    args: kvgate_gateway::ServeArgs,
+    args: serve_cli::ServeCli,
 }
 
 #[test]
@@ -106,9 +111,10 @@ fn manifests_parse_and_reference_each_other() {
         .map(|a| a.as_str().unwrap())
         .collect();
     assert_eq!(args[0], "serve");
-    let serve = Serve::try_parse_from(args.iter().copied())
+    let serve: ServeArgs = Serve::try_parse_from(args.iter().copied())
         .unwrap_or_else(|e| panic!("deployment args: {e}"))
-        .args;
+        .args
+        .into();
     assert_eq!(
         serve.discovery,
         Some(kvgate_gateway::discovery::DiscoveryKind::Kubernetes)

@@ -51,9 +51,19 @@
 //! Pods must be configured with IP-literal URLs (`http://10.0.0.5:8000`): Envoy's
 //! `ORIGINAL_DST` cluster connects to the address kvgate names.
 //!
+//! This module is the stream's state machine (`Exchange`: admit, route, observe the response);
+//! reading Envoy's messages and building every answer is `protocol`'s.
+//!
 //! Bounds: one request body per stream up to `max_body_bytes`; SSE events inspected ≤ 1 MiB
 //! (the scanner's bound); the subset hint as Envoy sent it (within gRPC's 4 MiB message limit);
 //! nothing else is kept per stream.
+
+mod protocol;
+
+pub use protocol::{
+    DESTINATION_HEADER, LB_NAMESPACE, MAX_STREAMED_CHUNK, SUBSET_HINT_KEY, SUBSET_HINT_NAMESPACE,
+    destination, subset_hint,
+};
 
 use crate::body::Tracker;
 use crate::errors::ApiError;
@@ -64,24 +74,20 @@ use crate::routing::{DecisionMeta, Pick, Routed, decide_for};
 use crate::sse::{SseScanner, Usage, usage_of_response};
 use crate::state::Shared;
 use bytes::{Bytes, BytesMut};
-use envoy_types::pb::envoy::config::core::v3::{
-    HeaderValue as PbHeaderValue, HeaderValueOption, Metadata,
-    header_value_option::HeaderAppendAction,
-};
 use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::{
     ExternalProcessor, ExternalProcessorServer,
 };
 use envoy_types::pb::envoy::service::ext_proc::v3::{
-    BodyMutation, BodyResponse, CommonResponse, HeaderMutation, HeadersResponse, HttpBody,
-    HttpHeaders, ImmediateResponse, ProcessingRequest, ProcessingResponse, StreamedBodyResponse,
-    body_mutation, processing_request, processing_response,
+    BodyResponse, HeadersResponse, HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse,
+    processing_request, processing_response,
 };
-use envoy_types::pb::envoy::r#type::v3::HttpStatus;
-use envoy_types::pb::google::protobuf::{Struct, Value as PbValue, value::Kind};
 use http::{HeaderMap, HeaderName, StatusCode};
 use kvgate_core::PodId;
 use kvgate_core::request::RequestError;
+use protocol::{
+    answer, immediate, raw_value, response_head, routed_body, routed_headers, streamed_body,
+};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
@@ -89,17 +95,6 @@ use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status as GrpcStatus, Streaming};
-
-/// The header (and `envoy.lb` metadata key) that names the chosen endpoint.
-pub const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
-/// The dynamic-metadata namespace Envoy's load balancers read.
-pub const LB_NAMESPACE: &str = "envoy.lb";
-/// Largest `streamed_response` chunk (GAIE: some Envoys cap streamed chunks at 64 KiB).
-pub const MAX_STREAMED_CHUNK: usize = 62_000;
-/// The filter-metadata namespace of the data plane's subset hint.
-pub const SUBSET_HINT_NAMESPACE: &str = "envoy.lb.subset_hint";
-/// The key, inside [`SUBSET_HINT_NAMESPACE`], of the endpoints the picker must choose from.
-pub const SUBSET_HINT_KEY: &str = "x-gateway-destination-endpoint-subset";
 
 /// The ext_proc service; one task per gRPC stream.
 #[derive(Clone)]
@@ -334,11 +329,7 @@ impl Exchange {
 
     async fn request_headers(&mut self, h: HttpHeaders) -> Outcome {
         for hv in h.headers.iter().flat_map(|m| m.headers.iter()) {
-            let raw: &[u8] = if hv.raw_value.is_empty() {
-                hv.value.as_bytes()
-            } else {
-                &hv.raw_value
-            };
+            let raw = raw_value(hv);
             match hv.key.as_str() {
                 ":path" => self.path = String::from_utf8_lossy(raw).into_owned(),
                 ":method" => self.method = String::from_utf8_lossy(raw).into_owned(),
@@ -386,13 +377,7 @@ impl Exchange {
             return self.reject(bad_pod_url(&pod));
         };
         self.tracker = Some(self.tracker_for(guard, "least-loaded", "passthrough", 0, false));
-        let mut resp = answer(processing_response::Response::RequestHeaders(
-            HeadersResponse {
-                response: Some(routing_response(&dest)),
-            },
-        ));
-        resp.dynamic_metadata = Some(lb_metadata(&dest));
-        Outcome::Send(vec![resp])
+        Outcome::Send(vec![routed_headers(&dest)])
     }
 
     fn is_completions(&self) -> bool {
@@ -498,48 +483,16 @@ impl Exchange {
         self.tracker = Some(tracker);
         tracing::debug!(request_id = %self.request_id, pod = %pod.url, %dest, "ext_proc: routed");
         if self.duplex {
-            let mut headers = answer(processing_response::Response::RequestHeaders(
-                HeadersResponse {
-                    response: Some(routing_response(&dest)),
-                },
-            ));
-            headers.dynamic_metadata = Some(lb_metadata(&dest));
-            let mut out = vec![headers];
+            let mut out = vec![routed_headers(&dest)];
             out.extend(streamed_body(&body));
             Outcome::Send(out)
         } else {
-            let mut resp = answer(processing_response::Response::RequestBody(BodyResponse {
-                response: Some(routing_response(&dest)),
-            }));
-            resp.dynamic_metadata = Some(lb_metadata(&dest));
-            Outcome::Send(vec![resp])
+            Outcome::Send(vec![routed_body(&dest)])
         }
     }
 
     fn response_headers(&mut self, h: HttpHeaders) -> Outcome {
-        let mut status = 200u16;
-        let mut event_stream = false;
-        for hv in h.headers.iter().flat_map(|m| m.headers.iter()) {
-            let raw: &[u8] = if hv.raw_value.is_empty() {
-                hv.value.as_bytes()
-            } else {
-                &hv.raw_value
-            };
-            match hv.key.as_str() {
-                ":status" => {
-                    status = std::str::from_utf8(raw)
-                        .ok()
-                        .and_then(|s| s.trim().parse().ok())
-                        .unwrap_or(0)
-                }
-                "content-type" => {
-                    event_stream = raw
-                        .get(..17)
-                        .is_some_and(|p| p.eq_ignore_ascii_case(b"text/event-stream"))
-                }
-                _ => {}
-            }
-        }
+        let (status, event_stream) = response_head(&h);
         let ok = (200..300).contains(&status);
         if let Some(t) = &mut self.tracker {
             t.error_status = !ok;
@@ -611,38 +564,6 @@ impl Exchange {
     }
 }
 
-/// The subset hint in `md`: None when the key is absent (no restriction), else the listed
-/// `ip:port` endpoints — possibly none, which then admits no pod. List items that are not
-/// strings are skipped; a string item may hold a comma-separated list.
-pub fn subset_hint(md: &Metadata) -> Option<Vec<String>> {
-    let value = md
-        .filter_metadata
-        .get(SUBSET_HINT_NAMESPACE)?
-        .fields
-        .get(SUBSET_HINT_KEY)?;
-    let mut endpoints = Vec::new();
-    let mut push = |s: &str| {
-        endpoints.extend(
-            s.split(',')
-                .map(str::trim)
-                .filter(|e| !e.is_empty())
-                .map(str::to_string),
-        )
-    };
-    match &value.kind {
-        Some(Kind::ListValue(list)) => {
-            for item in &list.values {
-                if let Some(Kind::StringValue(s)) = &item.kind {
-                    push(s);
-                }
-            }
-        }
-        Some(Kind::StringValue(s)) => push(s),
-        _ => tracing::debug!("subset hint is neither a list nor a string; no pod may be picked"),
-    }
-    Some(endpoints)
-}
-
 /// Ids of the pods whose `ip:port` is not in `subset`.
 fn pods_outside(pods: &[Arc<Pod>], subset: &[String]) -> Vec<PodId> {
     let wanted: rustc_hash::FxHashSet<&str> = subset.iter().map(String::as_str).collect();
@@ -666,210 +587,9 @@ fn bad_pod_url(pod: &Pod) -> ApiError {
     }
 }
 
-/// `host:port` of a pod's URL (port 80/443 by scheme when absent).
-pub fn destination(pod: &Pod) -> Option<String> {
-    let uri: http::Uri = pod.url.parse().ok()?;
-    let host = uri.host()?;
-    let port = uri.port_u16().unwrap_or(match uri.scheme_str() {
-        Some("https") => 443,
-        _ => 80,
-    });
-    if host.contains(':') && !host.starts_with('[') {
-        Some(format!("[{host}]:{port}"))
-    } else {
-        Some(format!("{host}:{port}"))
-    }
-}
-
-fn answer(response: processing_response::Response) -> ProcessingResponse {
-    ProcessingResponse {
-        response: Some(response),
-        ..Default::default()
-    }
-}
-
-fn header(key: &str, value: &str) -> HeaderValueOption {
-    HeaderValueOption {
-        header: Some(PbHeaderValue {
-            key: key.to_string(),
-            value: String::new(),
-            raw_value: value.as_bytes().to_vec(),
-        }),
-        append_action: HeaderAppendAction::OverwriteIfExistsOrAdd as i32,
-        ..Default::default()
-    }
-}
-
-/// The answer that routes the request to `dest`.
-fn routing_response(dest: &str) -> CommonResponse {
-    CommonResponse {
-        header_mutation: Some(HeaderMutation {
-            set_headers: vec![header(DESTINATION_HEADER, dest)],
-            remove_headers: Vec::new(),
-        }),
-        clear_route_cache: true,
-        ..Default::default()
-    }
-}
-
-/// `{"envoy.lb": {"x-gateway-destination-endpoint": dest}}`.
-fn lb_metadata(dest: &str) -> Struct {
-    let inner = Struct {
-        fields: [(
-            DESTINATION_HEADER.to_string(),
-            PbValue {
-                kind: Some(Kind::StringValue(dest.to_string())),
-            },
-        )]
-        .into_iter()
-        .collect(),
-    };
-    Struct {
-        fields: [(
-            LB_NAMESPACE.to_string(),
-            PbValue {
-                kind: Some(Kind::StructValue(inner)),
-            },
-        )]
-        .into_iter()
-        .collect(),
-    }
-}
-
-/// The body echoed as `streamed_response` chunks (FULL_DUPLEX_STREAMED), the last with
-/// `end_of_stream` (an empty body: one empty chunk).
-fn streamed_body(body: &[u8]) -> Vec<ProcessingResponse> {
-    let chunks: Vec<&[u8]> = if body.is_empty() {
-        vec![&[]]
-    } else {
-        body.chunks(MAX_STREAMED_CHUNK).collect()
-    };
-    let n = chunks.len();
-    chunks
-        .into_iter()
-        .enumerate()
-        .map(|(i, c)| {
-            answer(processing_response::Response::RequestBody(BodyResponse {
-                response: Some(CommonResponse {
-                    body_mutation: Some(BodyMutation {
-                        mutation: Some(body_mutation::Mutation::StreamedResponse(
-                            StreamedBodyResponse {
-                                body: c.to_vec(),
-                                end_of_stream: i + 1 == n,
-                                ..Default::default()
-                            },
-                        )),
-                    }),
-                    ..Default::default()
-                }),
-            }))
-        })
-        .collect()
-}
-
-/// An immediate response with the OpenAI-style error body.
-fn immediate(err: &ApiError, request_id: &str) -> ProcessingResponse {
-    let mut set_headers = vec![header("content-type", "application/json")];
-    if !request_id.is_empty() {
-        set_headers.push(header("x-request-id", request_id));
-    }
-    if err.status == StatusCode::TOO_MANY_REQUESTS {
-        set_headers.push(header(
-            "retry-after",
-            &crate::limits::RETRY_AFTER_S.to_string(),
-        ));
-    }
-    answer(processing_response::Response::ImmediateResponse(
-        ImmediateResponse {
-            status: Some(HttpStatus {
-                code: i32::from(err.status.as_u16()),
-            }),
-            headers: Some(HeaderMutation {
-                set_headers,
-                remove_headers: Vec::new(),
-            }),
-            body: err.body_json().to_string().into_bytes(),
-            grpc_status: None,
-            details: err.code.to_string(),
-        },
-    ))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn destination_is_host_port() {
-        let pod = |url: &str| Pod::new(kvgate_core::PodId(0), url, "default", 1);
-        assert_eq!(
-            destination(&pod("http://10.0.0.5:8000")).as_deref(),
-            Some("10.0.0.5:8000")
-        );
-        assert_eq!(
-            destination(&pod("http://10.0.0.5")).as_deref(),
-            Some("10.0.0.5:80")
-        );
-        assert_eq!(
-            destination(&pod("http://[::1]:8000/")).as_deref(),
-            Some("[::1]:8000")
-        );
-    }
-
-    fn hint(value: Kind) -> Metadata {
-        let inner = Struct {
-            fields: [(SUBSET_HINT_KEY.to_string(), PbValue { kind: Some(value) })]
-                .into_iter()
-                .collect(),
-        };
-        Metadata {
-            filter_metadata: [(SUBSET_HINT_NAMESPACE.to_string(), inner)]
-                .into_iter()
-                .collect(),
-            ..Default::default()
-        }
-    }
-
-    fn strings(items: &[&str]) -> Kind {
-        Kind::ListValue(envoy_types::pb::google::protobuf::ListValue {
-            values: items
-                .iter()
-                .map(|s| PbValue {
-                    kind: Some(Kind::StringValue(s.to_string())),
-                })
-                .collect(),
-        })
-    }
-
-    #[test]
-    fn subset_hint_reads_the_list_and_tells_absent_from_empty() {
-        assert_eq!(subset_hint(&Metadata::default()), None);
-        let other_key = Metadata {
-            filter_metadata: [(SUBSET_HINT_NAMESPACE.to_string(), Struct::default())]
-                .into_iter()
-                .collect(),
-            ..Default::default()
-        };
-        assert_eq!(subset_hint(&other_key), None);
-        assert_eq!(
-            subset_hint(&hint(strings(&["10.0.0.1:8000", "10.0.0.2:8000"]))),
-            Some(vec![
-                "10.0.0.1:8000".to_string(),
-                "10.0.0.2:8000".to_string()
-            ])
-        );
-        assert_eq!(
-            subset_hint(&hint(Kind::StringValue(
-                "10.0.0.1:8000, 10.0.0.3:8000".into()
-            ))),
-            Some(vec![
-                "10.0.0.1:8000".to_string(),
-                "10.0.0.3:8000".to_string()
-            ])
-        );
-        assert_eq!(subset_hint(&hint(strings(&[]))), Some(vec![]));
-        assert_eq!(subset_hint(&hint(Kind::NumberValue(3.0))), Some(vec![]));
-    }
 
     #[test]
     fn pods_outside_the_subset_are_excluded_by_ip_port() {
@@ -885,31 +605,5 @@ mod tests {
         let subset = vec!["10.0.0.3:8000".to_string(), "10.9.9.9:1".to_string()];
         assert_eq!(pods_outside(&pods, &subset), vec![PodId(0), PodId(1)]);
         assert_eq!(pods_outside(&pods, &[]).len(), 3);
-    }
-
-    #[test]
-    fn streamed_body_chunks_are_bounded_and_end_once() {
-        let body = vec![b'x'; MAX_STREAMED_CHUNK * 2 + 5];
-        let out = streamed_body(&body);
-        assert_eq!(out.len(), 3);
-        let mut total = 0;
-        for (i, r) in out.iter().enumerate() {
-            let Some(processing_response::Response::RequestBody(b)) = &r.response else {
-                panic!("not a body response");
-            };
-            let Some(body_mutation::Mutation::StreamedResponse(s)) = b
-                .response
-                .as_ref()
-                .and_then(|c| c.body_mutation.as_ref())
-                .and_then(|m| m.mutation.as_ref())
-            else {
-                panic!("not streamed");
-            };
-            assert!(s.body.len() <= MAX_STREAMED_CHUNK);
-            assert_eq!(s.end_of_stream, i == 2);
-            total += s.body.len();
-        }
-        assert_eq!(total, body.len());
-        assert_eq!(streamed_body(&[]).len(), 1);
     }
 }

@@ -1,0 +1,321 @@
+//! Upstream forwarding for the HTTP proxy: the request a pod gets, the headers the client gets
+//! back, the one wait for a pod's response headers, and the bookkeeping of a failed attempt.
+//!
+//! - Headers: hop-by-hop headers (and `host`, `content-length`) are never forwarded either way;
+//!   the client's `Authorization` reaches the pod only with `--forward-authorization`; every
+//!   request and answer carries `x-request-id`, answers `x-kvgate-pod` / `x-kvgate-branch`
+//!   unless `--no-response-headers`.
+//! - Streams: the pod is always asked for `usage` (`stream_options.include_usage`) so that
+//!   tokens are counted; [`crate::body`] strips it again when the client did not ask.
+//! - Timeouts: [`send`] waits for the response headers at most `first_byte_timeout`, and never
+//!   past the request's deadline; which of the two ran out decides whether the proxy retries
+//!   elsewhere (first byte) or answers 504 (request).
+//!
+//! The handlers that use these live in [`crate::proxy`].
+
+use crate::body::BodyTimeouts;
+use crate::config::GatewayConfig;
+use crate::errors::reject;
+use crate::metrics::{Status, timeout_label};
+use crate::pods::Pod;
+use crate::state::Shared;
+use axum::response::Response;
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, header};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use serde_json::Value;
+
+/// Hop-by-hop headers, never forwarded either way.
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+            | "host"
+            | "content-length"
+    )
+}
+
+/// The request `pod` gets: the client's method, path and end-to-end headers, our request id.
+pub fn upstream_request(
+    cfg: &GatewayConfig,
+    pod: &Pod,
+    method: &Method,
+    path_and_query: &str,
+    headers: &HeaderMap,
+    request_id: &str,
+    body: Bytes,
+) -> Result<http::Request<Full<Bytes>>, String> {
+    let uri = pod.uri_for(path_and_query).map_err(|e| e.to_string())?;
+    let mut req = http::Request::new(Full::new(body));
+    *req.method_mut() = method.clone();
+    *req.uri_mut() = uri;
+    let h = req.headers_mut();
+    for (name, value) in headers {
+        if !is_hop_by_hop(name) && (cfg.forward_authorization || name != header::AUTHORIZATION) {
+            h.append(name.clone(), value.clone());
+        }
+    }
+    if let Ok(v) = HeaderValue::from_str(request_id) {
+        h.insert("x-request-id", v);
+    }
+    Ok(req)
+}
+
+/// The response headers the client gets: the pod's minus hop-by-hop, plus ours.
+pub fn client_headers(
+    upstream: &HeaderMap,
+    keep_length: bool,
+    request_id: &str,
+    routing: Option<(&str, &'static str)>,
+) -> HeaderMap {
+    let mut h = HeaderMap::with_capacity(upstream.len() + 3);
+    for (name, value) in upstream {
+        if !is_hop_by_hop(name) || (keep_length && name == header::CONTENT_LENGTH) {
+            h.append(name.clone(), value.clone());
+        }
+    }
+    if let Ok(v) = HeaderValue::from_str(request_id) {
+        h.insert("x-request-id", v);
+    }
+    if let Some((pod, branch)) = routing {
+        if let Ok(v) = HeaderValue::from_str(pod) {
+            h.insert("x-kvgate-pod", v);
+        }
+        h.insert("x-kvgate-branch", HeaderValue::from_static(branch));
+    }
+    h
+}
+
+/// The body a completion is forwarded with, and whether the pod's `usage` must be stripped
+/// from the stream again (the client did not ask for it). Non-streams go unchanged.
+pub fn completion_body(mut value: Value, body: Bytes, stream: bool) -> (Bytes, bool) {
+    if !stream {
+        return (body, false);
+    }
+    let client_wants_usage = value
+        .get("stream_options")
+        .filter(|so| !so.is_null())
+        .map(|so| {
+            so.get("include_usage")
+                .and_then(Value::as_bool)
+                .unwrap_or(true)
+        })
+        .unwrap_or(false);
+    if client_wants_usage {
+        return (body, false);
+    }
+    if value.get("stream_options").is_none()
+        && let Some(spliced) = splice_include_usage(&body)
+    {
+        return (spliced, true);
+    }
+    let Some(obj) = value.as_object_mut() else {
+        return (body, true);
+    };
+    let so = obj
+        .entry("stream_options")
+        .or_insert_with(|| Value::Object(Default::default()));
+    if !so.is_object() {
+        *so = Value::Object(Default::default());
+    }
+    if let Some(so) = so.as_object_mut() {
+        so.insert("include_usage".into(), Value::Bool(true));
+    }
+    match serde_json::to_vec(&value) {
+        Ok(v) => (Bytes::from(v), true),
+        Err(_) => (body, true),
+    }
+}
+
+/// The body with `"stream_options":{"include_usage":true}` inserted as the object's first key,
+/// without re-serialising it (the hot path of streams whose client did not ask for usage).
+/// Only for a body already parsed as a JSON object without `stream_options`; None when the
+/// body does not start with `{` after whitespace.
+fn splice_include_usage(body: &Bytes) -> Option<Bytes> {
+    const FIELD: &[u8] = br#""stream_options":{"include_usage":true}"#;
+    let open = body.iter().position(|b| !b.is_ascii_whitespace())?;
+    if body.get(open) != Some(&b'{') {
+        return None;
+    }
+    let rest = body.get(open + 1..)?;
+    let empty = rest
+        .iter()
+        .find(|b| !b.is_ascii_whitespace())
+        .is_some_and(|b| *b == b'}');
+    let mut out = Vec::with_capacity(body.len() + FIELD.len() + 1);
+    out.extend_from_slice(body.get(..=open)?);
+    out.extend_from_slice(FIELD);
+    if !empty {
+        out.push(b',');
+    }
+    out.extend_from_slice(rest);
+    Some(Bytes::from(out))
+}
+
+/// How one upstream request went, up to its response headers.
+pub enum Sent {
+    /// The pod answered (any status) or the connection failed.
+    Answer(Result<http::Response<Incoming>, hyper_util::client::legacy::Error>),
+    /// No response headers within `first_byte_timeout` (counted: `timeout="first_byte"`);
+    /// another pod may still be tried. The message says which pod.
+    FirstByteTimeout(String),
+    /// The request's deadline passed first (not counted here: see [`request_timed_out`]).
+    RequestTimeout,
+}
+
+/// Sends `up` to `pod` and waits for its response headers, at most `first_byte_timeout` and
+/// never past `deadline`.
+pub async fn send(
+    shared: &Shared,
+    cfg: &GatewayConfig,
+    pod: &Pod,
+    up: http::Request<Full<Bytes>>,
+    deadline: tokio::time::Instant,
+) -> Sent {
+    let wait = cfg
+        .first_byte_timeout
+        .min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+    match tokio::time::timeout(wait, shared.client.request(up)).await {
+        Ok(answer) => Sent::Answer(answer),
+        Err(_) if tokio::time::Instant::now() >= deadline => Sent::RequestTimeout,
+        Err(_) => {
+            shared
+                .metrics
+                .upstream_timeouts
+                .get_or_create(&timeout_label("first_byte"))
+                .inc();
+            Sent::FirstByteTimeout(format!(
+                "pod {} sent no response within {} ms",
+                pod.url,
+                cfg.first_byte_timeout.as_millis()
+            ))
+        }
+    }
+}
+
+/// The deadlines of a response body once the pod has answered.
+pub fn body_timeouts(cfg: &GatewayConfig, deadline: tokio::time::Instant) -> BodyTimeouts {
+    BodyTimeouts {
+        idle: cfg.idle_chunk_timeout,
+        deadline,
+        request_timeout: cfg.request_timeout,
+    }
+}
+
+/// The request timeout ran out before the pod answered: 504, counted as a `request` timeout.
+pub fn request_timed_out(shared: &Shared, cfg: &GatewayConfig, pod: &Pod, rid: &str) -> Response {
+    shared
+        .metrics
+        .upstream_timeouts
+        .get_or_create(&timeout_label("request"))
+        .inc();
+    tracing::warn!(request_id = %rid, pod = %pod.url, "request timeout before the pod answered");
+    reject(
+        shared,
+        crate::errors::request_timeout(cfg.request_timeout),
+        rid,
+    )
+}
+
+/// Counts an attempt that failed before any byte reached the client
+/// (`status="attempt_failed"`); the proxy then retries elsewhere.
+pub fn attempt_failed(shared: &Shared, pod: &Pod, policy: &str, branch: &str) {
+    shared
+        .metrics
+        .requests
+        .get_or_create(&crate::metrics::RequestLabels {
+            pod: pod.url.clone(),
+            policy: policy.to_string(),
+            branch: branch.to_string(),
+            status: Status::AttemptFailed.as_str().to_string(),
+        })
+        .inc();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spliced(body: &str) -> Value {
+        let out = splice_include_usage(&Bytes::copy_from_slice(body.as_bytes())).unwrap();
+        serde_json::from_slice(&out).unwrap()
+    }
+
+    #[test]
+    fn include_usage_splice_keeps_every_field_and_adds_stream_options() {
+        let v = spliced(
+            r#" { "model": "m", "stream": true, "messages": [{"role": "user", "content": "{x}"}] }"#,
+        );
+        assert_eq!(
+            v["stream_options"],
+            serde_json::json!({"include_usage": true})
+        );
+        assert_eq!(v["model"], "m");
+        assert_eq!(v["messages"][0]["content"], "{x}");
+        assert_eq!(
+            spliced("{}"),
+            serde_json::json!({"stream_options": {"include_usage": true}})
+        );
+        assert!(splice_include_usage(&Bytes::from_static(b"[1]")).is_none());
+    }
+
+    fn forwarded(body: &str, stream: bool) -> (Value, bool) {
+        let value: Value = serde_json::from_str(body).unwrap();
+        let (out, strip) = completion_body(value, Bytes::copy_from_slice(body.as_bytes()), stream);
+        (serde_json::from_slice(&out).unwrap(), strip)
+    }
+
+    #[test]
+    fn streams_ask_the_pod_for_usage_and_strip_it_unless_the_client_asked() {
+        let (v, strip) = forwarded(r#"{"stream":true}"#, true);
+        assert_eq!(v["stream_options"]["include_usage"], true);
+        assert!(strip);
+        let (v, strip) = forwarded(
+            r#"{"stream":true,"stream_options":{"include_usage":false}}"#,
+            true,
+        );
+        assert_eq!(v["stream_options"]["include_usage"], true);
+        assert!(strip);
+        let (v, strip) = forwarded(r#"{"stream":true,"stream_options":{}}"#, true);
+        assert_eq!(v["stream_options"], serde_json::json!({}));
+        assert!(!strip);
+        let (v, strip) = forwarded(r#"{"stream":false}"#, false);
+        assert_eq!(v, serde_json::json!({"stream": false}));
+        assert!(!strip);
+    }
+
+    #[test]
+    fn hop_by_hop_and_authorization_stay_behind() {
+        let mut client = HeaderMap::new();
+        client.insert(header::CONNECTION, HeaderValue::from_static("keep-alive"));
+        client.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer k"));
+        client.insert("x-custom", HeaderValue::from_static("1"));
+        let pod = Pod::new(kvgate_core::PodId(0), "http://127.0.0.1:1", "default", 1);
+        let mut cfg = GatewayConfig::resolve(&crate::serve::ServeArgs::default(), None).unwrap();
+        let up = upstream_request(
+            &cfg,
+            &pod,
+            &Method::POST,
+            "/v1/completions",
+            &client,
+            "rid",
+            Bytes::new(),
+        )
+        .unwrap();
+        let names: Vec<&str> = up.headers().keys().map(|k| k.as_str()).collect();
+        assert_eq!(names, ["x-custom", "x-request-id"]);
+        cfg.forward_authorization = true;
+        let up =
+            upstream_request(&cfg, &pod, &Method::GET, "/", &client, "rid", Bytes::new()).unwrap();
+        assert!(up.headers().contains_key(header::AUTHORIZATION));
+    }
+}

@@ -1,0 +1,302 @@
+//! `kvgate serve`'s flags: the clap definition of [`ServeArgs`], the gateway library's plain
+//! options. Names, help, the defaults shown and `KVGATE_API_KEYS` are what users see in
+//! `kvgate serve --help`; the defaults themselves are applied by the library
+//! (`GatewayConfig::resolve`: flag over config file over default), so every flag here is
+//! optional.
+
+use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+use kvgate_gateway::ServeArgs;
+use kvgate_gateway::config::IndexKind;
+use kvgate_gateway::discovery::DiscoveryKind;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct ServeCli {
+    /// Traffic listener (OpenAI API) [default: 127.0.0.1:8080].
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+    /// Admin listener (/metrics, /debug/decisions, /debug/config, /healthz, /readyz)
+    /// [default: 127.0.0.1:9090].
+    #[arg(long, value_name = "ADDR")]
+    pub admin_listen: Option<SocketAddr>,
+    /// A pod's base URL, e.g. http://10.0.0.5:8000 (repeatable; adds to the config file's
+    /// pods), optionally with its KV-events endpoints:
+    /// `URL,events=tcp://HOST:5557,replay=tcp://HOST:5558[,model=NAME][,class=NAME]`.
+    #[arg(long = "pod", value_name = "URL[,events=…,replay=…]")]
+    pub pod: Vec<String>,
+    /// Prefix index: routed (learns from routing) or engine (KV-cache events + token mode,
+    /// routed fallback for pods without live events) [default: routed].
+    #[arg(long, value_parser = one_of(&IndexKind::ALL, IndexKind::name, IndexKind::help))]
+    pub index: Option<IndexKind>,
+    /// The served model's tokenizer.json for token mode (`--index engine`), so prompts are cut
+    /// into the same token blocks as the pods' KV events; read at start [default: the built-in
+    /// cl100k, the mock pod's].
+    #[arg(long, value_name = "FILE")]
+    pub tokenizer: Option<PathBuf>,
+    /// Config file (TOML, or YAML with a .yaml/.yml extension); reloaded when it changes.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Routing policy [default: affinity-gate].
+    #[arg(long, value_name = "NAME")]
+    pub policy: Option<String>,
+    /// How often each pod's /metrics is scraped [default: 50].
+    #[arg(long, value_name = "MS")]
+    pub scrape_interval_ms: Option<u64>,
+    /// Seed of the decision RNG [default: 0].
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Do not add x-kvgate-pod / x-kvgate-branch to responses.
+    #[arg(long)]
+    pub no_response_headers: bool,
+    /// Append one Mooncake JSONL line per served request to FILE (lengths and prefix-chained
+    /// span ids, no text), for `kvgate sim --trace FILE`.
+    #[arg(long, value_name = "FILE")]
+    pub capture: Option<PathBuf>,
+    /// Also serve the Envoy ext_proc endpoint-picker protocol (gRPC
+    /// `envoy.service.ext_proc.v3.ExternalProcessor`, plus gRPC health) on ADDR, e.g.
+    /// 127.0.0.1:9002; see deploy/envoy/.
+    #[arg(long, value_name = "ADDR")]
+    pub ext_proc_listen: Option<SocketAddr>,
+    /// Requests served at once on the traffic listener; more wait in the queue [default: 1024].
+    #[arg(long, value_name = "N")]
+    pub max_concurrent_requests: Option<usize>,
+    /// Requests waiting for a slot; beyond it, 429 with `Retry-After` [default: 1024].
+    #[arg(long, value_name = "N")]
+    pub max_queued_requests: Option<usize>,
+    /// API key clients must send as `Authorization: Bearer KEY` on /v1/* (repeatable, or
+    /// comma-separated in KVGATE_API_KEYS) [default: none: no authentication].
+    #[arg(
+        long = "api-key",
+        value_name = "KEY",
+        env = "KVGATE_API_KEYS",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    pub api_key: Vec<String>,
+    /// Forward the client's Authorization header to the pods [default: dropped].
+    #[arg(long)]
+    pub forward_authorization: bool,
+    /// On SIGTERM/Ctrl-C, how long in-flight requests may still run [default: 10000].
+    #[arg(long, value_name = "MS")]
+    pub shutdown_grace_ms: Option<u64>,
+    /// Upstream TCP connect timeout; a pod that does not accept in time is retried elsewhere
+    /// [default: 2000].
+    #[arg(long, value_name = "MS")]
+    pub connect_timeout_ms: Option<u64>,
+    /// Longest wait for a pod's response headers; then the request goes to another pod, or 502
+    /// [default: 60000].
+    #[arg(long, value_name = "MS")]
+    pub first_byte_timeout_ms: Option<u64>,
+    /// Longest silence between two chunks of a pod's response; then a stream ends with an SSE
+    /// error event [default: 60000].
+    #[arg(long, value_name = "MS")]
+    pub idle_chunk_timeout_ms: Option<u64>,
+    /// Longest prompt accepted, in tokens as the index counts them (estimated from characters
+    /// in the routed index); longer prompts get 400 `context_length_exceeded`
+    /// [default: 1048576].
+    #[arg(long, value_name = "TOKENS")]
+    pub max_prompt_tokens: Option<u32>,
+    /// Where pods come from besides --pod and the config file: static (only those) or
+    /// kubernetes (the ready Pods matching --selector, kept in sync by a watch; needs a kvgate
+    /// built with `--features k8s`) [default: static].
+    #[arg(long, value_parser = one_of(&DiscoveryKind::ALL, DiscoveryKind::name, DiscoveryKind::help))]
+    pub discovery: Option<DiscoveryKind>,
+    /// With --discovery kubernetes: the model-server Pods' label selector, e.g. app=vllm.
+    #[arg(long, value_name = "KEY=VALUE")]
+    pub selector: Option<String>,
+    /// With --discovery kubernetes: the Pods' namespace [default: the kubeconfig context's, or
+    /// the service account's namespace in a cluster].
+    #[arg(long, value_name = "NS")]
+    pub namespace: Option<String>,
+    /// With --discovery kubernetes: the model server's port on each Pod [default: 8000].
+    #[arg(long, value_name = "PORT")]
+    pub target_port: Option<u16>,
+    /// Longest life of one request, from admission to its last byte; then a stream ends with an
+    /// SSE error event (`request_timeout`), a request without response yet gets 504
+    /// [default: 600000].
+    #[arg(long, value_name = "MS")]
+    pub request_timeout_ms: Option<u64>,
+    /// On SIGTERM/Ctrl-C, how long /readyz answers 503 while requests are still accepted, before
+    /// the listener closes, so that load balancers notice; a second signal skips it
+    /// [default: 5000].
+    #[arg(long, value_name = "MS")]
+    pub shutdown_drain_ms: Option<u64>,
+    /// Responses in a row dying mid-body (connection reset, truncated, silent past the idle-chunk
+    /// timeout) on one pod before the pod is avoided for the cooldown [default: 3].
+    #[arg(long, value_name = "N")]
+    pub pod_failure_threshold: Option<u32>,
+    /// How long a pod is avoided after `--pod-failure-threshold` failures in a row, even while
+    /// its /metrics answers [default: 10000].
+    #[arg(long, value_name = "MS")]
+    pub pod_failure_cooldown_ms: Option<u64>,
+}
+
+impl From<ServeCli> for ServeArgs {
+    fn from(cli: ServeCli) -> Self {
+        ServeArgs {
+            listen: cli.listen,
+            admin_listen: cli.admin_listen,
+            pod: cli.pod,
+            index: cli.index,
+            tokenizer: cli.tokenizer,
+            config: cli.config,
+            policy: cli.policy,
+            scrape_interval_ms: cli.scrape_interval_ms,
+            seed: cli.seed,
+            no_response_headers: cli.no_response_headers,
+            capture: cli.capture,
+            ext_proc_listen: cli.ext_proc_listen,
+            max_concurrent_requests: cli.max_concurrent_requests,
+            max_queued_requests: cli.max_queued_requests,
+            api_key: cli.api_key,
+            forward_authorization: cli.forward_authorization,
+            shutdown_grace_ms: cli.shutdown_grace_ms,
+            connect_timeout_ms: cli.connect_timeout_ms,
+            first_byte_timeout_ms: cli.first_byte_timeout_ms,
+            idle_chunk_timeout_ms: cli.idle_chunk_timeout_ms,
+            max_prompt_tokens: cli.max_prompt_tokens,
+            discovery: cli.discovery,
+            selector: cli.selector,
+            namespace: cli.namespace,
+            target_port: cli.target_port,
+            request_timeout_ms: cli.request_timeout_ms,
+            shutdown_drain_ms: cli.shutdown_drain_ms,
+            pod_failure_threshold: cli.pod_failure_threshold,
+            pod_failure_cooldown_ms: cli.pod_failure_cooldown_ms,
+        }
+    }
+}
+
+/// A parser accepting the names of `all`, listed in `--help` with their help, as
+/// `#[arg(value_enum)]` lists a `ValueEnum`'s variants.
+fn one_of<T: Copy + Send + Sync + 'static>(
+    all: &'static [T],
+    name: fn(T) -> &'static str,
+    help: fn(T) -> &'static str,
+) -> impl TypedValueParser<Value = T> {
+    PossibleValuesParser::new(
+        all.iter()
+            .map(|&v| PossibleValue::new(name(v)).help(help(v))),
+    )
+    .try_map(move |s: String| {
+        all.iter()
+            .copied()
+            .find(|&v| name(v) == s)
+            .ok_or_else(|| clap::Error::new(clap::error::ErrorKind::InvalidValue))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: ServeCli,
+    }
+
+    fn parse(flags: &[&str]) -> ServeArgs {
+        let argv = std::iter::once("kvgate").chain(flags.iter().copied());
+        Cli::try_parse_from(argv)
+            .unwrap_or_else(|e| panic!("{flags:?}: {e}"))
+            .args
+            .into()
+    }
+
+    #[test]
+    fn no_flags_leave_every_option_unset() {
+        let mut args = parse(&[]);
+        // KVGATE_API_KEYS may be set where the tests run; the flags below pin --api-key.
+        args.api_key.clear();
+        assert_eq!(args, ServeArgs::default());
+    }
+
+    #[test]
+    fn every_flag_lands_in_its_own_field() {
+        let args = parse(&[
+            "--listen=127.0.0.1:1",
+            "--admin-listen=127.0.0.1:2",
+            "--pod=http://10.0.0.1:8000",
+            "--pod=http://10.0.0.2:8000,events=tcp://10.0.0.2:5557",
+            "--index=engine",
+            "--tokenizer=tok.json",
+            "--config=kvgate.toml",
+            "--policy=prefix",
+            "--scrape-interval-ms=3",
+            "--seed=4",
+            "--no-response-headers",
+            "--capture=cap.jsonl",
+            "--ext-proc-listen=127.0.0.1:5",
+            "--max-concurrent-requests=6",
+            "--max-queued-requests=7",
+            "--api-key=k1,k2",
+            "--api-key=k3",
+            "--forward-authorization",
+            "--shutdown-grace-ms=8",
+            "--connect-timeout-ms=9",
+            "--first-byte-timeout-ms=10",
+            "--idle-chunk-timeout-ms=11",
+            "--max-prompt-tokens=12",
+            "--discovery=kubernetes",
+            "--selector=app=vllm",
+            "--namespace=ns",
+            "--target-port=13",
+            "--request-timeout-ms=14",
+            "--shutdown-drain-ms=15",
+            "--pod-failure-threshold=16",
+            "--pod-failure-cooldown-ms=17",
+        ]);
+        let addr = |port: u16| Some(SocketAddr::from(([127, 0, 0, 1], port)));
+        let expected = ServeArgs {
+            listen: addr(1),
+            admin_listen: addr(2),
+            pod: vec![
+                "http://10.0.0.1:8000".into(),
+                "http://10.0.0.2:8000,events=tcp://10.0.0.2:5557".into(),
+            ],
+            index: Some(IndexKind::Engine),
+            tokenizer: Some(PathBuf::from("tok.json")),
+            config: Some(PathBuf::from("kvgate.toml")),
+            policy: Some("prefix".into()),
+            scrape_interval_ms: Some(3),
+            seed: Some(4),
+            no_response_headers: true,
+            capture: Some(PathBuf::from("cap.jsonl")),
+            ext_proc_listen: addr(5),
+            max_concurrent_requests: Some(6),
+            max_queued_requests: Some(7),
+            api_key: vec!["k1".into(), "k2".into(), "k3".into()],
+            forward_authorization: true,
+            shutdown_grace_ms: Some(8),
+            connect_timeout_ms: Some(9),
+            first_byte_timeout_ms: Some(10),
+            idle_chunk_timeout_ms: Some(11),
+            max_prompt_tokens: Some(12),
+            discovery: Some(DiscoveryKind::Kubernetes),
+            selector: Some("app=vllm".into()),
+            namespace: Some("ns".into()),
+            target_port: Some(13),
+            request_timeout_ms: Some(14),
+            shutdown_drain_ms: Some(15),
+            pod_failure_threshold: Some(16),
+            pod_failure_cooldown_ms: Some(17),
+        };
+        assert_eq!(args, expected);
+    }
+
+    #[test]
+    fn kinds_parse_by_name_and_unknown_names_are_refused() {
+        assert_eq!(parse(&["--index", "routed"]).index, Some(IndexKind::Routed));
+        assert_eq!(
+            parse(&["--discovery", "static"]).discovery,
+            Some(DiscoveryKind::Static)
+        );
+        let err = Cli::try_parse_from(["kvgate", "--index", "Engine"])
+            .err()
+            .expect("names are case-sensitive, as with ValueEnum");
+        assert_eq!(err.kind(), clap::error::ErrorKind::InvalidValue);
+    }
+}
