@@ -8,16 +8,23 @@
 //! - **Frames**: `[topic, seq (8 bytes BE), msgpack batch]`. Anything else, and payloads the
 //!   core's decoder rejects, is counted in `kvgate_kv_events_rejected_total{pod}`, logged at
 //!   debug, and skipped.
+//! - **Subscribe**: connect (retried, backoff ≤ [`RECONNECT_BACKOFF`]), subscribe, then replay
+//!   the pod's whole buffer (DEALER sends `[empty, start_seq BE]`, reads `[empty, topic, seq,
+//!   payload]` — vLLM 0.32's framing; `[empty, seq, payload]` is accepted too — until the end
+//!   marker `seq = −1`), so blocks the pod cached before kvgate subscribed are known.
 //! - **Sequence**: the core's [`KvEventFollower`] (the same state machine the simulator runs)
 //!   says what to do with each batch's `seq`; this task does the I/O. A jump forward is a gap
-//!   (`kv_events_gaps_total`): the task asks the replay socket (DEALER sends
-//!   `[empty, start_seq BE]`, reads `[empty, seq, payload]` until `seq = −1`) for the missing
-//!   batches; if that fails or does not cover the gap (`kv_events_replay_failures_total`), the
-//!   follower clears the pod's entries and marks it **stale**: the routed index stands in for it
+//!   (`kv_events_gaps_total`): the missing batches are replayed; if that fails or does not cover
+//!   the gap (`kv_events_replay_failures_total`), the follower clears the pod's entries and marks
+//!   it **stale**: the routed index stands in for it
 //!   ([`kvgate_core::index::engine::HybridIndex`]) for [`STALE_REBUILD`], while new events
-//!   rebuild its view. A `seq` back to 0 means the engine restarted (`kv_events_restarts_total`):
-//!   the pod's entries are cleared (its cache is empty) and it stays live. The first message of
-//!   a subscription with `seq > 0` replays from 0 to learn what the pod already holds.
+//!   rebuild its view. A live `seq` at or below the last live one means a new engine
+//!   (`kv_events_restarts_total`): the pod's entries are cleared (its cache is empty), batches
+//!   `0..seq` are replayed, and it stays live.
+//! - **Pod down and back**: when the pod's scrapes fail and then succeed again, the task drops
+//!   its socket, clears the pod (its engine most likely restarted), resubscribes and replays —
+//!   within one health check ([`HEALTH_CHECK`], 250 ms) of the pod scraping healthy, not after
+//!   ZeroMQ's own reconnect backoff.
 //! - **Bounds**: one SUB socket and one task per pod; replay reads at most
 //!   [`MAX_REPLAY_BATCHES`] batches with [`REPLAY_TIMEOUT`] per message; payloads over the core's
 //!   `MAX_BATCH_BYTES` are rejected before decoding.
@@ -43,6 +50,10 @@ pub const REPLAY_TIMEOUT: Duration = Duration::from_secs(2);
 pub const MAX_REPLAY_BATCHES: u64 = 100_000;
 /// Replay end marker (`seq = −1`).
 const END_SEQ: u64 = u64::MAX;
+/// Longest wait between two connect attempts to a pod's PUB socket.
+pub const RECONNECT_BACKOFF: Duration = Duration::from_secs(1);
+/// How often the task looks at the pod's health while its stream is quiet.
+const HEALTH_CHECK: Duration = Duration::from_millis(250);
 
 /// The pod's events config, if it publishes events and the engine index is on.
 fn events_of(shared: &Shared, pod: &Pod) -> Option<PodEvents> {
@@ -96,26 +107,6 @@ async fn subscribe_loop(shared: Arc<Shared>, pod: Arc<Pod>, events: PodEvents) {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let mut socket = SubSocket::new();
-    let mut backoff = Duration::from_millis(100);
-    loop {
-        if pod.removed.load(Ordering::Relaxed) {
-            return;
-        }
-        match socket.connect(&events.endpoint).await {
-            Ok(()) => break,
-            Err(e) => {
-                tracing::debug!(pod = %pod.url, endpoint = %events.endpoint, error = %e, "KV events connect failed; retrying");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(5));
-            }
-        }
-    }
-    if let Err(e) = socket.subscribe("").await {
-        tracing::warn!(pod = %pod.url, error = %e, "KV events subscribe failed");
-        return;
-    }
-    tracing::info!(pod = %pod.url, endpoint = %events.endpoint, "subscribed to KV events");
     let mut follower = Follower {
         shared: &shared,
         pod: &pod,
@@ -123,11 +114,69 @@ async fn subscribe_loop(shared: Arc<Shared>, pod: Arc<Pod>, events: PodEvents) {
         sequence: KvEventFollower::new(pod.id, STALE_REBUILD.as_secs_f64() * 1e3),
         epoch: Instant::now(),
     };
+    let mut first = true;
     loop {
-        if pod.removed.load(Ordering::Relaxed) {
+        let Some(mut socket) = subscribe(&pod, &events.endpoint).await else {
+            return;
+        };
+        if !first {
+            // The pod was down: its engine most likely restarted with an empty cache.
+            follower.restarted();
+        }
+        first = false;
+        // Learn what the pod already holds (its replay buffer), then follow the live stream.
+        follower.replay_buffer().await;
+        if !follow(&mut follower, &mut socket).await {
             return;
         }
-        let msg = match tokio::time::timeout(Duration::from_secs(1), socket.recv()).await {
+        tracing::info!(pod = %pod.url, "pod back after being down: resubscribing to its KV events");
+    }
+}
+
+/// A connected, subscribed SUB socket (connect retried with a backoff of at most
+/// [`RECONNECT_BACKOFF`]); None once the pod is removed.
+async fn subscribe(pod: &Pod, endpoint: &str) -> Option<SubSocket> {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        if pod.removed.load(Ordering::Relaxed) {
+            return None;
+        }
+        let mut socket = SubSocket::new();
+        match socket.connect(endpoint).await {
+            Ok(()) => match socket.subscribe("").await {
+                Ok(()) => {
+                    tracing::info!(pod = %pod.url, %endpoint, "subscribed to KV events");
+                    return Some(socket);
+                }
+                Err(e) => {
+                    tracing::warn!(pod = %pod.url, error = %e, "KV events subscribe failed; retrying")
+                }
+            },
+            Err(e) => {
+                tracing::debug!(pod = %pod.url, %endpoint, error = %e, "KV events connect failed; retrying");
+            }
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(RECONNECT_BACKOFF);
+    }
+}
+
+/// Follows the live stream until the pod is removed (false) or comes back after its scrapes
+/// failed (true: the caller resubscribes, since the engine behind it is most likely new).
+async fn follow(follower: &mut Follower<'_>, socket: &mut SubSocket) -> bool {
+    let pod = follower.pod.clone();
+    let mut was_down = false;
+    loop {
+        if pod.removed.load(Ordering::Relaxed) {
+            return false;
+        }
+        let healthy = pod.healthy.load(Ordering::Relaxed);
+        if !healthy {
+            was_down = true;
+        } else if was_down {
+            return true;
+        }
+        let msg = match tokio::time::timeout(HEALTH_CHECK, socket.recv()).await {
             Err(_) => {
                 follower.maybe_rebuilt();
                 continue;
@@ -231,6 +280,13 @@ impl Follower<'_> {
                     let _ = self.fill(0, to).await;
                 }
             }
+            BatchStep::Restarted { to } => {
+                self.count(&self.shared.metrics.kv_events_restarts);
+                tracing::info!(pod = %self.pod.url, seq, "KV events sequence went backwards: a new engine; its entries cleared, resyncing from 0");
+                if self.replay.is_some() {
+                    let _ = self.fill(0, to).await;
+                }
+            }
             BatchStep::Gap { from, to } => {
                 self.count(&self.shared.metrics.kv_events_gaps);
                 let complete = self.fill(from, to).await;
@@ -247,6 +303,37 @@ impl Follower<'_> {
             }
         }
         self.apply(payload);
+    }
+
+    /// The engine restarted (the pod was down): its entries are cleared, the sequence starts
+    /// again.
+    fn restarted(&mut self) {
+        let now = self.now_ms();
+        let mut session = self.shared.session.lock();
+        self.sequence
+            .restarted(now, &mut session.index_mut().engine);
+        self.count(&self.shared.metrics.kv_events_restarts);
+    }
+
+    /// On (re)subscribe: replays the pod's whole buffer, so blocks it cached before kvgate
+    /// subscribed are known; later live batches the replay covered are skipped.
+    async fn replay_buffer(&mut self) {
+        let Some(endpoint) = self.replay else { return };
+        match replay(endpoint, 0, END_SEQ).await {
+            Ok(batches) => {
+                for (_, payload) in &batches {
+                    self.apply(payload);
+                }
+                if let Some((last, _)) = batches.last() {
+                    self.sequence.replayed(*last);
+                }
+                tracing::info!(pod = %self.pod.url, batches = batches.len(), "KV events replayed on subscribe");
+            }
+            Err(why) => {
+                self.count(&self.shared.metrics.kv_events_replay_failures);
+                tracing::warn!(pod = %self.pod.url, %why, "KV events replay on subscribe failed; only new events are learnt");
+            }
+        }
     }
 
     /// Un-stales the pod once it has rebuilt for [`STALE_REBUILD`].
@@ -309,8 +396,10 @@ async fn replay(endpoint: &str, start: u64, end: u64) -> Result<Vec<(u64, Bytes)
             .map_err(|_| "replay timed out".to_string())?
             .map_err(|e| e.to_string())?;
         let frames = msg.into_vec();
-        // [empty, seq, payload] (vLLM, our mock pod) or [seq, payload].
+        // [empty, topic, seq, payload] (vLLM 0.32, the mock pod), [empty, seq, payload] (older
+        // publishers) or [seq, payload]; the end marker is any of them with seq = −1.
         let (seq, payload) = match frames.as_slice() {
+            [empty, _topic, seq, payload] if empty.is_empty() => (seq, payload),
             [empty, seq, payload] if empty.is_empty() => (seq, payload),
             [seq, payload] => (seq, payload),
             _ => return Err(format!("replay message of {} frames", frames.len())),

@@ -1,7 +1,9 @@
 //! The gateway's KV-event subscriber against a Python publisher (pyzmq + msgpack) that speaks
 //! vLLM's wire format in both encodings: the engine index follows stored / removed / cleared,
-//! a gap is filled by replay, an unfillable gap marks the pod stale, a sequence back to 0
-//! clears the pod, and garbage is counted and skipped.
+//! a gap is filled by replay, an unfillable gap marks the pod stale, a sequence back to 0 — or
+//! back to any earlier seq, as a late reconnect to a restarted engine sees it — clears the pod
+//! and resyncs, blocks cached before the gateway subscribed are learnt from the replay buffer
+//! (vLLM 0.32's four-frame replay framing), and garbage is counted and skipped.
 //!
 //! Python: `$KVGATE_PYTHON`, else `<workspace>/.venv/bin/python` (needs pyzmq and msgpack).
 
@@ -42,9 +44,15 @@ struct Publisher {
 
 impl Publisher {
     fn start() -> (Publisher, u16, u16) {
+        Publisher::start_with(json!([]))
+    }
+
+    /// A publisher whose replay buffer already holds `preload` (a list of batch commands).
+    fn start_with(preload: Value) -> (Publisher, u16, u16) {
         let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/kv_events_publisher.py");
         let mut child = Command::new(python())
             .arg(script)
+            .arg(preload.to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -265,6 +273,55 @@ async fn subscriber_follows_python_publisher_through_gaps_restarts_and_garbage()
         .engine
         .set_stale(PodId(0), false);
     assert_eq!(matched(&gw, 300..316), 1);
+
+    // A new engine seen late: its seq 0 and 1 never reached us, the first batch we get is 2,
+    // below the last seen (3). The old engine's blocks go; 0..2 come from the new buffer.
+    tokio::task::block_in_place(|| {
+        publisher.send("drop", 0, "map", "map", json!([stored(&[501], None, 400..416)]));
+        publisher.send("drop", 1, "map", "map", json!([stored(&[502], Some(501), 416..432)]));
+        publisher.send("send", 2, "map", "map", json!([stored(&[503], Some(502), 432..448)]));
+    });
+    common::eventually("resynced to the new engine", || {
+        matched(&gw, 400..448) == 3 && matched(&gw, 300..316) == 0
+    })
+    .await;
+    assert_eq!(counter(&gw, &url, |m| &m.kv_events_restarts), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocks_cached_before_the_gateway_subscribed_are_learnt_from_the_replay_buffer() {
+    let preload = json!([
+        {"seq": 0, "events": [stored(&[11, 12], None, 0..32)]},
+        {"seq": 1, "events": [stored(&[13], Some(12), 32..48)]},
+    ]);
+    let (mut publisher, pub_port, replay_port) = Publisher::start_with(preload);
+    let pod = FakePod::start_with_model(
+        Behavior::Normal {
+            chunks: 1,
+            delay_ms: 0,
+        },
+        MODEL,
+    )
+    .await;
+    let mut args = common::args(&[&pod]);
+    args.pod = vec![format!(
+        "{},events=tcp://127.0.0.1:{pub_port},replay=tcp://127.0.0.1:{replay_port},model={MODEL}",
+        pod.url
+    )];
+    args.index = Some(IndexKind::Engine);
+    let gw = Gateway::start(args).await.unwrap();
+    let url = pod.url.clone();
+    tokio::task::block_in_place(|| publisher.wait_line("subscribed"));
+    // Nothing is published live: only the replay on subscribe can tell of these blocks.
+    common::eventually("replayed on subscribe", || matched(&gw, 0..48) == 3).await;
+    // The next live batch continues the sequence: applied, not taken for a gap or a restart.
+    tokio::task::block_in_place(|| {
+        publisher.send("send", 2, "map", "map", json!([stored(&[14], Some(13), 48..64)]));
+    });
+    common::eventually("live batch after the replay", || matched(&gw, 0..64) == 4).await;
+    assert_eq!(counter(&gw, &url, |m| &m.kv_events_gaps), 0);
+    assert_eq!(counter(&gw, &url, |m| &m.kv_events_restarts), 0);
+    assert_eq!(counter(&gw, &url, |m| &m.kv_events_replay_failures), 0);
 }
 
 /// A word-level `tokenizer.json` (`w0`…`w63` are ids 0…63, whitespace splits words), written

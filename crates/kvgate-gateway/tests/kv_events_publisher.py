@@ -9,8 +9,12 @@ JSON command per stdin line and answers "ok" after each:
   {"op":"forget"}             empties the replay buffer
 Events: {"type":"BlockStored","block_hashes":[..],"parent_block_hash":h|null,
 "token_ids":[..],"block_size":16} | {"type":"BlockRemoved","block_hashes":[..]} |
-{"type":"AllBlocksCleared"}. Replay follows vLLM: [identity, empty, start_seq] in,
-[identity, empty, seq, payload]* then seq = -1 out.
+{"type":"AllBlocksCleared"}. Replay follows vLLM 0.32 as observed (reference/real-vllm.md):
+[identity, empty, start_seq] in, [identity, empty, topic, seq, payload]* then the end marker
+[identity, empty, empty, seq = -1, empty] out.
+
+argv[1], if given: a JSON list of "drop" commands applied before anyone subscribes (batches
+the engine produced before the router started: only a replay can tell of them).
 """
 import json
 import struct
@@ -28,6 +32,7 @@ router = ctx.socket(zmq.ROUTER)
 replay_port = router.bind_to_random_port("tcp://127.0.0.1")
 buffer = {}
 lock = threading.Lock()
+TOPIC = b"kv-events"
 
 
 def serve_replay():
@@ -37,8 +42,8 @@ def serve_replay():
         with lock:
             items = sorted((s, p) for s, p in buffer.items() if s >= start)
         for seq, payload in items:
-            router.send_multipart([ident, b"", struct.pack(">Q", seq), payload])
-        router.send_multipart([ident, b"", b"\xff" * 8, b""])
+            router.send_multipart([ident, b"", TOPIC, struct.pack(">Q", seq), payload])
+        router.send_multipart([ident, b"", b"", b"\xff" * 8, b""])
 
 
 def event(e, enc):
@@ -67,10 +72,12 @@ def payload(cmd):
     return msgpack.packb(batch, use_bin_type=True)
 
 
+for cmd in json.loads(sys.argv[1]) if len(sys.argv) > 1 else []:
+    buffer[cmd["seq"]] = payload(cmd)
+threading.Thread(target=serve_replay, daemon=True).start()
 print("ports", pub_port, replay_port, flush=True)
 pub.recv()  # the subscription message
 print("subscribed", flush=True)
-threading.Thread(target=serve_replay, daemon=True).start()
 for line in sys.stdin:
     cmd = json.loads(line)
     op = cmd["op"]
@@ -81,7 +88,7 @@ for line in sys.stdin:
                 buffer.clear()  # a restarted engine starts a new buffer
             buffer[cmd["seq"]] = p
         if op == "send":
-            pub.send_multipart([b"kv-events", struct.pack(">Q", cmd["seq"]), p])
+            pub.send_multipart([TOPIC, struct.pack(">Q", cmd["seq"]), p])
     elif op == "raw":
         pub.send_multipart([bytes.fromhex(f) for f in cmd["frames"]])
     elif op == "forget":

@@ -4,8 +4,9 @@
 //!   three frames `[topic, seq (u64 big-endian, from 0, +1 per batch), msgpack KVEventBatch]`.
 //! - **Replay** ROUTER socket bound at `--kv-events-replay`: a DEALER sends `[empty, start_seq]`
 //!   (8 bytes big-endian); the pod answers every buffered batch with `seq >= start_seq` as
-//!   `[empty, seq, payload]` and then the end marker `[empty, 0xFF×8, empty]` (seq = −1), as
-//!   vLLM's `ZmqEventPublisher` does. Malformed replay requests are counted and logged.
+//!   `[empty, topic, seq, payload]` and then the end marker `[empty, empty, 0xFF×8, empty]`
+//!   (seq = −1), the four frames real vLLM 0.32 sends (reference/real-vllm.md). Malformed
+//!   replay requests are counted and logged.
 //! - **Encodings** (`--kv-events-encoding`):
 //!   - `map` (current vLLM): each event is a msgpack map tagged by `"type"`,
 //!     `{"type":"BlockStored","block_hashes":[…],"parent_block_hash":…,"token_ids":[…],
@@ -157,7 +158,11 @@ pub async fn start(
             .await
             .map_err(|e| anyhow::anyhow!("binding KV events replay at {replay}: {e}"))?;
         replay_bound = Some(b.to_string());
-        tasks.push(tokio::spawn(serve_replay(router, buffer.clone())));
+        tasks.push(tokio::spawn(serve_replay(
+            router,
+            buffer.clone(),
+            Bytes::from(topic.clone()),
+        )));
     }
     let (tx, rx) = mpsc::channel(PUBLISH_QUEUE_BATCHES);
     tasks.push(tokio::spawn(publish(pub_socket, rx, buffer, topic)));
@@ -198,7 +203,7 @@ async fn publish(
     }
 }
 
-async fn serve_replay(mut socket: RouterSocket, buffer: ReplayBuffer) {
+async fn serve_replay(mut socket: RouterSocket, buffer: ReplayBuffer, topic: Bytes) {
     loop {
         let msg = match socket.recv().await {
             Ok(m) => m,
@@ -229,13 +234,16 @@ async fn serve_replay(mut socket: RouterSocket, buffer: ReplayBuffer) {
             Err(_) => Vec::new(),
         };
         let empty = Bytes::new();
-        for (seq, payload) in batches
+        let end = (Bytes::new(), u64::from_be_bytes(END_SEQ), Bytes::new());
+        for (topic, seq, payload) in batches
             .into_iter()
-            .chain(std::iter::once((u64::from_be_bytes(END_SEQ), Bytes::new())))
+            .map(|(seq, payload)| (topic.clone(), seq, payload))
+            .chain(std::iter::once(end))
         {
             let frames = vec![
                 identity.clone(),
                 empty.clone(),
+                topic,
                 Bytes::copy_from_slice(&seq.to_be_bytes()),
                 payload,
             ];

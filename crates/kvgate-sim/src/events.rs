@@ -343,7 +343,7 @@ impl EventFeed {
             BatchStep::Apply { .. } => (batch.seq, batch.seq),
             // The simulated router follows every pod from its first batch, so a first `seq`
             // above 0 means the batches before it were lost: a gap like any other.
-            BatchStep::JoinedLate { to } => (0, to),
+            BatchStep::JoinedLate { to } | BatchStep::Restarted { to } => (0, to),
             BatchStep::Gap { from, to } => (from, to),
         };
         let missed = std::mem::take(held);

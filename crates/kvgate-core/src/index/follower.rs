@@ -9,16 +9,24 @@
 //! | answer | the driver |
 //! |---|---|
 //! | [`BatchStep::Apply`] | applies the batch |
-//! | [`BatchStep::Skip`] | drops it (a duplicate: `seq` below the next expected) |
+//! | [`BatchStep::Skip`] | drops it (already applied from a replay) |
 //! | [`BatchStep::JoinedLate`] | may replay `0..seq` (what the pod cached before; partial is fine), then applies |
+//! | [`BatchStep::Restarted`] | the pod was cleared; may replay `0..seq` (the new engine's first batches), then applies |
 //! | [`BatchStep::Gap`] | replays `from..to`, reports [`KvEventFollower::gap_result`], then applies |
+//!
+//! A driver that replays a pod's buffer when it (re)subscribes reports the last batch it applied
+//! with [`KvEventFollower::replayed`], so live batches the replay already covered are skipped.
 //!
 //! The algorithm:
 //! - The first batch of a subscription sets the expected sequence; with `seq > 0` it is
 //!   [`BatchStep::JoinedLate`].
-//! - `seq` back to 0 after more: the engine restarted, its cache is empty: the pod's entries are
-//!   cleared, it is live (not stale), and the batch applies. A driver that learns of a restart
-//!   another way calls [`KvEventFollower::restarted`].
+//! - A live `seq` at or below the last live one: the sequence went backwards, so the engine
+//!   restarted (vLLM numbers batches from 0 per engine start; a subscriber that reconnects late
+//!   sees the new engine's first batch it gets, which may be above 0). The pod's entries are
+//!   cleared, it is live (not stale), and the batch applies — after a replay of `0..seq` when
+//!   `seq > 0` ([`BatchStep::Restarted`]). A `seq` below the next expected but above the last
+//!   live one was already applied from a replay: skipped. A driver that learns of a restart
+//!   another way (the pod went down) calls [`KvEventFollower::restarted`].
 //! - `seq` beyond the expected one: a gap. If the replay brought every missing batch, nothing
 //!   else happens. If not, the pod's entries are cleared and it is **stale** for
 //!   `stale_rebuild_ms` (default 30,000, [`DEFAULT_STALE_REBUILD_MS`]): the hybrid index scores
@@ -45,6 +53,10 @@ pub enum BatchStep {
     JoinedLate {
         to: u64,
     },
+    /// The sequence went backwards to `to > 0`: the pod was cleared; replay `0..to`.
+    Restarted {
+        to: u64,
+    },
     Gap {
         from: u64,
         to: u64,
@@ -66,6 +78,8 @@ pub struct KvEventFollower {
     stale_rebuild_ms: f64,
     /// The next expected `seq`; `None` before the first batch (or after a restart).
     next: Option<u64>,
+    /// The last `seq` that came on the live stream (not from a replay).
+    live_last: Option<u64>,
     stale_until_ms: Option<f64>,
 }
 
@@ -75,6 +89,7 @@ impl KvEventFollower {
             pod,
             stale_rebuild_ms,
             next: None,
+            live_last: None,
             stale_until_ms: None,
         }
     }
@@ -85,7 +100,16 @@ impl KvEventFollower {
 
     /// A batch with `seq` arrived at `now_ms`; see [`BatchStep`].
     pub fn on_batch(&mut self, seq: u64, now_ms: f64, index: &mut EngineIndex) -> BatchStep {
+        let backwards = self.live_last.is_some_and(|last| seq <= last);
         let step = match self.next {
+            _ if backwards => {
+                self.clear(index, now_ms, false);
+                if seq == 0 {
+                    BatchStep::Apply { restarted: true }
+                } else {
+                    BatchStep::Restarted { to: seq }
+                }
+            }
             None if seq > 0 => BatchStep::JoinedLate { to: seq },
             None => BatchStep::Apply { restarted: false },
             Some(next) if seq == next => BatchStep::Apply { restarted: false },
@@ -93,14 +117,25 @@ impl KvEventFollower {
                 self.clear(index, now_ms, false);
                 BatchStep::Apply { restarted: true }
             }
-            Some(next) if seq < next => return BatchStep::Skip,
+            Some(next) if seq < next => {
+                self.live_last = Some(seq);
+                return BatchStep::Skip;
+            }
             Some(next) => BatchStep::Gap {
                 from: next,
                 to: seq,
             },
         };
+        self.live_last = Some(seq);
         self.next = seq.checked_add(1);
         step
+    }
+
+    /// A replay applied batches up to `last_seq` (the driver's replay on (re)subscribe): later
+    /// live batches the replay covered are skipped.
+    pub fn replayed(&mut self, last_seq: u64) {
+        let after = last_seq.saturating_add(1);
+        self.next = Some(self.next.map_or(after, |n| n.max(after)));
     }
 
     /// The replay of a [`BatchStep::Gap`]: `complete` when every missing batch was applied.
@@ -123,6 +158,7 @@ impl KvEventFollower {
     pub fn restarted(&mut self, now_ms: f64, index: &mut EngineIndex) {
         self.clear(index, now_ms, false);
         self.next = None;
+        self.live_last = None;
     }
 
     /// Ends a stale episode whose rebuild time is over; true when it did.
@@ -166,7 +202,7 @@ mod tests {
     }
 
     #[test]
-    fn batches_in_order_apply_and_duplicates_are_skipped() {
+    fn batches_in_order_apply_and_a_repeated_live_seq_means_a_new_engine() {
         let mut index = index_with(&[1]);
         let mut f = KvEventFollower::new(PodId(0), 100.0);
         assert_eq!(
@@ -177,8 +213,10 @@ mod tests {
             f.on_batch(1, 0.0, &mut index),
             BatchStep::Apply { restarted: false }
         );
-        assert_eq!(f.on_batch(1, 0.0, &mut index), BatchStep::Skip);
         assert_eq!(held(&index), 1);
+        // PUB/SUB never repeats a batch: seq 1 again comes from a restarted engine.
+        assert_eq!(f.on_batch(1, 0.0, &mut index), BatchStep::Restarted { to: 1 });
+        assert_eq!(held(&index), 0);
     }
 
     #[test]
@@ -235,6 +273,44 @@ mod tests {
         assert!(f.tick(110.0, &mut index));
         assert!(index.is_live(PodId(0)) && !f.is_stale());
         assert_eq!(index.indexed_blocks(), 0);
+    }
+
+    #[test]
+    fn a_live_sequence_that_goes_backwards_above_zero_is_a_restart_to_resync() {
+        // vLLM restarted and the subscriber reconnected late: the first batch it gets is seq 2.
+        let mut index = index_with(&[1, 2, 3]);
+        let mut f = KvEventFollower::new(PodId(0), 100.0);
+        for seq in 0..243 {
+            f.on_batch(seq, 0.0, &mut index);
+        }
+        assert_eq!(f.on_batch(2, 5.0, &mut index), BatchStep::Restarted { to: 2 });
+        assert_eq!(held(&index), 0, "the old engine's blocks are cleared");
+        assert!(index.is_live(PodId(0)));
+        assert_eq!(
+            f.on_batch(3, 6.0, &mut index),
+            BatchStep::Apply { restarted: false }
+        );
+    }
+
+    #[test]
+    fn live_batches_a_replay_already_applied_are_skipped() {
+        let mut index = index_with(&[1]);
+        let mut f = KvEventFollower::new(PodId(0), 100.0);
+        // Subscribed, replayed 0..=9 from the buffer; the live stream then repeats 8 and 9.
+        f.replayed(9);
+        assert_eq!(f.on_batch(8, 0.0, &mut index), BatchStep::Skip);
+        assert_eq!(f.on_batch(9, 0.0, &mut index), BatchStep::Skip);
+        assert_eq!(
+            f.on_batch(10, 0.0, &mut index),
+            BatchStep::Apply { restarted: false }
+        );
+        assert_eq!(held(&index), 1, "nothing cleared");
+        // A replay reaching past what arrived live moves the expectation on, never back.
+        f.replayed(4);
+        assert_eq!(
+            f.on_batch(11, 0.0, &mut index),
+            BatchStep::Apply { restarted: false }
+        );
     }
 
     #[test]

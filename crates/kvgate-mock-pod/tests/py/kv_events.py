@@ -105,10 +105,11 @@ start = received[0][0]
 dealer.send_multipart([b"", start.to_bytes(8, "big")])
 replayed = {}
 while True:
-    empty, seq, payload = dealer.recv_multipart()
+    # vLLM 0.32's framing: [empty, topic, seq, payload]; end marker [empty, empty, -1, empty].
+    empty, topic, seq, payload = dealer.recv_multipart()
     assert empty == b""
     if seq == b"\xff" * 8:
-        assert payload == b""
+        assert topic == b"" and payload == b""
         break
     replayed[int.from_bytes(seq, "big")] = payload
 for seq, payload in received:
