@@ -165,16 +165,19 @@ async fn subscribe(pod: &Pod, endpoint: &str) -> Option<SubSocket> {
 /// failed (true: the caller resubscribes, since the engine behind it is most likely new).
 async fn follow(follower: &mut Follower<'_>, socket: &mut SubSocket) -> bool {
     let pod = follower.pod.clone();
-    let mut was_down = false;
+    // Up → down → up: a pod just registered may not be marked healthy yet, which is no outage.
+    let (mut seen_up, mut was_down) = (false, false);
     loop {
         if pod.removed.load(Ordering::Relaxed) {
             return false;
         }
-        let healthy = pod.healthy.load(Ordering::Relaxed);
-        if !healthy {
+        if pod.healthy.load(Ordering::Relaxed) {
+            if was_down {
+                return true;
+            }
+            seen_up = true;
+        } else if seen_up {
             was_down = true;
-        } else if was_down {
-            return true;
         }
         let msg = match tokio::time::timeout(HEALTH_CHECK, socket.recv()).await {
             Err(_) => {

@@ -277,9 +277,27 @@ async fn subscriber_follows_python_publisher_through_gaps_restarts_and_garbage()
     // A new engine seen late: its seq 0 and 1 never reached us, the first batch we get is 2,
     // below the last seen (3). The old engine's blocks go; 0..2 come from the new buffer.
     tokio::task::block_in_place(|| {
-        publisher.send("drop", 0, "map", "map", json!([stored(&[501], None, 400..416)]));
-        publisher.send("drop", 1, "map", "map", json!([stored(&[502], Some(501), 416..432)]));
-        publisher.send("send", 2, "map", "map", json!([stored(&[503], Some(502), 432..448)]));
+        publisher.send(
+            "drop",
+            0,
+            "map",
+            "map",
+            json!([stored(&[501], None, 400..416)]),
+        );
+        publisher.send(
+            "drop",
+            1,
+            "map",
+            "map",
+            json!([stored(&[502], Some(501), 416..432)]),
+        );
+        publisher.send(
+            "send",
+            2,
+            "map",
+            "map",
+            json!([stored(&[503], Some(502), 432..448)]),
+        );
     });
     common::eventually("resynced to the new engine", || {
         matched(&gw, 400..448) == 3 && matched(&gw, 300..316) == 0
@@ -316,7 +334,13 @@ async fn blocks_cached_before_the_gateway_subscribed_are_learnt_from_the_replay_
     common::eventually("replayed on subscribe", || matched(&gw, 0..48) == 3).await;
     // The next live batch continues the sequence: applied, not taken for a gap or a restart.
     tokio::task::block_in_place(|| {
-        publisher.send("send", 2, "map", "map", json!([stored(&[14], Some(13), 48..64)]));
+        publisher.send(
+            "send",
+            2,
+            "map",
+            "map",
+            json!([stored(&[14], Some(13), 48..64)]),
+        );
     });
     common::eventually("live batch after the replay", || matched(&gw, 0..64) == 4).await;
     assert_eq!(counter(&gw, &url, |m| &m.kv_events_gaps), 0);

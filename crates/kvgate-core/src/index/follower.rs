@@ -113,10 +113,7 @@ impl KvEventFollower {
             None if seq > 0 => BatchStep::JoinedLate { to: seq },
             None => BatchStep::Apply { restarted: false },
             Some(next) if seq == next => BatchStep::Apply { restarted: false },
-            Some(next) if seq == 0 && next > 0 => {
-                self.clear(index, now_ms, false);
-                BatchStep::Apply { restarted: true }
-            }
+            // Below the next expected but not behind the live stream: a replay applied it.
             Some(next) if seq < next => {
                 self.live_last = Some(seq);
                 return BatchStep::Skip;
@@ -215,7 +212,10 @@ mod tests {
         );
         assert_eq!(held(&index), 1);
         // PUB/SUB never repeats a batch: seq 1 again comes from a restarted engine.
-        assert_eq!(f.on_batch(1, 0.0, &mut index), BatchStep::Restarted { to: 1 });
+        assert_eq!(
+            f.on_batch(1, 0.0, &mut index),
+            BatchStep::Restarted { to: 1 }
+        );
         assert_eq!(held(&index), 0);
     }
 
@@ -283,7 +283,10 @@ mod tests {
         for seq in 0..243 {
             f.on_batch(seq, 0.0, &mut index);
         }
-        assert_eq!(f.on_batch(2, 5.0, &mut index), BatchStep::Restarted { to: 2 });
+        assert_eq!(
+            f.on_batch(2, 5.0, &mut index),
+            BatchStep::Restarted { to: 2 }
+        );
         assert_eq!(held(&index), 0, "the old engine's blocks are cleared");
         assert!(index.is_live(PodId(0)));
         assert_eq!(
@@ -305,6 +308,17 @@ mod tests {
             BatchStep::Apply { restarted: false }
         );
         assert_eq!(held(&index), 1, "nothing cleared");
+        // The subscribe-time replay can race the first live batches: a live seq 0 after a
+        // replay of 0..=1 is the same batch, not a restart.
+        let mut g = KvEventFollower::new(PodId(0), 100.0);
+        g.replayed(1);
+        assert_eq!(g.on_batch(0, 0.0, &mut index), BatchStep::Skip);
+        assert_eq!(g.on_batch(1, 0.0, &mut index), BatchStep::Skip);
+        assert_eq!(
+            g.on_batch(2, 0.0, &mut index),
+            BatchStep::Apply { restarted: false }
+        );
+        assert_eq!(held(&index), 1);
         // A replay reaching past what arrived live moves the expectation on, never back.
         f.replayed(4);
         assert_eq!(
