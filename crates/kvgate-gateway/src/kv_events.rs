@@ -165,19 +165,15 @@ async fn subscribe(pod: &Pod, endpoint: &str) -> Option<SubSocket> {
 /// failed (true: the caller resubscribes, since the engine behind it is most likely new).
 async fn follow(follower: &mut Follower<'_>, socket: &mut SubSocket) -> bool {
     let pod = follower.pod.clone();
-    // Up → down → up: a pod just registered may not be marked healthy yet, which is no outage.
-    let (mut seen_up, mut was_down) = (false, false);
+    // An outage (healthy → unhealthy, counted by the pod) since we subscribed, and the pod
+    // healthy again: resubscribe. A pod just registered and not yet marked healthy had none.
+    let outages = pod.outages();
     loop {
         if pod.removed.load(Ordering::Relaxed) {
             return false;
         }
-        if pod.healthy.load(Ordering::Relaxed) {
-            if was_down {
-                return true;
-            }
-            seen_up = true;
-        } else if seen_up {
-            was_down = true;
+        if pod.outages() != outages && pod.healthy.load(Ordering::Relaxed) {
+            return true;
         }
         let msg = match tokio::time::timeout(HEALTH_CHECK, socket.recv()).await {
             Err(_) => {

@@ -11,7 +11,7 @@ use arc_swap::ArcSwap;
 use kvgate_core::{InFlight, PodId, PodSnapshot};
 use parking_lot::Mutex;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Largest pod id the routed index accepts.
 pub const MAX_PODS: usize = 65_536;
@@ -31,7 +31,11 @@ pub struct Pod {
     /// Predictor class (hardware/model profile).
     pub class: String,
     /// False after a failed scrape or connection error; true again after a successful scrape.
+    /// Set false through [`Pod::mark_unhealthy`], which counts the outage.
     pub healthy: AtomicBool,
+    /// Times the pod went from healthy to unhealthy: the KV-event task resubscribes after one,
+    /// however short (the engine behind the pod may be new).
+    outages: AtomicU64,
     /// Responses dying mid-body: the pod is avoided for a cooldown even while it scrapes fine.
     pub breaker: crate::breaker::Breaker,
     /// Set when a reload removed the pod; its scrape loop stops.
@@ -55,6 +59,7 @@ impl Pod {
             url: url.trim_end_matches('/').to_string(),
             class: class.to_string(),
             healthy: AtomicBool::new(false),
+            outages: AtomicU64::new(0),
             breaker: crate::breaker::Breaker::default(),
             removed: AtomicBool::new(false),
             scraped: Mutex::new(Scraped {
@@ -68,6 +73,20 @@ impl Pod {
         PodLabel {
             pod: self.url.clone(),
         }
+    }
+
+    /// Marks the pod unhealthy; true (and the outage counted) when it was healthy.
+    pub fn mark_unhealthy(&self) -> bool {
+        let was = self.healthy.swap(false, Ordering::Relaxed);
+        if was {
+            self.outages.fetch_add(1, Ordering::Relaxed);
+        }
+        was
+    }
+
+    /// Healthy-to-unhealthy transitions so far.
+    pub fn outages(&self) -> u64 {
+        self.outages.load(Ordering::Relaxed)
     }
 
     /// Scraped fine, no connection error since, and not in a failure cooldown.

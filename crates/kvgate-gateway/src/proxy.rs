@@ -210,7 +210,7 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
             Sent::Answer(Ok(resp)) => format!("pod {} answered {}", pod.url, resp.status()),
             Sent::Answer(Err(e)) => {
                 if e.is_connect() {
-                    pod.healthy.store(false, Ordering::Relaxed);
+                    pod.mark_unhealthy();
                 }
                 format!("pod {} failed: {e}", pod.url)
             }
@@ -401,7 +401,7 @@ pub async fn passthrough(State(shared): State<Arc<Shared>>, req: Request) -> Res
         }
         Err(e) => {
             if e.is_connect() {
-                pod.healthy.store(false, Ordering::Relaxed);
+                pod.mark_unhealthy();
             }
             reject(
                 &shared,

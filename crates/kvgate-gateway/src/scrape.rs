@@ -240,7 +240,7 @@ fn scrape_failed(shared: &Shared, pod: &Pod, why: &str) {
         .scrape_errors
         .get_or_create(&pod.label())
         .inc();
-    if pod.healthy.swap(false, Ordering::Relaxed) {
+    if pod.mark_unhealthy() {
         tracing::warn!(pod = %pod.url, %why, "scrape failed; pod marked unhealthy");
     }
 }

@@ -421,3 +421,62 @@ async fn a_tokenizer_json_makes_text_prompts_match_the_events_token_blocks() {
     assert_eq!(last.decision.pods[0].prefix_score, 1.0);
     std::fs::remove_file(path).unwrap();
 }
+
+/// A pod whose scrapes fail and then succeed again (its process restarted): the gateway drops
+/// its subscription, clears the old engine's blocks and learns the new engine's from the replay
+/// buffer at once, without waiting for ZeroMQ's reconnect or for a live batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_back_after_an_outage_is_cleared_and_resubscribed() {
+    let (mut publisher, pub_port, replay_port) = Publisher::start();
+    let pod = FakePod::start_with_model(
+        Behavior::Normal {
+            chunks: 1,
+            delay_ms: 0,
+        },
+        MODEL,
+    )
+    .await;
+    let mut args = common::args(&[&pod]);
+    args.pod = vec![format!(
+        "{},events=tcp://127.0.0.1:{pub_port},replay=tcp://127.0.0.1:{replay_port},model={MODEL}",
+        pod.url
+    )];
+    args.index = Some(IndexKind::Engine);
+    let gw = Gateway::start(args).await.unwrap();
+    let url = pod.url.clone();
+    tokio::task::block_in_place(|| {
+        publisher.wait_line("subscribed");
+        publisher.send(
+            "send",
+            0,
+            "map",
+            "map",
+            json!([stored(&[1, 2], None, 0..32)]),
+        );
+    });
+    common::eventually("old engine's blocks indexed", || matched(&gw, 0..32) == 2).await;
+    common::eventually("pod healthy", || gw.pod_healthy(&url) == Some(true)).await;
+
+    // The pod goes down; while it is down its new engine caches another prefix.
+    pod.state
+        .metrics_ok
+        .store(false, std::sync::atomic::Ordering::Relaxed);
+    common::eventually("pod unhealthy", || gw.pod_healthy(&url) == Some(false)).await;
+    tokio::task::block_in_place(|| {
+        publisher.send(
+            "drop",
+            0,
+            "map",
+            "map",
+            json!([stored(&[9], None, 500..516)]),
+        );
+    });
+    pod.state
+        .metrics_ok
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    common::eventually("resubscribed: old blocks gone, new ones replayed", || {
+        matched(&gw, 0..32) == 0 && matched(&gw, 500..516) == 1
+    })
+    .await;
+    assert_eq!(counter(&gw, &url, |m| &m.kv_events_restarts), 1);
+}
