@@ -39,7 +39,6 @@ use http_body_util::{BodyExt, Full, Limited};
 use kvgate_core::{PodId, RouteRequest};
 use serde_json::Value;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 /// Per-pod timeout of a `GET /v1/models` fan-out.
