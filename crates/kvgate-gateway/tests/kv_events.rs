@@ -108,6 +108,26 @@ fn stored(hashes: &[u64], parent: Option<u64>, tokens: std::ops::Range<u32>) -> 
            "token_ids": tokens.collect::<Vec<u32>>(), "block_size": 16})
 }
 
+/// A fake pod whose KV events come from the publisher's ports, behind a gateway in engine mode.
+async fn engine_gateway(pub_port: u16, replay_port: u16) -> (FakePod, Gateway) {
+    let pod = FakePod::start_with_model(
+        Behavior::Normal {
+            chunks: 1,
+            delay_ms: 0,
+        },
+        MODEL,
+    )
+    .await;
+    let mut args = common::args(&[&pod]);
+    args.pod = vec![format!(
+        "{},events=tcp://127.0.0.1:{pub_port},replay=tcp://127.0.0.1:{replay_port},model={MODEL}",
+        pod.url
+    )];
+    args.index = Some(IndexKind::Engine);
+    let gw = Gateway::start(args).await.unwrap();
+    (pod, gw)
+}
+
 /// Leading blocks of a token prompt the gateway's index gives pod 0.
 fn matched(gw: &Gateway, tokens: std::ops::Range<u32>) -> u32 {
     let tokens: Vec<u32> = tokens.collect();
@@ -142,21 +162,7 @@ fn counter(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn subscriber_follows_python_publisher_through_gaps_restarts_and_garbage() {
     let (mut publisher, pub_port, replay_port) = Publisher::start();
-    let pod = FakePod::start_with_model(
-        Behavior::Normal {
-            chunks: 1,
-            delay_ms: 0,
-        },
-        MODEL,
-    )
-    .await;
-    let mut args = common::args(&[&pod]);
-    args.pod = vec![format!(
-        "{},events=tcp://127.0.0.1:{pub_port},replay=tcp://127.0.0.1:{replay_port},model={MODEL}",
-        pod.url
-    )];
-    args.index = Some(IndexKind::Engine);
-    let gw = Gateway::start(args).await.unwrap();
+    let (pod, gw) = engine_gateway(pub_port, replay_port).await;
     let url = pod.url.clone();
     tokio::task::block_in_place(|| publisher.wait_line("subscribed"));
 
@@ -313,21 +319,7 @@ async fn blocks_cached_before_the_gateway_subscribed_are_learnt_from_the_replay_
         {"seq": 1, "events": [stored(&[13], Some(12), 32..48)]},
     ]);
     let (mut publisher, pub_port, replay_port) = Publisher::start_with(preload);
-    let pod = FakePod::start_with_model(
-        Behavior::Normal {
-            chunks: 1,
-            delay_ms: 0,
-        },
-        MODEL,
-    )
-    .await;
-    let mut args = common::args(&[&pod]);
-    args.pod = vec![format!(
-        "{},events=tcp://127.0.0.1:{pub_port},replay=tcp://127.0.0.1:{replay_port},model={MODEL}",
-        pod.url
-    )];
-    args.index = Some(IndexKind::Engine);
-    let gw = Gateway::start(args).await.unwrap();
+    let (pod, gw) = engine_gateway(pub_port, replay_port).await;
     let url = pod.url.clone();
     tokio::task::block_in_place(|| publisher.wait_line("subscribed"));
     // Nothing is published live: only the replay on subscribe can tell of these blocks.
@@ -428,21 +420,7 @@ async fn a_tokenizer_json_makes_text_prompts_match_the_events_token_blocks() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_back_after_an_outage_is_cleared_and_resubscribed() {
     let (mut publisher, pub_port, replay_port) = Publisher::start();
-    let pod = FakePod::start_with_model(
-        Behavior::Normal {
-            chunks: 1,
-            delay_ms: 0,
-        },
-        MODEL,
-    )
-    .await;
-    let mut args = common::args(&[&pod]);
-    args.pod = vec![format!(
-        "{},events=tcp://127.0.0.1:{pub_port},replay=tcp://127.0.0.1:{replay_port},model={MODEL}",
-        pod.url
-    )];
-    args.index = Some(IndexKind::Engine);
-    let gw = Gateway::start(args).await.unwrap();
+    let (pod, gw) = engine_gateway(pub_port, replay_port).await;
     let url = pod.url.clone();
     tokio::task::block_in_place(|| {
         publisher.wait_line("subscribed");
