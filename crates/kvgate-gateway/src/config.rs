@@ -89,7 +89,7 @@ pub enum ConfigError {
     #[error("{0} must be positive")]
     NotPositive(&'static str),
     #[error(
-        "invalid pod option {0:?}: expected URL[,events=tcp://…][,replay=tcp://…][,model=NAME][,class=NAME]"
+        "invalid pod option {0:?}: expected URL[,events=tcp://…|ipc://…][,replay=tcp://…|ipc://…][,model=NAME][,class=NAME]"
     )]
     BadPodOption(String),
     #[error("unknown index {0:?}: expected routed or engine")]
@@ -184,8 +184,9 @@ fn endpoint_events(
             Ok(None)
         };
     };
-    if !endpoint.starts_with("tcp://") || replay.as_ref().is_some_and(|r| !r.starts_with("tcp://"))
-    {
+    // tcp:// or ipc:// (real vLLM binds its PUB socket only on a wildcard or an ipc endpoint).
+    let zmq = |e: &str| e.starts_with("tcp://") || e.starts_with("ipc://");
+    if !zmq(&endpoint) || replay.as_ref().is_some_and(|r| !zmq(r)) {
         return Err(ConfigError::BadPodOption(what.to_string()));
     }
     Ok(Some(PodEvents {
@@ -634,6 +635,25 @@ fn check_pod_url(url: &str) -> Result<(), ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pod_events_take_tcp_or_ipc_endpoints_and_nothing_else() {
+        let (_, events) =
+            parse_pod_arg("http://a:1,events=ipc:///run/vllm/ev.ipc,replay=tcp://a:5558").unwrap();
+        let events = events.unwrap();
+        assert_eq!(events.endpoint, "ipc:///run/vllm/ev.ipc");
+        assert_eq!(events.replay.as_deref(), Some("tcp://a:5558"));
+        assert!(parse_pod_arg("http://a:1,events=tcp://a:5557").is_ok());
+        for bad in [
+            "http://a:1,events=udp://a:5557",
+            "http://a:1,events=tcp://a:1,replay=a:2",
+        ] {
+            assert!(
+                matches!(parse_pod_arg(bad), Err(ConfigError::BadPodOption(_))),
+                "{bad}"
+            );
+        }
+    }
     use kvgate_core::config::GateSetting;
 
     fn no_flags() -> ServeArgs {

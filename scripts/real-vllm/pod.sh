@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Starts or stops one real vLLM CPU pod (facts in ../shared/reference/real-vllm.md).
+#   scripts/real-vllm/pod.sh start NAME MODEL_DIR PORT REPLAY_PORT CORE [vllm args…]
+#   scripts/real-vllm/pod.sh stop NAME        (SIGTERM to its process group, SIGKILL after 20 s)
+#   scripts/real-vllm/pod.sh kill NAME        (SIGKILL to its process group: a crash)
+# The pod runs in its own session (setsid), pinned to CORE, with prefix caching, KV events
+# published on ipc://$run/NAME-events.ipc (vLLM binds a PUB endpoint only when it is a wildcard
+# `tcp://*:P` or ipc; `tcp://127.0.0.1:P` makes it connect, and a wildcard would listen beyond
+# loopback) and replay on 127.0.0.1:REPLAY_PORT; its log and pid are under
+# ${KVGATE_VLLM_RUN:-/tmp/kvgate-vllm}/NAME.{log,pid}. `start` waits until /health answers
+# (at most ${KVGATE_VLLM_START_S:-240} s) and fails with the log's tail otherwise.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+run=${KVGATE_VLLM_RUN:-/tmp/kvgate-vllm}
+venv=${KVGATE_VLLM_VENV:-.venv-vllm}
+mkdir -p "$run"
+cmd=$1 name=$2
+case "$cmd" in
+start)
+  model=$3 port=$4 replay=$5 core=$6; shift 6
+  events="ipc://$run/$name-events.ipc"
+  VLLM_TARGET_DEVICE=cpu VLLM_CPU_KVCACHE_SPACE=${KVGATE_VLLM_KV_GIB:-1} \
+  VLLM_CPU_OMP_THREADS_BIND=$core VLLM_SERVER_DEV_MODE=1 \
+  setsid "$venv/bin/python" -m vllm.entrypoints.openai.api_server \
+    --model "$model" --served-model-name tiny --host 127.0.0.1 --port "$port" \
+    --enable-prefix-caching --max-model-len 4096 --dtype bfloat16 \
+    --kv-events-config "{\"enable_kv_cache_events\": true, \"publisher\": \"zmq\", \"endpoint\": \"$events\", \"replay_endpoint\": \"tcp://127.0.0.1:$replay\"}" \
+    "$@" > "$run/$name.log" 2>&1 < /dev/null &
+  echo $! > "$run/$name.pid"
+  deadline=$((SECONDS + ${KVGATE_VLLM_START_S:-240}))
+  until curl -sf "http://127.0.0.1:$port/health" > /dev/null; do
+    if ! kill -0 "$(cat "$run/$name.pid")" 2>/dev/null || [ $SECONDS -ge $deadline ]; then
+      echo "vLLM pod $name did not start; last log lines:" >&2
+      tail -n 30 "$run/$name.log" >&2
+      exit 1
+    fi
+    sleep 1
+  done
+  echo "vLLM pod $name up on 127.0.0.1:$port (events $events, replay tcp://127.0.0.1:$replay, core $core)"
+  ;;
+stop|kill)
+  [ -f "$run/$name.pid" ] || exit 0
+  pid=$(cat "$run/$name.pid")
+  if [ "$cmd" = kill ]; then
+    kill -KILL -- "-$pid" 2>/dev/null || true
+  else
+    kill -TERM -- "-$pid" 2>/dev/null || true
+    for _ in $(seq 20); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+    kill -KILL -- "-$pid" 2>/dev/null || true
+  fi
+  rm -f "$run/$name.pid"
+  ;;
+*) echo "usage: $0 start|stop|kill NAME …" >&2; exit 2 ;;
+esac
