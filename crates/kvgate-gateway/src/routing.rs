@@ -259,8 +259,8 @@ pub(crate) fn least_loaded(
     excluded: &[PodId],
 ) -> Option<(Arc<Pod>, TicketGuard)> {
     let pods = shared.pods.all();
-    let snaps: Vec<_> = pods.iter().map(|p| p.snapshot()).collect();
-    let id = shared.session.lock().least_loaded(&snaps, excluded)?;
+    let mut snaps: Vec<_> = pods.iter().map(|p| p.snapshot()).collect();
+    let id = shared.session.lock().least_loaded(&mut snaps, excluded)?;
     let pod = pods.iter().find(|p| p.id == id).cloned()?;
     let guard = TicketGuard::unrouted(shared.clone(), pod.clone());
     Some((pod, guard))

@@ -94,10 +94,6 @@ impl KvEventFollower {
         }
     }
 
-    pub fn pod(&self) -> PodId {
-        self.pod
-    }
-
     /// A batch with `seq` arrived at `now_ms`; see [`BatchStep`].
     pub fn on_batch(&mut self, seq: u64, now_ms: f64, index: &mut EngineIndex) -> BatchStep {
         let backwards = self.live_last.is_some_and(|last| seq <= last);

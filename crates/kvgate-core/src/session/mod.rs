@@ -107,11 +107,6 @@ impl Ticket {
         self.share.prefill_tokens
     }
 
-    /// Decode tokens charged so far.
-    pub fn decode_tokens(&self) -> u64 {
-        self.share.decode_tokens
-    }
-
     pub fn has_first_token(&self) -> bool {
         self.first_token
     }
@@ -298,16 +293,16 @@ impl RouterSession {
         Ok(Routed { decision, ticket })
     }
 
-    /// The healthy pod outside `excluded` with the least load (scraped queue or the ledger's
-    /// requests, whichever is larger), ties to the lower id: where requests the router does
-    /// not decide go (other `/v1/*` paths, bodiless requests).
-    pub fn least_loaded(&self, pods: &[PodSnapshot], excluded: &[PodId]) -> Option<PodId> {
+    /// The healthy pod outside `excluded` with the least load
+    /// ([`PodSnapshot::load_requests`] with the ledger's counters), ties to the lower id: where
+    /// requests the router does not decide go (other `/v1/*` paths, bodiless requests).
+    pub fn least_loaded(&mut self, pods: &mut [PodSnapshot], excluded: &[PodId]) -> Option<PodId> {
+        self.fill_in_flight(pods);
+        self.mark_excluded(excluded);
+        let excluded = &self.excluded;
         pods.iter()
-            .filter(|p| p.healthy && !excluded.contains(&p.id))
-            .min_by_key(|p| {
-                let requests = self.ledger.in_flight(p.id).requests;
-                ((p.waiting + p.running).max(requests), p.id)
-            })
+            .filter(|p| p.healthy && !excluded.get(p.id.index()).copied().unwrap_or(false))
+            .min_by_key(|p| (p.load_requests(), p.id))
             .map(|p| p.id)
     }
 

@@ -149,11 +149,11 @@ fn least_loaded_counts_the_ledger_and_skips_excluded_and_unhealthy_pods() {
     let mut snaps = pods(3);
     snaps[2].healthy = false;
     let t = s.charge_unrouted(&snaps[0]);
-    assert_eq!(s.least_loaded(&snaps, &[]), Some(PodId(1)));
-    assert_eq!(s.least_loaded(&snaps, &[PodId(1)]), Some(PodId(0)));
-    assert_eq!(s.least_loaded(&snaps, &[PodId(0), PodId(1)]), None);
+    assert_eq!(s.least_loaded(&mut snaps, &[]), Some(PodId(1)));
+    assert_eq!(s.least_loaded(&mut snaps, &[PodId(1)]), Some(PodId(0)));
+    assert_eq!(s.least_loaded(&mut snaps, &[PodId(0), PodId(1)]), None);
     s.finish(t, None);
-    assert_eq!(s.least_loaded(&snaps, &[]), Some(PodId(0)));
+    assert_eq!(s.least_loaded(&mut snaps, &[]), Some(PodId(0)));
 }
 
 #[test]
