@@ -178,6 +178,7 @@ fn bench_drivers(c: &mut Criterion) {
                 blocks: &scratch,
                 input_tokens: 8000,
                 block_size_tokens: 16,
+                other_sizes: &[],
                 slo: Default::default(),
             };
             let r = session.route(&request, &mut snaps, &[]).unwrap();

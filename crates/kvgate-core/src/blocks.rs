@@ -51,6 +51,16 @@ impl Default for BlockHasher {
     }
 }
 
+/// A prompt's chained block hashes at one block size. Pods of one fleet may cache in blocks of
+/// different sizes (vLLM on CPU defaults to 128 tokens, on GPU to 16); a block chain at one size
+/// never matches a chain at another, so a prompt is hashed once per block size in use and each
+/// pod is scored against the chain of its own size ([`crate::router::PromptCut`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SizedBlocks {
+    pub block_size_tokens: u32,
+    pub blocks: Vec<BlockHash>,
+}
+
 /// Size of the stack buffer token blocks are serialised into: 256 tokens of 4 bytes. Larger
 /// blocks are fed to a streaming hasher through it, which gives the same hash.
 const TOKEN_BUFFER_BYTES: usize = 1024;

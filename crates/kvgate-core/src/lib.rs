@@ -35,9 +35,9 @@ pub mod tokenizer;
 /// specified, so a seed reproduces the same decisions on every machine and rand release).
 pub type DecisionRng = rand::rngs::ChaCha8Rng;
 
-pub use blocks::{BlockHash, BlockHasher};
+pub use blocks::{BlockHash, BlockHasher, SizedBlocks};
 pub use config::RouterConfig;
 pub use decision::{Branch, Decision, GateState, PodExplanation, SloExplanation};
 pub use pod::{InFlight, PodId, PodSnapshot};
-pub use router::Router;
+pub use router::{PromptCut, Router};
 pub use session::{Observed, RouteError, RouteRequest, Routed, RouterSession, Ticket};

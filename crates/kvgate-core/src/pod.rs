@@ -43,6 +43,10 @@ pub struct PodSnapshot {
     pub kv_usage: f64,
     /// Total KV blocks of the pod (`num_gpu_blocks` of `vllm:cache_config_info`).
     pub kv_blocks: u32,
+    /// Tokens per KV block (`block_size` of `vllm:cache_config_info`), when the pod reported
+    /// it; `None`: the router's `block_size_tokens`. Chooses the chain the pod is scored
+    /// against ([`crate::router::PromptCut`]).
+    pub block_size_tokens: Option<u32>,
     pub in_flight: InFlight,
     /// False when the last scrape or connection failed; unhealthy pods are never chosen.
     pub healthy: bool,
@@ -59,6 +63,7 @@ impl PodSnapshot {
             running: 0,
             kv_usage: 0.0,
             kv_blocks,
+            block_size_tokens: None,
             in_flight: InFlight::default(),
             healthy: true,
         }

@@ -3,7 +3,7 @@
 //! are passed in, so the gateway and the simulator decide with exactly the same code.
 
 use crate::DecisionRng;
-use crate::blocks::{BlockHash, BlockHasher};
+use crate::blocks::{BlockHash, BlockHasher, SizedBlocks};
 use crate::config::RouterConfig;
 use crate::decision::{Decision, PodExplanation, SloExplanation};
 use crate::index::{PrefixIndex, prefix_score};
@@ -16,11 +16,61 @@ use crate::request::ParsedRequest;
 /// [`RequestFacts::predictor_ttft_mape`].
 pub const PREDICTOR_ERROR_REFRESH: u32 = 128;
 
+/// A prompt as the router scores it: its block chain at the main block size, and at every other
+/// block size a pod of the fleet caches in. A pod whose [`PodSnapshot::block_size_tokens`] equals
+/// one of `other_sizes` is scored against that chain; every other pod against `blocks`.
+#[derive(Debug, Clone, Copy)]
+pub struct PromptCut<'a> {
+    pub blocks: &'a [BlockHash],
+    /// Tokens per block in `blocks`.
+    pub block_size_tokens: u32,
+    /// The same prompt at other block sizes (none in routed mode or a uniform fleet).
+    pub other_sizes: &'a [SizedBlocks],
+}
+
+impl<'a> PromptCut<'a> {
+    /// One block size for every pod.
+    pub fn uniform(blocks: &'a [BlockHash], block_size_tokens: u32) -> Self {
+        PromptCut {
+            blocks,
+            block_size_tokens,
+            other_sizes: &[],
+        }
+    }
+
+    /// Which chain `pod` is scored against: `None` for `blocks`, `Some(i)` for `other_sizes[i]`.
+    fn chain_of(&self, pod: &PodSnapshot) -> Option<usize> {
+        let size = pod.block_size_tokens?;
+        if size == self.block_size_tokens {
+            return None;
+        }
+        self.other_sizes
+            .iter()
+            .position(|s| s.block_size_tokens == size)
+    }
+
+    /// The chain `pod` is scored against and its block size.
+    pub fn blocks_for(&self, pod: &PodSnapshot) -> (&'a [BlockHash], u32) {
+        match self.chain_of(pod) {
+            Some(i) => (
+                &self.other_sizes[i].blocks,
+                self.other_sizes[i].block_size_tokens,
+            ),
+            None => (self.blocks, self.block_size_tokens),
+        }
+    }
+}
+
 pub struct Router {
     config: RouterConfig,
     hasher: BlockHasher,
     policy: Box<dyn Policy>,
+    /// Leading blocks matched per pod id, against the main chain…
     matched: Vec<u32>,
+    /// …and against each of [`PromptCut::other_sizes`] (reused between decisions).
+    matched_other: Vec<Vec<u32>>,
+    /// Per pod id, of the last evaluation: (matched blocks, block size) of the pod's own chain.
+    pod_match: Vec<(u32, u32)>,
     eligible: Vec<bool>,
     /// The predictor's TTFT MAPE as last read, and decisions since (only with ε = auto).
     predictor_error: Option<f64>,
@@ -37,6 +87,8 @@ impl Router {
             policy: policy.build(&config),
             config,
             matched: Vec::new(),
+            matched_other: Vec::new(),
+            pod_match: Vec::new(),
             eligible: Vec::new(),
             predictor_error: None,
             since_error_read: 0,
@@ -60,11 +112,11 @@ impl Router {
         self.hasher
     }
 
-    /// Leading blocks of the last evaluated request that `pod` holds, as the index said (0 for
-    /// a pod the index does not know). Read after [`Router::decide`] for the chosen pod's
-    /// charge.
+    /// Leading blocks of the last evaluated request that `pod` holds in the chain of its own
+    /// block size, as the index said (0 for a pod the index does not know or that was not
+    /// evaluated). Read after [`Router::decide`] for the chosen pod's charge.
     pub fn matched_blocks(&self, pod: crate::pod::PodId) -> u32 {
-        self.matched.get(pod.index()).copied().unwrap_or(0)
+        self.pod_match.get(pod.index()).map_or(0, |m| m.0)
     }
 
     /// Clears `out` and fills it with the chained block hashes of a request.
@@ -82,8 +134,8 @@ impl Router {
         predictor: &LatencyPredictor,
         rng: &mut DecisionRng,
     ) -> Result<Decision, PolicyError> {
-        let (facts, candidates) = self.evaluate(blocks, input_tokens, pods, index, predictor);
-        self.choose(&facts, &candidates, rng)
+        let cut = PromptCut::uniform(blocks, self.config.block_size_tokens);
+        self.decide_cut(cut, input_tokens, None, pods, index, predictor, rng)
     }
 
     /// [`Router::decide`] for a request with latency objectives: policies that use them (the
@@ -99,10 +151,29 @@ impl Router {
         predictor: &LatencyPredictor,
         rng: &mut DecisionRng,
     ) -> Result<Decision, PolicyError> {
-        let (mut facts, candidates) = self.evaluate(blocks, input_tokens, pods, index, predictor);
-        let slo = slo.sanitized();
-        facts.slo_ttft_ms = slo.ttft_ms;
-        facts.slo_tpot_ms = slo.tpot_ms;
+        let cut = PromptCut::uniform(blocks, self.config.block_size_tokens);
+        self.decide_cut(cut, input_tokens, Some(slo), pods, index, predictor, rng)
+    }
+
+    /// [`Router::decide`] (or, with `slo`, [`Router::decide_with_slo`]) for a prompt cut at
+    /// each block size of the fleet: every pod is scored against the chain of its own size.
+    #[allow(clippy::too_many_arguments)]
+    pub fn decide_cut(
+        &mut self,
+        cut: PromptCut<'_>,
+        input_tokens: u32,
+        slo: Option<RequestSlo>,
+        pods: &[PodSnapshot],
+        index: &dyn PrefixIndex,
+        predictor: &LatencyPredictor,
+        rng: &mut DecisionRng,
+    ) -> Result<Decision, PolicyError> {
+        let (mut facts, candidates) = self.evaluate_cut(cut, input_tokens, pods, index, predictor);
+        if let Some(slo) = slo {
+            let slo = slo.sanitized();
+            facts.slo_ttft_ms = slo.ttft_ms;
+            facts.slo_tpot_ms = slo.tpot_ms;
+        }
         self.choose(&facts, &candidates, rng)
     }
 
@@ -116,7 +187,28 @@ impl Router {
         index: &dyn PrefixIndex,
         predictor: &LatencyPredictor,
     ) -> (RequestFacts, Vec<Candidate<'p>>) {
-        index.match_prefix(blocks, &mut self.matched);
+        let cut = PromptCut::uniform(blocks, self.config.block_size_tokens);
+        self.evaluate_cut(cut, input_tokens, pods, index, predictor)
+    }
+
+    /// [`Router::evaluate`] for a prompt cut at each block size of the fleet.
+    pub fn evaluate_cut<'p>(
+        &mut self,
+        cut: PromptCut<'_>,
+        input_tokens: u32,
+        pods: &'p [PodSnapshot],
+        index: &dyn PrefixIndex,
+        predictor: &LatencyPredictor,
+    ) -> (RequestFacts, Vec<Candidate<'p>>) {
+        index.match_prefix(cut.blocks, &mut self.matched);
+        if self.matched_other.len() < cut.other_sizes.len() {
+            self.matched_other
+                .resize_with(cut.other_sizes.len(), Vec::new);
+        }
+        for (sized, matched) in cut.other_sizes.iter().zip(&mut self.matched_other) {
+            index.match_prefix(&sized.blocks, matched);
+        }
+        self.pod_match.clear();
         if self.config.epsilon_explore_sticky.is_auto() {
             if self.predictor_error.is_none() || self.since_error_read >= PREDICTOR_ERROR_REFRESH {
                 let acc = predictor.accuracy();
@@ -126,24 +218,39 @@ impl Router {
             self.since_error_read += 1;
         }
         let facts = RequestFacts {
-            prompt_blocks: blocks.len(),
+            prompt_blocks: cut.blocks.len(),
             input_tokens,
-            block_size_tokens: self.config.block_size_tokens,
+            block_size_tokens: cut.block_size_tokens,
             slo_ttft_ms: None,
             slo_tpot_ms: None,
             predictor_ttft_mape: self.predictor_error,
         };
+        let (matched, matched_other, pod_match) =
+            (&self.matched, &self.matched_other, &mut self.pod_match);
         let candidates = pods
             .iter()
             .filter(|p| p.healthy)
             .map(|pod| {
-                let matched_blocks = self.matched.get(pod.id.index()).copied().unwrap_or(0);
-                let score = prefix_score(matched_blocks, blocks.len());
+                let (matched, prompt_blocks, block_size_tokens) = match cut.chain_of(pod) {
+                    Some(i) => (
+                        &matched_other[i],
+                        cut.other_sizes[i].blocks.len(),
+                        cut.other_sizes[i].block_size_tokens,
+                    ),
+                    None => (matched, cut.blocks.len(), cut.block_size_tokens),
+                };
+                let matched_blocks = matched.get(pod.id.index()).copied().unwrap_or(0);
+                if pod_match.len() <= pod.id.index() {
+                    pod_match.resize(pod.id.index() + 1, (0, 0));
+                }
+                pod_match[pod.id.index()] = (matched_blocks, block_size_tokens);
+                let score = prefix_score(matched_blocks, prompt_blocks);
                 let prediction =
                     predictor.predict(&pod.class, &Features::new(pod, input_tokens, score));
                 Candidate {
                     pod,
                     matched_blocks,
+                    block_size_tokens,
                     prefix_score: score,
                     predicted_ttft_ms: prediction.ttft_ms,
                     predicted_tpot_ms: prediction.tpot_ms,

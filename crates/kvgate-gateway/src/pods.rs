@@ -142,6 +142,7 @@ impl Pod {
             running: s.running,
             kv_usage: s.kv_usage,
             kv_blocks: s.kv_blocks,
+            block_size_tokens: s.block_size,
             in_flight: InFlight::default(),
             healthy: self.is_healthy(),
         }

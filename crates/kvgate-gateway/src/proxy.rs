@@ -122,6 +122,7 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
         blocks: &prepared.blocks,
         input_tokens: prepared.input_tokens,
         block_size_tokens: prepared.block_size_tokens,
+        other_sizes: &prepared.other_sizes,
         slo: prepared.slo,
     };
     let input_tokens = prepared.input_tokens;

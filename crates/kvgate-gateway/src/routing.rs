@@ -14,13 +14,16 @@ use crate::state::Shared;
 use http::HeaderMap;
 use kvgate_core::policy::RequestSlo;
 use kvgate_core::request::{ParsedRequest, Prompt, RequestError, parse_request_value};
-use kvgate_core::{BlockHash, BlockHasher, PodId, RouteError, RouteRequest};
+use kvgate_core::{BlockHash, BlockHasher, PodId, RouteError, RouteRequest, SizedBlocks};
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Prompts longer than this (bytes) are tokenized on the blocking pool, not a runtime worker.
 const INLINE_TOKENIZE_BYTES: usize = 4096;
+/// Most block sizes a prompt is hashed at in token mode (the main one included); pods of
+/// further sizes are scored against the main chain, i.e. cold.
+pub const MAX_BLOCK_SIZES: usize = 4;
 
 /// A request ready to route.
 pub(crate) struct Prepared {
@@ -32,6 +35,8 @@ pub(crate) struct Prepared {
     pub input_tokens: u32,
     /// Tokens per block in `blocks` (what the session credits per matched block).
     pub block_size_tokens: u32,
+    /// Token mode, a fleet of mixed block sizes: the prompt at each other size in use.
+    pub other_sizes: Vec<SizedBlocks>,
     /// `--capture`: the request's record, written when it is served.
     pub capture: Option<crate::capture::Ticket>,
 }
@@ -42,6 +47,7 @@ impl Prepared {
             blocks: &self.blocks,
             input_tokens: self.input_tokens,
             block_size_tokens: self.block_size_tokens,
+            other_sizes: &self.other_sizes,
             slo: self.slo,
         }
     }
@@ -60,7 +66,8 @@ pub(crate) async fn prepare(
         .map_err(|e| crate::errors::request_error(RequestError::InvalidJson(e.to_string())))?;
     let parsed = parse_request_value(path, &value).map_err(crate::errors::request_error)?;
     let slo = crate::slo::request_slo(headers)?;
-    let (blocks, input_tokens, block_size_tokens) = request_blocks(shared, cfg, &parsed).await;
+    let (blocks, input_tokens, block_size_tokens, other_sizes) =
+        request_blocks(shared, cfg, &parsed).await;
     if input_tokens > cfg.max_prompt_tokens {
         return Err(ApiError::bad_request(
             "context_length_exceeded",
@@ -82,21 +89,23 @@ pub(crate) async fn prepare(
         blocks,
         input_tokens,
         block_size_tokens,
+        other_sizes,
         capture,
     })
 }
 
-/// The request's prefix blocks, input-token count and block size, as the configured index
-/// cuts them.
+/// The request's prefix blocks, input-token count, block size and the blocks at the fleet's
+/// other block sizes, as the configured index cuts them.
 async fn request_blocks(
     shared: &Shared,
     cfg: &GatewayConfig,
     parsed: &ParsedRequest,
-) -> (Vec<BlockHash>, u32, u32) {
+) -> (Vec<BlockHash>, u32, u32, Vec<SizedBlocks>) {
     let mut blocks = Vec::new();
     if cfg.index == IndexKind::Engine {
-        let (tokens, block_size) = token_mode_blocks(shared, cfg, parsed, &mut blocks).await;
-        (blocks, tokens, block_size)
+        let (tokens, block_size, others) =
+            token_mode_blocks(shared, cfg, parsed, &mut blocks).await;
+        (blocks, tokens, block_size, others)
     } else {
         let hasher = BlockHasher {
             block_size_tokens: cfg.router.block_size_tokens,
@@ -107,21 +116,41 @@ async fn request_blocks(
             blocks,
             parsed.estimated_input_tokens(),
             cfg.router.block_size_tokens,
+            Vec::new(),
         )
     }
 }
 
+/// The block sizes a token-mode prompt is hashed at: the main one, then the others (at most
+/// [`MAX_BLOCK_SIZES`] in all). The main size is the router's `block_size_tokens` while some pod
+/// has not reported its own (or none has), else the smallest reported; the others are the
+/// pods' reported sizes, ascending.
+pub fn fleet_block_sizes(reported: &[Option<u32>], default_size: u32) -> (u32, Vec<u32>) {
+    let mut sizes: Vec<u32> = reported.iter().flatten().copied().collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    let main = if sizes.is_empty() || reported.iter().any(Option::is_none) {
+        default_size
+    } else {
+        sizes[0]
+    };
+    sizes.retain(|&s| s != main);
+    sizes.truncate(MAX_BLOCK_SIZES - 1);
+    (main, sizes)
+}
+
 /// Token mode (`--index engine`): the prompt's blocks as the pods cut them, i.e. the rendered
 /// prompt tokenized with the pods' tokenizer (`--tokenizer`, else the built-in cl100k, as the
-/// mock pod; an encoding error gives no tokens, counted and logged) in blocks of
-/// the pods' `vllm:cache_config_info` block size (first pod that reported one; else the
-/// router's `block_size_tokens`). Returns the prompt's token count and the block size.
+/// mock pod; an encoding error gives no tokens, counted and logged) in blocks of each
+/// block size the pods report in `vllm:cache_config_info` ([`fleet_block_sizes`]): one
+/// tokenization, one chain per size. Returns the prompt's token count, the main block size
+/// (its chain in `blocks`) and the chains at the other sizes.
 async fn token_mode_blocks(
     shared: &Shared,
     cfg: &GatewayConfig,
     parsed: &ParsedRequest,
     blocks: &mut Vec<BlockHash>,
-) -> (u32, u32) {
+) -> (u32, u32, Vec<SizedBlocks>) {
     use crate::tokenizer::GatewayTokenizer;
     use kvgate_core::tokenizer::PromptTokenizer;
     let tokenizer = shared
@@ -149,22 +178,39 @@ async fn token_mode_blocks(
             &encoded
         }
     };
-    let block_size_tokens = shared
+    let reported: Vec<Option<u32>> = shared
         .pods
         .all()
         .iter()
-        .find_map(|p| p.block_size_tokens())
-        .unwrap_or(cfg.router.block_size_tokens);
-    let hasher = BlockHasher {
-        block_size_tokens,
-        chars_per_token: cfg.router.chars_per_token,
+        .map(|p| p.block_size_tokens())
+        .collect();
+    let (block_size_tokens, other_sizes) =
+        fleet_block_sizes(&reported, cfg.router.block_size_tokens);
+    let seed = BlockHasher::chain_seed(&parsed.model, parsed.cache_salt.as_deref());
+    let hash_at = |block_size_tokens: u32, out: &mut Vec<BlockHash>| {
+        let hasher = BlockHasher {
+            block_size_tokens,
+            chars_per_token: cfg.router.chars_per_token,
+        };
+        hasher.hash_tokens(seed, tokens, out);
     };
     blocks.clear();
-    let seed = BlockHasher::chain_seed(&parsed.model, parsed.cache_salt.as_deref());
-    hasher.hash_tokens(seed, tokens, blocks);
+    hash_at(block_size_tokens, blocks);
+    let others = other_sizes
+        .into_iter()
+        .map(|size| {
+            let mut sized = SizedBlocks {
+                block_size_tokens: size,
+                blocks: Vec::new(),
+            };
+            hash_at(size, &mut sized.blocks);
+            sized
+        })
+        .collect();
     (
         u32::try_from(tokens.len()).unwrap_or(u32::MAX),
         block_size_tokens,
+        others,
     )
 }
 
@@ -264,4 +310,41 @@ pub(crate) fn least_loaded(
     let pod = pods.iter().find(|p| p.id == id).cloned()?;
     let guard = TicketGuard::unrouted(shared.clone(), pod.clone());
     Some((pod, guard))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fleet_block_sizes;
+
+    #[test]
+    fn a_uniform_fleet_hashes_once_at_its_own_block_size() {
+        assert_eq!(
+            fleet_block_sizes(&[Some(128), Some(128)], 16),
+            (128, vec![])
+        );
+    }
+
+    #[test]
+    fn a_mixed_fleet_hashes_at_every_reported_size_smallest_first() {
+        assert_eq!(
+            fleet_block_sizes(&[Some(128), Some(16), Some(64), Some(16)], 16),
+            (16, vec![64, 128])
+        );
+    }
+
+    #[test]
+    fn a_pod_that_has_not_reported_keeps_the_router_default_as_main_size() {
+        assert_eq!(fleet_block_sizes(&[None, Some(128)], 16), (16, vec![128]));
+        assert_eq!(fleet_block_sizes(&[None, None], 32), (32, vec![]));
+        assert_eq!(fleet_block_sizes(&[], 16), (16, vec![]));
+    }
+
+    #[test]
+    fn at_most_max_block_sizes_chains_are_hashed() {
+        let reported: Vec<Option<u32>> = (1..=10).map(|i| Some(i * 16)).collect();
+        let (main, others) = fleet_block_sizes(&reported, 16);
+        assert_eq!(main, 16);
+        assert_eq!(others, vec![32, 48, 64]);
+        assert_eq!(1 + others.len(), super::MAX_BLOCK_SIZES);
+    }
 }

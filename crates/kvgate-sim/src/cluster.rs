@@ -421,6 +421,7 @@ impl Cluster {
             blocks: &r.blocks,
             input_tokens: r.input_tokens,
             block_size_tokens: SIM_BLOCK_SIZE_TOKENS,
+            other_sizes: &[],
             slo: self.config.slo,
         };
         loop {

@@ -156,6 +156,7 @@ pub fn prepare(case: &Case) -> Result<Prepared> {
             running: p.running,
             kv_usage: p.kv_usage,
             kv_blocks,
+            block_size_tokens: None,
             in_flight: p.in_flight,
             healthy: p.healthy,
         });

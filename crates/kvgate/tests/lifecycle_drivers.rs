@@ -87,6 +87,7 @@ fn through_the_core(bodies: &[Value], router: RouterConfig, kv_blocks: u32) -> R
                 blocks: &blocks,
                 input_tokens,
                 block_size_tokens: router.block_size_tokens,
+                other_sizes: &[],
                 slo: RequestSlo::default(),
             };
             let routed = session.route(&request, &mut pods, &[]).unwrap();

@@ -37,7 +37,7 @@ impl DynamoKv {
     /// The cost of sending this request to one candidate (lower is better).
     pub fn cost(&self, request: &RequestFacts, c: &Candidate<'_>) -> f64 {
         let block = request.block_size_tokens.max(1) as f64;
-        let cached = c.matched_blocks as f64 * block;
+        let cached = f64::from(c.matched_blocks) * f64::from(c.block_size_tokens);
         let uncached = (request.input_tokens as f64 - cached).max(0.0);
         let prefill_blocks = (c.pod.in_flight.prefill_tokens as f64 + uncached) / block;
         let decode_blocks = c.pod.in_flight.decode_tokens as f64 / block;

@@ -30,6 +30,9 @@ pub struct Candidate<'a> {
     pub pod: &'a PodSnapshot,
     /// Leading prompt blocks this pod holds.
     pub matched_blocks: u32,
+    /// Tokens per block of `matched_blocks` (the pod's own block size, which may differ from
+    /// [`RequestFacts::block_size_tokens`] in a mixed fleet).
+    pub block_size_tokens: u32,
     /// matched_blocks / prompt blocks, in [0, 1].
     pub prefix_score: f64,
     pub predicted_ttft_ms: f64,
@@ -43,6 +46,7 @@ pub struct RequestFacts {
     pub prompt_blocks: usize,
     /// Estimated prompt tokens.
     pub input_tokens: u32,
+    /// Tokens per block of the main chain (`prompt_blocks`).
     pub block_size_tokens: u32,
     /// The request's TTFT objective (`x-slo-ttft-ms`), if it carries one.
     pub slo_ttft_ms: Option<f64>,
@@ -236,6 +240,7 @@ pub(crate) mod testutil {
         Candidate {
             pod,
             matched_blocks,
+            block_size_tokens: 16,
             prefix_score: crate::index::prefix_score(matched_blocks, prompt_blocks as usize),
             predicted_ttft_ms: ttft,
             predicted_tpot_ms: 10.0,

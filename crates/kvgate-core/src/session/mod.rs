@@ -30,7 +30,7 @@
 pub mod ledger;
 
 use crate::DecisionRng;
-use crate::blocks::BlockHash;
+use crate::blocks::{BlockHash, SizedBlocks};
 use crate::config::RouterConfig;
 use crate::decision::Decision;
 use crate::index::PrefixIndex;
@@ -38,7 +38,7 @@ use crate::index::engine::HybridIndex;
 use crate::pod::{InFlight, PodId, PodSnapshot};
 use crate::policy::{PolicyKind, RequestSlo};
 use crate::predictor::{Features, LatencyPredictor, PredictorConfig};
-use crate::router::Router;
+use crate::router::{PromptCut, Router};
 use ledger::{Ledger, Share, prefill_charge_tokens};
 use rand::SeedableRng;
 
@@ -51,8 +51,22 @@ pub struct RouteRequest<'a> {
     pub input_tokens: u32,
     /// Tokens per block in `blocks`: what one matched block saves the pod.
     pub block_size_tokens: u32,
+    /// The prompt at the other block sizes pods of the fleet cache in (engine mode with a
+    /// mixed fleet; empty otherwise): a pod is scored, recorded and charged by its own size.
+    pub other_sizes: &'a [SizedBlocks],
     /// The request's latency objectives (used only with `slo_routing`).
     pub slo: RequestSlo,
+}
+
+impl<'a> RouteRequest<'a> {
+    /// The request's blocks as the router scores them.
+    pub fn cut(&self) -> PromptCut<'a> {
+        PromptCut {
+            blocks: self.blocks,
+            block_size_tokens: self.block_size_tokens,
+            other_sizes: self.other_sizes,
+        }
+    }
 }
 
 /// Why a request could not be routed.
@@ -248,38 +262,30 @@ impl RouterSession {
             return Err(RouteError::NoHealthyPod);
         }
         let slo_mode = self.router.config().slo_routing && request.slo != RequestSlo::default();
-        let decided = if slo_mode {
-            self.router.decide_with_slo(
-                request.blocks,
+        let cut = request.cut();
+        let decision = self
+            .router
+            .decide_cut(
+                cut,
                 request.input_tokens,
-                request.slo,
+                slo_mode.then_some(request.slo),
                 pods,
                 &self.index,
                 &self.predictor,
                 &mut self.rng,
             )
-        } else {
-            self.router.decide(
-                request.blocks,
-                request.input_tokens,
-                pods,
-                &self.index,
-                &self.predictor,
-                &mut self.rng,
-            )
-        };
-        let decision = decided.map_err(|_| RouteError::NoDecision)?;
+            .map_err(|_| RouteError::NoDecision)?;
         let snap = pods
             .iter()
             .find(|s| s.id == decision.pod_id)
             .ok_or(RouteError::NoDecision)?;
-        self.index.record_routed(decision.pod_id, request.blocks);
+        let (pod_blocks, pod_block_size) = cut.blocks_for(snap);
+        self.index.record_routed(decision.pod_id, pod_blocks);
         let chosen = decision.pods.iter().find(|p| p.id == decision.pod);
         let prefix_score = chosen.map_or(0.0, |p| p.prefix_score);
         let features = Features::new(snap, request.input_tokens, prefix_score);
         let matched = self.router.matched_blocks(decision.pod_id);
-        let charge =
-            prefill_charge_tokens(request.input_tokens, matched, request.block_size_tokens);
+        let charge = prefill_charge_tokens(request.input_tokens, matched, pod_block_size);
         let share = self.ledger.charge(decision.pod_id, charge);
         let ticket = Ticket {
             share,

@@ -19,6 +19,7 @@ fn request(blocks: &[BlockHash], input_tokens: u32) -> RouteRequest<'_> {
         blocks,
         input_tokens,
         block_size_tokens: 16,
+        other_sizes: &[],
         slo: RequestSlo::default(),
     }
 }
@@ -172,4 +173,58 @@ fn the_same_seed_and_requests_give_the_same_decisions() {
             .collect::<Vec<_>>()
     };
     assert_eq!(run(), run());
+}
+
+#[test]
+fn each_pod_is_scored_and_charged_against_the_chain_of_its_own_block_size() {
+    let mut s = session(RouterConfig::seed());
+    // One 4,100-token prompt: 256 blocks of 16 tokens (main chain), 32 blocks of 128 tokens.
+    let small: Vec<BlockHash> = (0..256).collect();
+    let large = SizedBlocks {
+        block_size_tokens: 128,
+        blocks: (1_000..1_032).collect(),
+    };
+    // Pod 0 (16-token blocks) holds half the prompt; pod 1 (128-token blocks) holds 31 of 32.
+    s.index_mut().record_routed(PodId(0), &small[..128]);
+    s.index_mut().record_routed(PodId(1), &large.blocks[..31]);
+    let mut snaps = pods(2);
+    snaps[0].block_size_tokens = Some(16);
+    snaps[1].block_size_tokens = Some(128);
+    let request = RouteRequest {
+        other_sizes: std::slice::from_ref(&large),
+        ..request(&small, 4_100)
+    };
+    let Routed { decision, ticket } = s.route(&request, &mut snaps, &[]).unwrap();
+    let score = |pod: &str| {
+        decision
+            .pods
+            .iter()
+            .find(|p| p.id == pod)
+            .unwrap()
+            .prefix_score
+    };
+    assert_eq!(score("pod-0"), 0.5);
+    assert_eq!(score("pod-1"), 31.0 / 32.0);
+    // The gate keeps the only pod above 0.80, charged 4,100 − 31 × 128 = 132 tokens.
+    assert_eq!(decision.pod_id, PodId(1));
+    assert_eq!(ticket.prefill_tokens(), 132);
+    s.finish(ticket, None);
+    // The route was recorded in pod 1's own chain: now it holds all 32 large blocks.
+    let mut matched = Vec::new();
+    s.index().match_prefix(&large.blocks, &mut matched);
+    assert_eq!(matched[1], 32);
+}
+
+#[test]
+fn without_other_sizes_every_pod_is_scored_against_the_main_chain() {
+    let mut s = session(RouterConfig::seed());
+    let blocks: Vec<BlockHash> = (0..10).collect();
+    s.index_mut().record_routed(PodId(1), &blocks);
+    let mut snaps = pods(2);
+    // A reported size with no chain of its own (routed mode): the main chain is used.
+    snaps[1].block_size_tokens = Some(128);
+    let Routed { decision, ticket } = s.route(&request(&blocks, 160), &mut snaps, &[]).unwrap();
+    assert_eq!(decision.pod_id, PodId(1));
+    assert_eq!(ticket.prefill_tokens(), 0);
+    s.finish(ticket, None);
 }
