@@ -3,6 +3,7 @@
 #   scripts/real-vllm/pod.sh start NAME MODEL_DIR PORT REPLAY_PORT CORE [vllm args…]
 #   scripts/real-vllm/pod.sh stop NAME        (SIGTERM to its process group, SIGKILL after 20 s)
 #   scripts/real-vllm/pod.sh kill NAME        (SIGKILL to its process group: a crash)
+#   scripts/real-vllm/pod.sh restart NAME     (kill, then start again with the same arguments)
 # The pod runs in its own session (setsid), pinned to CORE, with prefix caching, KV events
 # published on ipc://$run/NAME-events.ipc (vLLM binds a PUB endpoint only when it is a wildcard
 # `tcp://*:P` or ipc; `tcp://127.0.0.1:P` makes it connect, and a wildcard would listen beyond
@@ -17,6 +18,8 @@ mkdir -p "$run"
 cmd=$1 name=$2
 case "$cmd" in
 start)
+  # Saved for `restart`, one argument per line.
+  printf '%s\n' "${@:3}" > "$run/$name.args"
   model=$3 port=$4 replay=$5 core=$6; shift 6
   events="ipc://$run/$name-events.ipc"
   VLLM_TARGET_DEVICE=cpu VLLM_CPU_KVCACHE_SPACE=${KVGATE_VLLM_KV_GIB:-1} \
@@ -37,6 +40,12 @@ start)
     sleep 1
   done
   echo "vLLM pod $name up on 127.0.0.1:$port (events $events, replay tcp://127.0.0.1:$replay, core $core)"
+  ;;
+restart)
+  [ -f "$run/$name.args" ] || { echo "pod $name was never started" >&2; exit 1; }
+  mapfile -t saved < "$run/$name.args"
+  "$0" kill "$name"
+  exec "$0" start "$name" "${saved[@]}"
   ;;
 stop|kill)
   [ -f "$run/$name.pid" ] || exit 0

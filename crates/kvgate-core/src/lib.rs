@@ -40,4 +40,4 @@ pub use config::RouterConfig;
 pub use decision::{Branch, Decision, GateState, PodExplanation, SloExplanation};
 pub use pod::{InFlight, PodId, PodSnapshot};
 pub use router::{PromptCut, Router};
-pub use session::{Observed, RouteError, RouteRequest, Routed, RouterSession, Ticket};
+pub use session::{Observed, PodScore, RouteError, RouteRequest, Routed, RouterSession, Ticket};

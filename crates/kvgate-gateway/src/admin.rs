@@ -2,7 +2,11 @@
 //! (OpenMetrics), `/debug/decisions` (the last N decisions, oldest first), `/debug/config` (the
 //! config in force as JSON: router keys after the profile merge, limits, pods; see
 //! [`crate::config::ConfigDump`]), `/healthz` (the process is up), `/readyz` (at least one
-//! healthy pod, and not shutting down).
+//! healthy pod, and not shutting down), `POST /debug/score/v1/completions` and
+//! `/debug/score/v1/chat/completions` (a dry run: the body prepared as the traffic port
+//! would, and every healthy pod's prefix score and predictions for it as JSON; nothing is
+//! routed, recorded or charged, so it answers "where is this prompt cached?" without changing
+//! any pod's cache).
 
 use crate::state::Shared;
 use axum::body::Body;
@@ -19,6 +23,14 @@ pub fn admin_router(shared: Arc<Shared>) -> axum::Router {
         .route("/debug/config", get(config))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
+        .route(
+            "/debug/score/v1/completions",
+            axum::routing::post(score_completions),
+        )
+        .route(
+            "/debug/score/v1/chat/completions",
+            axum::routing::post(score_chat),
+        )
         .with_state(shared)
 }
 
@@ -97,5 +109,85 @@ async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
             "text/plain",
             StatusCode::SERVICE_UNAVAILABLE,
         )
+    }
+}
+
+async fn score_completions(
+    State(shared): State<Arc<Shared>>,
+    headers: http::HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    score(
+        shared,
+        kvgate_core::request::COMPLETIONS_PATH,
+        headers,
+        body,
+    )
+    .await
+}
+
+async fn score_chat(
+    State(shared): State<Arc<Shared>>,
+    headers: http::HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    score(
+        shared,
+        kvgate_core::request::CHAT_COMPLETIONS_PATH,
+        headers,
+        body,
+    )
+    .await
+}
+
+/// The request as the router would see it now, per pod.
+#[derive(serde::Serialize)]
+struct ScoreReport {
+    input_tokens: u32,
+    /// Block size and blocks of the main chain (other pods' sizes are in `pods`).
+    block_size_tokens: u32,
+    prompt_blocks: usize,
+    pods: Vec<kvgate_core::PodScore>,
+}
+
+async fn score(
+    shared: Arc<Shared>,
+    path: &str,
+    headers: http::HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let cfg = shared.config().clone();
+    let rid = crate::request_id::request_id(&headers);
+    if body.len() > cfg.max_body_bytes {
+        return crate::errors::ApiError::bad_request(
+            "body_too_large",
+            format!(
+                "the body is over the gateway's limit of {} bytes",
+                cfg.max_body_bytes
+            ),
+            None,
+        )
+        .into_response(&rid);
+    }
+    let prepared = match crate::routing::prepare(&shared, &cfg, path, &body, &headers).await {
+        Ok(p) => p,
+        Err(e) => return e.into_response(&rid),
+    };
+    let request = prepared.route_request();
+    let mut snaps: Vec<_> = shared.pods.all().iter().map(|p| p.snapshot()).collect();
+    let pods = shared.session.lock().score(&request, &mut snaps);
+    let report = ScoreReport {
+        input_tokens: prepared.input_tokens,
+        block_size_tokens: prepared.block_size_tokens,
+        prompt_blocks: prepared.blocks.len(),
+        pods,
+    };
+    match serde_json::to_string(&report) {
+        Ok(body) => with_type(body, "application/json", StatusCode::OK),
+        Err(e) => with_type(
+            format!("encoding the scores failed: {e}\n"),
+            "text/plain",
+            StatusCode::INTERNAL_SERVER_ERROR,
+        ),
     }
 }

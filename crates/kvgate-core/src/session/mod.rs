@@ -69,6 +69,22 @@ impl<'a> RouteRequest<'a> {
     }
 }
 
+/// One pod's view of a request in [`RouterSession::score`].
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct PodScore {
+    #[serde(skip)]
+    pub pod: PodId,
+    /// The pod's name (its URL in the gateway).
+    #[serde(rename = "pod")]
+    pub name: String,
+    /// Leading blocks of the prompt the pod holds, in blocks of `block_size_tokens`.
+    pub matched_blocks: u32,
+    pub block_size_tokens: u32,
+    pub prefix_score: f64,
+    pub predicted_ttft_ms: f64,
+    pub predicted_tpot_ms: f64,
+}
+
 /// Why a request could not be routed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum RouteError {
@@ -216,6 +232,32 @@ impl RouterSession {
     pub fn remove_pod(&mut self, pod: PodId) {
         self.index.remove_pod(pod);
         self.ledger.remove_pod(pod);
+    }
+
+    /// Each healthy pod's prefix score and predictions for `request`, as a decision would see
+    /// them now (`in_flight` filled from the ledger). Nothing is decided, recorded or charged:
+    /// the dry run behind the gateway's `/debug/score`.
+    pub fn score(&mut self, request: &RouteRequest<'_>, pods: &mut [PodSnapshot]) -> Vec<PodScore> {
+        self.fill_in_flight(pods);
+        let (_, candidates) = self.router.evaluate_cut(
+            request.cut(),
+            request.input_tokens,
+            pods,
+            &self.index,
+            &self.predictor,
+        );
+        candidates
+            .iter()
+            .map(|c| PodScore {
+                pod: c.pod.id,
+                name: c.pod.name.clone(),
+                matched_blocks: c.matched_blocks,
+                block_size_tokens: c.block_size_tokens,
+                prefix_score: c.prefix_score,
+                predicted_ttft_ms: c.predicted_ttft_ms,
+                predicted_tpot_ms: c.predicted_tpot_ms,
+            })
+            .collect()
     }
 
     /// Routes one request over `pods` (their scraped state; `in_flight` is overwritten with

