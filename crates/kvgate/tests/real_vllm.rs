@@ -12,12 +12,15 @@
 //! earlier test cannot make a check pass.
 
 mod common;
+#[path = "common/envoy.rs"]
+mod envoy_harness;
 
 use common::{ServeProcess, start_serve};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::{Mutex, MutexGuard};
 
 /// One pod of the fleet, as `fleet.env` describes it.
 #[derive(Debug, Clone)]
@@ -87,9 +90,9 @@ fn load_fleet() -> Option<Fleet> {
 }
 
 /// The fleet and the lock that serialises the tests, or `None` (skip) without a fleet.
-fn fleet(test: &str) -> Option<(&'static Fleet, MutexGuard<'static, ()>)> {
+async fn fleet(test: &str) -> Option<(&'static Fleet, MutexGuard<'static, ()>)> {
     static FLEET: OnceLock<Option<Fleet>> = OnceLock::new();
-    static LOCK: Mutex<()> = Mutex::new(());
+    static LOCK: Mutex<()> = Mutex::const_new(());
     let Some(fleet) = FLEET.get_or_init(load_fleet).as_ref() else {
         let dir = run_dir();
         if std::env::var("KVGATE_REQUIRE_VLLM").as_deref() == Ok("1") {
@@ -106,7 +109,7 @@ fn fleet(test: &str) -> Option<(&'static Fleet, MutexGuard<'static, ()>)> {
         );
         return None;
     };
-    let guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let guard = LOCK.lock().await;
     Some((fleet, guard))
 }
 
@@ -266,7 +269,7 @@ fn python() -> PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_openai_client_is_served_through_kvgate_in_routed_and_engine_mode() {
-    let Some((fleet, _lock)) = fleet("the_openai_client_is_served_through_kvgate") else {
+    let Some((fleet, _lock)) = fleet("the_openai_client_is_served_through_kvgate").await else {
         return;
     };
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/openai_real_vllm.py");
@@ -311,7 +314,7 @@ async fn the_openai_client_is_served_through_kvgate_in_routed_and_engine_mode() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blocks_cached_before_kvgate_started_are_learnt_from_the_replay() {
-    let Some((fleet, _lock)) = fleet("blocks_cached_before_kvgate_started") else {
+    let Some((fleet, _lock)) = fleet("blocks_cached_before_kvgate_started").await else {
         return;
     };
     let text = prompt(&tag(), 100);
@@ -339,7 +342,7 @@ async fn blocks_cached_before_kvgate_started_are_learnt_from_the_replay() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_pod_is_scored_at_its_own_block_size() {
-    let Some((fleet, _lock)) = fleet("each_pod_is_scored_at_its_own_block_size") else {
+    let Some((fleet, _lock)) = fleet("each_pod_is_scored_at_its_own_block_size").await else {
         return;
     };
     assert_ne!(fleet.p0.block_size, fleet.p1.block_size);
@@ -375,7 +378,7 @@ async fn each_pod_is_scored_at_its_own_block_size() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reset_prefix_cache_clears_the_pod_in_kvgate() {
-    let Some((fleet, _lock)) = fleet("reset_prefix_cache_clears_the_pod_in_kvgate") else {
+    let Some((fleet, _lock)) = fleet("reset_prefix_cache_clears_the_pod_in_kvgate").await else {
         return;
     };
     let gw = engine_gateway(fleet, &[&fleet.p0]).await;
@@ -402,7 +405,7 @@ async fn reset_prefix_cache_clears_the_pod_in_kvgate() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn evictions_on_a_small_kv_cache_reach_kvgate() {
-    let Some((fleet, _lock)) = fleet("evictions_on_a_small_kv_cache_reach_kvgate") else {
+    let Some((fleet, _lock)) = fleet("evictions_on_a_small_kv_cache_reach_kvgate").await else {
         return;
     };
     // p1 holds 72 blocks of 64 tokens (4,608 tokens); each prompt here is ~2,950 tokens.
@@ -444,7 +447,7 @@ async fn evictions_on_a_small_kv_cache_reach_kvgate() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_killed_and_restarted_is_followed_within_2_s() {
-    let Some((fleet, _lock)) = fleet("a_pod_killed_and_restarted_is_followed") else {
+    let Some((fleet, _lock)) = fleet("a_pod_killed_and_restarted_is_followed").await else {
         return;
     };
     let gw = engine_gateway(fleet, &[&fleet.p0]).await;
@@ -485,4 +488,102 @@ async fn a_pod_killed_and_restarted_is_followed_within_2_s() {
         "restarted pod followed {elapsed:?} after it cached a prompt ({:?} in all)",
         cached_at.elapsed()
     );
+}
+
+/// Requests the pod has finished (`vllm:request_success_total`, every finish reason).
+async fn pod_requests_done(pod: &RealPod) -> f64 {
+    let text = client()
+        .get(format!("{}/metrics", pod.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| l.starts_with("vllm:request_success_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_sends_each_request_to_the_real_pod_kvgate_chose() {
+    let Some((fleet, _lock)) = fleet("envoy_sends_each_request_to_the_real_pod").await else {
+        return;
+    };
+    let envoy_bin = envoy_harness::envoy_binary()
+        .filter(|p| p.exists())
+        .expect("an Envoy binary (KVGATE_ENVOY, or .venv from scripts/test)");
+    let pods = [&fleet.p0, &fleet.p1];
+    let gw = kvgate_gateway::Gateway::start(kvgate_gateway::ServeArgs {
+        listen: Some("127.0.0.1:0".parse().unwrap()),
+        admin_listen: Some("127.0.0.1:0".parse().unwrap()),
+        ext_proc_listen: Some("127.0.0.1:0".parse().unwrap()),
+        pod: pods.iter().map(|p| p.url.clone()).collect(),
+        ..kvgate_gateway::ServeArgs::default()
+    })
+    .await
+    .unwrap();
+    wait_for("both pods healthy", Duration::from_secs(30), || async {
+        pods.iter().all(|p| gw.pod_healthy(&p.url) == Some(true))
+    })
+    .await;
+    let mut envoy = envoy_harness::Envoy::start(&envoy_bin, gw.ext_proc_addr.unwrap().port());
+    envoy.wait_ready(&client()).await;
+    let base = format!("http://127.0.0.1:{}", envoy.listen);
+    let mut served = Vec::new();
+    for i in 0..6 {
+        let before = [
+            pod_requests_done(pods[0]).await,
+            pod_requests_done(pods[1]).await,
+        ];
+        let stream = i % 2 == 1;
+        let r = client()
+            .post(format!("{base}/v1/chat/completions"))
+            .json(&json!({
+                "model": "tiny",
+                "messages": [{"role": "user", "content": prompt(&tag(), 10)}],
+                "max_tokens": 4,
+                "stream": stream,
+            }))
+            .send()
+            .await
+            .unwrap();
+        let status = r.status();
+        let body = r.text().await.unwrap();
+        assert!(
+            status.is_success(),
+            "{status}: {body}\n{}",
+            envoy.log_text()
+        );
+        assert_eq!(body.contains("data: [DONE]"), stream, "{body}");
+        let chosen = gw
+            .shared()
+            .decisions
+            .snapshot()
+            .last()
+            .unwrap()
+            .decision
+            .pod
+            .clone();
+        // The pod that finished one more request is the one kvgate chose.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let which = loop {
+            let after = [
+                pod_requests_done(pods[0]).await,
+                pod_requests_done(pods[1]).await,
+            ];
+            let grew: Vec<usize> = (0..2).filter(|&k| after[k] > before[k]).collect();
+            if grew.len() == 1 {
+                break Some(pods[grew[0]].url.clone());
+            }
+            if Instant::now() > deadline {
+                break None;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert_eq!(which.as_deref(), Some(chosen.as_str()), "request {i}");
+        served.push(chosen);
+    }
+    eprintln!("through Envoy, served by: {served:?}");
 }
