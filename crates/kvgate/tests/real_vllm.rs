@@ -587,3 +587,88 @@ async fn envoy_sends_each_request_to_the_real_pod_kvgate_chose() {
     }
     eprintln!("through Envoy, served by: {served:?}");
 }
+
+/// A pod's `vllm:prefix_cache_hits_total` (tokens).
+async fn pod_hit_tokens(pod: &RealPod) -> f64 {
+    let text = client()
+        .get(format!("{}/metrics", pod.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| l.starts_with("vllm:prefix_cache_hits_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_turn_chat_scores_on_the_pod_that_served_its_first_turn() {
+    let Some((fleet, _lock)) = fleet("a_multi_turn_chat_scores_on_its_pod").await else {
+        return;
+    };
+    let pods = [&fleet.p0, &fleet.p1];
+    let gw = engine_gateway(fleet, &pods).await;
+    let mut messages = vec![
+        json!({"role": "system", "content": prompt(&tag(), 100)}),
+        json!({"role": "user", "content": "Summarise the functions above."}),
+    ];
+    let turn = |messages: &[Value]| {
+        json!({"model": "tiny", "messages": messages, "max_tokens": 8,
+               "temperature": 0.0, "ignore_eos": true})
+    };
+    let first = post(
+        &format!("{}/v1/chat/completions", gw.base),
+        &turn(&messages),
+    )
+    .await;
+    let pod_url = last_decision(&gw).await["pod"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let pod = pods.into_iter().find(|p| p.url == pod_url).unwrap();
+    let other = pods.into_iter().find(|p| p.url != pod_url).unwrap();
+    let reply = first["choices"][0]["message"]["content"].as_str().unwrap();
+    messages.push(json!({"role": "assistant", "content": reply}));
+    messages.push(json!({"role": "user", "content": "Now list them in one line each."}));
+    let body = turn(&messages);
+    // Turn 2 extends turn 1: every full block of turn 1's prompt is a leading block of it.
+    let path = "/v1/chat/completions";
+    wait_for(
+        "turn 1's blocks are known",
+        Duration::from_secs(5),
+        || async { score_body(&gw, path, &body, pod).await > 0.8 },
+    )
+    .await;
+    let report = post(&format!("{}/debug/score{path}", gw.admin), &body).await;
+    let view = report["pods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pod"] == pod.url.as_str())
+        .unwrap()
+        .clone();
+    assert_eq!(score_body(&gw, path, &body, other).await, 0.0);
+    // Routed: the same pod, and the engine's own cache hit is what kvgate counted.
+    let hits_before = pod_hit_tokens(pod).await;
+    post(&format!("{}/v1/chat/completions", gw.base), &body).await;
+    let decision = last_decision(&gw).await;
+    assert_eq!(
+        decision["pod"].as_str(),
+        Some(pod.url.as_str()),
+        "{decision}"
+    );
+    let hit = pod_hit_tokens(pod).await - hits_before;
+    let matched =
+        view["matched_blocks"].as_f64().unwrap() * view["block_size_tokens"].as_f64().unwrap();
+    eprintln!(
+        "turn 2 on {}: score {}, kvgate matched {matched} tokens, the engine hit {hit}",
+        pod.name, view["prefix_score"]
+    );
+    assert_eq!(
+        hit, matched,
+        "kvgate's matched tokens vs the engine's hit: {view}"
+    );
+}
