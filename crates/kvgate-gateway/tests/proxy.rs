@@ -2,7 +2,9 @@
 
 mod common;
 
+use bytes::Bytes;
 use common::*;
+use http_body_util::Full;
 use serde_json::json;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -453,4 +455,55 @@ async fn admin_listener_serves_metrics_decisions_and_readiness() {
     )
     .await;
     assert_eq!(r.status, 404);
+}
+
+#[tokio::test]
+async fn debug_score_reports_where_a_prompt_is_cached_without_routing_it() {
+    let pods = [FakePod::start(FAST).await, FakePod::start(FAST).await];
+    let refs: Vec<&FakePod> = pods.iter().collect();
+    let gw = gateway(&refs).await;
+    let c = client();
+    let body = chat_body(&"a long shared system prompt ".repeat(30), false);
+    let r = send(&c, post(&gw, "/v1/chat/completions", &body)).await;
+    assert_eq!(r.status, 200);
+    let served_by = r.header("x-kvgate-pod").unwrap();
+    let decisions = gw.shared().decisions.snapshot().len();
+    let requests: Vec<u32> = pods.iter().map(FakePod::requests).collect();
+
+    let score = |body: &str| {
+        http::Request::post(format!(
+            "http://{}/debug/score/v1/chat/completions",
+            gw.admin_addr
+        ))
+        .body(Full::new(Bytes::copy_from_slice(body.as_bytes())))
+        .unwrap()
+    };
+    let r = send(&c, score(&body)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let report = r.json();
+    let view = |pod: &str| {
+        report["pods"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["pod"] == pod)
+            .unwrap()
+            .clone()
+    };
+    let blocks = report["prompt_blocks"].as_u64().unwrap();
+    assert!(blocks > 0, "{report}");
+    assert_eq!(view(&served_by)["prefix_score"], 1.0, "{report}");
+    assert_eq!(view(&served_by)["matched_blocks"], blocks, "{report}");
+    let other = pods.iter().find(|p| p.url != served_by).unwrap();
+    assert_eq!(view(&other.url)["prefix_score"], 0.0, "{report}");
+    // A dry run: no decision logged, no pod called, nothing left in flight.
+    assert_eq!(gw.shared().decisions.snapshot().len(), decisions);
+    let after: Vec<u32> = pods.iter().map(FakePod::requests).collect();
+    assert_eq!(after, requests);
+    assert_idle(&gw, &refs).await;
+
+    // A bad body gets the traffic port's 400.
+    let r = send(&c, score("{not json")).await;
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["error"]["code"], "invalid_json");
 }
