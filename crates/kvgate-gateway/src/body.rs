@@ -133,25 +133,7 @@ impl Tracker {
         match status {
             Status::Ok | Status::UpstreamStatus => pod.breaker.success(),
             Status::UpstreamError => {
-                let cfg = self.shared.config();
-                let trip = pod.breaker.failure(
-                    Instant::now(),
-                    cfg.pod_failure_threshold,
-                    cfg.pod_failure_cooldown,
-                );
-                if let crate::breaker::Trip::Opened(n) = trip {
-                    self.shared
-                        .metrics
-                        .pod_cooldowns
-                        .get_or_create(&pod.label())
-                        .inc();
-                    tracing::warn!(
-                        pod = %pod.url,
-                        failures_in_a_row = n,
-                        cooldown_ms = cfg.pod_failure_cooldown.as_millis() as u64,
-                        "responses keep dying mid-body; pod avoided for the cooldown"
-                    );
-                }
+                crate::breaker::count_failure(&self.shared, pod, "responses keep dying mid-body")
             }
             Status::ClientAbort | Status::AttemptFailed | Status::RequestTimeout => {}
         }

@@ -3,7 +3,9 @@
 //!
 //! Algorithm (a per-pod circuit breaker over response outcomes):
 //! - a response that dies mid-body (connection reset, truncated body, or silent past the
-//!   idle-chunk timeout) is a failure; a response that ends normally resets the count to 0;
+//!   idle-chunk timeout) is a failure, and so is an attempt that got no response headers within
+//!   the first-byte timeout (a pod that accepts and never answers); a response that ends
+//!   normally resets the count to 0;
 //!   client aborts and the gateway's own request timeout count as neither;
 //! - the `threshold`-th failure in a row (`--pod-failure-threshold`, default 3) opens the
 //!   breaker: the pod counts as unhealthy for `cooldown` (`--pod-failure-cooldown-ms`, default
@@ -25,6 +27,30 @@ fn base() -> Instant {
 
 fn nanos(at: Instant) -> u64 {
     u64::try_from(at.saturating_duration_since(base()).as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Counts one failure of `pod` in its breaker (`why`: for the log line); when that opens the
+/// breaker, `kvgate_pod_cooldowns_total{pod}` counts it and a warning says so.
+pub fn count_failure(shared: &crate::state::Shared, pod: &crate::pods::Pod, why: &'static str) {
+    let cfg = shared.config();
+    let trip = pod.breaker.failure(
+        Instant::now(),
+        cfg.pod_failure_threshold,
+        cfg.pod_failure_cooldown,
+    );
+    if let Trip::Opened(n) = trip {
+        shared
+            .metrics
+            .pod_cooldowns
+            .get_or_create(&pod.label())
+            .inc();
+        tracing::warn!(
+            pod = %pod.url,
+            failures_in_a_row = n,
+            cooldown_ms = cfg.pod_failure_cooldown.as_millis() as u64,
+            "{why}; pod avoided for the cooldown"
+        );
+    }
 }
 
 /// One pod's breaker.

@@ -165,8 +165,9 @@ fn splice_include_usage(body: &Bytes) -> Option<Bytes> {
 pub enum Sent {
     /// The pod answered (any status) or the connection failed.
     Answer(Result<http::Response<Incoming>, hyper_util::client::legacy::Error>),
-    /// No response headers within `first_byte_timeout` (counted: `timeout="first_byte"`);
-    /// another pod may still be tried. The message says which pod.
+    /// No response headers within `first_byte_timeout` (counted: `timeout="first_byte"`, and
+    /// as a failure in the pod's breaker); another pod may still be tried. The message says
+    /// which pod.
     FirstByteTimeout(String),
     /// The request's deadline passed first (not counted here: see [`request_timed_out`]).
     RequestTimeout,
@@ -193,6 +194,7 @@ pub async fn send(
                 .upstream_timeouts
                 .get_or_create(&timeout_label("first_byte"))
                 .inc();
+            crate::breaker::count_failure(shared, pod, "no response headers in time, again");
             Sent::FirstByteTimeout(format!(
                 "pod {} sent no response within {} ms",
                 pod.url,

@@ -221,6 +221,52 @@ async fn a_hung_pod_is_retried_on_another_before_any_byte() {
 }
 
 #[tokio::test]
+async fn a_pod_that_never_answers_goes_into_the_failure_cooldown_after_three_timeouts() {
+    let hung = FakePod::start(Behavior::Hang).await;
+    let ok = FakePod::start(Behavior::Normal {
+        chunks: 3,
+        delay_ms: 1,
+    })
+    .await;
+    let mut a = args(&[&hung, &ok]);
+    a.first_byte_timeout_ms = Some(200);
+    a.policy = Some("round-robin".into());
+    let gw = kvgate_gateway::Gateway::start(a).await.unwrap();
+    let c = client();
+    let t0 = std::time::Instant::now();
+    for i in 0..10 {
+        let r = send(
+            &c,
+            post(
+                &gw,
+                "/v1/chat/completions",
+                &chat_body(&format!("q{i}"), false),
+            ),
+        )
+        .await;
+        assert_eq!(r.status, http::StatusCode::OK, "request {i}");
+    }
+    // The third first-byte timeout in a row opened the breaker (default threshold 3): the
+    // hung pod was tried three times, not five, and the ten requests waited 3 × 200 ms.
+    assert_eq!(hung.requests(), 3);
+    assert!(
+        t0.elapsed() < std::time::Duration::from_millis(1_500),
+        "{:?}",
+        t0.elapsed()
+    );
+    assert_eq!(gw.pod_healthy(&hung.url), Some(false), "in its cooldown");
+    let m = gw.shared().metrics_text().unwrap();
+    assert!(
+        m.lines()
+            .any(|l| l.starts_with("kvgate_pod_cooldowns_total{")
+                && l.contains(&hung.url)
+                && l.ends_with(" 1")),
+        "{m}"
+    );
+    assert_idle(&gw, &[&hung, &ok]).await;
+}
+
+#[tokio::test]
 async fn a_pod_stalling_mid_stream_gives_a_clean_error_event_and_counters_return_to_zero() {
     let pod = FakePod::start(Behavior::HangAfter {
         chunks: 2,
