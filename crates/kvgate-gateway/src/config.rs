@@ -41,6 +41,11 @@ use thiserror::Error;
 
 /// Default cap on a request body (a long-context prompt is a few MiB of JSON).
 pub const DEFAULT_MAX_BODY_BYTES: usize = 32 << 20;
+/// Default budget of request-body bytes held at once over all requests (read, queued or being
+/// served): 1 GiB, i.e. 32 bodies at the default cap, or thousands of ordinary chat bodies.
+pub const DEFAULT_MAX_BODY_BYTES_IN_FLIGHT: usize = 1 << 30;
+/// Default time a client has to send its whole request body, from its arrival.
+pub const DEFAULT_BODY_READ_TIMEOUT_MS: u64 = 30_000;
 /// Default size of the `/debug/decisions` ring.
 pub const DEFAULT_DECISION_LOG: usize = 256;
 pub const DEFAULT_SCRAPE_INTERVAL_MS: u64 = 50;
@@ -226,6 +231,8 @@ pub struct FileConfig {
     pub scrape_interval_ms: Option<u64>,
     pub response_headers: Option<bool>,
     pub max_body_bytes: Option<usize>,
+    pub max_body_bytes_in_flight: Option<usize>,
+    pub body_read_timeout_ms: Option<u64>,
     pub max_retries: Option<u32>,
     pub decision_log_size: Option<usize>,
     pub max_concurrent_requests: Option<usize>,
@@ -265,6 +272,10 @@ pub struct GatewayConfig {
     pub scrape_interval: Duration,
     pub response_headers: bool,
     pub max_body_bytes: usize,
+    /// Request-body bytes held at once over all requests; beyond, 503 (see `limits`).
+    pub max_body_bytes_in_flight: usize,
+    /// A request's whole body must arrive within this of its arrival, before it takes a slot.
+    pub body_read_timeout: Duration,
     pub max_retries: u32,
     pub decision_log_size: usize,
     /// Requests served at once (read at start only).
@@ -366,6 +377,18 @@ impl GatewayConfig {
         if max_body_bytes == 0 {
             return Err(ConfigError::NotPositive("max_body_bytes"));
         }
+        let max_body_bytes_in_flight = file
+            .max_body_bytes_in_flight
+            .unwrap_or(DEFAULT_MAX_BODY_BYTES_IN_FLIGHT);
+        if max_body_bytes_in_flight == 0 {
+            return Err(ConfigError::NotPositive("max_body_bytes_in_flight"));
+        }
+        let body_read_timeout_ms = file
+            .body_read_timeout_ms
+            .unwrap_or(DEFAULT_BODY_READ_TIMEOUT_MS);
+        if body_read_timeout_ms == 0 {
+            return Err(ConfigError::NotPositive("body_read_timeout_ms"));
+        }
         let router = file.router.unwrap_or_default();
         router.validate()?;
         let max_concurrent_requests = args
@@ -422,6 +445,8 @@ impl GatewayConfig {
             scrape_interval: Duration::from_millis(scrape_ms),
             response_headers: !args.no_response_headers && file.response_headers.unwrap_or(true),
             max_body_bytes,
+            max_body_bytes_in_flight,
+            body_read_timeout: Duration::from_millis(body_read_timeout_ms),
             max_retries: file.max_retries.unwrap_or(DEFAULT_MAX_RETRIES),
             decision_log_size: file
                 .decision_log_size
@@ -517,6 +542,8 @@ pub struct ConfigDump {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LimitsDump {
     pub max_body_bytes: usize,
+    pub max_body_bytes_in_flight: usize,
+    pub body_read_timeout_ms: u64,
     pub max_prompt_tokens: u32,
     pub max_concurrent_requests: usize,
     pub max_queued_requests: usize,
@@ -591,6 +618,8 @@ impl ConfigDump {
             router: config.router,
             limits: LimitsDump {
                 max_body_bytes: config.max_body_bytes,
+                max_body_bytes_in_flight: config.max_body_bytes_in_flight,
+                body_read_timeout_ms: ms(config.body_read_timeout),
                 max_prompt_tokens: config.max_prompt_tokens,
                 max_concurrent_requests: config.max_concurrent_requests,
                 max_queued_requests: config.max_queued_requests,

@@ -72,6 +72,19 @@ async fn not_found(State(shared): State<Arc<Shared>>, req: Request) -> Response 
     reject(&shared, err, &id)
 }
 
+/// The request's deadline: its request timeout counted from its arrival at the gateway
+/// ([`crate::limits::Arrived`]: body read and queue time included), else from now.
+fn request_deadline(
+    parts: &http::request::Parts,
+    cfg: &crate::config::GatewayConfig,
+) -> tokio::time::Instant {
+    let arrived = parts
+        .extensions
+        .get::<crate::limits::Arrived>()
+        .map_or_else(tokio::time::Instant::now, |a| a.0);
+    arrived + cfg.request_timeout
+}
+
 /// Reads the whole request body up to the configured limit.
 async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
     match Limited::new(body, limit).collect().await {
@@ -102,7 +115,7 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
     let (parts, body) = req.into_parts();
     let rid = request_id(&parts.headers);
     let cfg = shared.config().clone();
-    let deadline = tokio::time::Instant::now() + cfg.request_timeout;
+    let deadline = request_deadline(&parts, &cfg);
     let body = match read_body_until(body, cfg.max_body_bytes, deadline).await {
         Ok(b) => b,
         Err(e) => return reject(&shared, e, &rid),
@@ -331,7 +344,7 @@ pub async fn passthrough(State(shared): State<Arc<Shared>>, req: Request) -> Res
     let (parts, body) = req.into_parts();
     let rid = request_id(&parts.headers);
     let cfg = shared.config().clone();
-    let deadline = tokio::time::Instant::now() + cfg.request_timeout;
+    let deadline = request_deadline(&parts, &cfg);
     let body = match read_body_until(body, cfg.max_body_bytes, deadline).await {
         Ok(b) => b,
         Err(e) => return reject(&shared, e, &rid),

@@ -39,6 +39,8 @@ pub struct Shared {
     pub capture: std::sync::OnceLock<Arc<crate::capture::Capture>>,
     /// Slots and queue of the traffic listener (sized at start).
     pub admission: crate::limits::Admission,
+    /// Request-body bytes held now (`max_body_bytes_in_flight` bounds it).
+    pub body_budget: Arc<crate::limits::BodyBudget>,
     /// Set by [`crate::Gateway::shutdown`]: `/readyz` answers 503.
     pub shutting_down: std::sync::atomic::AtomicBool,
     /// Pods found by `--discovery` (routed to besides the config's pods). Its lock also
@@ -77,6 +79,7 @@ impl Shared {
                 config.max_concurrent_requests,
                 config.max_queued_requests,
             ),
+            body_budget: Arc::default(),
             decisions: DecisionLog::new(config.decision_log_size),
             config: ArcSwap::from_pointee(config),
             pods: PodTable::default(),

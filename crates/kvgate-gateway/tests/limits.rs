@@ -523,3 +523,174 @@ async fn a_second_signal_cuts_the_drain_short() {
     assert!(t0.elapsed() < std::time::Duration::from_secs(5));
     assert!(tokio::net::TcpStream::connect(traffic).await.is_err());
 }
+
+/// A client that sends the head of a `POST /v1/chat/completions` claiming `claimed` body bytes,
+/// then `sent` of them, then nothing (the connection stays open until dropped).
+async fn trickling_client(
+    gw: &kvgate_gateway::Gateway,
+    claimed: usize,
+    sent: usize,
+) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let mut s = tokio::net::TcpStream::connect(gw.traffic_addr)
+        .await
+        .unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         content-length: {claimed}\r\n\r\n"
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    s.write_all(&vec![b' '; sent]).await.unwrap();
+    s
+}
+
+/// A gateway over `pod` with `config` (TOML) as its config file.
+async fn gateway_with_file(
+    pod: &FakePod,
+    config: &str,
+    tweak: impl FnOnce(&mut kvgate_gateway::ServeArgs),
+) -> kvgate_gateway::Gateway {
+    let path = std::env::temp_dir().join(format!(
+        "kvgate-limits-{}-{}.toml",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    std::fs::write(&path, config).unwrap();
+    let mut a = args(&[pod]);
+    a.config = Some(path);
+    tweak(&mut a);
+    kvgate_gateway::Gateway::start(a).await.unwrap()
+}
+
+#[tokio::test]
+async fn clients_trickling_their_bodies_hold_no_slot() {
+    let pod = FakePod::start(Behavior::Normal {
+        chunks: 2,
+        delay_ms: 1,
+    })
+    .await;
+    let gw = gateway_with_file(&pod, "body_read_timeout_ms = 400\n", |a| {
+        a.max_concurrent_requests = Some(2);
+        a.max_queued_requests = Some(0);
+    })
+    .await;
+    // More trickling clients than slots: before the fix each took a slot before its body.
+    let mut slow = Vec::new();
+    for _ in 0..5 {
+        slow.push(trickling_client(&gw, 10_000_000, 10).await);
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert_eq!(gw.shared().admission.active(), 0);
+    let r = send(
+        &client(),
+        post(&gw, "/v1/chat/completions", &chat_body("a", false)),
+    )
+    .await;
+    assert_eq!(r.status, http::StatusCode::OK, "{}", r.text());
+    // Each trickling client gets 408 once its body is late.
+    use tokio::io::AsyncReadExt;
+    for mut s in slow {
+        let mut buf = vec![0; 4096];
+        let n = tokio::time::timeout(std::time::Duration::from_secs(3), s.read(&mut buf))
+            .await
+            .expect("an answer within the body read timeout")
+            .unwrap();
+        let text = String::from_utf8_lossy(&buf[..n]);
+        assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+        assert!(text.contains("body_timeout"), "{text}");
+    }
+    eventually("every body's bytes returned to the budget", || {
+        gw.shared().body_budget.held() == 0
+    })
+    .await;
+    assert_idle(&gw, &[&pod]).await;
+}
+
+#[tokio::test]
+async fn request_bodies_beyond_the_memory_budget_get_503_and_the_budget_comes_back() {
+    let pod = FakePod::start(Behavior::Normal {
+        chunks: 2,
+        delay_ms: 1,
+    })
+    .await;
+    let gw = gateway_with_file(
+        &pod,
+        "max_body_bytes_in_flight = 1000\nbody_read_timeout_ms = 500\n",
+        |_| {},
+    )
+    .await;
+    // One client holds 900 bytes of the 1,000-byte budget while it trickles.
+    let hog = trickling_client(&gw, 5_000, 900).await;
+    eventually("the hog's bytes are in the budget", || {
+        gw.shared().body_budget.held() == 900
+    })
+    .await;
+    let body = chat_body(&"x".repeat(200), false);
+    let r = send(&client(), post(&gw, "/v1/chat/completions", &body)).await;
+    assert_eq!(
+        r.status,
+        http::StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        r.text()
+    );
+    assert_eq!(r.json()["error"]["code"], "body_budget_exhausted");
+    assert_eq!(r.header("retry-after").as_deref(), Some("1"));
+    // The hog times out (408) and its bytes come back: the same request is served.
+    eventually("the hog's bytes returned", || {
+        gw.shared().body_budget.held() == 0
+    })
+    .await;
+    let r = send(&client(), post(&gw, "/v1/chat/completions", &body)).await;
+    assert_eq!(r.status, http::StatusCode::OK, "{}", r.text());
+    drop(hog);
+    assert_idle(&gw, &[&pod]).await;
+}
+
+#[tokio::test]
+async fn time_queued_counts_against_the_request_timeout() {
+    let pod = FakePod::start(Behavior::Normal {
+        chunks: 20,
+        delay_ms: 50,
+    })
+    .await;
+    let mut a = args(&[&pod]);
+    a.max_concurrent_requests = Some(1);
+    a.max_queued_requests = Some(1);
+    a.request_timeout_ms = Some(600);
+    let gw = kvgate_gateway::Gateway::start(a).await.unwrap();
+    let c = client();
+    // The first request holds the only slot until its own timeout (a 1 s stream, cut at 600 ms).
+    let first = tokio::spawn({
+        let (c, req) = (
+            c.clone(),
+            post(&gw, "/v1/chat/completions", &chat_body("a", true)),
+        );
+        async move { send(&c, req).await }
+    });
+    let shared = gw.shared().clone();
+    eventually("the first request holds the slot", || {
+        shared.admission.active() == 1
+    })
+    .await;
+    // The second waits in the queue for ~600 ms, so its deadline (600 ms from its arrival) is
+    // all but gone when it gets the slot: it ends with the request timeout at once, either 504
+    // or a stream cut by the timeout event, instead of a fresh 600 ms (it would end at ~1.2 s).
+    let t0 = std::time::Instant::now();
+    let r = send(&c, post(&gw, "/v1/chat/completions", &chat_body("b", true))).await;
+    let text = r.text();
+    assert!(
+        r.status == http::StatusCode::GATEWAY_TIMEOUT || text.contains("\"request_timeout\""),
+        "{}: {text}",
+        r.status
+    );
+    assert!(
+        t0.elapsed() < std::time::Duration::from_millis(900),
+        "{:?}",
+        t0.elapsed()
+    );
+    first.await.unwrap();
+    assert_idle(&gw, &[&pod]).await;
+}
