@@ -17,8 +17,9 @@
 //! [`AbortOnDrop`] guard for the request's id ([`RequestEvent::Queued`]) whose drop (the SSE body
 //! dropped by hyper on a broken connection, or the handler future dropped) sends the id on the
 //! abort channel; the driver takes it out of the engine ([`Engine::abort`]: it leaves the running
-//! or waiting count and its KV blocks are freed) before the next step, and counts it as
-//! `vllm:request_success_total{finished_reason="abort"}`.
+//! or waiting count and its KV blocks are freed) before the next step, and counts it in
+//! `kvgate_mock_pod_aborted_requests_total` (vLLM 0.32 does not count a client's disconnect in
+//! `vllm:request_success_total{finished_reason="abort"}`, which stays 0).
 //!
 //! Bounds: at most [`MAX_LIVE_REQUESTS`] requests queued or running (more are refused, HTTP
 //! 503); the submission queue holds [`SUBMIT_QUEUE`] requests (senders wait); a request's
@@ -309,7 +310,7 @@ impl Driver {
         release_blocks(&mut self.block_info, &live.blocks);
         tracing::debug!(id, "request aborted: the client went away");
         if let Ok(mut m) = self.metrics.lock() {
-            m.requests_finished_abort += 1;
+            m.requests_aborted += 1;
             m.engine = self.engine.metrics();
         }
     }

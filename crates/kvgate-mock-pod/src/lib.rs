@@ -12,6 +12,14 @@
 //!                                   └─► kv_events (ZMQ PUB + replay ROUTER, vLLM wire format)
 //! ```
 //!
+//! **Fidelity.** Where a router can see it, the pod behaves like vLLM 0.32 as observed on a
+//! real CPU pod (`shared/reference/real-vllm.md`): the HTTP surface and error shapes (`api`),
+//! the metric names, labels and `_created` samples (`metrics`), the KV events and replay
+//! framing (`kv_events`), prefix hits in whole blocks of `--block-size` tokens, `x-request-id`
+//! ids and abort on client disconnect (`driver`). `scripts/conformance/pod_conformance.py` checks
+//! all of it against both the mock (`tests/conformance.rs`) and a real vLLM; what the mock does
+//! not mirror is listed in `docs/simulator.md` ("What the mock pod mirrors").
+//!
 //! Library use (the gateway's `kvgate demo`, tests): [`spawn_pod`] on a bound listener, or
 //! [`spawn_pods`] for `count` pods on consecutive ports; each returns a [`RunningPod`] whose
 //! drop stops it. The CLI entry is [`run`] with [`MockPodArgs`].

@@ -17,8 +17,8 @@
 //! the HTTP layer (so they include the `--time-scale` speed-up). Written by hand rather than
 //! with `prometheus-client`, whose OpenMetrics output differs from what vLLM serves.
 //!
-//! Mock-only series (prefix `kvgate_mock_pod_`): rejected requests by reason, KV event batches
-//! dropped, and steps the driver ran late.
+//! Mock-only series (prefix `kvgate_mock_pod_`): rejected requests by reason, requests aborted
+//! because their client went away, KV event batches dropped, and steps the driver ran late.
 //!
 //! Memory: fixed — one counter per bucket, a fixed set of rejection reasons.
 
@@ -133,8 +133,8 @@ pub struct PodMetrics {
     pub itl: Histogram,
     pub e2e: Histogram,
     pub requests_finished_length: u64,
-    /// Requests whose client went away (`finished_reason="abort"`).
-    pub requests_finished_abort: u64,
+    /// Requests aborted because their client went away (mock-only series).
+    pub requests_aborted: u64,
     /// Tokens per KV block (the `block_size` label of `vllm:cache_config_info`).
     pub block_size_tokens: u32,
     /// When the pod started, Unix seconds: the value of every `_created` sample.
@@ -152,7 +152,7 @@ impl Default for PodMetrics {
             itl: Histogram::new(ITL_BUCKETS),
             e2e: Histogram::new(E2E_BUCKETS),
             requests_finished_length: 0,
-            requests_finished_abort: 0,
+            requests_aborted: 0,
             block_size_tokens: kvgate_core::blocks::DEFAULT_BLOCK_SIZE_TOKENS,
             created_unix_s: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -263,9 +263,15 @@ impl PodMetrics {
             "Number of generation tokens processed.",
             e.generation_tokens,
         );
+        // vLLM 0.32 lists these five reasons; a request whose client went away is not counted
+        // under "abort" (observed: that label counts engine-side aborts only), so here it is
+        // counted by the mock-only `kvgate_mock_pod_aborted_requests_total`.
         let finished = [
+            ("stop", 0),
             ("length", self.requests_finished_length),
-            ("abort", self.requests_finished_abort),
+            ("abort", 0),
+            ("error", 0),
+            ("repetition", 0),
         ];
         let _ = writeln!(
             out,
@@ -334,6 +340,13 @@ impl PodMetrics {
                 self.rejected(reason)
             );
         }
+        let _ = writeln!(
+            out,
+            "# HELP kvgate_mock_pod_aborted_requests_total Requests aborted because their client went away.\n\
+             # TYPE kvgate_mock_pod_aborted_requests_total counter\n\
+             kvgate_mock_pod_aborted_requests_total{{{labels}}} {}",
+            self.requests_aborted
+        );
         let _ = writeln!(
             out,
             "# HELP kvgate_mock_pod_kv_event_batches_dropped_total KV event batches dropped because the publisher queue was full.\n\
