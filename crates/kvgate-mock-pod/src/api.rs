@@ -5,7 +5,10 @@
 //! | `POST /v1/completions`, `POST /v1/chat/completions` | stream (SSE) and non-stream |
 //! | `GET /v1/models` | the one served model |
 //! | `GET /health` | 200, empty body |
+//! | `GET /version` | `{"version": …}` (the mock's own) |
 //! | `POST /tokenize` | `{"prompt": …}` or `{"messages": […]}` → `{count, max_model_len, tokens}` |
+//! | `GET /kv_event_sources` | the KV events config per data-parallel rank, as vLLM 0.32: `{"0": {"enable_kv_cache_events", "publisher", "endpoint", "replay_endpoint", "buffer_steps", "hwm", "max_queue_size", "topic"}}` (endpoints as bound) |
+//! | `POST /v1/completions/render`, `POST /v1/chat/completions/render` | 403 `PermissionDeniedError` unless `--enable-scale-out`; then see below |
 //! | `GET /metrics` | see `metrics` |
 //! | `GET /server_info`, `GET /model_info` (and the older `/get_server_info`, `/get_model_info`) | SGLang's metadata endpoints, see below |
 //!
@@ -23,6 +26,23 @@
 //! **Prompt blocks**: `BlockHasher::hash_tokens` over the token ids, seeded by
 //! `BlockHasher::chain_seed(model, cache_salt)`.
 //!
+//! **Request ids**: a client's `x-request-id` header becomes the completion id as in vLLM 0.32
+//! (`_base_request_id`): `cmpl-<x-request-id>` for completions, `chatcmpl-<x-request-id>` for
+//! chats; without it the id is `cmpl-<n>` / `chatcmpl-<n>` with a per-pod counter.
+//!
+//! **Render** (`--enable-scale-out`, vLLM's scale-out API that vllm-router calls):
+//! `/v1/completions/render` answers a JSON array, one `GenerateRequest` per prompt (a list of
+//! strings or of token-id lists is several prompts): `request_id` (`cmpl-<id>`, `-<i>` appended
+//! when there are several), `token_ids` (the mock's tokenization: cl100k, the chat rendering
+//! below for chats), `sampling_params` (a subset of vLLM's: `n`, `temperature`, `top_p`,
+//! `max_tokens`, `ignore_eos`, `seed`), `model`, `output_mode: "tokens"`, `stream`,
+//! `stream_options`, `cache_salt`, `priority` and vLLM's other fields as null;
+//! `/v1/chat/completions/render` answers one such object (`chatcmpl-<id>`).
+//!
+//! **Client gone**: a stream whose client disconnects (hyper drops the body on the next write)
+//! and a non-stream request whose handler is dropped abort the request in the engine model
+//! (`driver::AbortOnDrop`): `vllm:num_requests_running` goes down and its KV blocks are freed.
+//!
 //! **Output**: deterministic: output token `i` (1-based) is the word `WORDS[(i − 1) % 16]`
 //! preceded by a space. `usage.prompt_tokens_details.cached_tokens` is the engine model's
 //! prefix-cache hit for the request (always present, as with vLLM's
@@ -31,9 +51,11 @@
 //! asked, then `data: [DONE]`.
 //!
 //! **Errors** are vLLM/OpenAI bodies `{"error": {"message", "type", "param", "code"}}`: 400
-//! `BadRequestError` for invalid JSON, a malformed request, an empty prompt, `max_tokens` 0, a
-//! prompt + `max_tokens` longer than `max_model_len` or than the KV cache; 404 `NotFoundError`
-//! for an unknown model; 503 `ServiceUnavailableError` past the driver's request limit. Each
+//! `Bad Request` (vLLM's type for a body that fails its schema) for invalid JSON or a
+//! malformed request, 400 `BadRequestError` for an empty prompt, `max_tokens` 0, a prompt +
+//! `max_tokens` longer than `max_model_len` or than the KV cache; 404 `NotFoundError` with
+//! `param: "model"` and vLLM 0.32's message (``The model `x` does not exist. Valid aliases:
+//! m.``) for an unknown model; 503 `ServiceUnavailableError` past the driver's request limit. Each
 //! is counted in `kvgate_mock_pod_rejected_requests_total{reason}` and logged at debug level.
 //! Bodies are limited to [`MAX_BODY_BYTES`].
 //!
@@ -43,7 +65,7 @@
 //! `/v1/models` says `unknown` and clients that take the model from there get 404s here (and
 //! then 503s from the router, its circuit breaker presumably open). So `/server_info` answers the subset of SGLang's server
 //! args a router reads — `served_model_name`, `context_length`, `dp_size` 1, `tp_size` 1,
-//! `page_size` 16 (the block size, as in `vllm:cache_config_info`), `version` — and
+//! `page_size` (the block size, as in `vllm:cache_config_info`), `version` — and
 //! `/model_info` answers `is_generation: true`, `model_type`, `has_image_understanding` and
 //! `has_audio_understanding` false. `model_path` and `tokenizer_path` are left out on purpose: a
 //! router that sees them tries to download that tokenizer (from Hugging Face), which a mock pod
@@ -55,7 +77,7 @@ use std::sync::{Arc, Mutex};
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use kvgate_core::BlockHasher;
@@ -63,7 +85,7 @@ use kvgate_core::request::{CHAT_COMPLETIONS_PATH, COMPLETIONS_PATH, Prompt, pars
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use crate::driver::{EngineHandle, RequestEvent, Submission};
+use crate::driver::{AbortOnDrop, EngineHandle, RequestEvent, Submission};
 use crate::metrics::{PodMetrics, RejectReason};
 use crate::tokenizer::PromptTokenizer;
 
@@ -102,7 +124,31 @@ pub struct PodState {
     pub tokenizer: PromptTokenizer,
     pub next_id: AtomicU64,
     pub faults: Faults,
+    /// `--enable-scale-out`: serve the render endpoints.
+    pub enable_scale_out: bool,
+    /// What `/kv_event_sources` answers ([`kv_event_sources`]).
+    pub kv_event_sources: Value,
 }
+
+/// `/kv_event_sources` as vLLM 0.32 answers it: vLLM's `KVEventsConfig` per data-parallel rank
+/// (one rank here), with the endpoints as bound. Without events: vLLM's defaults with
+/// `enable_kv_cache_events: false` and publisher `null` (not observed on a real pod).
+pub fn kv_event_sources(endpoint: Option<&str>, replay: Option<&str>, topic: &str) -> Value {
+    json!({"0": {
+        "enable_kv_cache_events": endpoint.is_some(),
+        "publisher": if endpoint.is_some() { "zmq" } else { "null" },
+        "endpoint": endpoint.unwrap_or("tcp://*:5557"),
+        "replay_endpoint": replay,
+        "buffer_steps": crate::kv_events::REPLAY_BUFFER_BATCHES,
+        "hwm": 100_000,
+        "max_queue_size": 100_000,
+        "topic": topic,
+    }})
+}
+
+/// vLLM 0.32's answer to a render request without `--enable-scale-out`.
+pub const SCALE_OUT_DISABLED: &str =
+    "Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out to enable them.";
 
 pub fn router(state: Arc<PodState>) -> Router {
     Router::new()
@@ -110,7 +156,11 @@ pub fn router(state: Arc<PodState>) -> Router {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(models))
         .route("/health", get(|| async { StatusCode::OK }))
+        .route("/version", get(version))
         .route("/tokenize", post(tokenize))
+        .route("/kv_event_sources", get(event_sources))
+        .route("/v1/completions/render", post(render_completions))
+        .route("/v1/chat/completions/render", post(render_chat_completions))
         .route("/server_info", get(server_info))
         .route("/get_server_info", get(server_info))
         .route("/model_info", get(model_info))
@@ -135,35 +185,218 @@ fn json_response(status: StatusCode, body: &Value) -> Response {
         .into_response()
 }
 
-/// An OpenAI-style error, counted and logged.
+/// An OpenAI-style error, counted and logged; the `type` vLLM gives each reason.
 fn reject(st: &PodState, reason: RejectReason, status: StatusCode, message: String) -> Response {
     if let Ok(mut m) = st.metrics.lock() {
         m.reject(reason);
     }
     tracing::debug!(reason = reason.as_str(), "request rejected: {message}");
-    let kind = match status {
-        StatusCode::NOT_FOUND => "NotFoundError",
-        StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailableError",
-        _ => "BadRequestError",
+    let (kind, param) = match (status, reason) {
+        (StatusCode::NOT_FOUND, _) => ("NotFoundError", Value::from("model")),
+        (StatusCode::SERVICE_UNAVAILABLE, _) => ("ServiceUnavailableError", Value::Null),
+        // vLLM answers a body that fails its schema (pydantic) with type "Bad Request".
+        (_, RejectReason::InvalidJson | RejectReason::InvalidRequest) => {
+            ("Bad Request", Value::Null)
+        }
+        _ => ("BadRequestError", Value::Null),
     };
     json_response(
         status,
-        &json!({"error": {"message": message, "type": kind, "param": null, "code": status.as_u16()}}),
+        &json!({"error": {"message": message, "type": kind, "param": param, "code": status.as_u16()}}),
     )
 }
 
-async fn completions(State(st): State<Arc<PodState>>, body: Bytes) -> Response {
-    if st.faults.hang {
-        return std::future::pending().await;
-    }
-    generate(&st, COMPLETIONS_PATH, &body).await
+/// vLLM 0.32's 404 for a model it does not serve.
+fn unknown_model(st: &PodState, model: &str) -> Response {
+    reject(
+        st,
+        RejectReason::UnknownModel,
+        StatusCode::NOT_FOUND,
+        format!(
+            "The model `{model}` does not exist. Valid aliases: {}.",
+            st.model
+        ),
+    )
 }
 
-async fn chat_completions(State(st): State<Arc<PodState>>, body: Bytes) -> Response {
+/// The client's `x-request-id`, when it is valid text.
+fn client_request_id(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty())
+}
+
+/// The completion id: `<prefix>-<x-request-id>`, else `<prefix>-<n>`.
+fn completion_id(st: &PodState, headers: &HeaderMap, chat: bool) -> String {
+    let prefix = if chat { "chatcmpl" } else { "cmpl" };
+    match client_request_id(headers) {
+        Some(id) => format!("{prefix}-{id}"),
+        None => format!("{prefix}-{}", st.next_id.fetch_add(1, Ordering::Relaxed)),
+    }
+}
+async fn completions(State(st): State<Arc<PodState>>, headers: HeaderMap, body: Bytes) -> Response {
     if st.faults.hang {
         return std::future::pending().await;
     }
-    generate(&st, CHAT_COMPLETIONS_PATH, &body).await
+    generate(&st, COMPLETIONS_PATH, &headers, &body).await
+}
+
+async fn chat_completions(
+    State(st): State<Arc<PodState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if st.faults.hang {
+        return std::future::pending().await;
+    }
+    generate(&st, CHAT_COMPLETIONS_PATH, &headers, &body).await
+}
+
+async fn version() -> Response {
+    json_response(
+        StatusCode::OK,
+        &json!({"version": concat!("kvgate-mock-pod ", env!("CARGO_PKG_VERSION"))}),
+    )
+}
+
+async fn event_sources(State(st): State<Arc<PodState>>) -> Response {
+    json_response(StatusCode::OK, &st.kv_event_sources)
+}
+
+async fn render_completions(
+    State(st): State<Arc<PodState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    render(&st, COMPLETIONS_PATH, &headers, &body).await
+}
+
+async fn render_chat_completions(
+    State(st): State<Arc<PodState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    render(&st, CHAT_COMPLETIONS_PATH, &headers, &body).await
+}
+
+/// The prompts of a completions body: a list of strings or of token-id lists is several.
+fn split_prompts(body: &Value) -> Vec<Value> {
+    match body.get("prompt") {
+        Some(Value::Array(items))
+            if !items.is_empty()
+                && (items.iter().all(Value::is_string) || items.iter().all(Value::is_array)) =>
+        {
+            items
+                .iter()
+                .map(|p| {
+                    let mut one = body.clone();
+                    if let Some(o) = one.as_object_mut() {
+                        o.insert("prompt".into(), p.clone());
+                    }
+                    one
+                })
+                .collect()
+        }
+        _ => vec![body.clone()],
+    }
+}
+
+/// The render endpoints (see the module docs).
+async fn render(st: &PodState, path: &str, headers: &HeaderMap, body: &[u8]) -> Response {
+    if !st.enable_scale_out {
+        return json_response(
+            StatusCode::FORBIDDEN,
+            &json!({"error": {"message": SCALE_OUT_DISABLED, "type": "PermissionDeniedError",
+                              "param": null, "code": 403}}),
+        );
+    }
+    let value: Value = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(e) => {
+            return reject(
+                st,
+                RejectReason::InvalidJson,
+                StatusCode::BAD_REQUEST,
+                format!("invalid JSON body: {e}"),
+            );
+        }
+    };
+    let chat = path == CHAT_COMPLETIONS_PATH;
+    let base_id = completion_id(st, headers, chat);
+    let bodies = if chat {
+        vec![value]
+    } else {
+        split_prompts(&value)
+    };
+    let several = bodies.len() > 1;
+    let mut out = Vec::with_capacity(bodies.len());
+    for (i, one) in bodies.iter().enumerate() {
+        let parsed = match parse_request_value(path, one) {
+            Ok(p) => p,
+            Err(e) => {
+                return reject(
+                    st,
+                    RejectReason::InvalidRequest,
+                    StatusCode::BAD_REQUEST,
+                    e.to_string(),
+                );
+            }
+        };
+        if parsed.model != st.model {
+            return unknown_model(st, &parsed.model);
+        }
+        let tokens = match parsed.prompt {
+            Prompt::Tokens(t) => t,
+            Prompt::Text(text) => encode_off_runtime(st.tokenizer, text).await,
+        };
+        if tokens.is_empty() {
+            return reject(
+                st,
+                RejectReason::InvalidRequest,
+                StatusCode::BAD_REQUEST,
+                "No token_ids rendered".into(),
+            );
+        }
+        let field = |k: &str| one.get(k).cloned().unwrap_or(Value::Null);
+        let or = |k: &str, default: Value| match one.get(k) {
+            None | Some(Value::Null) => default,
+            Some(v) => v.clone(),
+        };
+        let max_tokens = parsed.max_tokens.unwrap_or(st.default_max_tokens);
+        out.push(json!({
+            "request_id": if several { format!("{base_id}-{i}") } else { base_id.clone() },
+            "token_ids": tokens,
+            "token_offsets": null,
+            "features": null,
+            "content_parts": null,
+            "sampling_params": {
+                "n": or("n", json!(1)),
+                "temperature": or("temperature", json!(1.0)),
+                "top_p": or("top_p", json!(1.0)),
+                "max_tokens": max_tokens,
+                "ignore_eos": or("ignore_eos", json!(false)),
+                "seed": field("seed"),
+            },
+            "model": parsed.model,
+            "reasoning_ended": null,
+            "reasoning_parser_kwargs": null,
+            "return_token_ids": null,
+            "output_mode": "tokens",
+            "stream": parsed.stream,
+            "stream_options": if parsed.stream { field("stream_options") } else { Value::Null },
+            "cache_salt": parsed.cache_salt,
+            "priority": or("priority", json!(0)),
+            "kv_transfer_params": null,
+            "ec_transfer_params": null,
+        }));
+    }
+    if chat {
+        let one = out.pop().unwrap_or(Value::Null);
+        json_response(StatusCode::OK, &one)
+    } else {
+        json_response(StatusCode::OK, &Value::Array(out))
+    }
 }
 
 async fn models(State(st): State<Arc<PodState>>) -> Response {
@@ -185,7 +418,7 @@ async fn server_info(State(st): State<Arc<PodState>>) -> Response {
             "context_length": st.max_model_len,
             "dp_size": 1,
             "tp_size": 1,
-            "page_size": 16,
+            "page_size": st.engine.block_size_tokens(),
             "version": concat!("kvgate-mock-pod ", env!("CARGO_PKG_VERSION")),
         }),
     )
@@ -249,14 +482,8 @@ async fn tokenize(State(st): State<Arc<PodState>>, body: Bytes) -> Response {
             obj.insert("model".into(), Value::String(st.model.clone()));
         }
         Some(Value::String(m)) if *m == st.model => {}
-        Some(other) => {
-            return reject(
-                &st,
-                RejectReason::UnknownModel,
-                StatusCode::NOT_FOUND,
-                format!("The model `{other}` does not exist."),
-            );
-        }
+        Some(Value::String(other)) => return unknown_model(&st, other),
+        Some(other) => return unknown_model(&st, &other.to_string()),
     }
     let path = if obj.contains_key("messages") {
         CHAT_COMPLETIONS_PATH
@@ -294,6 +521,8 @@ async fn tokenize(State(st): State<Arc<PodState>>, body: Bytes) -> Response {
 
 /// A validated generation request.
 struct Generation {
+    /// Aborts the request in the engine if the response is dropped before its last token.
+    abort: AbortOnDrop,
     chat: bool,
     id: String,
     created: u64,
@@ -303,7 +532,7 @@ struct Generation {
     include_usage: bool,
 }
 
-async fn generate(st: &PodState, path: &str, body: &[u8]) -> Response {
+async fn generate(st: &PodState, path: &str, headers: &HeaderMap, body: &[u8]) -> Response {
     let value: Value = match serde_json::from_slice(body) {
         Ok(v) => v,
         Err(e) => {
@@ -327,12 +556,7 @@ async fn generate(st: &PodState, path: &str, body: &[u8]) -> Response {
         }
     };
     if parsed.model != st.model {
-        return reject(
-            st,
-            RejectReason::UnknownModel,
-            StatusCode::NOT_FOUND,
-            format!("The model `{}` does not exist.", parsed.model),
-        );
+        return unknown_model(st, &parsed.model);
     }
     match value.get("ignore_eos") {
         None | Some(Value::Null | Value::Bool(_)) => {}
@@ -394,9 +618,14 @@ async fn generate(st: &PodState, path: &str, body: &[u8]) -> Response {
             ),
         );
     }
-    let mut blocks = Vec::with_capacity(tokens.len() / 16);
+    let block_size_tokens = st.engine.block_size_tokens();
+    let mut blocks = Vec::with_capacity(tokens.len() / block_size_tokens as usize);
     let seed = BlockHasher::chain_seed(&parsed.model, parsed.cache_salt.as_deref());
-    BlockHasher::default().hash_tokens(seed, &tokens, &mut blocks);
+    let hasher = BlockHasher {
+        block_size_tokens,
+        ..BlockHasher::default()
+    };
+    hasher.hash_tokens(seed, &tokens, &mut blocks);
     let prompt_tokens = u32::try_from(tokens.len()).unwrap_or(u32::MAX);
     let (tx, mut rx) = mpsc::unbounded_channel();
     let submission = Submission {
@@ -413,8 +642,8 @@ async fn generate(st: &PodState, path: &str, body: &[u8]) -> Response {
             "the engine has stopped".into(),
         );
     }
-    match rx.recv().await {
-        Some(RequestEvent::Queued) => {}
+    let abort = match rx.recv().await {
+        Some(RequestEvent::Queued { id }) => st.engine.abort_on_drop(id),
         Some(RequestEvent::Rejected(e)) => {
             return reject(
                 st,
@@ -431,16 +660,12 @@ async fn generate(st: &PodState, path: &str, body: &[u8]) -> Response {
                 "too many requests in the pod".into(),
             );
         }
-    }
+    };
     let chat = path == CHAT_COMPLETIONS_PATH;
-    let n = st.next_id.fetch_add(1, Ordering::Relaxed);
     let generation = Generation {
+        abort,
         chat,
-        id: if chat {
-            format!("chatcmpl-{n}")
-        } else {
-            format!("cmpl-{n}")
-        },
+        id: completion_id(st, headers, chat),
         created: unix_now(),
         model: parsed.model,
         prompt_tokens,
@@ -480,7 +705,10 @@ fn usage(g: &Generation, completion_tokens: u32, cached_tokens: u32) -> Value {
     })
 }
 
-async fn whole_response(g: Generation, mut rx: mpsc::UnboundedReceiver<RequestEvent>) -> Response {
+async fn whole_response(
+    mut g: Generation,
+    mut rx: mpsc::UnboundedReceiver<RequestEvent>,
+) -> Response {
     let mut text = String::with_capacity(g.max_tokens as usize * 6);
     let mut cached = 0;
     let mut produced = 0;
@@ -492,6 +720,7 @@ async fn whole_response(g: Generation, mut rx: mpsc::UnboundedReceiver<RequestEv
                 text.push_str(word(index));
                 produced = index;
                 if finished {
+                    g.abort.finished();
                     break;
                 }
             }
@@ -582,6 +811,7 @@ fn stream_response(
                     }
                     sse(&mut out, &chunk(&s.g, index, finished));
                     if finished {
+                        s.g.abort.finished();
                         if s.g.include_usage {
                             let object = if s.g.chat {
                                 "chat.completion.chunk"

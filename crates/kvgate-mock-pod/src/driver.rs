@@ -13,14 +13,19 @@
 //!    request's channel, record TTFT / inter-token / e2e latencies in wall time, publish the
 //!    step's cache changes as one KV event batch and refresh the gauges.
 //!
-//! A client that goes away does not abort its request (the engine model has no abort); its
-//! tokens are dropped.
+//! A client that goes away aborts its request, as vLLM does: the HTTP layer holds an
+//! [`AbortOnDrop`] guard for the request's id ([`RequestEvent::Queued`]) whose drop (the SSE body
+//! dropped by hyper on a broken connection, or the handler future dropped) sends the id on the
+//! abort channel; the driver takes it out of the engine ([`Engine::abort`]: it leaves the running
+//! or waiting count and its KV blocks are freed) before the next step, and counts it in
+//! `kvgate_mock_pod_aborted_requests_total` (vLLM 0.32 does not count a client's disconnect in
+//! `vllm:request_success_total{finished_reason="abort"}`, which stays 0).
 //!
 //! Bounds: at most [`MAX_LIVE_REQUESTS`] requests queued or running (more are refused, HTTP
 //! 503); the submission queue holds [`SUBMIT_QUEUE`] requests (senders wait); a request's
 //! event channel holds at most `max_tokens + 1` events, so it is bounded by the request; the
-//! block → token-ids map for KV events holds one entry per distinct prompt block of the live
-//! requests.
+//! abort channel holds at most one id per live request; the block → token-ids map for KV events
+//! holds one entry per distinct prompt block of the live requests.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -42,13 +47,11 @@ pub const SUBMIT_QUEUE: usize = 4096;
 /// gives up on catching up and restarts the schedule from now.
 pub const LATE_RESYNC_MS: f64 = 50.0;
 
-const BLOCK: usize = 16;
-
 /// What a request hears from the engine.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RequestEvent {
-    /// The engine accepted the request (always the first event unless refused).
-    Queued,
+    /// The engine accepted the request as `id` (always the first event unless refused).
+    Queued { id: u64 },
     /// The request was scheduled; `cached_tokens` of its prompt were prefix-cache hits.
     Admitted { cached_tokens: u32 },
     /// Output token number `index` (1-based) was produced.
@@ -63,7 +66,7 @@ pub enum RequestEvent {
 #[derive(Debug)]
 pub struct Submission {
     pub prompt_tokens: Arc<[u32]>,
-    /// Chained hashes of the prompt's full 16-token blocks.
+    /// Chained hashes of the prompt's full blocks (of the engine's block size).
     pub blocks: Arc<[BlockHash]>,
     pub max_tokens: u32,
     pub events: mpsc::UnboundedSender<RequestEvent>,
@@ -73,6 +76,8 @@ pub struct Submission {
 #[derive(Debug, Clone)]
 pub struct EngineHandle {
     tx: mpsc::Sender<Submission>,
+    aborts: mpsc::UnboundedSender<u64>,
+    block_size_tokens: u32,
 }
 
 impl EngineHandle {
@@ -80,6 +85,43 @@ impl EngineHandle {
     /// engine task is gone.
     pub async fn submit(&self, submission: Submission) -> bool {
         self.tx.send(submission).await.is_ok()
+    }
+
+    /// Tokens per KV block of the engine.
+    pub fn block_size_tokens(&self) -> u32 {
+        self.block_size_tokens
+    }
+
+    /// A guard that aborts request `id` (from [`RequestEvent::Queued`]) when dropped, unless
+    /// [`AbortOnDrop::finished`] was called.
+    pub fn abort_on_drop(&self, id: u64) -> AbortOnDrop {
+        AbortOnDrop {
+            id,
+            tx: Some(self.aborts.clone()),
+        }
+    }
+}
+
+/// Aborts its request in the engine when dropped before [`AbortOnDrop::finished`].
+#[derive(Debug)]
+pub struct AbortOnDrop {
+    id: u64,
+    tx: Option<mpsc::UnboundedSender<u64>>,
+}
+
+impl AbortOnDrop {
+    /// The request ended normally (its last token was handed over): nothing to abort.
+    pub fn finished(&mut self) {
+        self.tx = None;
+    }
+}
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if let Some(tx) = self.tx.take() {
+            // The engine task being gone already freed everything.
+            let _ = tx.send(self.id);
+        }
     }
 }
 
@@ -93,7 +135,8 @@ struct Live {
 
 struct BlockInfo {
     parent: Option<BlockHash>,
-    tokens: [u32; BLOCK],
+    /// The block's `block_size_tokens` token ids.
+    tokens: Box<[u32]>,
     refs: u32,
 }
 
@@ -107,6 +150,7 @@ struct Driver {
     engine: Engine,
     epoch: Instant,
     time_scale: f64,
+    block_size_tokens: usize,
     next_id: u64,
     live: FxHashMap<u64, Live>,
     block_info: FxHashMap<BlockHash, BlockInfo>,
@@ -127,6 +171,8 @@ pub fn spawn(
     sink: Option<EventSink>,
 ) -> (EngineHandle, tokio::task::JoinHandle<()>) {
     let (tx, rx) = mpsc::channel(SUBMIT_QUEUE);
+    let (aborts_tx, aborts) = mpsc::unbounded_channel();
+    let block_size_tokens = engine.block_size_tokens();
     engine.set_record_kv_events(sink.is_some());
     if let Ok(mut m) = metrics.lock() {
         m.engine = engine.metrics();
@@ -135,6 +181,7 @@ pub fn spawn(
         engine,
         epoch: Instant::now(),
         time_scale,
+        block_size_tokens: block_size_tokens as usize,
         next_id: 0,
         live: FxHashMap::default(),
         block_info: FxHashMap::default(),
@@ -145,8 +192,13 @@ pub fn spawn(
         kv_events: Vec::new(),
         cache_events: Vec::new(),
     };
-    let task = tokio::spawn(driver.run(rx));
-    (EngineHandle { tx }, task)
+    let task = tokio::spawn(driver.run(rx, aborts));
+    let handle = EngineHandle {
+        tx,
+        aborts: aborts_tx,
+        block_size_tokens,
+    };
+    (handle, task)
 }
 
 impl Driver {
@@ -159,8 +211,15 @@ impl Driver {
         self.epoch + Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX / 4)
     }
 
-    async fn run(mut self, mut rx: mpsc::Receiver<Submission>) {
+    async fn run(
+        mut self,
+        mut rx: mpsc::Receiver<Submission>,
+        mut aborts: mpsc::UnboundedReceiver<u64>,
+    ) {
         loop {
+            while let Ok(id) = aborts.try_recv() {
+                self.abort(id);
+            }
             let mut closed = false;
             loop {
                 match rx.try_recv() {
@@ -213,23 +272,19 @@ impl Driver {
             let _ = s.events.send(RequestEvent::Rejected(e));
             return;
         }
-        let _ = s.events.send(RequestEvent::Queued);
+        let _ = s.events.send(RequestEvent::Queued { id });
         if self.sink.is_some() {
             for (i, (&hash, chunk)) in s
                 .blocks
                 .iter()
-                .zip(s.prompt_tokens.chunks_exact(BLOCK))
+                .zip(s.prompt_tokens.chunks_exact(self.block_size_tokens))
                 .enumerate()
             {
                 let parent = i.checked_sub(1).and_then(|p| s.blocks.get(p).copied());
-                let entry = self.block_info.entry(hash).or_insert_with(|| {
-                    let mut tokens = [0; BLOCK];
-                    tokens.copy_from_slice(chunk);
-                    BlockInfo {
-                        parent,
-                        tokens,
-                        refs: 0,
-                    }
+                let entry = self.block_info.entry(hash).or_insert_with(|| BlockInfo {
+                    parent,
+                    tokens: chunk.into(),
+                    refs: 0,
                 });
                 entry.refs += 1;
             }
@@ -246,6 +301,20 @@ impl Driver {
         );
     }
 
+    /// The client of request `id` went away (see the module docs).
+    fn abort(&mut self, id: u64) {
+        let Some(live) = self.live.remove(&id) else {
+            return;
+        };
+        self.engine.abort(id);
+        release_blocks(&mut self.block_info, &live.blocks);
+        tracing::debug!(id, "request aborted: the client went away");
+        if let Ok(mut m) = self.metrics.lock() {
+            m.requests_aborted += 1;
+            m.engine = self.engine.metrics();
+        }
+    }
+
     async fn step(&mut self, scheduled_ms: f64) {
         let now_ms = self.model_now_ms();
         let late = (now_ms - scheduled_ms) / self.time_scale > LATE_RESYNC_MS;
@@ -260,7 +329,12 @@ impl Driver {
         self.kv_events.extend_from_slice(&o.kv_events);
         // Before finished requests release their blocks' token ids.
         if self.sink.is_some() {
-            to_cache_events(&self.kv_events, &self.block_info, &mut self.cache_events);
+            to_cache_events(
+                &self.kv_events,
+                &self.block_info,
+                self.block_size_tokens as u32,
+                &mut self.cache_events,
+            );
         }
 
         tokio::time::sleep_until(self.wall_at(end_ms)).await;
@@ -334,6 +408,7 @@ fn release_blocks(info: &mut FxHashMap<BlockHash, BlockInfo>, blocks: &[BlockHas
 fn to_cache_events(
     kv: &[KvEvent],
     info: &FxHashMap<BlockHash, BlockInfo>,
+    block_size: u32,
     out: &mut Vec<CacheEvent>,
 ) {
     out.clear();
@@ -363,6 +438,7 @@ fn to_cache_events(
                     block_hashes: vec![h],
                     parent_block_hash: parent,
                     token_ids: tokens.to_vec(),
+                    block_size,
                 });
             }
             KvEvent::Removed(h) => out.push(CacheEvent::BlockRemoved {
@@ -379,7 +455,7 @@ mod tests {
     fn info(parent: Option<BlockHash>, t: u32) -> BlockInfo {
         BlockInfo {
             parent,
-            tokens: [t; BLOCK],
+            tokens: vec![t; 16].into(),
             refs: 1,
         }
     }
@@ -399,6 +475,7 @@ mod tests {
                 KvEvent::Stored(9),
             ],
             &map,
+            16,
             &mut out,
         );
         assert_eq!(
@@ -408,6 +485,7 @@ mod tests {
                     block_hashes: vec![1, 2],
                     parent_block_hash: None,
                     token_ids: [[1u32; 16], [2; 16]].concat(),
+                    block_size: 16,
                 },
                 CacheEvent::BlockRemoved {
                     block_hashes: vec![5]
@@ -416,6 +494,7 @@ mod tests {
                     block_hashes: vec![9],
                     parent_block_hash: Some(8),
                     token_ids: vec![9; 16],
+                    block_size: 16,
                 },
             ]
         );

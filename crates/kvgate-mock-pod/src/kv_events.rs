@@ -8,11 +8,16 @@
 //!   (seq = −1), the four frames real vLLM 0.32 sends (reference/real-vllm.md). Malformed
 //!   replay requests are counted and logged.
 //! - **Encodings** (`--kv-events-encoding`):
-//!   - `map` (current vLLM): each event is a msgpack map tagged by `"type"`,
+//!   - `map` (current vLLM): each event is a msgpack map tagged by `"type"`, with the fields
+//!     vLLM 0.32 sends (observed, reference/real-vllm.md):
 //!     `{"type":"BlockStored","block_hashes":[…],"parent_block_hash":…,"token_ids":[…],
-//!     "block_size":16,"lora_id":null,"medium":"GPU","lora_name":null}`;
+//!     "block_size":B,"lora_id":null,"medium":"GPU","lora_name":null,"extra_keys":[null per
+//!     block],"group_idx":0,"kv_cache_spec_kind":"full_attention"}` and
+//!     `{"type":"BlockRemoved","block_hashes":[h],"medium":"GPU","group_idx":0}`;
 //!   - `array` (vLLM before PR #42892): each event is a positional array whose first element is
-//!     the tag, `["BlockStored",[…],parent,[…],16,null,"GPU",null]`.
+//!     the tag, `["BlockStored",[…],parent,[…],B,null,"GPU",null]` (that version's fields only).
+//!
+//!   `B` is the pod's `--block-size` (16 by default; vLLM CPU uses 128).
 //!
 //!   In both, the batch is the positional `[ts, [events…], data_parallel_rank]` (`ts` = Unix
 //!   seconds as a float, rank 0), which is what vLLM v0.26 was observed to send; decoders
@@ -22,7 +27,10 @@
 //!   unsigned ints, like vLLM's default `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1`. Consecutive
 //!   blocks of one prompt stored in the same step go in one `BlockStored` whose
 //!   `parent_block_hash` is the hash of the block before the first (nil for a prompt's first
-//!   block); `token_ids` holds `16 × blocks` ids. Each evicted block is one `BlockRemoved`.
+//!   block); `token_ids` holds `B × blocks` ids. Each evicted block is one `BlockRemoved`,
+//!   placed before the stores of its batch (evictions happen when blocks are allocated, stores
+//!   when they are full). Only prompt blocks are stored: vLLM also stores the blocks filled
+//!   during decode, the engine model does not hash output tokens.
 //!   `AllBlocksCleared` is encoded but never sent: the engine model has no cache reset.
 //!
 //! Bounds: the queue from the engine driver to the publisher holds [`PUBLISH_QUEUE_BATCHES`]
@@ -63,6 +71,8 @@ pub enum CacheEvent {
         block_hashes: Vec<BlockHash>,
         parent_block_hash: Option<BlockHash>,
         token_ids: Vec<u32>,
+        /// Tokens per block: `token_ids.len() == block_size × block_hashes.len()`.
+        block_size: u32,
     },
     BlockRemoved {
         block_hashes: Vec<BlockHash>,
@@ -70,8 +80,10 @@ pub enum CacheEvent {
     AllBlocksCleared,
 }
 
-const BLOCK_SIZE: u64 = 16;
 const MEDIUM: &str = "GPU";
+/// vLLM 0.32's `group_idx` and `kv_cache_spec_kind` of a plain decoder's one KV-cache group.
+const GROUP_IDX: u8 = 0;
+const KV_CACHE_SPEC_KIND: &str = "full_attention";
 
 fn hashes(h: &[BlockHash]) -> Value {
     Value::Array(h.iter().map(|&h| Value::from(h)).collect())
@@ -79,11 +91,13 @@ fn hashes(h: &[BlockHash]) -> Value {
 
 fn event_value(event: &CacheEvent, encoding: KvEventsEncoding) -> Value {
     let s = |x: &str| Value::from(x);
-    let fields: Vec<(&str, Value)> = match event {
+    let map = encoding == KvEventsEncoding::Map;
+    let mut fields: Vec<(&str, Value)> = match event {
         CacheEvent::BlockStored {
             block_hashes,
             parent_block_hash,
             token_ids,
+            block_size,
         } => vec![
             ("type", s("BlockStored")),
             ("block_hashes", hashes(block_hashes)),
@@ -95,7 +109,7 @@ fn event_value(event: &CacheEvent, encoding: KvEventsEncoding) -> Value {
                 "token_ids",
                 Value::Array(token_ids.iter().map(|&t| Value::from(t)).collect()),
             ),
-            ("block_size", Value::from(BLOCK_SIZE)),
+            ("block_size", Value::from(*block_size)),
             ("lora_id", Value::Nil),
             ("medium", s(MEDIUM)),
             ("lora_name", Value::Nil),
@@ -107,6 +121,19 @@ fn event_value(event: &CacheEvent, encoding: KvEventsEncoding) -> Value {
         ],
         CacheEvent::AllBlocksCleared => vec![("type", s("AllBlocksCleared"))],
     };
+    // The fields vLLM 0.32 added; the older array layout has none of them.
+    if map {
+        match event {
+            CacheEvent::BlockStored { block_hashes, .. } => {
+                let extra_keys = Value::Array(vec![Value::Nil; block_hashes.len()]);
+                fields.push(("extra_keys", extra_keys));
+                fields.push(("group_idx", Value::from(GROUP_IDX)));
+                fields.push(("kv_cache_spec_kind", s(KV_CACHE_SPEC_KIND)));
+            }
+            CacheEvent::BlockRemoved { .. } => fields.push(("group_idx", Value::from(GROUP_IDX))),
+            CacheEvent::AllBlocksCleared => {}
+        }
+    }
     match encoding {
         KvEventsEncoding::Map => Value::Map(fields.into_iter().map(|(k, v)| (s(k), v)).collect()),
         KvEventsEncoding::Array => Value::Array(fields.into_iter().map(|(_, v)| v).collect()),
@@ -266,7 +293,8 @@ mod tests {
         CacheEvent::BlockStored {
             block_hashes: vec![u64::MAX, 2],
             parent_block_hash: None,
-            token_ids: (0..32).collect(),
+            token_ids: (0..256).collect(),
+            block_size: 128,
         }
     }
 
@@ -289,8 +317,14 @@ mod tests {
             Some(u64::MAX)
         );
         assert!(get("parent_block_hash").unwrap().is_nil());
-        assert_eq!(get("token_ids").unwrap().as_array().unwrap().len(), 32);
-        assert_eq!(get("block_size").and_then(|v| v.as_u64()), Some(16));
+        assert_eq!(get("token_ids").unwrap().as_array().unwrap().len(), 256);
+        assert_eq!(get("block_size").and_then(|v| v.as_u64()), Some(128));
+        assert_eq!(get("extra_keys").unwrap().as_array().unwrap().len(), 2);
+        assert_eq!(get("group_idx").and_then(|v| v.as_u64()), Some(0));
+        assert_eq!(
+            get("kv_cache_spec_kind").and_then(|v| v.as_str()),
+            Some("full_attention")
+        );
     }
 
     #[test]
@@ -307,5 +341,6 @@ mod tests {
         assert_eq!(event[0].as_str(), Some("BlockRemoved"));
         assert_eq!(event[1].as_array().unwrap()[0].as_u64(), Some(7));
         assert_eq!(event[2].as_str(), Some("GPU"));
+        assert_eq!(event.len(), 3, "no vLLM 0.32 fields in the old layout");
     }
 }

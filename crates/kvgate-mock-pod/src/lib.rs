@@ -12,6 +12,14 @@
 //!                                   └─► kv_events (ZMQ PUB + replay ROUTER, vLLM wire format)
 //! ```
 //!
+//! **Fidelity.** Where a router can see it, the pod behaves like vLLM 0.32 as observed on a
+//! real CPU pod (`shared/reference/real-vllm.md`): the HTTP surface and error shapes (`api`),
+//! the metric names, labels and `_created` samples (`metrics`), the KV events and replay
+//! framing (`kv_events`), prefix hits in whole blocks of `--block-size` tokens, `x-request-id`
+//! ids and abort on client disconnect (`driver`). `scripts/conformance/pod_conformance.py` checks
+//! all of it against both the mock (`tests/conformance.rs`) and a real vLLM; what the mock does
+//! not mirror is listed in `docs/simulator.md` ("What the mock pod mirrors").
+//!
 //! Library use (the gateway's `kvgate demo`, tests): [`spawn_pod`] on a bound listener, or
 //! [`spawn_pods`] for `count` pods on consecutive ports; each returns a [`RunningPod`] whose
 //! drop stops it. The CLI entry is [`run`] with [`MockPodArgs`].
@@ -52,9 +60,18 @@ pub struct MockPodArgs {
     /// Model time runs this many times faster than wall time.
     #[arg(long, default_value_t = 1.0)]
     pub time_scale: f64,
-    /// KV-cache blocks of 16 tokens (default: the profile's).
+    /// KV-cache blocks of `--block-size` tokens (default: the profile's token capacity in
+    /// such blocks).
     #[arg(long)]
     pub kv_blocks: Option<u32>,
+    /// Tokens per KV block: 16 (vLLM's CUDA default) or e.g. 128 (vLLM CPU's default). The
+    /// engine model, prefix hits, KV events and `vllm:cache_config_info` follow it.
+    #[arg(long, default_value_t = kvgate_core::blocks::DEFAULT_BLOCK_SIZE_TOKENS)]
+    pub block_size: u32,
+    /// Serve `/v1/completions/render` and `/v1/chat/completions/render` (vLLM's
+    /// `--enable-scale-out`); without it they answer 403 as vLLM does.
+    #[arg(long)]
+    pub enable_scale_out: bool,
     /// Longest prompt + output in tokens (default: the profile's).
     #[arg(long)]
     pub max_model_len: Option<u32>,
@@ -94,7 +111,11 @@ pub struct MockPodArgs {
 #[derive(Debug, Clone)]
 pub struct PodConfig {
     pub profile: Profile,
+    /// KV blocks of `block_size_tokens`; `None`: the profile's token capacity (its 16-token
+    /// blocks) in blocks of this size.
     pub kv_blocks: Option<u32>,
+    pub block_size_tokens: u32,
+    pub enable_scale_out: bool,
     pub time_scale: f64,
     pub model: String,
     pub default_max_tokens: u32,
@@ -111,6 +132,8 @@ impl Default for PodConfig {
         PodConfig {
             profile: Profile::default_profile().clone(),
             kv_blocks: None,
+            block_size_tokens: kvgate_core::blocks::DEFAULT_BLOCK_SIZE_TOKENS,
+            enable_scale_out: false,
             time_scale: 1.0,
             model: DEFAULT_MODEL.to_owned(),
             default_max_tokens: DEFAULT_MAX_TOKENS,
@@ -141,6 +164,8 @@ impl PodConfig {
         let config = PodConfig {
             profile,
             kv_blocks: args.kv_blocks,
+            block_size_tokens: args.block_size,
+            enable_scale_out: args.enable_scale_out,
             time_scale: args.time_scale,
             model: args.model.clone(),
             default_max_tokens: args.default_max_tokens,
@@ -168,10 +193,24 @@ impl PodConfig {
         if self.kv_blocks == Some(0) {
             bail!("--kv-blocks must be at least 1");
         }
+        if self.block_size_tokens == 0 {
+            bail!("--block-size must be at least 1");
+        }
         if self.default_max_tokens == 0 {
             bail!("--default-max-tokens must be at least 1");
         }
         Ok(())
+    }
+
+    /// KV blocks of the pod: `kv_blocks`, else the profile's capacity in tokens (its blocks
+    /// are 16 tokens) in blocks of `block_size_tokens`, at least 1.
+    pub fn kv_blocks_of_block_size(&self) -> u32 {
+        self.kv_blocks.unwrap_or_else(|| {
+            let tokens =
+                u64::from(self.profile.kv_blocks) * u64::from(kvgate_sim::SIM_BLOCK_SIZE_TOKENS);
+            let blocks = tokens / u64::from(self.block_size_tokens.max(1));
+            u32::try_from(blocks).unwrap_or(u32::MAX).max(1)
+        })
     }
 
     /// The configuration of pod `i`: event endpoint ports shifted by `i` (port 0 stays 0).
@@ -246,7 +285,9 @@ impl Drop for RunningPod {
 pub async fn spawn_pod(config: PodConfig, listener: TcpListener) -> anyhow::Result<RunningPod> {
     config.validate()?;
     let addr = listener.local_addr()?;
-    let metrics = Arc::new(Mutex::new(PodMetrics::default()));
+    let mut pod_metrics = PodMetrics::default();
+    pod_metrics.block_size_tokens = config.block_size_tokens;
+    let metrics = Arc::new(Mutex::new(pod_metrics));
     let mut tasks = Vec::new();
     let (sink, kv_events_endpoint, kv_events_replay_endpoint) = match &config.kv_events {
         Some(endpoint) => {
@@ -268,7 +309,11 @@ pub async fn spawn_pod(config: PodConfig, listener: TcpListener) -> anyhow::Resu
         }
         None => (None, None, None),
     };
-    let engine = Engine::new(&config.profile, config.kv_blocks);
+    let engine = Engine::with_block_size(
+        &config.profile,
+        Some(config.kv_blocks_of_block_size()),
+        config.block_size_tokens,
+    );
     let (handle, engine_task) = driver::spawn(engine, config.time_scale, metrics.clone(), sink);
     tasks.push(engine_task);
     let state = Arc::new(api::PodState {
@@ -280,6 +325,12 @@ pub async fn spawn_pod(config: PodConfig, listener: TcpListener) -> anyhow::Resu
         tokenizer: tokenizer::PromptTokenizer::cl100k(),
         next_id: AtomicU64::new(0),
         faults: config.faults,
+        enable_scale_out: config.enable_scale_out,
+        kv_event_sources: api::kv_event_sources(
+            kv_events_endpoint.as_deref(),
+            kv_events_replay_endpoint.as_deref(),
+            &config.kv_events_topic,
+        ),
     });
     // Every response names the pod that served it (`x-mock-pod: ip:port`), so that tests of
     // proxies in front of the pods (Envoy) can tell where a request went.

@@ -1,14 +1,24 @@
 //! The pod's `/metrics`: vLLM's metric names and types in the Prometheus text format (0.0.4).
 //!
-//! Names, types and labels follow vLLM v1 (`reference/interfaces.md` §2.1): every series carries
-//! `model_name` and `engine="0"`; counters end in `_total`; histograms use vLLM's bucket bounds
-//! (`vllm/v1/metrics/loggers.py`). Gauges come from the engine model's [`EngineMetrics`] after
+//! Names, types and labels follow what vLLM 0.32 serves (observed, reference/real-vllm.md):
+//! every `vllm:` series carries `engine="0"` and `model_name`; a counter `X_total` is followed
+//! by `X_created` (TYPE gauge, the Unix time the pod started), as `prometheus_client` writes
+//! them, and so is each histogram; histograms use vLLM's bucket bounds
+//! (`vllm/v1/metrics/loggers.py`). Series a router reads: `vllm:num_requests_running`,
+//! `vllm:num_requests_waiting`, `vllm:num_requests_waiting_by_reason{reason="capacity"|
+//! "deferred"}` (the mock's waiting requests all wait for capacity), `vllm:kv_cache_usage_perc`,
+//! `vllm:prefix_cache_queries_total` / `vllm:prefix_cache_hits_total` and
+//! `vllm:prompt_tokens_cached_total` (= the hits, in tokens: whole blocks only), and
+//! `vllm:cache_config_info` (value 1, no `model_name`) whose labels carry `block_size`,
+//! `num_gpu_blocks`, `enable_prefix_caching`, `prefix_caching_hash_algo`, `sliding_window`,
+//! `kv_cache_size_tokens`, `engine` and a few more of vLLM's (not all of its ~35).
+//! Gauges come from the engine model's [`EngineMetrics`] after
 //! each step; latencies are measured in wall-clock time by the driver when a token is handed to
 //! the HTTP layer (so they include the `--time-scale` speed-up). Written by hand rather than
 //! with `prometheus-client`, whose OpenMetrics output differs from what vLLM serves.
 //!
-//! Mock-only series (prefix `kvgate_mock_pod_`): rejected requests by reason, KV event batches
-//! dropped, and steps the driver ran late.
+//! Mock-only series (prefix `kvgate_mock_pod_`): rejected requests by reason, requests aborted
+//! because their client went away, KV event batches dropped, and steps the driver ran late.
 //!
 //! Memory: fixed — one counter per bucket, a fixed set of rejection reasons.
 
@@ -65,7 +75,7 @@ impl Histogram {
         self.count
     }
 
-    fn render(&self, out: &mut String, name: &str, help: &str, labels: &str) {
+    fn render(&self, out: &mut String, name: &str, help: &str, labels: &str, created: &str) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
         let mut cumulative = 0;
         for (bound, count) in self.bounds.iter().zip(&self.counts) {
@@ -78,6 +88,10 @@ impl Histogram {
         let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {}", self.count);
         let _ = writeln!(out, "{name}_sum{{{labels}}} {:?}", self.sum);
         let _ = writeln!(out, "{name}_count{{{labels}}} {}", self.count);
+        let _ = writeln!(
+            out,
+            "# HELP {name}_created {help}\n# TYPE {name}_created gauge\n{name}_created{{{labels}}} {created}"
+        );
     }
 }
 
@@ -119,6 +133,12 @@ pub struct PodMetrics {
     pub itl: Histogram,
     pub e2e: Histogram,
     pub requests_finished_length: u64,
+    /// Requests aborted because their client went away (mock-only series).
+    pub requests_aborted: u64,
+    /// Tokens per KV block (the `block_size` label of `vllm:cache_config_info`).
+    pub block_size_tokens: u32,
+    /// When the pod started, Unix seconds: the value of every `_created` sample.
+    pub created_unix_s: f64,
     rejected: [u64; 5],
     pub kv_event_batches_dropped: u64,
     pub late_steps: u64,
@@ -132,6 +152,11 @@ impl Default for PodMetrics {
             itl: Histogram::new(ITL_BUCKETS),
             e2e: Histogram::new(E2E_BUCKETS),
             requests_finished_length: 0,
+            requests_aborted: 0,
+            block_size_tokens: kvgate_core::blocks::DEFAULT_BLOCK_SIZE_TOKENS,
+            created_unix_s: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64()),
             rejected: [0; 5],
             kv_event_batches_dropped: 0,
             late_steps: 0,
@@ -161,73 +186,124 @@ impl PodMetrics {
         let labels = format!("engine=\"0\",model_name=\"{}\"", escape(model));
         let e = &self.engine;
         let mut out = String::with_capacity(8192);
-        let mut scalar = |name: &str, kind: &str, help: &str, value: String| {
+        let created = format!("{:?}", self.created_unix_s);
+        let gauge = |out: &mut String, name: &str, help: &str, value: String| {
             let _ = writeln!(
                 out,
-                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{labels}}} {value}"
+                "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{labels}}} {value}"
             );
         };
-        scalar(
+        // `X_total` then `X_created`, as prometheus_client writes a counter.
+        let counter = |out: &mut String, name: &str, help: &str, value: u64| {
+            let _ = writeln!(
+                out,
+                "# HELP {name}_total {help}\n# TYPE {name}_total counter\n{name}_total{{{labels}}} {value}\n\
+                 # HELP {name}_created {help}\n# TYPE {name}_created gauge\n{name}_created{{{labels}}} {created}"
+            );
+        };
+        gauge(
+            &mut out,
             "vllm:num_requests_running",
-            "gauge",
             "Number of requests in model execution batches.",
             e.num_requests_running.to_string(),
         );
-        scalar(
+        gauge(
+            &mut out,
             "vllm:num_requests_waiting",
-            "gauge",
             "Number of requests waiting to be processed.",
             e.num_requests_waiting.to_string(),
         );
-        scalar(
+        let _ = writeln!(
+            out,
+            "# HELP vllm:num_requests_waiting_by_reason Number of waiting requests by reason. Reason labels: 'capacity' = waiting for scheduling capacity; 'deferred' = deferred by transient constraints.\n\
+             # TYPE vllm:num_requests_waiting_by_reason gauge\n\
+             vllm:num_requests_waiting_by_reason{{{labels},reason=\"capacity\"}} {}\n\
+             vllm:num_requests_waiting_by_reason{{{labels},reason=\"deferred\"}} 0",
+            e.num_requests_waiting
+        );
+        gauge(
+            &mut out,
             "vllm:kv_cache_usage_perc",
-            "gauge",
             "KV-cache usage. 1 means 100 percent usage.",
             format!("{:?}", e.kv_cache_usage),
         );
-        scalar(
-            "vllm:prefix_cache_queries_total",
-            "counter",
+        counter(
+            &mut out,
+            "vllm:prefix_cache_queries",
             "Prefix cache queries, in terms of number of queried tokens.",
-            e.prefix_cache_queries_tokens.to_string(),
+            e.prefix_cache_queries_tokens,
         );
-        scalar(
-            "vllm:prefix_cache_hits_total",
-            "counter",
+        counter(
+            &mut out,
+            "vllm:prefix_cache_hits",
             "Prefix cache hits, in terms of number of cached tokens.",
-            e.prefix_cache_hits_tokens.to_string(),
+            e.prefix_cache_hits_tokens,
         );
-        scalar(
-            "vllm:num_preemptions_total",
-            "counter",
+        counter(
+            &mut out,
+            "vllm:num_preemptions",
             "Cumulative number of preemption from the engine.",
-            e.preemptions.to_string(),
+            e.preemptions,
         );
-        scalar(
-            "vllm:prompt_tokens_total",
-            "counter",
+        counter(
+            &mut out,
+            "vllm:prompt_tokens",
             "Number of prefill tokens processed.",
-            e.prompt_tokens.to_string(),
+            e.prompt_tokens,
         );
-        scalar(
-            "vllm:generation_tokens_total",
-            "counter",
+        counter(
+            &mut out,
+            "vllm:prompt_tokens_cached",
+            "Number of cached prompt tokens (local prefix cache hits).",
+            e.prefix_cache_hits_tokens,
+        );
+        counter(
+            &mut out,
+            "vllm:generation_tokens",
             "Number of generation tokens processed.",
-            e.generation_tokens.to_string(),
+            e.generation_tokens,
         );
+        // vLLM 0.32 lists these five reasons; a request whose client went away is not counted
+        // under "abort" (observed: that label counts engine-side aborts only), so here it is
+        // counted by the mock-only `kvgate_mock_pod_aborted_requests_total`.
+        let finished = [
+            ("stop", 0),
+            ("length", self.requests_finished_length),
+            ("abort", 0),
+            ("error", 0),
+            ("repetition", 0),
+        ];
         let _ = writeln!(
             out,
             "# HELP vllm:request_success_total Count of successfully processed requests.\n\
-             # TYPE vllm:request_success_total counter\n\
-             vllm:request_success_total{{{labels},finished_reason=\"length\"}} {}",
-            self.requests_finished_length
+             # TYPE vllm:request_success_total counter"
         );
+        for (reason, n) in finished {
+            let _ = writeln!(
+                out,
+                "vllm:request_success_total{{{labels},finished_reason=\"{reason}\"}} {n}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP vllm:request_success_created Count of successfully processed requests.\n\
+             # TYPE vllm:request_success_created gauge"
+        );
+        for (reason, _) in finished {
+            let _ = writeln!(
+                out,
+                "vllm:request_success_created{{{labels},finished_reason=\"{reason}\"}} {created}"
+            );
+        }
+        let block_size = self.block_size_tokens;
         let _ = writeln!(
             out,
             "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n\
              # TYPE vllm:cache_config_info gauge\n\
-             vllm:cache_config_info{{block_size=\"16\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",\
-             engine=\"0\",gpu_memory_utilization=\"0.9\",num_gpu_blocks=\"{}\",max_model_len=\"{max_model_len}\"}} 1",
+             vllm:cache_config_info{{block_size=\"{block_size}\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",\
+             engine=\"0\",gpu_memory_utilization=\"0.9\",kv_cache_size_tokens=\"{}\",max_model_len=\"{max_model_len}\",\
+             num_cpu_blocks=\"None\",num_gpu_blocks=\"{}\",prefix_caching_hash_algo=\"sha256\",sliding_window=\"None\"}} 1",
+            u64::from(e.kv_blocks_total) * u64::from(block_size),
             e.kv_blocks_total
         );
         self.ttft.render(
@@ -235,18 +311,21 @@ impl PodMetrics {
             "vllm:time_to_first_token_seconds",
             "Histogram of time to first token in seconds.",
             &labels,
+            &created,
         );
         self.itl.render(
             &mut out,
             "vllm:inter_token_latency_seconds",
             "Histogram of inter-token latency in seconds.",
             &labels,
+            &created,
         );
         self.e2e.render(
             &mut out,
             "vllm:e2e_request_latency_seconds",
             "Histogram of e2e request latency in seconds.",
             &labels,
+            &created,
         );
         let _ = writeln!(
             out,
@@ -261,6 +340,13 @@ impl PodMetrics {
                 self.rejected(reason)
             );
         }
+        let _ = writeln!(
+            out,
+            "# HELP kvgate_mock_pod_aborted_requests_total Requests aborted because their client went away.\n\
+             # TYPE kvgate_mock_pod_aborted_requests_total counter\n\
+             kvgate_mock_pod_aborted_requests_total{{{labels}}} {}",
+            self.requests_aborted
+        );
         let _ = writeln!(
             out,
             "# HELP kvgate_mock_pod_kv_event_batches_dropped_total KV event batches dropped because the publisher queue was full.\n\
@@ -299,16 +385,63 @@ mod tests {
         h.observe(0.5);
         h.observe(5.0);
         let mut out = String::new();
-        h.render(&mut out, "x", "help", "a=\"b\"");
+        h.render(&mut out, "x", "help", "a=\"b\"", "1.5");
         assert!(out.contains("x_bucket{a=\"b\",le=\"0.1\"} 2\n"));
         assert!(out.contains("x_bucket{a=\"b\",le=\"1.0\"} 3\n"));
         assert!(out.contains("x_bucket{a=\"b\",le=\"+Inf\"} 4\n"));
         assert!(out.contains("x_count{a=\"b\"} 4\n"));
+        assert!(out.contains("# TYPE x_created gauge\nx_created{a=\"b\"} 1.5\n"));
     }
 
     #[test]
     fn model_names_with_quotes_are_escaped_in_labels() {
         let text = PodMetrics::default().render("a\"b", 100);
         assert!(text.contains("model_name=\"a\\\"b\""));
+    }
+
+    #[test]
+    fn counters_have_created_samples_and_cache_config_info_carries_the_block_size() {
+        let mut m = PodMetrics {
+            block_size_tokens: 128,
+            created_unix_s: 1_700_000_000.5,
+            ..PodMetrics::default()
+        };
+        m.engine.kv_blocks_total = 512;
+        m.engine.prefix_cache_hits_tokens = 896;
+        m.engine.num_requests_waiting = 3;
+        let text = m.render("tiny", 4096);
+        let l = "engine=\"0\",model_name=\"tiny\"";
+        for line in [
+            "# TYPE vllm:prefix_cache_hits_total counter".to_owned(),
+            format!("vllm:prefix_cache_hits_total{{{l}}} 896"),
+            "# TYPE vllm:prefix_cache_hits_created gauge".to_owned(),
+            format!("vllm:prefix_cache_hits_created{{{l}}} 1700000000.5"),
+            format!("vllm:prompt_tokens_cached_total{{{l}}} 896"),
+            format!("vllm:prefix_cache_queries_created{{{l}}} 1700000000.5"),
+            format!("vllm:num_requests_waiting_by_reason{{{l},reason=\"capacity\"}} 3"),
+            format!("vllm:num_requests_waiting_by_reason{{{l},reason=\"deferred\"}} 0"),
+            format!("vllm:request_success_total{{{l},finished_reason=\"abort\"}} 0"),
+            format!("vllm:time_to_first_token_seconds_created{{{l}}} 1700000000.5"),
+        ] {
+            assert!(
+                text.lines().any(|x| x == line),
+                "missing {line:?} in\n{text}"
+            );
+        }
+        let info = text
+            .lines()
+            .find(|x| x.starts_with("vllm:cache_config_info{"))
+            .unwrap();
+        for label in [
+            "block_size=\"128\"",
+            "num_gpu_blocks=\"512\"",
+            "kv_cache_size_tokens=\"65536\"",
+            "enable_prefix_caching=\"True\"",
+            "prefix_caching_hash_algo=\"sha256\"",
+            "engine=\"0\"",
+        ] {
+            assert!(info.contains(label), "{label} not in {info}");
+        }
+        assert!(!info.contains("model_name"));
     }
 }

@@ -105,7 +105,8 @@ async fn bad_requests_get_openai_error_bodies_and_are_counted() {
 
     let (status, body) = error_of(&url, "/v1/completions", "{not json").await;
     assert_eq!(status, 400);
-    assert_eq!(body["error"]["type"], "BadRequestError");
+    // vLLM 0.32's type for a body that fails its schema.
+    assert_eq!(body["error"]["type"], "Bad Request");
     assert_eq!(body["error"]["code"], 400);
     assert!(body["error"]["message"].as_str().unwrap().contains("JSON"));
     assert!(body["error"].get("param").is_some());
@@ -120,8 +121,9 @@ async fn bad_requests_get_openai_error_bodies_and_are_counted() {
     assert_eq!(body["error"]["type"], "NotFoundError");
     assert_eq!(
         body["error"]["message"],
-        "The model `other` does not exist."
+        format!("The model `other` does not exist. Valid aliases: {MODEL}.")
     );
+    assert_eq!(body["error"]["param"], "model");
 
     let long = json!({"model": MODEL, "prompt": long_prompt(1, 40), "max_tokens": 10}).to_string();
     let (status, body) = error_of(&url, "/v1/completions", &long).await;

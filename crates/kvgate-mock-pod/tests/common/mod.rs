@@ -93,8 +93,15 @@ pub fn run_python(script: &str, args: &[&str]) {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/py")
         .join(script);
+    run_python_at(&path, args);
+}
+
+/// Runs the Python script at `path` with `args`; panics with its output when it fails, and
+/// returns its stdout.
+pub fn run_python_at(path: &std::path::Path, args: &[&str]) -> String {
+    let script = path.display();
     let out = std::process::Command::new(python())
-        .arg(&path)
+        .arg(path)
         .args(args)
         .output()
         .unwrap();
@@ -105,4 +112,5 @@ pub fn run_python(script: &str, args: &[&str]) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }

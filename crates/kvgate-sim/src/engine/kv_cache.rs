@@ -1,7 +1,8 @@
 //! The KV-cache block pool of one engine, with vLLM v1 prefix-caching semantics.
 //!
-//! - A fixed pool of `num_blocks` 16-token blocks, each with a reference count (the running
-//!   requests using it) and optionally the chained hash of the prompt block it holds.
+//! - A fixed pool of `num_blocks` blocks (of the engine's block size, 16 tokens by default),
+//!   each with a reference count (the running requests using it) and optionally the chained
+//!   hash of the prompt block it holds.
 //! - Free blocks (ref count 0) sit in one LRU queue, an intrusive doubly linked list so that a
 //!   block can be taken out of the middle in O(1) when a prefix hit revives it. Allocation pops the
 //!   front (least recently freed) and evicts its hash; freeing appends at the back. A request's

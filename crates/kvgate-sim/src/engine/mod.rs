@@ -24,9 +24,11 @@
 //! ## Prefix caching (vLLM v1 `KVCacheManager.get_computed_blocks`)
 //!
 //! A hit is the longest run of leading prompt blocks whose hash is cached, limited to
-//! `(num_tokens − 1) / 16` blocks so that at least one token is computed for the logits; hits are
-//! whole blocks, so a fully cached prompt of `16·m` tokens recomputes its whole last block (16
-//! tokens) and one of `16·m + r` tokens recomputes `r`. Prefix-cache counters follow vLLM:
+//! `(num_tokens − 1) / B` blocks so that at least one token is computed for the logits; hits are
+//! whole blocks, so a fully cached prompt of `B·m` tokens recomputes its whole last block (`B`
+//! tokens) and one of `B·m + r` tokens recomputes `r`. `B` is the block size: 16 tokens
+//! ([`Engine::new`], vLLM's CUDA default) or any other ([`Engine::with_block_size`]; vLLM CPU
+//! uses 128). Prefix-cache counters follow vLLM:
 //! queries += the request's tokens, hits += the tokens found, once per admission (vLLM counts
 //! again when a blocked request is retried; we do not). See `kv_cache` for the block pool.
 //!
@@ -61,14 +63,12 @@ use kvgate_core::BlockHash;
 use crate::profiles::Profile;
 use crate::{SIM_BLOCK_SIZE_TOKENS, SimRequest};
 
-const BLOCK: u32 = SIM_BLOCK_SIZE_TOKENS;
-
 /// A request as the engine needs it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EngineRequest {
     /// Caller's id; reported back in [`Emission`]s and preemptions.
     pub id: u64,
-    /// Chained hashes of the prompt's full 16-token blocks (at most `input_tokens / 16` are used).
+    /// Chained hashes of the prompt's full blocks (at most `input_tokens / block size` are used).
     pub blocks: Arc<[BlockHash]>,
     /// Prompt length in tokens.
     pub input_tokens: u32,
@@ -181,6 +181,8 @@ pub struct EngineMetrics {
     pub generation_tokens: u64,
     pub requests_finished: u64,
     pub requests_rejected: u64,
+    /// Requests that left through [`Engine::abort`].
+    pub requests_aborted: u64,
 }
 
 #[derive(Debug)]
@@ -189,7 +191,7 @@ struct Req {
     hashes: Arc<[BlockHash]>,
     input_tokens: u32,
     output_tokens: u32,
-    /// Prompt blocks that may be cached: `min(hashes.len(), input_tokens / 16)`.
+    /// Prompt blocks that may be cached: `min(hashes.len(), input_tokens / block size)`.
     cacheable_blocks: u32,
     emitted: u32,
     /// Tokens whose KV is computed (block-aligned hits + computed chunks).
@@ -222,18 +224,29 @@ pub struct Engine {
     metrics: EngineMetrics,
     scratch_hits: Vec<BlockId>,
     spare_tables: Vec<Vec<BlockId>>,
-}
-
-fn blocks_for(tokens: u32) -> u32 {
-    tokens.div_ceil(BLOCK)
+    /// Tokens per KV block (16 by default, vLLM's CUDA default; vLLM CPU uses 128).
+    block_size_tokens: u32,
 }
 
 impl Engine {
     /// An idle engine with `profile`'s step times and limits; `kv_blocks_override` replaces the
     /// profile's KV-block count (tests, or a pod with less memory).
     pub fn new(profile: &Profile, kv_blocks_override: Option<u32>) -> Self {
+        Self::with_block_size(profile, kv_blocks_override, SIM_BLOCK_SIZE_TOKENS)
+    }
+
+    /// Like [`Engine::new`] with blocks of `block_size_tokens` tokens (at least 1) instead of
+    /// 16: prefix hits, allocation and the capacity check count in blocks of that size, and
+    /// [`EngineRequest::blocks`] must be hashes of blocks of that size. `kv_blocks_override`
+    /// (or the profile's count) is then a number of such blocks.
+    pub fn with_block_size(
+        profile: &Profile,
+        kv_blocks_override: Option<u32>,
+        block_size_tokens: u32,
+    ) -> Self {
         let kv_blocks = kv_blocks_override.unwrap_or(profile.kv_blocks);
         Engine {
+            block_size_tokens: block_size_tokens.max(1),
             profile: profile.clone(),
             kv: KvCache::new(kv_blocks),
             running: Vec::new(),
@@ -251,6 +264,15 @@ impl Engine {
 
     pub fn profile(&self) -> &Profile {
         &self.profile
+    }
+
+    /// Tokens per KV block.
+    pub fn block_size_tokens(&self) -> u32 {
+        self.block_size_tokens
+    }
+
+    fn blocks_for(&self, tokens: u32) -> u32 {
+        tokens.div_ceil(self.block_size_tokens)
     }
 
     /// Record `Stored`/`Removed` cache events into [`StepOutcome::kv_events`] (off by default).
@@ -271,7 +293,8 @@ impl Engine {
         if self.is_idle() {
             self.free_at_ms = self.free_at_ms.max(now_ms);
         }
-        let cacheable_blocks = (req.blocks.len() as u32).min(req.input_tokens / BLOCK);
+        let cacheable_blocks =
+            (req.blocks.len() as u32).min(req.input_tokens / self.block_size_tokens);
         self.waiting.push_back(Req {
             id: req.id,
             hashes: req.blocks,
@@ -304,7 +327,7 @@ impl Engine {
             });
         }
         // The last output token is never fed back, so it needs no KV slot.
-        let blocks = (tokens - 1).div_ceil(u64::from(BLOCK));
+        let blocks = (tokens - 1).div_ceil(u64::from(self.block_size_tokens));
         if blocks > u64::from(self.kv.num_blocks()) {
             return Err(AdmitError::ExceedsKvCapacity {
                 id: req.id,
@@ -333,6 +356,29 @@ impl Engine {
         self.outcome = StepOutcome::default();
         self.free_at_ms = now_ms;
         dropped
+    }
+
+    /// The client of request `id` went away: the request leaves the engine (vLLM
+    /// `abort_requests`) and its blocks go back to the free queue, keeping their hashes (the
+    /// blocks it filled stay cached, as in vLLM). Counted in [`EngineMetrics::requests_aborted`].
+    /// Returns false when no such request is queued or running (already finished, say).
+    /// Call it between steps: the outcome of the last step is left as it was.
+    pub fn abort(&mut self, id: u64) -> bool {
+        let mut req = if let Some(i) = self.running.iter().position(|r| r.id == id) {
+            self.running.remove(i)
+        } else if let Some(i) = self.waiting.iter().position(|r| r.id == id) {
+            match self.waiting.remove(i) {
+                Some(r) => r,
+                None => return false,
+            }
+        } else {
+            return false;
+        };
+        self.kv.free_all(&req.table);
+        req.table.clear();
+        self.spare_tables.push(std::mem::take(&mut req.table));
+        self.metrics.requests_aborted += 1;
+        true
     }
 
     /// True when no request is running or waiting.
@@ -422,7 +468,9 @@ impl Engine {
         while i < self.running.len() && *budget > 0 {
             let r = &self.running[i];
             let new = (r.num_tokens() - r.computed).min(*budget);
-            let extra = blocks_for(r.computed + new).saturating_sub(r.table.len() as u32);
+            let extra = self
+                .blocks_for(r.computed + new)
+                .saturating_sub(r.table.len() as u32);
             let mut scheduled = true;
             while extra > self.kv.num_free() {
                 let Some(mut victim) = self.running.pop() else {
@@ -472,14 +520,16 @@ impl Engine {
                 break;
             };
             let num_tokens = r.num_tokens();
-            let max_hit = r.cacheable_blocks.min((num_tokens - 1) / BLOCK) as usize;
+            let max_hit = r
+                .cacheable_blocks
+                .min((num_tokens - 1) / self.block_size_tokens) as usize;
             let free_hits = self
                 .kv
                 .find_prefix(&r.hashes[..max_hit], &mut self.scratch_hits);
             let hit_blocks = self.scratch_hits.len() as u32;
-            let computed = hit_blocks * BLOCK;
+            let computed = hit_blocks * self.block_size_tokens;
             let new = (num_tokens - computed).min(*budget);
-            let extra = blocks_for(computed + new) - hit_blocks;
+            let extra = self.blocks_for(computed + new) - hit_blocks;
             if extra + free_hits > self.kv.num_free() {
                 break;
             }
@@ -516,6 +566,7 @@ impl Engine {
     /// Applies the scheduled tokens: step-time inputs, block hashes, token emissions.
     /// Returns how many requests finished.
     fn advance(&mut self) -> u32 {
+        let block = self.block_size_tokens;
         let o = &mut self.outcome;
         o.prefill_tokens = 0;
         o.decode_seqs = 0;
@@ -536,7 +587,7 @@ impl Engine {
             }
             r.computed += new;
             o.context_tokens_read += u64::from(r.computed);
-            let full = (r.computed / BLOCK).min(r.cacheable_blocks);
+            let full = (r.computed / block).min(r.cacheable_blocks);
             while r.registered < full {
                 let idx = r.registered as usize;
                 self.kv.register(r.table[idx], r.hashes[idx]);

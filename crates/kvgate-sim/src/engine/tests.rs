@@ -449,3 +449,63 @@ fn crash_during_a_step_also_drops_the_requests_that_finished_in_it() {
         "the step ended: the token was sent"
     );
 }
+
+#[test]
+fn block_size_128_counts_hits_in_whole_128_token_blocks() {
+    // 981 tokens = 7 full 128-token blocks + 85: the second and third runs hit 7 × 128 = 896
+    // tokens each, the figure observed on vLLM 0.32 CPU (reference/real-vllm.md).
+    let mut e = Engine::with_block_size(h100(), None, 128);
+    assert_eq!(e.block_size_tokens(), 128);
+    let r = |id| EngineRequest {
+        id,
+        blocks: hashes(3, 981 / 128),
+        input_tokens: 981,
+        output_tokens: 2,
+    };
+    run(&mut e, &[(0.0, r(1))], 100);
+    assert_eq!(e.metrics().prefix_cache_hits_tokens, 0);
+    let steps = run(&mut e, &[(1000.0, r(2))], 100);
+    assert_eq!(steps[0].prefill_tokens, 85);
+    run(&mut e, &[(2000.0, r(3))], 100);
+    assert_eq!(e.metrics().prefix_cache_hits_tokens, 1792);
+    // One request of 981 + 2 − 1 tokens holds ceil(982 / 128) = 8 blocks.
+    let mut small = Engine::with_block_size(h100(), Some(7), 128);
+    assert!(matches!(
+        small.add_request(0.0, r(4)),
+        Err(AdmitError::ExceedsKvCapacity { blocks: 8, .. })
+    ));
+}
+
+#[test]
+fn abort_takes_a_running_request_out_and_frees_its_blocks_keeping_their_hashes() {
+    let mut e = Engine::new(h100(), Some(20));
+    e.add_request(0.0, req(1, 5, 64, 10)).unwrap();
+    e.add_request(0.0, req(2, 6, 64, 10)).unwrap();
+    e.step(0.0);
+    e.step(e.next_step_time().unwrap());
+    assert_eq!(e.metrics().num_requests_running, 2);
+    assert_eq!(e.metrics().kv_blocks_used, 10);
+    assert!(e.abort(1));
+    assert!(!e.abort(1), "a request leaves once");
+    let m = e.metrics();
+    assert_eq!(m.num_requests_running, 1);
+    assert_eq!(m.requests_aborted, 1);
+    // Request 2 holds ceil(65 / 16) = 5 blocks for its 65 tokens; request 1's 4 full prompt
+    // blocks stay cached.
+    assert_eq!(m.kv_blocks_used, 5);
+    assert_eq!(e.cached_prefix_blocks(&hashes(5, 4)), 4);
+    assert!(e.abort(2));
+    assert!(e.is_idle());
+    assert_eq!(e.next_step_time(), None);
+    assert_eq!(e.metrics().kv_blocks_used, 0);
+}
+
+#[test]
+fn abort_of_a_waiting_request_leaves_the_queue() {
+    let mut e = Engine::new(h100(), None);
+    e.add_request(0.0, req(1, 5, 64, 4)).unwrap();
+    assert_eq!(e.metrics().num_requests_waiting, 1);
+    assert!(e.abort(1));
+    assert_eq!(e.metrics().num_requests_waiting, 0);
+    assert!(e.is_idle());
+}
