@@ -672,3 +672,40 @@ async fn a_multi_turn_chat_scores_on_the_pod_that_served_its_first_turn() {
         "kvgate's matched tokens vs the engine's hit: {view}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pod_conformance_suite_passes_on_real_vllm() {
+    let Some((fleet, _lock)) = fleet("the_pod_conformance_suite_passes_on_real_vllm").await else {
+        return;
+    };
+    // The same suite `kvgate-mock-pod`'s tests run against the mock pod.
+    let suite =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/conformance/pod_conformance.py");
+    for pod in [&fleet.p0, &fleet.p1] {
+        let out = std::process::Command::new(python())
+            .arg(&suite)
+            .arg(&pod.url)
+            .args(["--events", &pod.events, "--replay", &pod.replay])
+            .args([
+                "--model",
+                "tiny",
+                "--block-size",
+                &pod.block_size.to_string(),
+            ])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "conformance on {} failed ({}):\n{stdout}\nstderr:\n{}",
+            pod.name,
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        eprintln!(
+            "{}: {}",
+            pod.name,
+            stdout.lines().last().unwrap_or_default()
+        );
+    }
+}
