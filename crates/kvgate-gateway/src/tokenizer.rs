@@ -189,6 +189,40 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn chat_bodies_are_rendered_with_the_template_next_to_the_tokenizer() {
+        let path = word_level_tokenizer_json("chat", 8);
+        let template = path.with_file_name("chat_template.jinja");
+        std::fs::write(
+            &template,
+            "{% for m in messages %}w1 {{ m.content }} w2 {% endfor %}{% if add_generation_prompt %}w7{% endif %}",
+        )
+        .unwrap();
+        let t = GatewayTokenizer::load(Some(&path), None).unwrap();
+        assert!(
+            t.describe()
+                .ends_with(&format!("chat template {}", template.display()))
+        );
+        let body = br#"{"model":"m","messages":[{"role":"user","content":"w3"},{"role":"assistant","content":"w4 w5"}]}"#;
+        assert_eq!(
+            t.encode_chat(body).unwrap().unwrap(),
+            vec![1, 3, 2, 1, 4, 5, 2, 7]
+        );
+        let bad = br#"{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"u"}}]}]}"#;
+        assert!(t.encode_chat(bad).unwrap().is_err());
+        std::fs::remove_file(template).unwrap();
+        let plain = GatewayTokenizer::load(Some(&path), None).unwrap();
+        assert!(
+            plain.encode_chat(body).is_none(),
+            "no template: kvgate's own rendering"
+        );
+        assert!(
+            GatewayTokenizer::load(None, Some(&path)).is_err(),
+            "--chat-template needs --tokenizer"
+        );
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
     fn without_a_file_the_built_in_cl100k_is_used() {
         let t = GatewayTokenizer::load(None, None).unwrap();
         assert_eq!(
