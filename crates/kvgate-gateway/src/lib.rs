@@ -43,6 +43,7 @@
 //! | `ext_proc::protocol` | the protocol's messages: header values, response status, subset hint read; routing answers (header mutation, `envoy.lb` metadata), streamed body chunks, immediate errors built |
 //! | `kv_events` | `--index engine`: ZeroMQ SUB (and replay) per pod, batches decoded by the core and followed by its `KvEventFollower` |
 //! | `tokenizer` | token mode's tokenizer: built-in cl100k or `--tokenizer tokenizer.json` (HF `tokenizers`, pure Rust) |
+//! | `chat_template` | the model's chat template (next to `--tokenizer`, or `--chat-template FILE`), rendered as vLLM does (minijinja), so chat prompts cut into the engine's token blocks |
 //! | `capture` | `--capture FILE`: served requests as Mooncake JSONL (no text), for replay |
 //! | `trainer` | background retraining of the predictor's tree models; swaps them in under the lock |
 //! | `serve` | `ServeArgs` (plain options, one per flag; the clap flags are the binary's `serve_cli.rs`), `Gateway::start`, `serve` |
@@ -58,6 +59,7 @@ pub mod auth;
 pub mod body;
 pub mod breaker;
 pub mod capture;
+pub mod chat_template;
 pub mod config;
 pub mod decisions;
 pub mod discovery;

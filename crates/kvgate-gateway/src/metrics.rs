@@ -415,7 +415,7 @@ impl Metrics {
         );
         r.register(
             "tokenizer_errors",
-            "Prompts the --tokenizer could not encode in token mode (scored cold)",
+            "Prompts the --tokenizer could not encode, or chat prompts its chat template could not render, in token mode (scored cold)",
             self.tokenizer_errors.clone(),
         );
         r.register(

@@ -13,7 +13,7 @@ use crate::pods::Pod;
 use crate::state::Shared;
 use http::HeaderMap;
 use kvgate_core::policy::RequestSlo;
-use kvgate_core::request::{ParsedRequest, Prompt, RequestError, parse_request_value};
+use kvgate_core::request::{Endpoint, ParsedRequest, Prompt, RequestError, parse_request_value};
 use kvgate_core::{BlockHash, BlockHasher, PodId, RouteError, RouteRequest, SizedBlocks};
 use serde_json::Value;
 use std::sync::Arc;
@@ -67,7 +67,7 @@ pub(crate) async fn prepare(
     let parsed = parse_request_value(path, &value).map_err(crate::errors::request_error)?;
     let slo = crate::slo::request_slo(headers)?;
     let (blocks, input_tokens, block_size_tokens, other_sizes) =
-        request_blocks(shared, cfg, &parsed).await;
+        request_blocks(shared, cfg, &parsed, body).await;
     if input_tokens > cfg.max_prompt_tokens {
         return Err(ApiError::bad_request(
             "context_length_exceeded",
@@ -100,9 +100,27 @@ async fn request_blocks(
     shared: &Shared,
     cfg: &GatewayConfig,
     parsed: &ParsedRequest,
+    body: &[u8],
 ) -> (Vec<BlockHash>, u32, u32, Vec<SizedBlocks>) {
     let mut blocks = Vec::new();
     if cfg.index == IndexKind::Engine {
+        // A chat prompt rendered with the model's chat template is token ids already, as the
+        // engine computes them; without a template, `parsed` keeps kvgate's own rendering.
+        let templated;
+        let parsed = match chat_template_tokens(shared, parsed, body).await {
+            Some(tokens) => {
+                templated = ParsedRequest {
+                    endpoint: parsed.endpoint,
+                    model: parsed.model.clone(),
+                    prompt: Prompt::Tokens(tokens),
+                    cache_salt: parsed.cache_salt.clone(),
+                    stream: parsed.stream,
+                    max_tokens: parsed.max_tokens,
+                };
+                &templated
+            }
+            None => parsed,
+        };
         let (tokens, block_size, others) =
             token_mode_blocks(shared, cfg, parsed, &mut blocks).await;
         (blocks, tokens, block_size, others)
@@ -137,6 +155,38 @@ pub fn fleet_block_sizes(reported: &[Option<u32>], default_size: u32) -> (u32, V
     sizes.retain(|&s| s != main);
     sizes.truncate(MAX_BLOCK_SIZES - 1);
     (main, sizes)
+}
+
+/// Token mode, a chat request and a tokenizer with a chat template: the prompt's token ids as
+/// vLLM computes them (the body rendered with the template, then tokenized; long prompts on the
+/// blocking pool). `None` for other requests. A request the template cannot render (a
+/// `raise_exception`, a multimodal part, …) gives no tokens, so it scores cold; it is counted in
+/// `tokenizer_errors` and logged.
+async fn chat_template_tokens(
+    shared: &Shared,
+    parsed: &ParsedRequest,
+    body: &[u8],
+) -> Option<Vec<u32>> {
+    if parsed.endpoint != Endpoint::ChatCompletions {
+        return None;
+    }
+    let tokenizer = shared.tokenizer.get()?.clone();
+    let result = match tokenizer.render_chat(body)? {
+        Ok(rendered) if rendered.text.len() <= INLINE_TOKENIZE_BYTES => {
+            tokenizer.encode_with(&rendered.text, rendered.add_special_tokens)
+        }
+        Ok(rendered) => tokio::task::spawn_blocking(move || {
+            tokenizer.encode_with(&rendered.text, rendered.add_special_tokens)
+        })
+        .await
+        .unwrap_or_else(|e| Err(e.to_string())),
+        Err(e) => Err(e.to_string()),
+    };
+    Some(result.unwrap_or_else(|why| {
+        shared.metrics.tokenizer_errors.inc();
+        tracing::warn!(why = %why, "chat template failed on a chat prompt; it scores cold");
+        Vec::new()
+    }))
 }
 
 /// Token mode (`--index engine`): the prompt's blocks as the pods cut them, i.e. the rendered

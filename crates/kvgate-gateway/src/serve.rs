@@ -32,6 +32,8 @@ pub struct ServeArgs {
     pub index: Option<crate::config::IndexKind>,
     /// `--tokenizer`: the served model's tokenizer.json, for token mode.
     pub tokenizer: Option<PathBuf>,
+    /// `--chat-template`: a Jinja chat template replacing the one next to `--tokenizer`.
+    pub chat_template: Option<PathBuf>,
     /// `--config`: the config file (TOML or YAML), reloaded when it changes.
     pub config: Option<PathBuf>,
     /// `--policy`: the routing policy by name.
@@ -136,7 +138,10 @@ impl Gateway {
         if args.discovery == Some(crate::discovery::DiscoveryKind::Kubernetes) {
             return Err(crate::discovery::DiscoveryError::NotBuilt.into());
         }
-        let tokenizer = crate::tokenizer::GatewayTokenizer::load(args.tokenizer.as_deref())?;
+        let tokenizer = crate::tokenizer::GatewayTokenizer::load(
+            args.tokenizer.as_deref(),
+            args.chat_template.as_deref(),
+        )?;
         if config.listen == config.admin_listen && config.listen.port() != 0 {
             return Err(ServeError::SameListener(config.listen));
         }
@@ -187,6 +192,17 @@ impl Gateway {
                 tokenizer = %tokenizer_name,
                 "engine index: token mode; pods without live KV events use the routed index"
             );
+            if let Some(t) = shared.tokenizer.get()
+                && matches!(t, crate::tokenizer::GatewayTokenizer::HuggingFace { .. })
+                && t.chat_template().is_none()
+            {
+                tracing::warn!(
+                    tokenizer = %tokenizer_name,
+                    "no chat template next to the tokenizer (chat_template.jinja, or \
+                     tokenizer_config.json's chat_template) and no --chat-template: chat prompts \
+                     use kvgate's own rendering and will not match the engine's blocks"
+                );
+            }
         }
         for pod in pods {
             tasks.extend(crate::kv_events::spawn_for(&shared, &pod));

@@ -34,6 +34,11 @@ pub struct ServeCli {
     /// cl100k, the mock pod's].
     #[arg(long, value_name = "FILE")]
     pub tokenizer: Option<PathBuf>,
+    /// A Jinja chat template to render chat prompts with in token mode, instead of the model's
+    /// own (chat_template.jinja or tokenizer_config.json next to --tokenizer, which it needs);
+    /// use the file the pods serve with `vllm serve --chat-template` [default: the model's].
+    #[arg(long, value_name = "FILE")]
+    pub chat_template: Option<PathBuf>,
     /// Config file (TOML, or YAML with a .yaml/.yml extension); reloaded when it changes.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -140,6 +145,7 @@ impl From<ServeCli> for ServeArgs {
             pod: cli.pod,
             index: cli.index,
             tokenizer: cli.tokenizer,
+            chat_template: cli.chat_template,
             config: cli.config,
             policy: cli.policy,
             scrape_interval_ms: cli.scrape_interval_ms,
@@ -223,6 +229,7 @@ mod tests {
             "--pod=http://10.0.0.2:8000,events=tcp://10.0.0.2:5557",
             "--index=engine",
             "--tokenizer=tok.json",
+            "--chat-template=chat.jinja",
             "--config=kvgate.toml",
             "--policy=prefix",
             "--scrape-interval-ms=3",
@@ -259,6 +266,7 @@ mod tests {
             ],
             index: Some(IndexKind::Engine),
             tokenizer: Some(PathBuf::from("tok.json")),
+            chat_template: Some(PathBuf::from("chat.jinja")),
             config: Some(PathBuf::from("kvgate.toml")),
             policy: Some("prefix".into()),
             scrape_interval_ms: Some(3),
