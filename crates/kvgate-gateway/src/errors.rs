@@ -120,10 +120,15 @@ pub fn upstream_failed(why: String) -> ApiError {
     }
 }
 
-/// Counts (`kvgate_rejected_requests{reason}`) and logs a request the gateway answers itself:
-/// client errors at info, the gateway's and the pods' failures at warn.
+/// Counts (`kvgate_rejected_requests{reason}`, every one) and logs a request the gateway answers
+/// itself: client errors at info, the gateway's and the pods' failures at warn, at most
+/// [`crate::log_limit::LINES_PER_WINDOW`] lines a second per `code` (a flood of 429s or 503s
+/// must not flood the log; the suppressed lines are reported as a count).
 pub fn log_reject(shared: &crate::state::Shared, err: &ApiError, request_id: &str) {
     shared.metrics.reject(err.code);
+    if !shared.log_limit.allow(err.code) {
+        return;
+    }
     match err.status.as_u16() {
         400..=499 => {
             tracing::info!(%request_id, code = err.code, message = %err.message, "request rejected")

@@ -217,7 +217,9 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
         };
         drop(guard);
         attempt_failed(&shared, &pod, policy, branch);
-        tracing::warn!(request_id = %rid, %attempt, why = %failure, "attempt failed before any byte was sent; retrying elsewhere");
+        if shared.log_limit.allow("attempt_failed") {
+            tracing::warn!(request_id = %rid, %attempt, why = %failure, "attempt failed before any byte was sent; retrying elsewhere");
+        }
         excluded.push(pod.id);
         last_failure = failure;
         if attempt < cfg.max_retries {

@@ -196,6 +196,7 @@ impl Gateway {
             )));
         }
         tasks.push(tokio::spawn(crate::trainer::run(shared.clone())));
+        tasks.push(tokio::spawn(crate::log_limit::summarise(shared.clone())));
         match crate::discovery::start(&shared, &args).await {
             Ok(task) => tasks.extend(task),
             Err(e) => {

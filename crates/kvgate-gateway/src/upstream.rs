@@ -218,7 +218,9 @@ pub fn request_timed_out(shared: &Shared, cfg: &GatewayConfig, pod: &Pod, rid: &
         .upstream_timeouts
         .get_or_create(&timeout_label("request"))
         .inc();
-    tracing::warn!(request_id = %rid, pod = %pod.url, "request timeout before the pod answered");
+    if shared.log_limit.allow("request_timeout") {
+        tracing::warn!(request_id = %rid, pod = %pod.url, "request timeout before the pod answered");
+    }
     reject(
         shared,
         crate::errors::request_timeout(cfg.request_timeout),
