@@ -454,7 +454,7 @@ mod tests {
         let (mut all, mut stripped) = (Vec::new(), Vec::new());
         let mut n = 0;
         let mut next_eol = |after_cr: bool, blank: bool| {
-            let e = match eol {
+            match eol {
                 Eol::Lf => "\n",
                 Eol::CrLf => "\r\n",
                 Eol::Cr => "\r",
@@ -467,8 +467,7 @@ mod tests {
                         _ => "\r",
                     }
                 }
-            };
-            e
+            }
         };
         for (lines, usage, _) in events {
             let mut event = String::new();

@@ -353,8 +353,8 @@ mod tests {
         h.insert("x-custom", HeaderValue::from_static("1"));
         let pod = Pod::new(kvgate_core::PodId(0), "http://127.0.0.1:1", "default", 1);
         let cfg = GatewayConfig::resolve(&crate::serve::ServeArgs::default(), None).unwrap();
-        let up = upstream_request(&cfg, &pod, &Method::POST, "/v1/x", &h, "rid", Bytes::new())
-            .unwrap();
+        let up =
+            upstream_request(&cfg, &pod, &Method::POST, "/v1/x", &h, "rid", Bytes::new()).unwrap();
         let names: Vec<&str> = up.headers().keys().map(|k| k.as_str()).collect();
         assert_eq!(names, ["x-custom", "x-request-id"]);
         let back = client_headers(&h, true, "rid", None);

@@ -395,7 +395,9 @@ async fn models_is_the_union_of_the_pods_models() {
 /// A `/v1/models` body listing `ids` (compact, as a hostile or buggy pod could: 45,000 ids fit
 /// in the 1 MiB read from a pod).
 fn models_body(ids: std::ops::Range<usize>) -> String {
-    let data: Vec<Value> = ids.map(|i| serde_json::json!({"id": format!("{i:05}")})).collect();
+    let data: Vec<Value> = ids
+        .map(|i| serde_json::json!({"id": format!("{i:05}")}))
+        .collect();
     serde_json::json!({"object": "list", "data": data}).to_string()
 }
 
@@ -448,10 +450,15 @@ async fn models_of_two_pods_with_45000_ids_each_merge_fast_bounded_and_leave_hea
         assert_eq!(ids, want);
     }
     let took = started.elapsed();
-    eprintln!("2 concurrent /v1/models of 2x45,000 ids: {took:?}; slowest /healthz {slowest_healthz:?}");
+    eprintln!(
+        "2 concurrent /v1/models of 2x45,000 ids: {took:?}; slowest /healthz {slowest_healthz:?}"
+    );
     // Guards against the quadratic merge (55 s a call), generous for a debug build.
     assert!(took < Duration::from_secs(10), "{took:?}");
-    assert!(slowest_healthz < Duration::from_secs(2), "{slowest_healthz:?}");
+    assert!(
+        slowest_healthz < Duration::from_secs(2),
+        "{slowest_healthz:?}"
+    );
 }
 
 #[tokio::test]

@@ -135,7 +135,10 @@ pub const API_KEYS_VAR: &str = "KVGATE_API_KEYS";
 /// blanks and repeats dropped, in that order.
 fn api_keys(flags: Vec<String>, env: Option<&str>) -> Vec<String> {
     let mut keys: Vec<String> = Vec::new();
-    let from_env = env.into_iter().flat_map(|v| v.split(',')).map(str::to_string);
+    let from_env = env
+        .into_iter()
+        .flat_map(|v| v.split(','))
+        .map(str::to_string);
     for key in flags.into_iter().chain(from_env) {
         let key = key.trim();
         if !key.is_empty() && !keys.iter().any(|k| k == key) {
