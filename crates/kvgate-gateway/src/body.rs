@@ -82,10 +82,12 @@ impl Tracker {
             })
             .inc();
         match status {
-            Status::ClientAbort => {
+            Status::ClientAbort if self.shared.log_limit.allow("client_went_away") => {
                 tracing::info!(request_id = %self.request_id, pod = %self.guard.pod().url, "client went away; upstream request cancelled");
             }
-            Status::UpstreamError => {
+            Status::UpstreamError
+                if self.shared.log_limit.allow("upstream_failed_mid_response") =>
+            {
                 tracing::warn!(request_id = %self.request_id, pod = %self.guard.pod().url, "upstream failed mid-response");
             }
             _ => {}
@@ -250,7 +252,9 @@ impl ObservedBody {
                 .upstream_timeouts
                 .get_or_create(&crate::metrics::timeout_label("request"))
                 .inc();
-            tracing::warn!(request_id = %t.request_id, pod = %t.guard.pod().url, timeout_ms = self.request_timeout.as_millis() as u64, "request timeout; response ended");
+            if t.shared.log_limit.allow("request_timeout_mid_response") {
+                tracing::warn!(request_id = %t.request_id, pod = %t.guard.pod().url, timeout_ms = self.request_timeout.as_millis() as u64, "request timeout; response ended");
+            }
         }
         self.finish(Status::RequestTimeout);
         let err = crate::errors::request_timeout(self.request_timeout);

@@ -26,6 +26,10 @@
 //!
 //! The file is re-read when its modification time changes (polled every second, see
 //! [`crate::reload`]); a file that fails to parse or validate keeps the old config and logs why.
+//! So does a reloaded file that is empty (or only whitespace), and one that leaves the gateway
+//! with no configured pod while discovery is static, unless it says `allow_empty_pods = true`:
+//! an editor's or `cat >`'s truncate-then-write, or an empty ConfigMap, would otherwise turn
+//! every request into a 503 ([`GatewayConfig::check_reloaded`]).
 //! Listener addresses, slots and queue, the connect timeout, the decision ring's size and the seed
 //! are read at start only ([`GatewayConfig::keep_start_only`]). [`ConfigDump`] is the config in
 //! force as the admin listener's `GET /debug/config` shows it.
@@ -99,6 +103,13 @@ pub enum ConfigError {
     BadPodOption(String),
     #[error("unknown index {0:?}: expected routed or engine")]
     UnknownIndex(String),
+    #[error("{path} is empty")]
+    EmptyFile { path: String },
+    #[error(
+        "no pods: neither the file nor --pod names one, and discovery is static \
+         (set allow_empty_pods = true to run with none)"
+    )]
+    NoPods,
 }
 
 /// Which prefix index routes (DESIGN.md §4); [`IndexKind::help`] says what each is.
@@ -240,17 +251,34 @@ pub struct FileConfig {
     pub max_prompt_tokens: Option<u32>,
     pub seed: Option<u64>,
     pub index: Option<String>,
+    /// Accept a reloaded file that leaves no configured pod (discovery static); default false.
+    pub allow_empty_pods: Option<bool>,
     pub router: Option<RouterConfig>,
 }
 
 impl FileConfig {
     /// Reads and parses a config file (YAML for `.yaml`/`.yml`, JSON for `.json`, else TOML).
+    /// An empty file is all defaults.
     pub fn load(path: &Path) -> Result<FileConfig, ConfigError> {
+        Self::read(path, false)
+    }
+
+    /// [`FileConfig::load`] for a reload: an empty or whitespace-only file is refused
+    /// ([`ConfigError::EmptyFile`]): it is what a reader sees in the middle of a
+    /// truncate-then-write, never a config anyone meant.
+    pub fn load_reloaded(path: &Path) -> Result<FileConfig, ConfigError> {
+        Self::read(path, true)
+    }
+
+    fn read(path: &Path, reloaded: bool) -> Result<FileConfig, ConfigError> {
         let p = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: p.clone(),
             source,
         })?;
+        if reloaded && text.trim().is_empty() {
+            return Err(ConfigError::EmptyFile { path: p });
+        }
         let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
         let parsed = match ext {
             "yaml" | "yml" => serde_saphyr::from_str(&text).map_err(|e| e.to_string()),
@@ -309,6 +337,8 @@ pub struct GatewayConfig {
     pub pod_failure_threshold: u32,
     /// How long such a pod is avoided.
     pub pod_failure_cooldown: Duration,
+    /// `allow_empty_pods`: a reload may leave no configured pod (see [`Self::check_reloaded`]).
+    pub allow_empty_pods: bool,
 }
 
 impl GatewayConfig {
@@ -479,7 +509,20 @@ impl GatewayConfig {
             ),
             pod_failure_threshold,
             pod_failure_cooldown,
+            allow_empty_pods: file.allow_empty_pods.unwrap_or(false),
         })
+    }
+
+    /// What a reloaded config must also pass: at least one configured pod (the file's or
+    /// `--pod`'s) unless `allow_empty_pods` or discovery supplies pods (with `--discovery
+    /// kubernetes` the file's list may well be empty, and so may the discovered set at times).
+    /// Not checked at start: a gateway started without pods reports not ready (`/readyz` 503)
+    /// and there is no previous config to keep.
+    pub fn check_reloaded(&self, discovery_supplies_pods: bool) -> Result<(), ConfigError> {
+        if self.pods.is_empty() && !self.allow_empty_pods && !discovery_supplies_pods {
+            return Err(ConfigError::NoPods);
+        }
+        Ok(())
     }
 
     /// The settings read at start only, taken from `running` (the config in force), so that a
@@ -534,6 +577,8 @@ pub struct ConfigDump {
     pub router: RouterConfig,
     pub limits: LimitsDump,
     pub auth: AuthDump,
+    /// Whether a reload may leave no configured pod.
+    pub allow_empty_pods: bool,
     /// The pod table: the config's pods, then the discovered ones.
     pub pods: Vec<PodDump>,
 }
@@ -639,6 +684,7 @@ impl ConfigDump {
                 api_keys: config.api_keys.len(),
                 forward_authorization: config.forward_authorization,
             },
+            allow_empty_pods: config.allow_empty_pods,
             pods,
         }
     }
@@ -712,6 +758,7 @@ mod tests {
         assert_eq!(c.pod_failure_threshold, 3);
         assert_eq!(c.pod_failure_cooldown, Duration::from_secs(10));
         assert!(c.response_headers);
+        assert!(!c.allow_empty_pods);
     }
 
     #[test]

@@ -33,6 +33,8 @@
 //! | `sse` | SSE event splitting, first-content and usage detection, usage stripping |
 //! | `limits` | `Admission` (concurrency limit and bounded queue, shared with ext_proc); `AdmissionLayer`, the traffic listener's tower layer (429) |
 //! | `auth` | optional API keys (Bearer) on `/v1/*`, compared in constant time; `AuthLayer`, the traffic listener's tower layer (401) |
+//! | `log_limit` | per-kind rate limit of the per-request log lines (rejections, failures) a flood can trigger, with "suppressed K" summaries |
+//! | `models` | `GET /v1/models`: the pods' lists merged (linear, off the async workers, at most 10,000 ids) |
 //! | `errors` | OpenAI-style error bodies; `request_error`, `no_healthy_pod`, `upstream_failed`, `log_reject`, `reject` |
 //! | `request_id` | the `x-request-id` every answer carries (the client's when usable, else a fresh one) |
 //! | `slo` | `x-slo-ttft-ms` / `x-slo-tpot-ms` (and `x-llm-d-slo-*`) → objectives, or 400 (they route only with `slo_routing`) |
@@ -68,7 +70,9 @@ pub mod ext_proc;
 pub mod kv_events;
 pub mod lifecycle;
 pub mod limits;
+pub mod log_limit;
 pub mod metrics;
+pub mod models;
 pub mod pods;
 pub mod proxy;
 pub mod reload;

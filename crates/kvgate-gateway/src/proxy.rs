@@ -6,7 +6,7 @@
 //!   from the pod — both before any byte reached the client — goes to the next-best pod
 //!   (the core decides again with the failed pods excluded), at most `max_retries` times;
 //!   then 502. No healthy pod: 503.
-//! - `GET /v1/models`: the union of the healthy pods' model lists.
+//! - `GET /v1/models`: the union of the healthy pods' model lists ([`crate::models`]).
 //! - Any other `/v1/*`: the least-loaded healthy pod, passed through.
 //!
 //! - Timeouts: a pod that sends no response headers within `first_byte_timeout` is retried
@@ -22,7 +22,6 @@
 
 use crate::body::{ObservedBody, Tracker};
 use crate::errors::{ApiError, no_healthy_pod, reject, upstream_failed};
-use crate::pods::Pod;
 use crate::request_id::request_id;
 use crate::routing::{DecisionMeta, Pick, Prepared, Routed, decide_for};
 use crate::state::Shared;
@@ -34,24 +33,18 @@ use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::Response;
 use bytes::Bytes;
-use http::{HeaderValue, StatusCode, header};
-use http_body_util::{BodyExt, Full, Limited};
+use http::StatusCode;
+use http_body_util::{BodyExt, Limited};
 use kvgate_core::{PodId, RouteRequest};
-use serde_json::Value;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-/// Per-pod timeout of a `GET /v1/models` fan-out.
-const MODELS_TIMEOUT: Duration = Duration::from_secs(2);
-/// Largest model list read from one pod.
-const MAX_MODELS_BYTES: usize = 1 << 20;
+use std::time::Instant;
 
 pub fn traffic_router(shared: Arc<Shared>) -> axum::Router {
     use axum::routing::{any, get, post};
     axum::Router::new()
         .route("/v1/chat/completions", post(completions))
         .route("/v1/completions", post(completions))
-        .route("/v1/models", get(models))
+        .route("/v1/models", get(crate::models::models))
         .route("/v1/{*rest}", any(passthrough))
         .fallback(not_found)
         .layer(crate::limits::AdmissionLayer::new(shared.clone()))
@@ -230,7 +223,9 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
         };
         drop(guard);
         attempt_failed(&shared, &pod, policy, branch);
-        tracing::warn!(request_id = %rid, %attempt, why = %failure, "attempt failed before any byte was sent; retrying elsewhere");
+        if shared.log_limit.allow("attempt_failed") {
+            tracing::warn!(request_id = %rid, %attempt, why = %failure, "attempt failed before any byte was sent; retrying elsewhere");
+        }
         excluded.push(pod.id);
         last_failure = failure;
         if attempt < cfg.max_retries {
@@ -256,85 +251,6 @@ async fn read_body_until(
             param: None,
         }),
     }
-}
-
-/// `GET /v1/models`: the union (by model id) of every healthy pod's list.
-pub async fn models(State(shared): State<Arc<Shared>>, req: Request) -> Response {
-    let rid = request_id(req.headers());
-    let pods: Vec<Arc<Pod>> = shared
-        .pods
-        .all()
-        .iter()
-        .filter(|p| p.is_healthy())
-        .cloned()
-        .collect();
-    if pods.is_empty() {
-        return reject(&shared, no_healthy_pod(), &rid);
-    }
-    let mut tasks = tokio::task::JoinSet::new();
-    for pod in pods {
-        let shared = shared.clone();
-        tasks.spawn(async move {
-            tokio::time::timeout(MODELS_TIMEOUT, fetch_models(&shared, &pod))
-                .await
-                .ok()
-                .flatten()
-        });
-    }
-    let mut data: Vec<Value> = Vec::new();
-    let mut answered = false;
-    while let Some(res) = tasks.join_next().await {
-        let Ok(Some(list)) = res else { continue };
-        answered = true;
-        for m in list {
-            let id = m.get("id").cloned();
-            if !data.iter().any(|d| d.get("id") == id.as_ref()) {
-                data.push(m);
-            }
-        }
-    }
-    if !answered {
-        return reject(
-            &shared,
-            upstream_failed("no pod answered /v1/models".into()),
-            &rid,
-        );
-    }
-    data.sort_by(|a, b| {
-        let k = |v: &Value| {
-            v.get("id")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string()
-        };
-        k(a).cmp(&k(b))
-    });
-    let body = serde_json::json!({"object": "list", "data": data}).to_string();
-    let mut resp = Response::new(Body::from(body));
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    if let Ok(v) = HeaderValue::from_str(&rid) {
-        resp.headers_mut().insert("x-request-id", v);
-    }
-    resp
-}
-
-async fn fetch_models(shared: &Shared, pod: &Pod) -> Option<Vec<Value>> {
-    let uri = pod.uri_for("/v1/models").ok()?;
-    let req = http::Request::get(uri).body(Full::new(Bytes::new())).ok()?;
-    let resp = shared.client.request(req).await.ok()?;
-    if !resp.status().is_success() {
-        return None;
-    }
-    let bytes = Limited::new(resp.into_body(), MAX_MODELS_BYTES)
-        .collect()
-        .await
-        .ok()?
-        .to_bytes();
-    let v: Value = serde_json::from_slice(&bytes).ok()?;
-    v.get("data")?.as_array().cloned()
 }
 
 /// Any other `/v1/*`: the least-loaded healthy pod, passed through (no routing decision, no

@@ -2,7 +2,10 @@
 //! [`POLL_INTERVAL`]; on change the file is re-read and resolved with the same command-line
 //! flags, through the same readers as at start (`[router]`: the `gate_profile` first, the keys
 //! given over it). A file that fails to read, parse or validate keeps the old config; the reason
-//! is logged and counted (`kvgate_config_reload_errors`). Settings read at start only keep their
+//! is logged at warn and counted (`kvgate_config_reload_errors`). So does an empty (or
+//! whitespace-only) file, and one that leaves no configured pod while discovery is static,
+//! unless it sets `allow_empty_pods = true` ([`GatewayConfig::check_reloaded`]): a
+//! truncate-then-write caught half way would otherwise route nothing. Settings read at start only keep their
 //! running values ([`GatewayConfig::keep_start_only`]; a change is logged as needing a restart),
 //! so that `/debug/config` shows what is in force.
 
@@ -27,8 +30,11 @@ pub fn stamp(path: &Path) -> Stamp {
 
 /// Re-reads the config file and applies it; Err (old config kept) when it is invalid.
 pub fn reload_now(shared: &Arc<Shared>, args: &ServeArgs, path: &Path) -> Result<(), String> {
-    let result = FileConfig::load(path)
+    let discovery_supplies_pods =
+        args.discovery.unwrap_or_default() != crate::discovery::DiscoveryKind::Static;
+    let result = FileConfig::load_reloaded(path)
         .and_then(|file| GatewayConfig::resolve(args, Some(&file)))
+        .and_then(|new| new.check_reloaded(discovery_supplies_pods).map(|()| new))
         .map_err(|e| e.to_string());
     match result {
         Ok(mut new) => {
@@ -94,7 +100,11 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("kvgate-reload-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("kvgate.toml");
-        std::fs::write(&path, "[router]\nexplore_max_extra_ms = 40\n").unwrap();
+        std::fs::write(
+            &path,
+            "pods = [\"http://127.0.0.1:9\"]\n[router]\nexplore_max_extra_ms = 40\n",
+        )
+        .unwrap();
         let args = ServeArgs {
             config: Some(path.clone()),
             ..ServeArgs::default()
@@ -104,7 +114,11 @@ mod tests {
         let shared = Shared::new(config.clone());
         shared.apply_config(config);
 
-        std::fs::write(&path, "[router]\ngate_profile = \"seed\"\n").unwrap();
+        std::fs::write(
+            &path,
+            "allow_empty_pods = true\n[router]\ngate_profile = \"seed\"\n",
+        )
+        .unwrap();
         reload_now(&shared, &args, &path).unwrap();
         assert_eq!(shared.config().router, RouterConfig::seed());
         assert_eq!(
@@ -116,6 +130,74 @@ mod tests {
         let why = reload_now(&shared, &args, &path).unwrap_err();
         assert!(why.contains("sead"), "{why}");
         assert_eq!(shared.config().router, RouterConfig::seed());
+        assert_eq!(shared.metrics.config_reload_errors.get(), 1);
+    }
+
+    fn temp_config(name: &str, text: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("kvgate-reload-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("kvgate.toml");
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    #[tokio::test]
+    async fn an_empty_file_or_no_pods_on_reload_keeps_the_last_good_config_and_is_counted() {
+        let good = "pods = [\"http://127.0.0.1:9\"]\nmax_retries = 1\n";
+        let path = temp_config("empty", good);
+        let args = ServeArgs {
+            config: Some(path.clone()),
+            ..ServeArgs::default()
+        };
+        let config = GatewayConfig::from_args(&args).unwrap();
+        let shared = Shared::new(config.clone());
+        shared.apply_config(config);
+        // What a truncate-then-write shows half way, an empty ConfigMap, a list emptied.
+        for (n, bad) in ["", " \n\t\n", "pods = []\n", "max_retries = 0\n"]
+            .into_iter()
+            .enumerate()
+        {
+            std::fs::write(&path, bad).unwrap();
+            let why = reload_now(&shared, &args, &path).unwrap_err();
+            assert!(
+                why.contains("empty") || why.contains("no pods"),
+                "{bad:?}: {why}"
+            );
+            assert_eq!(shared.config().pods.len(), 1, "{bad:?}");
+            assert_eq!(shared.pods.all().len(), 1, "{bad:?}");
+            assert_eq!(shared.config().max_retries, 1, "{bad:?}");
+            assert_eq!(shared.metrics.config_reload_errors.get(), n as u64 + 1);
+        }
+        // Asked for explicitly: no pods is a config.
+        std::fs::write(&path, "pods = []\nallow_empty_pods = true\n").unwrap();
+        reload_now(&shared, &args, &path).unwrap();
+        assert!(shared.config().pods.is_empty());
+        assert!(shared.pods.all().is_empty());
+        assert_eq!(shared.metrics.config_reload_errors.get(), 4);
+        // An empty file is refused even then: it cannot say what it means.
+        std::fs::write(&path, "").unwrap();
+        assert!(reload_now(&shared, &args, &path).is_err());
+        assert!(shared.config().allow_empty_pods);
+    }
+
+    #[tokio::test]
+    async fn with_discovery_a_reloaded_file_without_pods_is_accepted() {
+        let path = temp_config("discovery", "pods = [\"http://127.0.0.1:9\"]\n");
+        let args = ServeArgs {
+            config: Some(path.clone()),
+            discovery: Some(crate::discovery::DiscoveryKind::Kubernetes),
+            ..ServeArgs::default()
+        };
+        let config = GatewayConfig::from_args(&args).unwrap();
+        let shared = Shared::new(config.clone());
+        shared.apply_config(config);
+        std::fs::write(&path, "max_retries = 0\n").unwrap();
+        reload_now(&shared, &args, &path).unwrap();
+        assert!(shared.config().pods.is_empty());
+        assert_eq!(shared.config().max_retries, 0);
+        // Still, an empty file is a write caught half way.
+        std::fs::write(&path, "").unwrap();
+        assert!(reload_now(&shared, &args, &path).is_err());
         assert_eq!(shared.metrics.config_reload_errors.get(), 1);
     }
 }

@@ -5,6 +5,7 @@
 //! [`Gateway`] stops them.
 
 use crate::config::{ConfigError, GatewayConfig};
+use crate::discovery::DiscoveryKind;
 use crate::state::Shared;
 use axum::serve::ListenerExt;
 use kvgate_core::InFlight;
@@ -178,6 +179,11 @@ impl Gateway {
                     })?;
             let _ = shared.capture.set(capture);
         }
+        if config.pods.is_empty() && args.discovery.unwrap_or_default() == DiscoveryKind::Static {
+            // Kept as before (a start has no previous config to fall back on), but said: every
+            // request answers 503 and /readyz stays 503 until a reload names a pod.
+            tracing::warn!("no pods configured and discovery is static: every request answers 503");
+        }
         let pods = shared.apply_config(config);
         // One scrape of every pod before taking traffic, so that healthy pods are known.
         let mut first = tokio::task::JoinSet::new();
@@ -212,6 +218,7 @@ impl Gateway {
             )));
         }
         tasks.push(tokio::spawn(crate::trainer::run(shared.clone())));
+        tasks.push(tokio::spawn(crate::log_limit::summarise(shared.clone())));
         match crate::discovery::start(&shared, &args).await {
             Ok(task) => tasks.extend(task),
             Err(e) => {

@@ -2,9 +2,12 @@
 //! chunk (completion and cached tokens), and removal of that usage chunk when the gateway
 //! asked for it and the client did not.
 //!
-//! Frames are split into complete events (`\n\n`); complete events are forwarded at once (the
-//! common case — one event per frame — is zero-copy), an incomplete tail waits for the next
-//! frame. Bound: the tail is at most [`MAX_EVENT_BYTES`]; a longer event is passed through
+//! Frames are split into complete events: an event ends at a blank line, and lines end in CRLF,
+//! LF or CR (the SSE spec, HTML §9.2.5), so `\n\n`, `\r\n\r\n`, `\r\r` and any mix end one.
+//! Complete events are forwarded at once (the common case — one event per frame — is zero-copy
+//! and allocation-free), an incomplete tail waits for the next frame. A blank line whose CR is
+//! the last byte of a frame completes its event at once; an LF opening the next frame is the
+//! rest of that CRLF (forwarded, or dropped with a stripped event), not another blank line. Bound: the tail is at most [`MAX_EVENT_BYTES`]; a longer event is passed through
 //! uninspected and inspection stops for that stream. Events are JSON-parsed only until the
 //! first content chunk, and afterwards only when they mention `"usage"`.
 
@@ -104,6 +107,39 @@ pub struct SseScanner {
     passthrough: bool,
     first_content_seen: bool,
     usage: Option<Usage>,
+    /// The last event ended in a CR at the very end of a frame: an LF opening the next frame
+    /// belongs to it.
+    lf_may_follow: bool,
+    /// That event was dropped (its LF goes too).
+    last_dropped: bool,
+}
+
+/// Where the first event of `buf` (which starts at the beginning of a line) ends: just past the
+/// line ending of its blank line. None while no blank line is complete. A line ending in a CR
+/// that is the last byte of `buf` is complete only when it is the blank line (its LF, if one
+/// follows, is then the caller's business): otherwise the next byte may be its LF.
+fn event_end(buf: &[u8]) -> Option<usize> {
+    let mut line_start = 0;
+    loop {
+        match buf.get(line_start) {
+            Some(b'\n') => return Some(line_start + 1),
+            Some(b'\r') => {
+                let crlf = buf.get(line_start + 1) == Some(&b'\n');
+                return Some(line_start + 1 + usize::from(crlf));
+            }
+            Some(_) => {}
+            None => return None,
+        }
+        let rest = buf.get(line_start..)?;
+        let at = line_start + memchr::memchr2(b'\r', b'\n', rest)?;
+        line_start = match (buf.get(at), buf.get(at + 1)) {
+            (Some(b'\r'), Some(b'\n')) => at + 2,
+            // A CR at the end: it may be the first half of a CRLF, and then the next line
+            // starts after the LF; wait for the next frame.
+            (Some(b'\r'), None) => return None,
+            _ => at + 1,
+        };
+    }
 }
 
 impl SseScanner {
@@ -120,32 +156,36 @@ impl SseScanner {
     }
 
     pub fn feed(&mut self, data: Bytes) -> Fed {
-        if self.passthrough {
+        if self.passthrough || data.is_empty() {
             return Fed {
                 out: data,
                 ..Fed::default()
             };
         }
-        let complete = if self.carry.is_empty() {
-            match memmem::rfind(&data, b"\n\n") {
-                Some(pos) if pos + 2 == data.len() => data,
-                Some(pos) => {
-                    self.carry.extend_from_slice(&data[pos + 2..]);
-                    data.slice(..pos + 2)
-                }
-                None => {
-                    self.carry.extend_from_slice(&data);
-                    return self.check_carry_bound();
-                }
+        // The LF completing the CRLF of the previous frame's last event.
+        let lead = usize::from(std::mem::take(&mut self.lf_may_follow) && data[0] == b'\n');
+        let drop_lead = lead == 1 && self.last_dropped;
+        if self.carry.is_empty() {
+            let (mut fed, end, kept) = self.scan(&data, lead, drop_lead);
+            if end < data.len() {
+                self.carry.extend_from_slice(&data[end..]);
             }
-        } else {
-            self.carry.extend_from_slice(&data);
-            match memmem::rfind(&self.carry, b"\n\n") {
-                Some(pos) => self.carry.split_to(pos + 2).freeze(),
-                None => return self.check_carry_bound(),
-            }
+            fed.out = match kept {
+                Some(k) => k.freeze(),
+                None => data.slice(..end),
+            };
+            return self.bound_carry(fed);
+        }
+        let mut carry = std::mem::take(&mut self.carry);
+        carry.extend_from_slice(&data);
+        let (mut fed, end, kept) = self.scan(&carry, 0, false);
+        let complete = carry.split_to(end).freeze();
+        self.carry = carry;
+        fed.out = match kept {
+            Some(k) => k.freeze(),
+            None => complete,
         };
-        self.process(complete)
+        self.bound_carry(fed)
     }
 
     /// The stream ended: whatever incomplete tail is left, forwarded as is.
@@ -153,52 +193,57 @@ impl SseScanner {
         self.carry.split().freeze()
     }
 
-    fn check_carry_bound(&mut self) -> Fed {
+    /// An incomplete event longer than [`MAX_EVENT_BYTES`]: forwarded with `fed`, and from now
+    /// on everything passes through uninspected.
+    fn bound_carry(&mut self, mut fed: Fed) -> Fed {
         if self.carry.len() > MAX_EVENT_BYTES {
             self.passthrough = true;
-            return Fed {
-                out: self.carry.split().freeze(),
-                ..Fed::default()
+            let tail = self.carry.split();
+            fed.out = if fed.out.is_empty() {
+                tail.freeze()
+            } else {
+                let mut all = BytesMut::with_capacity(fed.out.len() + tail.len());
+                all.extend_from_slice(&fed.out);
+                all.extend_from_slice(&tail);
+                all.freeze()
             };
         }
-        Fed::default()
+        fed
     }
 
-    fn process(&mut self, complete: Bytes) -> Fed {
+    /// Inspects the complete events of `buf` after its first `lead` bytes (the end of the
+    /// previous event's line ending, dropped when `drop_lead`). Returns what was seen, where the
+    /// complete events end, and — only when something is dropped — the bytes to forward.
+    fn scan(&mut self, buf: &[u8], lead: usize, drop_lead: bool) -> (Fed, usize, Option<BytesMut>) {
         let mut fed = Fed::default();
-        let mut kept: Option<BytesMut> = None;
-        let mut start = 0;
-        for end in memmem::find_iter(&complete, b"\n\n") {
-            if end < start {
-                continue; // overlapping match inside "\n\n\n"
-            }
-            let event = &complete[start..end + 2];
+        let mut kept: Option<BytesMut> = drop_lead.then(|| BytesMut::with_capacity(buf.len()));
+        let mut start = lead;
+        while let Some(len) = buf.get(start..).and_then(event_end) {
+            let end = start + len;
+            let event = &buf[start..end];
             let keep = self.inspect(event, &mut fed);
             match (&mut kept, keep) {
                 (None, false) => {
-                    let mut k = BytesMut::with_capacity(complete.len());
-                    k.extend_from_slice(&complete[..start]);
+                    let mut k = BytesMut::with_capacity(buf.len());
+                    k.extend_from_slice(&buf[..start]);
                     kept = Some(k);
                 }
                 (Some(k), true) => k.extend_from_slice(event),
                 _ => {}
             }
-            start = end + 2;
-        }
-        fed.out = match kept {
-            Some(mut k) => {
-                k.extend_from_slice(&complete[start.min(complete.len())..]);
-                k.freeze()
+            if end == buf.len() && buf[end - 1] == b'\r' {
+                self.lf_may_follow = true;
+                self.last_dropped = !keep;
             }
-            None => complete,
-        };
-        fed
+            start = end;
+        }
+        (fed, start, kept)
     }
 
     /// Looks at one event; false when it must be dropped.
     fn inspect(&mut self, event: &[u8], fed: &mut Fed) -> bool {
         let mut keep = true;
-        for line in event.split(|&b| b == b'\n') {
+        for line in event.split(|&b| b == b'\n' || b == b'\r') {
             let Some(payload) = line.strip_prefix(b"data:") else {
                 continue;
             };
@@ -319,6 +364,200 @@ mod tests {
             Some(2)
         );
         assert_eq!(usage_of_response(b"not json"), None);
+    }
+
+    /// `event` (LF line endings) with each line ending replaced by `eol`.
+    fn with_eol(event: &str, eol: &str) -> String {
+        event.replace('\n', eol)
+    }
+
+    #[test]
+    fn crlf_and_cr_events_are_forwarded_as_soon_as_complete() {
+        for eol in ["\r\n", "\r"] {
+            let (role, tok) = (with_eol(ROLE, eol), with_eol(TOK, eol));
+            let mut s = SseScanner::new(false);
+            let f = s.feed(b(&role));
+            assert_eq!(f.out, b(&role), "{eol:?}");
+            assert!(!f.first_content);
+            let f = s.feed(b(&tok));
+            assert_eq!(f.out, b(&tok), "{eol:?}");
+            assert!(f.first_content, "{eol:?}");
+            assert_eq!(s.feed(b(&tok)).more_content_events, 1);
+            assert!(s.finish().is_empty());
+        }
+    }
+
+    #[test]
+    fn crlf_usage_is_read_and_stripped() {
+        let all = with_eol(&format!("{TOK}{USAGE}{DONE}"), "\r\n");
+        let mut s = SseScanner::new(true);
+        let f = s.feed(b(&all));
+        assert_eq!(f.out, b(&with_eol(&format!("{TOK}{DONE}"), "\r\n")));
+        assert!(f.first_content);
+        assert_eq!(s.usage().map(|u| u.cached_tokens), Some(Some(8)));
+    }
+
+    #[test]
+    fn a_frame_ending_between_cr_and_lf_completes_the_event_and_the_lf_stays_with_it() {
+        let tok = with_eol(TOK, "\r\n");
+        let (head, lf) = tok.split_at(tok.len() - 1);
+        let mut s = SseScanner::new(true);
+        let f = s.feed(b(head));
+        assert!(f.first_content, "complete at the blank line's CR");
+        assert_eq!(f.out, b(head));
+        // The LF is the rest of that CRLF, not a blank line of its own: forwarded.
+        let f = s.feed(b(lf));
+        assert_eq!(f.out, b(lf));
+        // A stripped usage event takes its LF with it.
+        let usage = with_eol(USAGE, "\r\n");
+        let (head, lf) = usage.split_at(usage.len() - 1);
+        assert_eq!(s.feed(b(head)).out, Bytes::new());
+        let done = with_eol(DONE, "\r\n");
+        let f = s.feed(b(&format!("{lf}{done}")));
+        assert_eq!(f.out, b(&done));
+        assert_eq!(s.usage().map(|u| u.prompt_tokens), Some(10));
+        // And a line's CR at the end of a frame waits: its LF may follow.
+        let mut s = SseScanner::new(false);
+        assert_eq!(s.feed(b("data: {\"choices\":[]}\r")).out, Bytes::new());
+        assert_eq!(s.feed(b("\n")).out, Bytes::new());
+        assert_eq!(s.feed(b("\r\n")).out, b("data: {\"choices\":[]}\r\n\r\n"));
+    }
+
+    /// Line endings of a generated stream.
+    #[derive(Debug, Clone, Copy)]
+    enum Eol {
+        Lf,
+        CrLf,
+        Cr,
+        /// Each line's own, at random (`pick` chooses).
+        Mixed,
+    }
+
+    /// The events of a generated stream (each a list of lines) and, per event, whether it is
+    /// the usage chunk and whether it carries content.
+    fn stream_lines(kinds: &[u8]) -> Vec<(Vec<&'static str>, bool, bool)> {
+        kinds
+            .iter()
+            .map(|k| match k % 6 {
+                0 => (vec![ROLE.trim_end()], false, false),
+                1 => (vec![TOK.trim_end()], false, true),
+                2 => (vec![USAGE.trim_end()], true, false),
+                3 => (vec![": keep-alive"], false, false),
+                4 => (vec!["event: message", "id: 7", TOK.trim_end()], false, true),
+                _ => (vec![DONE.trim_end()], false, false),
+            })
+            .collect()
+    }
+
+    /// The stream's bytes, and its expected output with the usage event stripped.
+    fn render(events: &[(Vec<&str>, bool, bool)], eol: Eol, pick: &[u8]) -> (Vec<u8>, Vec<u8>) {
+        let (mut all, mut stripped) = (Vec::new(), Vec::new());
+        let mut n = 0;
+        let mut next_eol = |after_cr: bool, blank: bool| {
+            match eol {
+                Eol::Lf => "\n",
+                Eol::CrLf => "\r\n",
+                Eol::Cr => "\r",
+                Eol::Mixed => {
+                    n += 1;
+                    match pick.get(n % pick.len().max(1)).copied().unwrap_or(0) % 3 {
+                        // After a CR a blank line's lone LF would make a CRLF, not a blank line.
+                        0 if !(after_cr && blank) => "\n",
+                        0 | 1 => "\r\n",
+                        _ => "\r",
+                    }
+                }
+            }
+        };
+        for (lines, usage, _) in events {
+            let mut event = String::new();
+            let mut after_cr = false;
+            for line in lines {
+                event.push_str(line);
+                let e = next_eol(after_cr, false);
+                event.push_str(e);
+                after_cr = e == "\r";
+            }
+            event.push_str(next_eol(after_cr, true));
+            all.extend_from_slice(event.as_bytes());
+            if !usage {
+                stripped.extend_from_slice(event.as_bytes());
+            }
+        }
+        (all, stripped)
+    }
+
+    /// Feeds `input` cut at `cuts`; returns the output, usage, whether content was seen and how
+    /// many content events were counted.
+    fn run(input: &[u8], cuts: &[usize], strip: bool) -> (Vec<u8>, Option<Usage>, bool, u64) {
+        let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (input.len() + 1)).collect();
+        cuts.sort_unstable();
+        let mut s = SseScanner::new(strip);
+        let (mut out, mut first, mut content) = (Vec::new(), false, 0);
+        let mut at = 0;
+        for cut in cuts.into_iter().chain([input.len()]) {
+            let f = s.feed(Bytes::copy_from_slice(&input[at..cut]));
+            at = cut;
+            out.extend_from_slice(&f.out);
+            first |= f.first_content;
+            content += u64::from(f.first_content) + f.more_content_events;
+        }
+        out.extend_from_slice(&s.finish());
+        (out, s.usage(), first, content)
+    }
+
+    fn eol_strategy() -> impl Strategy<Value = Eol> {
+        prop_oneof![
+            Just(Eol::Lf),
+            Just(Eol::CrLf),
+            Just(Eol::Cr),
+            Just(Eol::Mixed)
+        ]
+    }
+
+    proptest! {
+        /// Whatever the line endings and wherever the frames are cut (between a CR and its LF
+        /// included), the client sees the same bytes, the same usage and the same content
+        /// events as with the whole stream in one frame, and every event is out as soon as its
+        /// blank line is in.
+        #[test]
+        fn chunking_never_changes_what_is_seen_for_every_line_ending(
+            kinds in proptest::collection::vec(any::<u8>(), 1..12),
+            eol in eol_strategy(),
+            pick in proptest::collection::vec(any::<u8>(), 1..32),
+            cuts in proptest::collection::vec(any::<usize>(), 0..24),
+            strip in any::<bool>(),
+        ) {
+            let events = stream_lines(&kinds);
+            let (input, stripped) = render(&events, eol, &pick);
+            let whole = run(&input, &[], strip);
+            let chunked = run(&input, &cuts, strip);
+            prop_assert_eq!(&chunked, &whole);
+            let expected = if strip { &stripped } else { &input };
+            prop_assert_eq!(&whole.0, expected);
+            prop_assert_eq!(whole.1.is_some(), events.iter().any(|e| e.1));
+            prop_assert_eq!(whole.2, events.iter().any(|e| e.2));
+            // Frames cut at every byte: each event leaves as soon as it is complete.
+            let every: Vec<usize> = (1..input.len()).collect();
+            prop_assert_eq!(run(&input, &every, strip), whole);
+        }
+    }
+
+    #[test]
+    fn each_event_leaves_with_the_frame_that_completes_it_for_every_line_ending() {
+        for eol in [Eol::Lf, Eol::CrLf, Eol::Cr, Eol::Mixed] {
+            let events = stream_lines(&[0, 1, 4, 3, 1, 5]);
+            let mut s = SseScanner::new(false);
+            for (i, e) in events.iter().enumerate() {
+                let (one, _) = render(std::slice::from_ref(e), eol, &[i as u8, 7, 2]);
+                // An event ending in CR may still get an LF; it is out all the same.
+                assert_eq!(
+                    s.feed(Bytes::from(one.clone())).out,
+                    Bytes::from(one),
+                    "{eol:?} {i}"
+                );
+            }
+        }
     }
 
     proptest! {

@@ -31,6 +31,8 @@ pub struct Shared {
     /// it (its index is routed for every pod, engine for pods with live KV events).
     pub session: Mutex<RouterSession>,
     pub metrics: Metrics,
+    /// The rate limit of per-request log lines (the counters in `metrics` stay exact).
+    pub log_limit: crate::log_limit::LogLimiter,
     pub decisions: DecisionLog,
     pub client: UpstreamClient,
     /// Token mode's tokenizer (`--tokenizer FILE`, else the built-in cl100k), set at start.
@@ -85,6 +87,7 @@ impl Shared {
             pods: PodTable::default(),
             session: Mutex::new(session),
             metrics: Metrics::new(),
+            log_limit: crate::log_limit::LogLimiter::default(),
             client,
             capture: std::sync::OnceLock::new(),
             tokenizer: std::sync::OnceLock::new(),

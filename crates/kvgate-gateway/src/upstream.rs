@@ -1,7 +1,8 @@
 //! Upstream forwarding for the HTTP proxy: the request a pod gets, the headers the client gets
 //! back, the one wait for a pod's response headers, and the bookkeeping of a failed attempt.
 //!
-//! - Headers: hop-by-hop headers (and `host`, `content-length`) are never forwarded either way;
+//! - Headers: hop-by-hop headers (and `host`, `content-length`) are never forwarded either way,
+//!   nor are the headers a message's `Connection` header names (RFC 9110 §7.6.1);
 //!   the client's `Authorization` reaches the pod only with `--forward-authorization`; every
 //!   request and answer carries `x-request-id`, answers `x-kvgate-pod` / `x-kvgate-branch`
 //!   unless `--no-response-headers`.
@@ -44,6 +45,22 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
     )
 }
 
+/// Whether `headers`' `Connection` header(s) name `name`: such a header is meant for this
+/// connection only (RFC 9110 §7.6.1). No allocation: the lists are short.
+fn named_by_connection(headers: &HeaderMap, name: &HeaderName) -> bool {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|option| option.trim().eq_ignore_ascii_case(name.as_str()))
+}
+
+/// Whether a header of `headers` goes on to the next hop.
+fn is_end_to_end(headers: &HeaderMap, name: &HeaderName) -> bool {
+    !is_hop_by_hop(name) && !named_by_connection(headers, name)
+}
+
 /// The request `pod` gets: the client's method, path and end-to-end headers, our request id.
 pub fn upstream_request(
     cfg: &GatewayConfig,
@@ -60,7 +77,9 @@ pub fn upstream_request(
     *req.uri_mut() = uri;
     let h = req.headers_mut();
     for (name, value) in headers {
-        if !is_hop_by_hop(name) && (cfg.forward_authorization || name != header::AUTHORIZATION) {
+        if is_end_to_end(headers, name)
+            && (cfg.forward_authorization || name != header::AUTHORIZATION)
+        {
             h.append(name.clone(), value.clone());
         }
     }
@@ -79,7 +98,7 @@ pub fn client_headers(
 ) -> HeaderMap {
     let mut h = HeaderMap::with_capacity(upstream.len() + 3);
     for (name, value) in upstream {
-        if !is_hop_by_hop(name) || (keep_length && name == header::CONTENT_LENGTH) {
+        if is_end_to_end(upstream, name) || (keep_length && name == header::CONTENT_LENGTH) {
             h.append(name.clone(), value.clone());
         }
     }
@@ -220,7 +239,9 @@ pub fn request_timed_out(shared: &Shared, cfg: &GatewayConfig, pod: &Pod, rid: &
         .upstream_timeouts
         .get_or_create(&timeout_label("request"))
         .inc();
-    tracing::warn!(request_id = %rid, pod = %pod.url, "request timeout before the pod answered");
+    if shared.log_limit.allow("request_timeout") {
+        tracing::warn!(request_id = %rid, pod = %pod.url, "request timeout before the pod answered");
+    }
     reject(
         shared,
         crate::errors::request_timeout(cfg.request_timeout),
@@ -319,5 +340,27 @@ mod tests {
         let up =
             upstream_request(&cfg, &pod, &Method::GET, "/", &client, "rid", Bytes::new()).unwrap();
         assert!(up.headers().contains_key(header::AUTHORIZATION));
+    }
+
+    #[test]
+    fn headers_named_by_connection_stay_behind_both_ways() {
+        let mut h = HeaderMap::new();
+        h.append(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, X-Secret"),
+        );
+        h.append(header::CONNECTION, HeaderValue::from_static("x-hop"));
+        h.insert("x-secret", HeaderValue::from_static("s"));
+        h.insert("x-hop", HeaderValue::from_static("h"));
+        h.insert("x-custom", HeaderValue::from_static("1"));
+        let pod = Pod::new(kvgate_core::PodId(0), "http://127.0.0.1:1", "default", 1);
+        let cfg = GatewayConfig::resolve(&crate::serve::ServeArgs::default(), None).unwrap();
+        let up =
+            upstream_request(&cfg, &pod, &Method::POST, "/v1/x", &h, "rid", Bytes::new()).unwrap();
+        let names: Vec<&str> = up.headers().keys().map(|k| k.as_str()).collect();
+        assert_eq!(names, ["x-custom", "x-request-id"]);
+        let back = client_headers(&h, true, "rid", None);
+        let names: Vec<&str> = back.keys().map(|k| k.as_str()).collect();
+        assert_eq!(names, ["x-custom", "x-request-id"]);
     }
 }

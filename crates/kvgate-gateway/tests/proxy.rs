@@ -5,9 +5,9 @@ mod common;
 use bytes::Bytes;
 use common::*;
 use http_body_util::Full;
-use serde_json::json;
+use serde_json::{Value, json};
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const SLOW: Behavior = Behavior::Normal {
     chunks: 5,
@@ -390,6 +390,75 @@ async fn models_is_the_union_of_the_pods_models() {
         .map(|m| m["id"].as_str().unwrap().to_string())
         .collect();
     assert_eq!(ids, vec!["model-a", "model-b"]);
+}
+
+/// A `/v1/models` body listing `ids` (compact, as a hostile or buggy pod could: 45,000 ids fit
+/// in the 1 MiB read from a pod).
+fn models_body(ids: std::ops::Range<usize>) -> String {
+    let data: Vec<Value> = ids
+        .map(|i| serde_json::json!({"id": format!("{i:05}")}))
+        .collect();
+    serde_json::json!({"object": "list", "data": data}).to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn models_of_two_pods_with_45000_ids_each_merge_fast_bounded_and_leave_healthz_answering() {
+    let a = FakePod::start(FAST).await;
+    let b = FakePod::start(FAST).await;
+    let body_a = models_body(0..45_000);
+    assert!(body_a.len() < 1 << 20, "under the 1 MiB read from a pod");
+    *a.state.models_body.lock().unwrap() = Some(body_a);
+    *b.state.models_body.lock().unwrap() = Some(models_body(45_000..90_000));
+    let gw = gateway(&[&a, &b]).await;
+    let c = client();
+    let get = |url: String| {
+        let c = c.clone();
+        async move {
+            send(
+                &c,
+                http::Request::get(url).body(Default::default()).unwrap(),
+            )
+            .await
+        }
+    };
+    let started = Instant::now();
+    let calls: Vec<_> = (0..2)
+        .map(|_| tokio::spawn(get(format!("http://{}/v1/models", gw.traffic_addr))))
+        .collect();
+    // The admin listener answers while the merges run (they used to hold the async workers).
+    let mut slowest_healthz = Duration::ZERO;
+    while !calls.iter().all(|t| t.is_finished()) {
+        let t0 = Instant::now();
+        let h = get(format!("http://{}/healthz", gw.admin_addr)).await;
+        assert_eq!(h.status, 200);
+        slowest_healthz = slowest_healthz.max(t0.elapsed());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for call in calls {
+        let r = call.await.unwrap();
+        assert_eq!(r.status, 200);
+        let ids: Vec<String> = r.json()["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["id"].as_str().unwrap().to_string())
+            .collect();
+        // The first 10,000 ids seen, in pod-table order (pod a's), sorted.
+        let want: Vec<String> = (0..kvgate_gateway::models::MAX_MODEL_IDS)
+            .map(|i| format!("{i:05}"))
+            .collect();
+        assert_eq!(ids, want);
+    }
+    let took = started.elapsed();
+    eprintln!(
+        "2 concurrent /v1/models of 2x45,000 ids: {took:?}; slowest /healthz {slowest_healthz:?}"
+    );
+    // Guards against the quadratic merge (55 s a call), generous for a debug build.
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    assert!(
+        slowest_healthz < Duration::from_secs(2),
+        "{slowest_healthz:?}"
+    );
 }
 
 #[tokio::test]

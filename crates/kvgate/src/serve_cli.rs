@@ -69,15 +69,10 @@ pub struct ServeCli {
     /// Requests waiting for a slot; beyond it, 429 with `Retry-After` [default: 1024].
     #[arg(long, value_name = "N")]
     pub max_queued_requests: Option<usize>,
-    /// API key clients must send as `Authorization: Bearer KEY` on /v1/* (repeatable, or
-    /// comma-separated in KVGATE_API_KEYS) [default: none: no authentication].
-    #[arg(
-        long = "api-key",
-        value_name = "KEY",
-        env = "KVGATE_API_KEYS",
-        value_delimiter = ',',
-        hide_env_values = true
-    )]
+    /// API key clients must send as `Authorization: Bearer KEY` on /v1/* (repeatable,
+    /// comma-separated); the keys of KVGATE_API_KEYS (comma-separated) are accepted too, with or
+    /// without --api-key [default: none: no authentication].
+    #[arg(long = "api-key", value_name = "KEY", value_delimiter = ',')]
     pub api_key: Vec<String>,
     /// Forward the client's Authorization header to the pods [default: dropped].
     #[arg(long)]
@@ -137,6 +132,27 @@ pub struct ServeCli {
     pub pod_failure_cooldown_ms: Option<u64>,
 }
 
+/// The environment variable of the API keys, comma-separated.
+pub const API_KEYS_VAR: &str = "KVGATE_API_KEYS";
+
+/// The accepted API keys: `--api-key`'s and `KVGATE_API_KEYS`'s, both (a key given in one place
+/// must not silently disable the other's: clap's `env` read the variable only without the flag),
+/// blanks and repeats dropped, in that order.
+fn api_keys(flags: Vec<String>, env: Option<&str>) -> Vec<String> {
+    let mut keys: Vec<String> = Vec::new();
+    let from_env = env
+        .into_iter()
+        .flat_map(|v| v.split(','))
+        .map(str::to_string);
+    for key in flags.into_iter().chain(from_env) {
+        let key = key.trim();
+        if !key.is_empty() && !keys.iter().any(|k| k == key) {
+            keys.push(key.to_string());
+        }
+    }
+    keys
+}
+
 impl From<ServeCli> for ServeArgs {
     fn from(cli: ServeCli) -> Self {
         ServeArgs {
@@ -155,7 +171,7 @@ impl From<ServeCli> for ServeArgs {
             ext_proc_listen: cli.ext_proc_listen,
             max_concurrent_requests: cli.max_concurrent_requests,
             max_queued_requests: cli.max_queued_requests,
-            api_key: cli.api_key,
+            api_key: api_keys(cli.api_key, std::env::var(API_KEYS_VAR).ok().as_deref()),
             forward_authorization: cli.forward_authorization,
             shutdown_grace_ms: cli.shutdown_grace_ms,
             connect_timeout_ms: cli.connect_timeout_ms,
@@ -213,6 +229,19 @@ mod tests {
     }
 
     #[test]
+    fn api_keys_of_the_flag_and_the_variable_are_both_accepted() {
+        let flags = vec!["k1".to_string(), " k2 ".to_string()];
+        assert_eq!(api_keys(flags.clone(), None), ["k1", "k2"]);
+        assert_eq!(
+            api_keys(flags, Some("k3,k1,,k4 ")),
+            ["k1", "k2", "k3", "k4"],
+            "merged, not the variable ignored"
+        );
+        assert_eq!(api_keys(Vec::new(), Some("e1,e2")), ["e1", "e2"]);
+        assert!(api_keys(Vec::new(), Some(" , ")).is_empty());
+    }
+
+    #[test]
     fn no_flags_leave_every_option_unset() {
         let mut args = parse(&[]);
         // KVGATE_API_KEYS may be set where the tests run; the flags below pin --api-key.
@@ -222,7 +251,7 @@ mod tests {
 
     #[test]
     fn every_flag_lands_in_its_own_field() {
-        let args = parse(&[
+        let mut args = parse(&[
             "--listen=127.0.0.1:1",
             "--admin-listen=127.0.0.1:2",
             "--pod=http://10.0.0.1:8000",
@@ -292,6 +321,8 @@ mod tests {
             pod_failure_threshold: Some(16),
             pod_failure_cooldown_ms: Some(17),
         };
+        // KVGATE_API_KEYS may be set where the tests run: its keys come after the flags'.
+        args.api_key.truncate(3);
         assert_eq!(args, expected);
     }
 

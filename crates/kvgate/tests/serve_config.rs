@@ -133,8 +133,24 @@ async fn seed_profile_in_the_config_file_is_in_force_and_a_rewrite_reloads_it() 
     }
     assert_eq!(config_dump(&c, &admin).await, dump);
 
-    // Another profile: the default's gate replaces the seed's.
-    write(&path, "[router]\ngate_profile = \"default\"\n");
+    // A truncated file (an editor's truncate-then-write caught half way) is refused too.
+    let errors_before = reload_errors(&c, &admin).await;
+    write(&path, "");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while reload_errors(&c, &admin).await == errors_before {
+        assert!(
+            Instant::now() < deadline,
+            "the empty file was never rejected"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(config_dump(&c, &admin).await, dump);
+
+    // Another profile: the default's gate replaces the seed's; no pods, as asked.
+    write(
+        &path,
+        "allow_empty_pods = true\n[router]\ngate_profile = \"default\"\n",
+    );
     let dump = wait_for_dump(&c, &admin, "reloaded the default profile", |d| {
         d["router"]["gate_profile"] == "default"
     })
@@ -145,6 +161,7 @@ async fn seed_profile_in_the_config_file_is_in_force_and_a_rewrite_reloads_it() 
     assert_eq!(router["affinity_relative_penalty"], 1.25);
     assert_eq!(router["affinity_relative_slack_ms"], 5.0);
     assert_eq!(dump["limits"]["max_retries"], 2);
+    assert_eq!(dump["allow_empty_pods"], true);
     assert_eq!(dump["pods"], serde_json::json!([]));
     let _ = std::fs::remove_dir_all(&dir);
 }

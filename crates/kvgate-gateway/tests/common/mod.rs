@@ -44,6 +44,8 @@ pub struct FakeState {
     pub cancelled: AtomicU32,
     pub last_body: Mutex<Option<Value>>,
     pub metrics_ok: AtomicBool,
+    /// When set, the `/v1/models` body (else one model, `model`).
+    pub models_body: Mutex<Option<String>>,
 }
 
 pub struct FakePod {
@@ -66,6 +68,7 @@ impl FakePod {
             cancelled: AtomicU32::new(0),
             last_body: Mutex::new(None),
             metrics_ok: AtomicBool::new(true),
+            models_body: Mutex::new(None),
         });
         let app = axum::Router::new()
             .route("/metrics", axum::routing::get(metrics))
@@ -133,6 +136,9 @@ async fn metrics(State(s): State<Arc<FakeState>>) -> Response {
 }
 
 async fn models(State(s): State<Arc<FakeState>>) -> Response {
+    if let Some(body) = s.models_body.lock().unwrap().clone() {
+        return Response::new(Body::from(body));
+    }
     Response::new(Body::from(
         json!({"object":"list","data":[{"id": s.model, "object":"model"}]}).to_string(),
     ))
