@@ -54,7 +54,8 @@ pub struct MockPodArgs {
     /// Address of the first pod's HTTP server; pod i listens on port + i.
     #[arg(long, default_value = "127.0.0.1:8000")]
     pub listen: SocketAddr,
-    /// Engine step-time profile (kvgate-sim profiles).
+    /// Engine step-time profile: a kvgate-sim profile name, or a JSON file (`*.json`, e.g.
+    /// written by `scripts/real-vllm/calibrate.py --profile-out`).
     #[arg(long, default_value = Profile::DEFAULT_NAME)]
     pub profile: String,
     /// Model time runs this many times faster than wall time.
@@ -149,14 +150,7 @@ impl Default for PodConfig {
 impl PodConfig {
     /// The configuration of `args`, validated.
     pub fn from_args(args: &MockPodArgs) -> anyhow::Result<Self> {
-        let Some(profile) = Profile::by_name(&args.profile) else {
-            let names: Vec<_> = Profile::names().collect();
-            bail!(
-                "unknown profile {:?}; known: {}",
-                args.profile,
-                names.join(", ")
-            );
-        };
+        let profile = Profile::resolve(&args.profile)?;
         let mut profile = profile.clone();
         if let Some(len) = args.max_model_len {
             profile.max_model_len = len;

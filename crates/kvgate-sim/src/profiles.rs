@@ -38,6 +38,14 @@
 //! `max_num_batched_tokens` (8192) and `max_num_seqs` (256) are vLLM v1's defaults for these GPUs;
 //! `max_model_len` is the model's `max_position_embeddings` (131,072 for Llama-3.1/3.3).
 
+/// A profile that could not be found or read.
+#[derive(Debug, thiserror::Error)]
+#[error("profile {source_name:?}: {message}")]
+pub struct ProfileError {
+    pub source_name: String,
+    pub message: String,
+}
+
 /// Step-time and capacity profile of one simulated pod (one vLLM engine).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Profile {
@@ -153,6 +161,84 @@ impl Profile {
         &PROFILES
     }
 
+    /// A built-in profile by name, or one read from a JSON file when `name_or_path` ends in
+    /// `.json` ([`Profile::from_json`]; e.g. what `scripts/real-vllm/calibrate.py --profile-out`
+    /// writes after measuring a real engine).
+    pub fn resolve(name_or_path: &str) -> Result<&'static Profile, ProfileError> {
+        if name_or_path.ends_with(".json") {
+            let text = std::fs::read_to_string(name_or_path).map_err(|e| ProfileError {
+                source_name: name_or_path.to_string(),
+                message: e.to_string(),
+            })?;
+            return Profile::from_json(name_or_path, &text);
+        }
+        Profile::by_name(name_or_path).ok_or_else(|| ProfileError {
+            source_name: name_or_path.to_string(),
+            message: format!(
+                "unknown profile; expected one of {}, or a path ending in .json",
+                Profile::names().collect::<Vec<_>>().join(", ")
+            ),
+        })
+    }
+
+    /// A profile from JSON: the fields of [`Profile`] by name (`name`, `t0_us`,
+    /// `a_us_per_prefill_token`, `b_us_per_decode_seq`, `k_us_per_context_token`, `kv_blocks`,
+    /// `max_num_batched_tokens`, `max_num_seqs`, `max_model_len`; unknown fields are refused),
+    /// every number finite, costs ≥ 0 and capacities ≥ 1. The profile lives as long as the
+    /// process (it is leaked, like the built-in ones are static): load each file once.
+    pub fn from_json(source_name: &str, text: &str) -> Result<&'static Profile, ProfileError> {
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct File {
+            name: String,
+            t0_us: f64,
+            a_us_per_prefill_token: f64,
+            b_us_per_decode_seq: f64,
+            k_us_per_context_token: f64,
+            kv_blocks: u32,
+            max_num_batched_tokens: u32,
+            max_num_seqs: u32,
+            max_model_len: u32,
+        }
+        let err = |message: String| ProfileError {
+            source_name: source_name.to_string(),
+            message,
+        };
+        let f: File = serde_json::from_str(text).map_err(|e| err(e.to_string()))?;
+        let costs = [
+            ("t0_us", f.t0_us),
+            ("a_us_per_prefill_token", f.a_us_per_prefill_token),
+            ("b_us_per_decode_seq", f.b_us_per_decode_seq),
+            ("k_us_per_context_token", f.k_us_per_context_token),
+        ];
+        if let Some((key, v)) = costs.iter().find(|(_, v)| !v.is_finite() || *v < 0.0) {
+            return Err(err(format!("{key} = {v}: expected a finite number ≥ 0")));
+        }
+        let capacities = [
+            ("kv_blocks", f.kv_blocks),
+            ("max_num_batched_tokens", f.max_num_batched_tokens),
+            ("max_num_seqs", f.max_num_seqs),
+            ("max_model_len", f.max_model_len),
+        ];
+        if let Some((key, _)) = capacities.iter().find(|(_, v)| *v == 0) {
+            return Err(err(format!("{key} = 0: expected at least 1")));
+        }
+        if f.name.is_empty() {
+            return Err(err("name is empty".into()));
+        }
+        Ok(Box::leak(Box::new(Profile {
+            name: Box::leak(f.name.into_boxed_str()),
+            t0_us: f.t0_us,
+            a_us_per_prefill_token: f.a_us_per_prefill_token,
+            b_us_per_decode_seq: f.b_us_per_decode_seq,
+            k_us_per_context_token: f.k_us_per_context_token,
+            kv_blocks: f.kv_blocks,
+            max_num_batched_tokens: f.max_num_batched_tokens,
+            max_num_seqs: f.max_num_seqs,
+            max_model_len: f.max_model_len,
+        })))
+    }
+
     /// Duration of one step in milliseconds.
     pub fn step_ms(&self, prefill_tokens: u64, decode_seqs: u64, context_tokens_read: u64) -> f64 {
         (self.t0_us
@@ -166,6 +252,39 @@ impl Profile {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const CALIBRATED: &str = r#"{"name": "tiny-cpu", "t0_us": 9000.5, "a_us_per_prefill_token": 80.0,
+        "b_us_per_decode_seq": 300.0, "k_us_per_context_token": 0.01, "kv_blocks": 4096,
+        "max_num_batched_tokens": 2048, "max_num_seqs": 128, "max_model_len": 4096}"#;
+
+    #[test]
+    fn a_profile_file_gives_its_numbers() {
+        let p = Profile::from_json("calibrated.json", CALIBRATED).unwrap();
+        assert_eq!(p.name, "tiny-cpu");
+        assert_eq!(p.max_num_batched_tokens, 2048);
+        // 9,000.5 + 80 × 100 + 300 × 2 + 0.01 × 1,000 µs.
+        assert!((p.step_ms(100, 2, 1_000) - 17.6105).abs() < 1e-9);
+    }
+
+    #[test]
+    fn bad_profile_files_are_refused_with_the_key_that_is_wrong() {
+        let cases = [
+            (CALIBRATED.replace("9000.5", "-1"), "t0_us"),
+            (
+                CALIBRATED.replace("\"kv_blocks\": 4096", "\"kv_blocks\": 0"),
+                "kv_blocks",
+            ),
+            (CALIBRATED.replace("\"name\"", "\"nom\""), "unknown field"),
+            ("{".to_string(), "EOF"),
+        ];
+        for (text, why) in cases {
+            let e = Profile::from_json("f.json", &text).unwrap_err().to_string();
+            assert!(e.contains(why), "{e} (expected {why})");
+        }
+        let e = Profile::resolve("no-such-profile").unwrap_err().to_string();
+        assert!(e.contains("llama3-8b-h100"), "{e}");
+        assert!(Profile::resolve("/nonexistent/calibrated.json").is_err());
+    }
 
     #[test]
     fn default_profile_is_llama3_8b_h100_with_design_numbers() {

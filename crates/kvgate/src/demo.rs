@@ -73,14 +73,7 @@ async fn run_async(args: DemoArgs) -> anyhow::Result<()> {
     if args.pods == 0 {
         anyhow::bail!("--pods must be at least 1");
     }
-    let Some(profile) = Profile::by_name(&args.profile) else {
-        let names: Vec<_> = Profile::names().collect();
-        anyhow::bail!(
-            "unknown profile {:?}; known: {}",
-            args.profile,
-            names.join(", ")
-        );
-    };
+    let profile = Profile::resolve(&args.profile)?;
     let pod_config = PodConfig {
         profile: profile.clone(),
         time_scale: args.time_scale,

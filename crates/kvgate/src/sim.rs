@@ -69,7 +69,8 @@ pub struct SimArgs {
     /// Pods in the fleet.
     #[arg(long, default_value_t = 8)]
     pods: u32,
-    /// Engine profile of every pod.
+    /// Engine profile of every pod: a built-in name, or a JSON file (`*.json`, e.g. written by
+    /// `scripts/real-vllm/calibrate.py --profile-out` after measuring a real engine).
     #[arg(long, default_value = Profile::DEFAULT_NAME)]
     profile: String,
     /// A mixed fleet, `profile:count,...` (e.g. `llama3-8b-h100:4,llama3-8b-a100:4`);
@@ -187,12 +188,7 @@ fn parse_pod_profiles(list: &str) -> Result<Vec<&'static Profile>> {
 }
 
 fn profile_by_name(name: &str) -> Result<&'static Profile> {
-    Profile::by_name(name).with_context(|| {
-        format!(
-            "unknown profile {name:?}; expected one of {}",
-            Profile::names().collect::<Vec<_>>().join(", ")
-        )
-    })
+    Ok(Profile::resolve(name)?)
 }
 
 /// `4 × llama3-8b-h100 + 4 × llama3-8b-a100`, runs of equal profiles collapsed.
