@@ -70,6 +70,11 @@ pub struct LoadgenArgs {
     /// Stream responses (needed for TTFT and TPOT).
     #[arg(long)]
     pub stream: bool,
+    /// Send prompts as token ids (one id per synthetic word, `prompt::TOKEN_ID_BASE` + its index)
+    /// instead of text, so a real engine sees exactly the planned prompt lengths whatever its
+    /// tokenizer (as the simulator does).
+    #[arg(long)]
+    pub token_prompts: bool,
     /// Model name to send [default: the first of the target's /v1/models].
     #[arg(long)]
     pub model: Option<String>,
@@ -217,6 +222,7 @@ pub async fn run(args: LoadgenArgs) -> Result<LoadgenReport, LoadgenError> {
         url: format!("{target}/v1/completions"),
         model: model.clone(),
         stream: args.stream,
+        token_prompts: args.token_prompts,
         timeout: Duration::from_secs_f64(args.timeout_s),
     });
     let run_unix_ms = unix_ms_now();
@@ -325,6 +331,7 @@ struct SendContext {
     url: String,
     model: String,
     stream: bool,
+    token_prompts: bool,
     timeout: Duration,
 }
 
@@ -398,8 +405,8 @@ fn error_kind(e: &reqwest::Error) -> String {
     }
 }
 
-/// The JSON body of one request.
-pub fn request_body(model: &str, prompt: &str, max_tokens: u32, stream: bool) -> Value {
+/// The JSON body of one request (`prompt`: text, or token ids).
+pub fn request_body(model: &str, prompt: Value, max_tokens: u32, stream: bool) -> Value {
     let mut body = json!({
         "model": model,
         "prompt": prompt,
@@ -415,7 +422,13 @@ pub fn request_body(model: &str, prompt: &str, max_tokens: u32, stream: bool) ->
 }
 
 async fn send_one(ctx: &SendContext, r: &Planned) -> Outcome {
-    let body = request_body(&ctx.model, &r.prompt(), r.output_tokens, ctx.stream);
+    let text = r.prompt();
+    let prompt = if ctx.token_prompts {
+        json!(prompt::token_ids(&text))
+    } else {
+        Value::String(text)
+    };
+    let body = request_body(&ctx.model, prompt, r.output_tokens, ctx.stream);
     let start = Instant::now();
     let fail = |kind: String, start: Instant| Outcome {
         sent_ms: 0.0,

@@ -114,9 +114,50 @@ pub fn blocks_prompt(blocks: &[u64], input_tokens: u32, request_id: u64) -> Stri
     out
 }
 
+/// First token id of `--token-prompts`: word `i` of [`WORDS`] is sent as id
+/// `TOKEN_ID_BASE + i`, above the special tokens of every tokenizer seen so far.
+pub const TOKEN_ID_BASE: u32 = 1_000;
+
+/// A synthetic prompt as token ids, one per word (`--token-prompts`): the engine then sees
+/// exactly the planned number of tokens whatever its tokenizer (a model's own BPE would cut the
+/// words differently), and two prompts share a prefix of ids exactly where their texts share
+/// words. Needs a vocabulary of at least `TOKEN_ID_BASE + 128` ids.
+pub fn token_ids(text: &str) -> Vec<u32> {
+    static INDEX: std::sync::OnceLock<Vec<(&'static str, u32)>> = std::sync::OnceLock::new();
+    let index = INDEX.get_or_init(|| {
+        let mut v: Vec<(&'static str, u32)> = WORDS.iter().copied().zip(0..).collect();
+        v.sort_unstable();
+        v
+    });
+    text.split(' ')
+        .filter(|w| !w.is_empty())
+        .map(|w| {
+            let i = index
+                .binary_search_by(|(k, _)| (*k).cmp(w))
+                .map_or(0, |at| index[at].1);
+            TOKEN_ID_BASE + i
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn token_prompts_have_the_planned_length_and_share_exactly_the_shared_prefix() {
+        let a = token_ids(&mooncake_prompt(&[1, 2], 700));
+        let b = token_ids(&mooncake_prompt(&[1, 3], 700));
+        assert_eq!((a.len(), b.len()), (700, 700));
+        let shared = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+        // The first hash id (512 tokens) is shared, the next one is not (a collision of the
+        // first word after it is possible: 1 in 128).
+        assert!((512..=513).contains(&shared), "{shared}");
+        assert!(
+            a.iter()
+                .all(|&t| (TOKEN_ID_BASE..TOKEN_ID_BASE + 128).contains(&t))
+        );
+    }
 
     fn common_prefix(a: &str, b: &str) -> usize {
         a.bytes().zip(b.bytes()).take_while(|(x, y)| x == y).count()
