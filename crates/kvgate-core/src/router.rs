@@ -244,7 +244,22 @@ impl Router {
                     pod_match.resize(pod.id.index() + 1, (0, 0));
                 }
                 pod_match[pod.id.index()] = (matched_blocks, block_size_tokens);
-                let score = prefix_score(matched_blocks, prompt_blocks);
+                // A pod of another block size is scored by the tokens it holds over the tokens
+                // of the main chain, so pods of different block sizes compare (a 255-token
+                // prompt: 16-token pod 15 of 15 blocks = 240 tokens = 1.0; 128-token pod 1 of 1
+                // block = 128 of 240 tokens = 0.53, not 1.0). Same as the block fraction when
+                // the pod's size is the main one.
+                let score = if block_size_tokens == cut.block_size_tokens {
+                    prefix_score(matched_blocks, prompt_blocks)
+                } else {
+                    let main_tokens = cut.blocks.len() as f64 * f64::from(cut.block_size_tokens);
+                    let held = f64::from(matched_blocks) * f64::from(block_size_tokens);
+                    if main_tokens > 0.0 {
+                        (held / main_tokens).min(1.0)
+                    } else {
+                        0.0
+                    }
+                };
                 let prediction =
                     predictor.predict(&pod.class, &Features::new(pod, input_tokens, score));
                 Candidate {

@@ -31,6 +31,8 @@ pub fn admin_router(shared: Arc<Shared>) -> axum::Router {
             "/debug/score/v1/chat/completions",
             axum::routing::post(score_chat),
         )
+        // /debug/score reads its bodies itself, under the traffic port's max_body_bytes.
+        .layer(axum::extract::DefaultBodyLimit::disable())
         .with_state(shared)
 }
 
@@ -114,30 +116,13 @@ async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
 
 async fn score_completions(
     State(shared): State<Arc<Shared>>,
-    headers: http::HeaderMap,
-    body: axum::body::Bytes,
+    req: axum::extract::Request,
 ) -> Response {
-    score(
-        shared,
-        kvgate_core::request::COMPLETIONS_PATH,
-        headers,
-        body,
-    )
-    .await
+    score(shared, kvgate_core::request::COMPLETIONS_PATH, req).await
 }
 
-async fn score_chat(
-    State(shared): State<Arc<Shared>>,
-    headers: http::HeaderMap,
-    body: axum::body::Bytes,
-) -> Response {
-    score(
-        shared,
-        kvgate_core::request::CHAT_COMPLETIONS_PATH,
-        headers,
-        body,
-    )
-    .await
+async fn score_chat(State(shared): State<Arc<Shared>>, req: axum::extract::Request) -> Response {
+    score(shared, kvgate_core::request::CHAT_COMPLETIONS_PATH, req).await
 }
 
 /// The request as the router would see it now, per pod.
@@ -150,28 +135,28 @@ struct ScoreReport {
     pods: Vec<kvgate_core::PodScore>,
 }
 
-async fn score(
-    shared: Arc<Shared>,
-    path: &str,
-    headers: http::HeaderMap,
-    body: axum::body::Bytes,
-) -> Response {
+async fn score(shared: Arc<Shared>, path: &str, req: axum::extract::Request) -> Response {
     let cfg = shared.config().clone();
+    let (parts, body) = req.into_parts();
+    let headers = parts.headers;
     let rid = crate::request_id::request_id(&headers);
-    if body.len() > cfg.max_body_bytes {
-        return crate::errors::ApiError::bad_request(
-            "body_too_large",
-            format!(
-                "the body is over the gateway's limit of {} bytes",
-                cfg.max_body_bytes
-            ),
-            None,
-        )
-        .into_response(&rid);
-    }
+    // The traffic port's body rules: size limit (413), budget (503), read timeout (408).
+    let read_by = tokio::time::Instant::now() + cfg.body_read_timeout;
+    let (body, _hold) = match crate::limits::read_body_within(
+        body,
+        cfg.max_body_bytes,
+        &shared.body_budget,
+        cfg.max_body_bytes_in_flight,
+        read_by,
+    )
+    .await
+    {
+        Ok(read) => read,
+        Err(e) => return crate::errors::reject(&shared, e, &rid),
+    };
     let prepared = match crate::routing::prepare(&shared, &cfg, path, &body, &headers).await {
         Ok(p) => p,
-        Err(e) => return e.into_response(&rid),
+        Err(e) => return crate::errors::reject(&shared, e, &rid),
     };
     let request = prepared.route_request();
     let mut snaps: Vec<_> = shared.pods.all().iter().map(|p| p.snapshot()).collect();

@@ -295,7 +295,18 @@ where
             };
             parts.extensions.insert(Arrived(arrived));
             let req = Request::from_parts(parts, Body::from(bytes));
-            let Some(slot) = shared.admission.admit().await else {
+            // Waiting for a slot counts against the request's deadline.
+            let deadline = arrived + cfg.request_timeout;
+            let Ok(admitted) = tokio::time::timeout_at(deadline, shared.admission.admit()).await
+            else {
+                let rid = request_id(req.headers());
+                return Ok(reject(
+                    &shared,
+                    crate::errors::request_timeout(cfg.request_timeout),
+                    &rid,
+                ));
+            };
+            let Some(slot) = admitted else {
                 let rid = request_id(req.headers());
                 let mut resp = reject(&shared, too_many_requests(&shared.admission), &rid);
                 resp.headers_mut()

@@ -43,7 +43,8 @@ pub const DECODE_TOKENS_SCALE: f64 = 10_000.0;
 pub const WAITING_SCALE: f64 = 10.0;
 pub const RUNNING_SCALE: f64 = 100.0;
 
-/// Tokens per KV block assumed when turning a pod's KV blocks into tokens (vLLM's default).
+/// Tokens per KV block assumed when turning a pod's KV blocks into tokens, when the pod did not
+/// report its own block size (vLLM's CUDA default).
 pub const KV_BLOCK_TOKENS: f64 = 16.0;
 
 /// Upper bound on request counts after sanitising.
@@ -84,7 +85,10 @@ impl Features {
             decode_tokens_in_flight: pod.in_flight.decode_tokens as f64,
             input_tokens: input_tokens as f64,
             prefix_score,
-            kv_capacity_tokens: f64::from(pod.kv_blocks) * KV_BLOCK_TOKENS,
+            // `kv_blocks` counts the pod's own blocks (`num_gpu_blocks`): 128 tokens each on a
+            // vLLM CPU pod, not 16.
+            kv_capacity_tokens: f64::from(pod.kv_blocks)
+                * pod.block_size_tokens.map_or(KV_BLOCK_TOKENS, f64::from),
         }
     }
 
@@ -169,6 +173,14 @@ impl Features {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kv_capacity_counts_the_pods_own_block_size() {
+        let mut pod = crate::PodSnapshot::idle(0, "c", 4_096);
+        assert_eq!(Features::new(&pod, 100, 0.0).kv_capacity_tokens, 65_536.0);
+        pod.block_size_tokens = Some(128);
+        assert_eq!(Features::new(&pod, 100, 0.0).kv_capacity_tokens, 524_288.0);
+    }
 
     #[test]
     fn sanitized_maps_nan_negative_and_huge_values_into_range() {

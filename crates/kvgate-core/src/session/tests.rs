@@ -228,3 +228,32 @@ fn without_other_sizes_every_pod_is_scored_against_the_main_chain() {
     assert_eq!(ticket.prefill_tokens(), 0);
     s.finish(ticket, None);
 }
+
+#[test]
+fn pods_of_different_block_sizes_are_scored_by_the_tokens_they_hold() {
+    let mut s = session(RouterConfig::seed());
+    // A 255-token prompt: 15 blocks of 16 tokens (240 tokens), 1 block of 128.
+    let small: Vec<BlockHash> = (0..15).collect();
+    let large = SizedBlocks {
+        block_size_tokens: 128,
+        blocks: vec![1_000],
+    };
+    s.index_mut().record_routed(PodId(0), &small);
+    s.index_mut().record_routed(PodId(1), &large.blocks);
+    let mut snaps = pods(2);
+    snaps[0].block_size_tokens = Some(16);
+    snaps[1].block_size_tokens = Some(128);
+    let request = RouteRequest {
+        other_sizes: std::slice::from_ref(&large),
+        ..request(&small, 255)
+    };
+    let scores = s.score(&request, &mut snaps);
+    // Both hold every full block of their own size, but the 16-token pod holds 240 tokens,
+    // the 128-token pod 128: 1.0 and 128 / 240, not 1.0 and 1.0.
+    assert_eq!(scores[0].prefix_score, 1.0);
+    assert_eq!(scores[1].prefix_score, 128.0 / 240.0);
+    assert_eq!(
+        (scores[1].matched_blocks, scores[1].block_size_tokens),
+        (1, 128)
+    );
+}

@@ -19,12 +19,19 @@ pub(crate) enum Json {
     Object(Obj),
 }
 
+/// A JSON object in the body's key order. A hash map (O(1) per key; a scan per key made a body
+/// of many keys quadratic) that, like a Python dict, keeps a repeated key's first place and its
+/// last value.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub(crate) struct Obj(pub Vec<(String, Json)>);
+pub(crate) struct Obj(pub indexmap::IndexMap<String, Json>);
 
 impl Obj {
     pub fn get(&self, key: &str) -> Option<&Json> {
-        self.0.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+        self.0.get(key)
+    }
+
+    pub fn get_mut(&mut self, key: &str) -> Option<&mut Json> {
+        self.0.get_mut(key)
     }
 
     /// Like Python's `d.get(key)`: absent and `null` are both `None`.
@@ -37,14 +44,16 @@ impl Obj {
     }
 
     pub fn insert(&mut self, key: &str, value: Json) {
-        match self.0.iter_mut().find(|(k, _)| k == key) {
-            Some((_, v)) => *v = value,
-            None => self.0.push((key.to_string(), value)),
+        match self.0.get_mut(key) {
+            Some(v) => *v = value,
+            None => {
+                self.0.insert(key.to_string(), value);
+            }
         }
     }
 
     pub fn remove(&mut self, key: &str) {
-        self.0.retain(|(k, _)| k != key);
+        self.0.shift_remove(key);
     }
 }
 
@@ -242,7 +251,7 @@ fn parse_part(part: &Json) -> Result<Option<Part>, String> {
         obj.0
             .iter()
             .filter(|(k, _)| !KNOWN_PART_FIELDS.contains(&k.as_str()))
-            .cloned()
+            .map(|(k, v)| (k.clone(), v.clone()))
             .collect()
     };
     let has_uuid = obj.get_some("uuid").is_some();
@@ -487,8 +496,7 @@ fn postprocess_tool_calls(message: &mut Obj) -> Result<(), String> {
     if message.get("role").and_then(Json::as_str) != Some("assistant") {
         return Ok(());
     }
-    let Some((_, Json::Array(calls))) = message.0.iter_mut().find(|(k, _)| k == "tool_calls")
-    else {
+    let Some(Json::Array(calls)) = message.get_mut("tool_calls") else {
         return Ok(());
     };
     if calls.is_empty() {
@@ -497,8 +505,7 @@ fn postprocess_tool_calls(message: &mut Obj) -> Result<(), String> {
     }
     for call in calls.iter_mut() {
         let Json::Object(call) = call else { continue };
-        let Some((_, Json::Object(function))) = call.0.iter_mut().find(|(k, _)| k == "function")
-        else {
+        let Some(Json::Object(function)) = call.get_mut("function") else {
             continue;
         };
         let arguments = match function.get("arguments") {
@@ -733,7 +740,7 @@ mod tests {
             panic!()
         };
         assert_eq!(
-            o.0,
+            o.0.into_iter().collect::<Vec<_>>(),
             vec![
                 ("b".to_string(), Json::Number(3.into())),
                 ("a".to_string(), Json::Number(2.into()))

@@ -63,6 +63,47 @@ pub(crate) mod conversation;
 pub(crate) mod python;
 
 use conversation::{ContentFormat, Json, Obj};
+
+/// Template instructions one render may execute (minijinja's fuel): a render of a body of
+/// hundreds of thousands of messages fits (~1 s in a release build), a request cannot make one
+/// run for minutes. Unit tests use a smaller budget so that running out takes no time in a
+/// debug build.
+pub const RENDER_FUEL: u64 = if cfg!(test) { 2_000_000 } else { 50_000_000 };
+/// Widest `tojson(indent=N)` accepted; wider is clamped.
+const MAX_TOJSON_INDENT: i64 = 16;
+
+/// Most bytes a render may produce: 8 × the body it came from, at least 1 MiB, at most 256 MiB.
+/// A template only ever adds a bounded amount of markup per message; output beyond this means
+/// the body exploits the template (deep `tools` printed with `indent`), and it is refused.
+pub fn render_output_limit(body_bytes: usize) -> usize {
+    body_bytes.saturating_mul(8).clamp(1 << 20, 256 << 20)
+}
+
+/// The render's output, refused past `limit` bytes.
+struct LimitedOutput {
+    text: String,
+    limit: usize,
+}
+
+impl std::io::Write for LimitedOutput {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.text.len() + buf.len() > self.limit {
+            return Err(std::io::Error::other(
+                "rendered prompt over the output budget",
+            ));
+        }
+        // minijinja writes whole UTF-8 strings.
+        match std::str::from_utf8(buf) {
+            Ok(s) => self.text.push_str(s),
+            Err(_) => return Err(std::io::Error::other("rendered prompt is not UTF-8")),
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
 use minijinja::value::{Kwargs, Value};
 use minijinja::{Environment, ErrorKind};
 use std::path::{Path, PathBuf};
@@ -143,6 +184,8 @@ impl std::fmt::Debug for ChatTemplate {
 /// A request's chat fields, read from the raw body (so that objects keep their key order).
 #[derive(Debug, Clone)]
 pub struct ChatRequest {
+    /// Size of the body it came from: sets the rendering's output budget.
+    body_bytes: usize,
     messages: Vec<Json>,
     tools: Option<Vec<Json>>,
     documents: Option<Json>,
@@ -156,6 +199,7 @@ pub struct ChatRequest {
 impl ChatRequest {
     /// The chat fields of a `/v1/chat/completions` (or `/tokenize`) body.
     pub fn from_body(body: &[u8]) -> Result<ChatRequest, ChatTemplateError> {
+        let body_len = body.len();
         let bad = |m: &str| ChatTemplateError::Request(m.to_string());
         let body: Json = serde_json::from_slice(body)
             .map_err(|e| ChatTemplateError::Request(format!("body is not JSON: {e}")))?;
@@ -187,6 +231,7 @@ impl ChatRequest {
             Some(_) => return Err(bad("chat_template_kwargs must be an object")),
         };
         let request = ChatRequest {
+            body_bytes: body_len,
             messages,
             tools,
             documents: body.get_some("documents").cloned(),
@@ -329,6 +374,7 @@ impl ChatTemplate {
         source: String,
     ) -> Result<Option<ChatTemplate>, ChatTemplateError> {
         let mut env = Environment::new();
+        env.set_fuel(Some(RENDER_FUEL));
         let syntax = minijinja::syntax::SyntaxConfig::builder()
             .trim_blocks(true)
             .lstrip_blocks(true)
@@ -469,9 +515,16 @@ impl ChatTemplate {
             Value::from(request.add_generation_prompt),
         ));
         let ctx = python::dict(vars);
-        let mut text = template
-            .render(ctx)
-            .map_err(|e| ChatTemplateError::Render(render_error_text(&e)))?;
+        let limit = render_output_limit(request.body_bytes);
+        let mut out = LimitedOutput {
+            text: String::new(),
+            limit,
+        };
+        python::with_output_limit(limit, || {
+            template.render_captured_to(ctx, &mut out).map(drop)
+        })
+        .map_err(|e| ChatTemplateError::Render(render_error_text(&e)))?;
+        let mut text = out.text;
         if request.continue_final_message {
             text = cut_at_final_message(text)?;
         }
@@ -500,14 +553,14 @@ fn mark_final_message(messages: &mut [Obj], template: &str) -> Result<(), ChatTe
         ));
     }
     let last = messages.last_mut().ok_or_else(|| bad("no messages"))?;
-    let Some((_, content)) = last.0.iter_mut().find(|(k, _)| k == "content") else {
+    let Some(content) = last.get_mut("content") else {
         return Err(bad("the final message has no content to continue"));
     };
     match content {
         Json::Str(s) => s.push_str(CONTINUE_FINAL_MESSAGE_TAG),
         Json::Array(parts) => {
             let text = parts.iter_mut().rev().find_map(|p| match p {
-                Json::Object(o) => o.0.iter_mut().find(|(k, _)| k == "text").map(|(_, v)| v),
+                Json::Object(o) => o.get_mut("text"),
                 _ => None,
             });
             match text {
@@ -561,7 +614,8 @@ fn tojson(
             let n = i64::try_from(v.clone()).map_err(|_| {
                 minijinja::Error::new(ErrorKind::InvalidOperation, "indent must be an int or str")
             })?;
-            Some(" ".repeat(n.max(0) as usize))
+            // Python accepts any width; more than 16 spaces per level only multiplies output.
+            Some(" ".repeat(n.clamp(0, MAX_TOJSON_INDENT) as usize))
         }
     };
     let separators = match pick(separators, "separators")? {

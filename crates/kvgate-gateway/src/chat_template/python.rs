@@ -58,8 +58,33 @@ fn not_serializable(value: &Value) -> Error {
     )
 }
 
+std::thread_local! {
+    /// Most bytes one `json_dumps` may produce on this thread: set around a render by
+    /// [`with_output_limit`] (a deep `tools` schema printed with `indent` grows ~100× otherwise).
+    static OUTPUT_LIMIT: std::cell::Cell<usize> = const { std::cell::Cell::new(usize::MAX) };
+}
+
+/// Runs `f` with [`json_dumps`] limited to `limit` bytes of output on this thread.
+pub(crate) fn with_output_limit<T>(limit: usize, f: impl FnOnce() -> T) -> T {
+    let before = OUTPUT_LIMIT.with(|l| l.replace(limit));
+    let out = f();
+    OUTPUT_LIMIT.with(|l| l.set(before));
+    out
+}
+
+fn over_limit(out: &str) -> Result<(), Error> {
+    if out.len() > OUTPUT_LIMIT.with(std::cell::Cell::get) {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            "tojson output over the rendering budget",
+        ));
+    }
+    Ok(())
+}
+
 /// `json.dumps(value, ...)` with `style`. Undefined values and objects that are neither lists
-/// nor dicts are an error, as in Python.
+/// nor dicts are an error, as in Python; so is output beyond the thread's limit
+/// ([`with_output_limit`]).
 pub(crate) fn json_dumps(value: &Value, style: &JsonStyle) -> Result<String, Error> {
     let mut out = String::new();
     write_json(&mut out, value, style, 0)?;
@@ -81,6 +106,7 @@ fn write_json(
     style: &JsonStyle,
     depth: usize,
 ) -> Result<(), Error> {
+    over_limit(out)?;
     match value.kind() {
         ValueKind::None => out.push_str("null"),
         ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),

@@ -291,3 +291,61 @@ fn add_special_tokens_defaults_to_false_for_chat() {
         .unwrap();
     assert!(r.add_special_tokens);
 }
+
+#[test]
+fn a_body_of_many_keys_renders_in_linear_time() {
+    // 200,000 keys in an object nobody reads: a scan per key (the old object) took minutes.
+    let mut metadata = String::from("{");
+    for i in 0..200_000 {
+        if i > 0 {
+            metadata.push(',');
+        }
+        metadata.push_str(&format!("\"k{i}\":{i}"));
+    }
+    metadata.push('}');
+    let plain = r#"{"messages":[{"role":"user","content":"hi"}]}"#;
+    let heavy =
+        format!(r#"{{"metadata":{metadata},"messages":[{{"role":"user","content":"hi"}}]}}"#);
+    let t = one(SIMPLE);
+    let start = std::time::Instant::now();
+    assert_eq!(render(&t, &heavy).unwrap(), render(&t, plain).unwrap());
+    // A guard against the quadratic case only (debug build, shared machine).
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+#[test]
+fn a_render_that_would_blow_up_its_output_is_refused() {
+    // A deep tools schema printed with a wide indent: ~100× the body without the budget.
+    let t =
+        one("{{ tools | tojson(indent=1000) }}{% for m in messages %}{{ m.content }}{% endfor %}");
+    let mut deep = String::from("{\"a\":1}");
+    for _ in 0..100 {
+        deep = format!("{{\"x\":[{deep},{deep}]}}");
+        if deep.len() > 200_000 {
+            break;
+        }
+    }
+    let body = format!(
+        r#"{{"messages":[{{"role":"user","content":"hi"}}],"tools":[{{"type":"function","function":{{"name":"f","parameters":{deep}}}}}]}}"#
+    );
+    let e = render(&t, &body).unwrap_err().to_string();
+    assert!(e.contains("budget"), "{e}");
+    // The same template on a small schema renders (indent clamped to 16).
+    let small = r#"{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"x":[1]}}}]}"#;
+    let text = render(&t, small).unwrap();
+    // The list's item one level in: 16 spaces, not 1,000.
+    assert_eq!(text.lines().nth(1), Some("                {"), "{text}");
+}
+
+#[test]
+fn a_template_that_loops_forever_runs_out_of_fuel() {
+    let t = one(
+        "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}{{ messages[0].content }}",
+    );
+    let e = render(&t, r#"{"messages":[{"role":"user","content":"hi"}]}"#).unwrap_err();
+    assert!(e.to_string().to_lowercase().contains("fuel"), "{e}");
+}
