@@ -188,6 +188,25 @@ async fn score_body(gw: &ServeProcess, path: &str, body: &Value, pod: &RealPod) 
         .unwrap_or_else(|| panic!("no score for {} in {report}", pod.url))
 }
 
+/// `pod`'s view of a completions prompt in `/debug/score`: (matched blocks, its block size,
+/// prefix score).
+async fn pod_view(gw: &ServeProcess, prompt: &str, pod: &RealPod) -> (u64, u64, f64) {
+    let body = json!({"model": "tiny", "prompt": prompt, "max_tokens": 1});
+    let report = post(&format!("{}/debug/score/v1/completions", gw.admin), &body).await;
+    let v = report["pods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pod"] == pod.url.as_str())
+        .cloned()
+        .unwrap_or_else(|| panic!("no view of {} in {report}", pod.url));
+    (
+        v["matched_blocks"].as_u64().unwrap(),
+        v["block_size_tokens"].as_u64().unwrap(),
+        v["prefix_score"].as_f64().unwrap(),
+    )
+}
+
 /// [`score_body`] of a completions prompt.
 async fn score(gw: &ServeProcess, prompt: &str, pod: &RealPod) -> f64 {
     let body = json!({"model": "tiny", "prompt": prompt, "max_tokens": 1});
@@ -350,18 +369,22 @@ async fn each_pod_is_scored_at_its_own_block_size() {
     for (pod, other) in [(&fleet.p0, &fleet.p1), (&fleet.p1, &fleet.p0)] {
         let text = prompt(&tag(), 100);
         let tokens = cache_on(pod, &text).await;
+        // Every full block of the pod's own size is known, and counted in blocks of that size.
+        let full_blocks = tokens / u64::from(pod.block_size);
         let elapsed = wait_for(
-            &format!(
-                "{} scores 1 on its {}-token blocks",
-                pod.name, pod.block_size
-            ),
+            &format!("{} holds its {full_blocks} full blocks", pod.name),
             Duration::from_secs(5),
-            || async { score(&gw, &text, pod).await == 1.0 },
+            || async { pod_view(&gw, &text, pod).await.0 == full_blocks },
         )
         .await;
+        let (_, block_size, score_here) = pod_view(&gw, &text, pod).await;
+        assert_eq!(block_size, u64::from(pod.block_size));
+        // Scored by tokens held over the main chain's: within one block of 1.
+        assert!(score_here > 0.95, "{} scores {score_here}", pod.name);
         assert_eq!(score(&gw, &text, other).await, 0.0);
         eprintln!(
-            "{} ({tokens} tokens in {}-token blocks): score 1.0 after {elapsed:?}",
+            "{} ({tokens} tokens in {}-token blocks): {full_blocks} blocks, score {score_here:.3} \
+             after {elapsed:?}",
             pod.name, pod.block_size
         );
         // The gate keeps the pod that holds the prompt, charged only the uncached tail.
