@@ -25,7 +25,7 @@ export KVGATE_VLLM_RUN=$run
 model="$run/tiny-model"
 scripts/real-vllm/install.sh
 [ -f "$model/config.json" ] || .venv-vllm/bin/python scripts/real-vllm/make_model.py "$model" --layers 8 --hidden 512
-port=${KVGATE_BENCH_PORT:-18100}
+port=${KVGATE_BENCH_PORT:-18200}
 cleanup() {
   scripts/real-vllm/pod.sh stop b0 || true
   scripts/real-vllm/pod.sh stop b1 || true
@@ -65,11 +65,11 @@ fi
 IFS=, read -ra list <<< "$policies"
 for policy in "${list[@]}"; do
   for p in "${pods[@]}"; do curl -sf -X POST "$p/reset_prefix_cache" > /dev/null; done
-  "$kvgate" serve --listen 127.0.0.1:18180 --admin-listen 127.0.0.1:18190 --policy "$policy" \
+  "$kvgate" serve --listen 127.0.0.1:18280 --admin-listen 127.0.0.1:18290 --policy "$policy" \
     --pod "${pods[0]}" --pod "${pods[1]}" 2> "$out/serve-$policy.log" &
   gw_pid=$!
-  until curl -sf http://127.0.0.1:18190/readyz > /dev/null; do sleep 0.2; done
-  "$kvgate" loadgen --target http://127.0.0.1:18180 --trace "$out/slice.jsonl" --rate-scale "$rate" \
+  until curl -sf http://127.0.0.1:18290/readyz > /dev/null; do sleep 0.2; done
+  "$kvgate" loadgen --target http://127.0.0.1:18280 --trace "$out/slice.jsonl" --rate-scale "$rate" \
     --stream --token-prompts --model tiny --max-concurrency 256 --timeout-s 600 --quiet \
     --pod-metrics "${pods[0]}" --pod-metrics "${pods[1]}" --json "$out/real-$policy.json"
   kill "$gw_pid"; wait "$gw_pid" 2>/dev/null || true; gw_pid=
