@@ -30,10 +30,10 @@ use crate::metrics::{RequestLabels, Status, StreamLabel};
 use crate::sse::{SseScanner, Usage, usage_of_response};
 use crate::state::Shared;
 use bytes::{Bytes, BytesMut};
+use futures_util::task::AtomicWaker;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use kvgate_core::Observed;
-use futures_util::task::AtomicWaker;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -352,7 +352,10 @@ impl ObservedBody {
     /// The shutdown grace is over: end the stream with the `shutting_down` event and `[DONE]`.
     fn grace_over(&mut self) -> Option<Result<Frame<Bytes>, axum::BoxError>> {
         self.done = true;
-        let grace = self.grace.as_ref().map_or(0, |g| g.end.grace_ms.load(Ordering::Relaxed));
+        let grace = self
+            .grace
+            .as_ref()
+            .map_or(0, |g| g.end.grace_ms.load(Ordering::Relaxed));
         if let Some(t) = &self.tracker
             && t.shared.log_limit.allow("stream_cut_at_shutdown")
         {

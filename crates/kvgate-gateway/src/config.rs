@@ -500,7 +500,8 @@ impl GatewayConfig {
             "idle_connection_timeout_ms",
         )?;
         let client_write_timeout = positive_ms(
-            args.client_write_timeout_ms.or(file.client_write_timeout_ms),
+            args.client_write_timeout_ms
+                .or(file.client_write_timeout_ms),
             DEFAULT_CLIENT_WRITE_TIMEOUT_MS,
             "client_write_timeout_ms",
         )?;
@@ -1047,7 +1048,10 @@ explore_max_extra_ms = 9
         ] {
             let file: FileConfig = toml::from_str(&format!("{key} = 0")).unwrap();
             let err = GatewayConfig::resolve(&no_flags(), Some(&file)).unwrap_err();
-            assert!(matches!(err, ConfigError::NotPositive(k) if k == key), "{key}: {err}");
+            assert!(
+                matches!(err, ConfigError::NotPositive(k) if k == key),
+                "{key}: {err}"
+            );
         }
         // The cap sizes the accept loop's semaphore: a reload cannot change it.
         let mut reloaded = GatewayConfig::resolve(&no_flags(), Some(&file_with_cap())).unwrap();

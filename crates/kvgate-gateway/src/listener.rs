@@ -387,7 +387,10 @@ impl ConnIo {
 
     fn timed_out(&self, kind: &'static str) -> io::Error {
         let connections = &self.shared.metrics.connections;
-        connections.timeouts.get_or_create(&timeout_label(kind)).inc();
+        connections
+            .timeouts
+            .get_or_create(&timeout_label(kind))
+            .inc();
         if kind != "idle" && self.shared.log_limit.allow("connection_timeout") {
             tracing::info!(
                 kind,

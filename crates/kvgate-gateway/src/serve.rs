@@ -313,22 +313,22 @@ impl Gateway {
         self.begin_drain();
         let _ = self.stop.send(true);
         let deadline = tokio::time::Instant::now() + grace;
-        if let Some(mut task) = self.traffic_task.take() {
-            if tokio::time::timeout_at(deadline, &mut task).await.is_err() {
-                tracing::warn!(
-                    grace_ms = grace.as_millis() as u64,
-                    streams = self.shared.grace_end.streams(),
-                    "shutdown grace over; ending the streams in flight with an error event and \
-                     cutting the other requests"
-                );
-                self.shared.grace_end.end(grace);
-                if tokio::time::timeout(GRACE_END_WRITE, &mut task)
-                    .await
-                    .is_err()
-                {
-                    task.abort();
-                    let _ = task.await;
-                }
+        if let Some(mut task) = self.traffic_task.take()
+            && tokio::time::timeout_at(deadline, &mut task).await.is_err()
+        {
+            tracing::warn!(
+                grace_ms = grace.as_millis() as u64,
+                streams = self.shared.grace_end.streams(),
+                "shutdown grace over; ending the streams in flight with an error event and \
+                 cutting the other requests"
+            );
+            self.shared.grace_end.end(grace);
+            if tokio::time::timeout(GRACE_END_WRITE, &mut task)
+                .await
+                .is_err()
+            {
+                task.abort();
+                let _ = task.await;
             }
         }
         // ext_proc streams live in their own tasks and hold an admission slot until Envoy's

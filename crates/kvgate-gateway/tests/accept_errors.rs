@@ -85,7 +85,11 @@ async fn out_of_file_descriptors_accept_errors_are_counted_and_paused_and_servic
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let first = metric(&gw, "kvgate_accept_errors_total");
-    assert!(first > 0.0, "no accept error with {} clients", clients.len());
+    assert!(
+        first > 0.0,
+        "no accept error with {} clients",
+        clients.len()
+    );
     // The pending connection stays in the backlog and accept keeps failing, but paused:
     // 5 ms doubling, so a handful of errors in 600 ms, not a busy loop's thousands.
     tokio::time::sleep(Duration::from_millis(600)).await;

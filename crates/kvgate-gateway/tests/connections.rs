@@ -64,7 +64,9 @@ async fn a_request_head_not_whole_within_the_header_read_timeout_closes_the_conn
     assert_eq!(pod.requests(), 0);
 }
 
-fn models_request(gw: &kvgate_gateway::Gateway) -> http::Request<http_body_util::Empty<bytes::Bytes>> {
+fn models_request(
+    gw: &kvgate_gateway::Gateway,
+) -> http::Request<http_body_util::Empty<bytes::Bytes>> {
     http::Request::get(format!("http://{}/v1/models", gw.traffic_addr))
         .header("host", "x")
         .body(http_body_util::Empty::new())
