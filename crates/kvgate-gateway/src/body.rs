@@ -14,10 +14,15 @@
 //! with code `request_timeout`, counted as `kvgate_upstream_timeouts_total{kind="request"}` and
 //! status `request_timeout`.
 //!
+//! The end of the shutdown grace ([`GraceEnd`], `--shutdown-grace-ms`) ends a stream still in
+//! flight the same way, with code `shutting_down` and status `shutdown`, so that a client cut by
+//! a restart sees why rather than a truncated stream; a whole body is cut.
+//!
 //! Each ending feeds the pod's [`crate::breaker`]: dying mid-body (an upstream error or the
 //! idle-chunk timeout) is a failure, a normal end a success.
 //!
-//! Bound: a non-stream body is copied for its `usage` only up to [`MAX_USAGE_SCAN_BYTES`].
+//! Bounds: a non-stream body is copied for its `usage` only up to [`MAX_USAGE_SCAN_BYTES`];
+//! [`GraceEnd`] holds one waker per stream in flight (at most `max_concurrent_requests`).
 
 use crate::errors::stream_error_event;
 use crate::lifecycle::TicketGuard;
@@ -25,16 +30,89 @@ use crate::metrics::{RequestLabels, Status, StreamLabel};
 use crate::sse::{SseScanner, Usage, usage_of_response};
 use crate::state::Shared;
 use bytes::{Bytes, BytesMut};
+use futures_util::task::AtomicWaker;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use kvgate_core::Observed;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 /// Largest non-stream response body scanned for `usage`.
 pub const MAX_USAGE_SCAN_BYTES: usize = 1 << 20;
+
+/// The end of the shutdown grace, told to every stream in flight: each one registered here
+/// ([`GraceEnd::watch`]) is woken by [`GraceEnd::end`] and ends with the `shutting_down` SSE
+/// event and `[DONE]` at its next poll, whatever its pod is doing.
+///
+/// A stream's poll costs an atomic load and an [`AtomicWaker`] registration (no lock); the map
+/// is locked once when a stream starts and once when it ends.
+#[derive(Default)]
+pub struct GraceEnd {
+    over: AtomicBool,
+    grace_ms: AtomicU64,
+    next_id: AtomicU64,
+    streams: parking_lot::Mutex<rustc_hash::FxHashMap<u64, Arc<AtomicWaker>>>,
+}
+
+impl GraceEnd {
+    /// Registers a stream; it stays registered until the [`GraceWatch`] is dropped.
+    pub fn watch(self: &Arc<Self>) -> GraceWatch {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let waker = Arc::new(AtomicWaker::new());
+        self.streams.lock().insert(id, waker.clone());
+        GraceWatch {
+            end: self.clone(),
+            id,
+            waker,
+        }
+    }
+
+    /// The grace (`grace`, for the message) is over: every stream registered is woken.
+    pub fn end(&self, grace: Duration) {
+        let ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
+        self.grace_ms.store(ms, Ordering::Relaxed);
+        self.over.store(true, Ordering::Release);
+        for waker in self.streams.lock().values() {
+            waker.wake();
+        }
+    }
+
+    pub fn is_over(&self) -> bool {
+        self.over.load(Ordering::Acquire)
+    }
+
+    /// Streams registered now.
+    pub fn streams(&self) -> usize {
+        self.streams.lock().len()
+    }
+}
+
+/// One stream's registration in [`GraceEnd`].
+pub struct GraceWatch {
+    end: Arc<GraceEnd>,
+    id: u64,
+    waker: Arc<AtomicWaker>,
+}
+
+impl GraceWatch {
+    /// Whether the grace is over; if not, `cx` is woken when it is.
+    fn poll_over(&self, cx: &mut Context<'_>) -> bool {
+        if self.end.is_over() {
+            return true;
+        }
+        self.waker.register(cx.waker());
+        self.end.is_over()
+    }
+}
+
+impl Drop for GraceWatch {
+    fn drop(&mut self) {
+        self.end.streams.lock().remove(&self.id);
+    }
+}
 
 /// What the request needs to report when it ends.
 pub struct Tracker {
@@ -137,7 +215,10 @@ impl Tracker {
             Status::UpstreamError => {
                 crate::breaker::count_failure(&self.shared, pod, "responses keep dying mid-body")
             }
-            Status::ClientAbort | Status::AttemptFailed | Status::RequestTimeout => {}
+            Status::ClientAbort
+            | Status::AttemptFailed
+            | Status::RequestTimeout
+            | Status::Shutdown => {}
         }
     }
 }
@@ -159,6 +240,8 @@ pub struct ObservedBody {
     /// The request timeout's deadline, and the timeout (for the message).
     deadline: Pin<Box<tokio::time::Sleep>>,
     request_timeout: Duration,
+    /// Streams only: the end of the shutdown grace.
+    grace: Option<GraceWatch>,
 }
 
 /// How long a response may go on: the pod's silence between frames, and the request's end.
@@ -180,7 +263,9 @@ impl ObservedBody {
         strip_usage: bool,
         timeouts: BodyTimeouts,
     ) -> Self {
+        let grace = stream.then(|| tracker.shared.grace_end.watch());
         ObservedBody {
+            grace,
             idle_timeout: timeouts.idle,
             idle: Box::pin(tokio::time::sleep(timeouts.idle)),
             deadline: Box::pin(tokio::time::sleep_until(timeouts.deadline)),
@@ -264,6 +349,23 @@ impl ObservedBody {
         }
     }
 
+    /// The shutdown grace is over: end the stream with the `shutting_down` event and `[DONE]`.
+    fn grace_over(&mut self) -> Option<Result<Frame<Bytes>, axum::BoxError>> {
+        self.done = true;
+        let grace = self
+            .grace
+            .as_ref()
+            .map_or(0, |g| g.end.grace_ms.load(Ordering::Relaxed));
+        if let Some(t) = &self.tracker
+            && t.shared.log_limit.allow("stream_cut_at_shutdown")
+        {
+            tracing::warn!(request_id = %t.request_id, pod = %t.guard.pod().url, grace_ms = grace, "shutdown grace over; stream ended");
+        }
+        self.finish(Status::Shutdown);
+        let err = crate::errors::shutting_down(Duration::from_millis(grace));
+        Some(Ok(Frame::data(crate::errors::stream_error(&err))))
+    }
+
     fn finish(&mut self, status: Status) {
         let usage = match &self.mode {
             Mode::Stream(s) => s.usage(),
@@ -286,6 +388,11 @@ impl Body for ObservedBody {
         let this = &mut *self;
         if this.done {
             return Poll::Ready(None);
+        }
+        if let Some(grace) = &this.grace
+            && grace.poll_over(cx)
+        {
+            return Poll::Ready(this.grace_over());
         }
         // Checked on every poll (not only while the pod is silent), so that a pod streaming
         // without pause is cut at the deadline too.

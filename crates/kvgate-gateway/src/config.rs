@@ -30,7 +30,7 @@
 //! with no configured pod while discovery is static, unless it says `allow_empty_pods = true`:
 //! an editor's or `cat >`'s truncate-then-write, or an empty ConfigMap, would otherwise turn
 //! every request into a 503 ([`GatewayConfig::check_reloaded`]).
-//! Listener addresses, slots and queue, the connect timeout, the decision ring's size and the seed
+//! Listener addresses, slots and queue, the connection cap, the connect timeout, the decision ring's size and the seed
 //! are read at start only ([`GatewayConfig::keep_start_only`]). [`ConfigDump`] is the config in
 //! force as the admin listener's `GET /debug/config` shows it.
 
@@ -75,6 +75,17 @@ pub const DEFAULT_REQUEST_TIMEOUT_MS: u64 = 600_000;
 /// Default pause on SIGTERM between `/readyz` turning 503 and the listener closing, so that load
 /// balancers polling readiness (typically every 1–5 s) stop sending new requests first.
 pub const DEFAULT_SHUTDOWN_DRAIN_MS: u64 = 5_000;
+/// Default cap on open traffic connections (see [`crate::listener`]); beyond it a connection is
+/// closed at accept.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 8192;
+/// Default time a request head has to arrive whole (Go's common `ReadHeaderTimeout`).
+pub const DEFAULT_HEADER_READ_TIMEOUT_MS: u64 = 10_000;
+/// Default life of a keep-alive connection with nothing in flight (nginx's
+/// `keepalive_timeout`: above the 60 s idle timeout of common load balancers).
+pub const DEFAULT_IDLE_CONNECTION_TIMEOUT_MS: u64 = 75_000;
+/// Default time a client may accept no byte of its response before its connection is closed
+/// (the pods' idle-chunk timeout: no side of a stream stalls longer than a minute).
+pub const DEFAULT_CLIENT_WRITE_TIMEOUT_MS: u64 = 60_000;
 /// Default number of responses in a row that die mid-body on one pod before it is avoided.
 pub const DEFAULT_POD_FAILURE_THRESHOLD: u32 = 3;
 /// Default time a pod is avoided after that many failures in a row.
@@ -248,6 +259,10 @@ pub struct FileConfig {
     pub decision_log_size: Option<usize>,
     pub max_concurrent_requests: Option<usize>,
     pub max_queued_requests: Option<usize>,
+    pub max_connections: Option<usize>,
+    pub header_read_timeout_ms: Option<u64>,
+    pub idle_connection_timeout_ms: Option<u64>,
+    pub client_write_timeout_ms: Option<u64>,
     pub max_prompt_tokens: Option<u32>,
     pub seed: Option<u64>,
     pub index: Option<String>,
@@ -310,6 +325,14 @@ pub struct GatewayConfig {
     pub max_concurrent_requests: usize,
     /// Requests waiting for a slot; beyond, 429 (read at start only).
     pub max_queued_requests: usize,
+    /// Traffic connections open at once; beyond, closed at accept (read at start only).
+    pub max_connections: usize,
+    /// A request head must arrive whole within this (of the accept, or of its first byte).
+    pub header_read_timeout: Duration,
+    /// A keep-alive connection with nothing in flight is closed after this.
+    pub idle_connection_timeout: Duration,
+    /// A connection whose client accepts no byte for this long is closed.
+    pub client_write_timeout: Duration,
     pub seed: u64,
     pub router: RouterConfig,
     pub index: IndexKind,
@@ -458,6 +481,30 @@ impl GatewayConfig {
             DEFAULT_POD_FAILURE_COOLDOWN_MS,
             "pod_failure_cooldown_ms",
         )?;
+        let max_connections = args
+            .max_connections
+            .or(file.max_connections)
+            .unwrap_or(DEFAULT_MAX_CONNECTIONS);
+        if max_connections == 0 {
+            return Err(ConfigError::NotPositive("max_connections"));
+        }
+        let header_read_timeout = positive_ms(
+            args.header_read_timeout_ms.or(file.header_read_timeout_ms),
+            DEFAULT_HEADER_READ_TIMEOUT_MS,
+            "header_read_timeout_ms",
+        )?;
+        let idle_connection_timeout = positive_ms(
+            args.idle_connection_timeout_ms
+                .or(file.idle_connection_timeout_ms),
+            DEFAULT_IDLE_CONNECTION_TIMEOUT_MS,
+            "idle_connection_timeout_ms",
+        )?;
+        let client_write_timeout = positive_ms(
+            args.client_write_timeout_ms
+                .or(file.client_write_timeout_ms),
+            DEFAULT_CLIENT_WRITE_TIMEOUT_MS,
+            "client_write_timeout_ms",
+        )?;
         let pod_failure_threshold = args
             .pod_failure_threshold
             .unwrap_or(DEFAULT_POD_FAILURE_THRESHOLD);
@@ -487,6 +534,10 @@ impl GatewayConfig {
                 .max_queued_requests
                 .or(file.max_queued_requests)
                 .unwrap_or(DEFAULT_MAX_QUEUED_REQUESTS),
+            max_connections,
+            header_read_timeout,
+            idle_connection_timeout,
+            client_write_timeout,
             seed: args.seed.or(file.seed).unwrap_or(0),
             router,
             index,
@@ -543,6 +594,7 @@ impl GatewayConfig {
             admin_listen,
             max_concurrent_requests,
             max_queued_requests,
+            max_connections,
             connect_timeout,
             decision_log_size,
             seed
@@ -592,6 +644,10 @@ pub struct LimitsDump {
     pub max_prompt_tokens: u32,
     pub max_concurrent_requests: usize,
     pub max_queued_requests: usize,
+    pub max_connections: usize,
+    pub header_read_timeout_ms: u64,
+    pub idle_connection_timeout_ms: u64,
+    pub client_write_timeout_ms: u64,
     pub max_retries: u32,
     pub connect_timeout_ms: u64,
     pub first_byte_timeout_ms: u64,
@@ -668,6 +724,10 @@ impl ConfigDump {
                 max_prompt_tokens: config.max_prompt_tokens,
                 max_concurrent_requests: config.max_concurrent_requests,
                 max_queued_requests: config.max_queued_requests,
+                max_connections: config.max_connections,
+                header_read_timeout_ms: ms(config.header_read_timeout),
+                idle_connection_timeout_ms: ms(config.idle_connection_timeout),
+                client_write_timeout_ms: ms(config.client_write_timeout),
                 max_retries: config.max_retries,
                 connect_timeout_ms: ms(config.connect_timeout),
                 first_byte_timeout_ms: ms(config.first_byte_timeout),
@@ -746,6 +806,10 @@ mod tests {
         assert_eq!(c.decision_log_size, 256);
         assert_eq!(c.max_concurrent_requests, 1024);
         assert_eq!(c.max_queued_requests, 1024);
+        assert_eq!(c.max_connections, 8192);
+        assert_eq!(c.header_read_timeout, Duration::from_secs(10));
+        assert_eq!(c.idle_connection_timeout, Duration::from_secs(75));
+        assert_eq!(c.client_write_timeout, Duration::from_secs(60));
         assert_eq!(c.shutdown_grace, Duration::from_secs(10));
         assert_eq!(c.connect_timeout, Duration::from_secs(2));
         assert_eq!(c.first_byte_timeout, Duration::from_secs(60));
@@ -947,6 +1011,57 @@ explore_max_extra_ms = 9
             reloaded.max_retries, 0,
             "a live setting takes the new value"
         );
+    }
+
+    #[test]
+    fn connection_limits_come_from_the_file_or_the_flags_and_zero_is_refused() {
+        let file: FileConfig = toml::from_str(
+            "max_connections = 10\nheader_read_timeout_ms = 1\nidle_connection_timeout_ms = 2\n\
+             client_write_timeout_ms = 3\n",
+        )
+        .unwrap();
+        let c = GatewayConfig::resolve(&no_flags(), Some(&file)).unwrap();
+        assert_eq!(c.max_connections, 10);
+        assert_eq!(c.header_read_timeout, Duration::from_millis(1));
+        assert_eq!(c.idle_connection_timeout, Duration::from_millis(2));
+        assert_eq!(c.client_write_timeout, Duration::from_millis(3));
+        let flags = ServeArgs {
+            max_connections: Some(20),
+            header_read_timeout_ms: Some(4),
+            idle_connection_timeout_ms: Some(5),
+            client_write_timeout_ms: Some(6),
+            ..no_flags()
+        };
+        let c = GatewayConfig::resolve(&flags, Some(&file)).unwrap();
+        assert_eq!(c.max_connections, 20);
+        assert_eq!(c.header_read_timeout, Duration::from_millis(4));
+        assert_eq!(c.idle_connection_timeout, Duration::from_millis(5));
+        assert_eq!(c.client_write_timeout, Duration::from_millis(6));
+        let dump = serde_json::to_value(ConfigDump::new(&c, &[], None)).unwrap();
+        assert_eq!(dump["limits"]["max_connections"], 20);
+        assert_eq!(dump["limits"]["client_write_timeout_ms"], 6);
+        for key in [
+            "max_connections",
+            "header_read_timeout_ms",
+            "idle_connection_timeout_ms",
+            "client_write_timeout_ms",
+        ] {
+            let file: FileConfig = toml::from_str(&format!("{key} = 0")).unwrap();
+            let err = GatewayConfig::resolve(&no_flags(), Some(&file)).unwrap_err();
+            assert!(
+                matches!(err, ConfigError::NotPositive(k) if k == key),
+                "{key}: {err}"
+            );
+        }
+        // The cap sizes the accept loop's semaphore: a reload cannot change it.
+        let mut reloaded = GatewayConfig::resolve(&no_flags(), Some(&file_with_cap())).unwrap();
+        let running = GatewayConfig::resolve(&no_flags(), None).unwrap();
+        assert_eq!(reloaded.keep_start_only(&running), vec!["max_connections"]);
+        assert_eq!(reloaded.max_connections, 8192);
+    }
+
+    fn file_with_cap() -> FileConfig {
+        toml::from_str("max_connections = 3\n").unwrap()
     }
 
     #[test]

@@ -80,6 +80,21 @@ pub fn request_timeout(timeout: std::time::Duration) -> ApiError {
     }
 }
 
+/// The error that ends a stream still in flight when the shutdown grace
+/// (`--shutdown-grace-ms`) is over: the SSE event (code `shutting_down`) before `[DONE]`.
+pub fn shutting_down(grace: std::time::Duration) -> ApiError {
+    ApiError {
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        kind: "service_unavailable",
+        code: "shutting_down",
+        message: format!(
+            "the gateway is shutting down and its grace of {} ms for requests in flight is over",
+            grace.as_millis()
+        ),
+        param: None,
+    }
+}
+
 /// `err` as the last SSE events of a stream: the error, then `[DONE]`.
 pub fn stream_error(err: &ApiError) -> bytes::Bytes {
     bytes::Bytes::from(format!("data: {}\n\ndata: [DONE]\n\n", err.body_json()))

@@ -27,9 +27,10 @@
 //! | `state` | what all tasks share; the core's `RouterSession` behind one mutex (`Shared::session`) |
 //! | `routing` | what both data paths share: `prepare` (parse, SLO headers, blocks, `max_prompt_tokens`, `--capture` ticket), `decide_for` (one decision through the session, recorded in `/debug/decisions`), `least_loaded` |
 //! | `lifecycle` | `TicketGuard`: a request's session ticket with its pod; first token, tokens, finish, returned once in `Drop` on every ending |
+//! | `listener` | the traffic listener's accept loop and connections (hyper-util auto: HTTP/1.1, h2c): connection cap, header-read, idle and client-write timeouts, accept-error pauses |
 //! | `proxy` | the HTTP handlers of the traffic listener (`traffic_router`), the retry loop |
 //! | `upstream` | forwarding to a pod: the upstream request (hop-by-hop, `Authorization`, `x-request-id`), the client's response headers, the `include_usage` rewrite, `send` (first-byte and request timeouts), failed-attempt counting |
-//! | `body` | the response body: pass-through, observation, end-of-request accounting |
+//! | `body` | the response body: pass-through, observation, end-of-request accounting; `GraceEnd` (streams end cleanly when the shutdown grace is over) |
 //! | `sse` | SSE event splitting, first-content and usage detection, usage stripping |
 //! | `limits` | `Admission` (concurrency limit and bounded queue, shared with ext_proc); `AdmissionLayer`, the traffic listener's tower layer (429) |
 //! | `auth` | optional API keys (Bearer) on `/v1/*`, compared in constant time; `AuthLayer`, the traffic listener's tower layer (401) |
@@ -50,7 +51,7 @@
 //! | `trainer` | background retraining of the predictor's tree models; swaps them in under the lock |
 //! | `serve` | `ServeArgs` (plain options, one per flag; the clap flags are the binary's `serve_cli.rs`), `Gateway::start`, `serve` |
 //!
-//! Memory bounds: requests in service ≤ `max_concurrent_requests` (1024), waiting ≤
+//! Memory bounds: traffic connections ≤ `max_connections` (8,192); requests in service ≤ `max_concurrent_requests` (1024), waiting ≤
 //! `max_queued_requests` (1024); request bodies ≤ `max_body_bytes` (32 MiB); scraped bodies ≤ 4 MiB;
 //! decision ring ≤ `decision_log_size` (256) records; SSE events inspected ≤ 1 MiB each;
 //! non-stream bodies copied for usage ≤ 1 MiB; routed index as in the core (≤ 96 B/block); the
@@ -70,6 +71,7 @@ pub mod ext_proc;
 pub mod kv_events;
 pub mod lifecycle;
 pub mod limits;
+pub mod listener;
 pub mod log_limit;
 pub mod metrics;
 pub mod models;

@@ -28,6 +28,8 @@ pub enum Status {
     AttemptFailed,
     /// The gateway's request timeout (`--request-timeout-ms`) ended the response.
     RequestTimeout,
+    /// The end of the shutdown grace (`--shutdown-grace-ms`) ended the response.
+    Shutdown,
 }
 
 impl Status {
@@ -39,6 +41,7 @@ impl Status {
             Status::ClientAbort => "client_abort",
             Status::AttemptFailed => "attempt_failed",
             Status::RequestTimeout => "request_timeout",
+            Status::Shutdown => "shutdown",
         }
     }
 }
@@ -138,6 +141,8 @@ pub struct Metrics {
     pub kv_events_restarts: Family<PodLabel, Counter>,
     /// 1 while a pod's engine index is stale (the routed index stands in).
     pub kv_events_stale: Family<PodLabel, Gauge>,
+    /// The traffic listener's connections ([`crate::listener`]).
+    pub connections: crate::listener::ConnectionMetrics,
     pub registry: Registry,
 }
 
@@ -221,6 +226,7 @@ impl Metrics {
             kv_events_replay_failures: Family::default(),
             kv_events_restarts: Family::default(),
             kv_events_stale: Family::default(),
+            connections: Default::default(),
             registry: Registry::with_prefix("kvgate"),
         };
         m.register()
@@ -228,6 +234,7 @@ impl Metrics {
 
     fn register(mut self) -> Self {
         let r = &mut self.registry;
+        self.connections.register(r);
         r.register(
             "requests",
             "Routed requests by pod, policy, branch and outcome",

@@ -7,7 +7,6 @@
 use crate::config::{ConfigError, GatewayConfig};
 use crate::discovery::DiscoveryKind;
 use crate::state::Shared;
-use axum::serve::ListenerExt;
 use kvgate_core::InFlight;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -83,6 +82,14 @@ pub struct ServeArgs {
     pub pod_failure_threshold: Option<u32>,
     /// `--pod-failure-cooldown-ms`: how long such a pod is avoided.
     pub pod_failure_cooldown_ms: Option<u64>,
+    /// `--max-connections`: traffic connections open at once.
+    pub max_connections: Option<usize>,
+    /// `--header-read-timeout-ms`: the longest wait for a whole request head.
+    pub header_read_timeout_ms: Option<u64>,
+    /// `--idle-connection-timeout-ms`: the life of a keep-alive connection with nothing in flight.
+    pub idle_connection_timeout_ms: Option<u64>,
+    /// `--client-write-timeout-ms`: the longest a client may accept no byte of its response.
+    pub client_write_timeout_ms: Option<u64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -122,6 +129,10 @@ pub struct Gateway {
     /// Turns the ext_proc gRPC readiness NOT_SERVING (with `/readyz` 503) when draining begins.
     draining: tokio::sync::watch::Sender<bool>,
 }
+
+/// How long the streams ended at the end of the shutdown grace have to write their last event
+/// and `[DONE]` before their connections are cut.
+pub const GRACE_END_WRITE: std::time::Duration = std::time::Duration::from_secs(1);
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
     TcpListener::bind(addr)
@@ -233,22 +244,14 @@ impl Gateway {
             args,
             loaded,
         )));
-        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let (stop, stopped) = tokio::sync::watch::channel(false);
         let app = crate::proxy::traffic_router(shared.clone());
-        let traffic = traffic.tap_io(|s| {
-            let _ = s.set_nodelay(true);
-        });
-        let traffic_task = tokio::spawn(async move {
-            let stopping = async move {
-                let _ = stopped.wait_for(|s| *s).await;
-            };
-            if let Err(e) = axum::serve(traffic, app)
-                .with_graceful_shutdown(stopping)
-                .await
-            {
-                tracing::error!(error = %e, "traffic listener stopped");
-            }
-        });
+        let traffic_task = tokio::spawn(crate::listener::serve(
+            traffic,
+            app,
+            shared.clone(),
+            stopped,
+        ));
         let (draining, _) = tokio::sync::watch::channel(false);
         if let Some((listener, _)) = ext_proc {
             tasks.push(tokio::spawn(crate::ext_proc::serve(
@@ -302,19 +305,30 @@ impl Gateway {
     /// Graceful shutdown: `/readyz` (and the ext_proc gRPC readiness) turns 503 first (see
     /// [`Gateway::begin_drain`]), then the traffic listener stops accepting
     /// (idle keep-alive connections are closed) while in-flight requests, streams included,
-    /// may finish for up to `grace`; then every task of the gateway stops.
+    /// may finish for up to `grace`. Streams still in flight then end with the `shutting_down`
+    /// SSE error event and `[DONE]` (see [`crate::body::GraceEnd`]), given up to
+    /// [`GRACE_END_WRITE`] to reach their clients; the other requests are cut. Then every task of
+    /// the gateway stops.
     pub async fn shutdown(mut self, grace: std::time::Duration) {
         self.begin_drain();
         let _ = self.stop.send(true);
         let deadline = tokio::time::Instant::now() + grace;
-        if let Some(task) = self.traffic_task.take() {
-            let abort = task.abort_handle();
-            if tokio::time::timeout_at(deadline, task).await.is_err() {
-                tracing::warn!(
-                    grace_ms = grace.as_millis() as u64,
-                    "shutdown grace over; cutting the requests still in flight"
-                );
-                abort.abort();
+        if let Some(mut task) = self.traffic_task.take()
+            && tokio::time::timeout_at(deadline, &mut task).await.is_err()
+        {
+            tracing::warn!(
+                grace_ms = grace.as_millis() as u64,
+                streams = self.shared.grace_end.streams(),
+                "shutdown grace over; ending the streams in flight with an error event and \
+                 cutting the other requests"
+            );
+            self.shared.grace_end.end(grace);
+            if tokio::time::timeout(GRACE_END_WRITE, &mut task)
+                .await
+                .is_err()
+            {
+                task.abort();
+                let _ = task.await;
             }
         }
         // ext_proc streams live in their own tasks and hold an admission slot until Envoy's

@@ -45,6 +45,9 @@ pub struct Shared {
     pub body_budget: Arc<crate::limits::BodyBudget>,
     /// Set by [`crate::Gateway::shutdown`]: `/readyz` answers 503.
     pub shutting_down: std::sync::atomic::AtomicBool,
+    /// Set when [`crate::Gateway::shutdown`]'s grace is over: streams in flight end with an SSE
+    /// error event and `[DONE]`.
+    pub grace_end: Arc<crate::body::GraceEnd>,
     /// Pods found by `--discovery` (routed to besides the config's pods). Its lock also
     /// serialises pod-table updates, so a config reload and a discovery change never race.
     discovered: Mutex<Vec<(String, String)>>,
@@ -92,6 +95,7 @@ impl Shared {
             capture: std::sync::OnceLock::new(),
             tokenizer: std::sync::OnceLock::new(),
             shutting_down: std::sync::atomic::AtomicBool::new(false),
+            grace_end: Arc::default(),
             discovered: Mutex::new(Vec::new()),
         })
     }

@@ -130,6 +130,21 @@ pub struct ServeCli {
     /// its /metrics answers [default: 10000].
     #[arg(long, value_name = "MS")]
     pub pod_failure_cooldown_ms: Option<u64>,
+    /// Traffic connections open at once; beyond it a connection is closed at accept (keep
+    /// `ulimit -n` above it); read at start [default: 8192].
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<usize>,
+    /// Longest wait for a whole request head, from the connection's accept or the head's first
+    /// byte; then the connection is closed [default: 10000].
+    #[arg(long, value_name = "MS")]
+    pub header_read_timeout_ms: Option<u64>,
+    /// How long a keep-alive connection with no request in flight stays open [default: 75000].
+    #[arg(long, value_name = "MS")]
+    pub idle_connection_timeout_ms: Option<u64>,
+    /// Longest a client may accept no byte of its response (a stream it stopped reading); then
+    /// the connection is closed and the request's slot released [default: 60000].
+    #[arg(long, value_name = "MS")]
+    pub client_write_timeout_ms: Option<u64>,
 }
 
 /// The environment variable of the API keys, comma-separated.
@@ -186,6 +201,10 @@ impl From<ServeCli> for ServeArgs {
             shutdown_drain_ms: cli.shutdown_drain_ms,
             pod_failure_threshold: cli.pod_failure_threshold,
             pod_failure_cooldown_ms: cli.pod_failure_cooldown_ms,
+            max_connections: cli.max_connections,
+            header_read_timeout_ms: cli.header_read_timeout_ms,
+            idle_connection_timeout_ms: cli.idle_connection_timeout_ms,
+            client_write_timeout_ms: cli.client_write_timeout_ms,
         }
     }
 }
@@ -284,6 +303,10 @@ mod tests {
             "--shutdown-drain-ms=15",
             "--pod-failure-threshold=16",
             "--pod-failure-cooldown-ms=17",
+            "--max-connections=18",
+            "--header-read-timeout-ms=19",
+            "--idle-connection-timeout-ms=20",
+            "--client-write-timeout-ms=21",
         ]);
         let addr = |port: u16| Some(SocketAddr::from(([127, 0, 0, 1], port)));
         let expected = ServeArgs {
@@ -320,6 +343,10 @@ mod tests {
             shutdown_drain_ms: Some(15),
             pod_failure_threshold: Some(16),
             pod_failure_cooldown_ms: Some(17),
+            max_connections: Some(18),
+            header_read_timeout_ms: Some(19),
+            idle_connection_timeout_ms: Some(20),
+            client_write_timeout_ms: Some(21),
         };
         // KVGATE_API_KEYS may be set where the tests run: its keys come after the flags'.
         args.api_key.truncate(3);
