@@ -77,7 +77,7 @@ async def slow_body():
 
 
 async def never_read(i):
-    body = json.dumps({"model": "mock", "stream": True, "max_tokens": 128,
+    body = json.dumps({"model": "meta-llama/Llama-3.1-8B-Instruct", "stream": True, "max_tokens": 128,
                        "messages": [{"role": "user", "content": f"never read {i} " * 50}]}).encode()
     while time.monotonic() < deadline:
         stats["never_read"]["connections"] += 1

@@ -167,7 +167,9 @@ enum Tokenized {
     Tokens(Result<Vec<u32>, String>),
     /// The text, of this many bytes, is over `max_prompt_tokens` by its length alone; it was
     /// not tokenized.
-    Over { text_bytes: usize },
+    Over {
+        text_bytes: usize,
+    },
 }
 
 /// Large prompts' rendering and tokenization: waits for a [`large_tokenization_permits`]

@@ -117,9 +117,8 @@ impl GatewayTokenizer {
     /// `text_bytes / max_token_bytes > max_tokens` tokens; it never rejects a text that fits.
     /// False (tokenize to know) when no bound is proven.
     pub fn certainly_over(&self, text_bytes: usize, max_tokens: u32) -> bool {
-        self.max_token_bytes().is_ok_and(|per_token| {
-            text_bytes > (max_tokens as usize).saturating_mul(per_token)
-        })
+        self.max_token_bytes()
+            .is_ok_and(|per_token| text_bytes > (max_tokens as usize).saturating_mul(per_token))
     }
 
     /// For logs and /debug/config: `built-in cl100k`, or `tokenizer.json at PATH` and where its
@@ -324,10 +323,9 @@ pub(crate) mod tests {
     /// merges up to `Ġthe`, `lowlowlow`), with `normalizer` as given; returns its path.
     fn byte_level_bpe_json(name: &str, normalizer: serde_json::Value) -> std::path::PathBuf {
         let mut vocab: serde_json::Map<String, serde_json::Value> = serde_json::Map::new();
-        let mut alphabet: Vec<char> =
-            tokenizers::pre_tokenizers::byte_level::ByteLevel::alphabet()
-                .into_iter()
-                .collect();
+        let mut alphabet: Vec<char> = tokenizers::pre_tokenizers::byte_level::ByteLevel::alphabet()
+            .into_iter()
+            .collect();
         alphabet.sort_unstable();
         for c in alphabet {
             let id = vocab.len();
@@ -389,10 +387,26 @@ pub(crate) mod tests {
                 rng ^= rng << 13;
                 rng ^= rng >> 7;
                 rng ^= rng << 17;
-                text.push_str(["the", " the", "low", " ", "é", "日本", "\n", "x", "🦀", "<|begin_of_text|>"][(rng % 10) as usize]);
+                text.push_str(
+                    [
+                        "the",
+                        " the",
+                        "low",
+                        " ",
+                        "é",
+                        "日本",
+                        "\n",
+                        "x",
+                        "🦀",
+                        "<|begin_of_text|>",
+                    ][(rng % 10) as usize],
+                );
             }
             let n = t.encode(&text).unwrap().len();
-            assert!(n * 17 >= text.len(), "seed state {rng}: {n} tokens for {text:?}");
+            assert!(
+                n * 17 >= text.len(),
+                "seed state {rng}: {n} tokens for {text:?}"
+            );
             assert!(!t.certainly_over(text.len(), n as u32), "{text:?}");
         }
         std::fs::remove_file(path).unwrap();
@@ -418,7 +432,11 @@ pub(crate) mod tests {
                 {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]}),
         );
         let t = GatewayTokenizer::load(Some(&replace), None).unwrap();
-        assert_eq!(t.max_token_bytes(), Ok(17), "growing normalizers keep the bound");
+        assert_eq!(
+            t.max_token_bytes(),
+            Ok(17),
+            "growing normalizers keep the bound"
+        );
         std::fs::remove_file(replace).unwrap();
     }
 

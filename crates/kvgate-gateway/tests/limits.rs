@@ -747,7 +747,11 @@ async fn in_token_mode_a_huge_prompt_over_the_limit_gets_400_without_being_token
     // A prompt that fits is tokenized, counted and served.
     let r = send(
         &c,
-        post(&gw, "/v1/chat/completions", &chat_body("a short prompt", false)),
+        post(
+            &gw,
+            "/v1/chat/completions",
+            &chat_body("a short prompt", false),
+        ),
     )
     .await;
     assert_eq!(r.status, http::StatusCode::OK, "{}", r.text());
@@ -758,6 +762,11 @@ async fn in_token_mode_a_huge_prompt_over_the_limit_gets_400_without_being_token
     let body = serde_json::json!({"model": "fake-model", "prompt": prompt}).to_string();
     let r = send(&c, post(&gw, "/v1/completions", &body)).await;
     assert_eq!(r.status, http::StatusCode::BAD_REQUEST);
-    assert!(r.json()["error"]["message"].as_str().unwrap().contains("about"));
+    assert!(
+        r.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("about")
+    );
     assert_eq!(tokenizations(&gw), 2);
 }

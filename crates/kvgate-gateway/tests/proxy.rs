@@ -591,7 +591,11 @@ async fn pod_url_credentials_never_show_in_metrics_headers_or_debug_pages() {
         gw.pod_healthy(&with_userinfo) == Some(true)
     })
     .await;
-    let r = send(&c, post(&gw, "/v1/chat/completions", &chat_body("a", false))).await;
+    let r = send(
+        &c,
+        post(&gw, "/v1/chat/completions", &chat_body("a", false)),
+    )
+    .await;
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(pod.requests(), 1);
     assert_eq!(r.header("x-kvgate-pod").as_deref(), Some(shown.as_str()));
@@ -626,7 +630,10 @@ async fn pod_url_credentials_never_show_in_metrics_headers_or_debug_pages() {
         ("/debug/config", config.to_string()),
         ("/debug/decisions", decisions),
     ] {
-        assert!(!text.contains("s3cret"), "{page} shows the password:\n{text}");
+        assert!(
+            !text.contains("s3cret"),
+            "{page} shows the password:\n{text}"
+        );
     }
 }
 
