@@ -5,12 +5,17 @@
 # minute. Reports requests sent / succeeded / failed by kind, p99 TTFT in steady state vs in
 # failure windows (kill → restart + 5 s), and the gateway's RSS (from /proc) at start and end.
 #
-# Usage: scripts/soak.sh [--minutes N] [--rate R] [--down S] [--out DIR] [--debug]
+# With --hostile, hostile clients (scripts/soak_hostile.py) run alongside the normal load for
+# its whole length: slow-body clients, clients that never read their response, a flood of bad
+# JSON, oversized bodies; the report adds what they got back.
+#
+# Usage: scripts/soak.sh [--minutes N] [--rate R] [--down S] [--out DIR] [--debug] [--hostile]
 #   --minutes N  length of the load, 1..15 (env SOAK_MINUTES)             [default: 10]
 #   --rate R     requests per second, steady (env SOAK_RATE)               [default: 10]
 #   --down S     seconds a killed pod stays down (env SOAK_DOWN_S)         [default: 10]
 #   --out DIR    where logs, the trace and per-request records go          [default: target/soak]
 #   --debug      use a debug build (quicker to build; slower to run) instead of release
+#   --hostile    hostile clients alongside the load (see above)
 #   --analyze-only  print the report of the run already in --out, without running
 # Ports: 127.0.0.1:$SOAK_PORT_BASE+0..7 (pods), +80 (gateway), +90 (admin); base 18100.
 # Needs: cargo, curl, python3 (standard library only). Builds `kvgate` first.
@@ -24,6 +29,7 @@ out=${SOAK_OUT:-target/soak}
 base=${SOAK_PORT_BASE:-18100}
 profile=release
 analyze_only=0
+hostile=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --minutes) minutes=$2; shift 2 ;;
@@ -31,8 +37,9 @@ while [ $# -gt 0 ]; do
     --down) down_s=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --debug) profile=debug; shift ;;
+    --hostile) hostile=1; shift ;;
     --analyze-only) analyze_only=1; shift ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
 done
@@ -97,7 +104,7 @@ def gauge(name):
                if l.startswith(name + " "))
 retries = sum(float(l.rsplit(" ", 1)[1]) for l in open(f"{out}/gateway_metrics.txt")
               if l.startswith("kvgate_retries_total"))
-print(f"soak ({profile} build): {minutes} min at {rate} req/s, 8 pods, {len(faults)} pod kills ({down_s} s down each)")
+print(f"soak ({profile} build{', hostile clients' if run.get('hostile') == '1' else ''}): {minutes} min at {rate} req/s, 8 pods, {len(faults)} pod kills ({down_s} s down each)")
 print(f"requests sent {len(reqs)}, succeeded {len(ok)}, failed {len(failed)}"
       + (" (" + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())) + ")" if kinds else ""))
 print(f"requests alive during a failure window (kill → restart + {RECOVER_MS // 1000} s): {sent_in}, failed {fail_in}")
@@ -106,6 +113,17 @@ print(f"TTFT ms  steady: p50 {p50(steady):.1f} p99 {p99(steady):.1f} (n={len(ste
 print(f"gateway RSS KiB: start {rss_start}, end {rss_end}, max sampled {max(rss) if rss else rss_end}"
       f"; routed index at the end {int(gauge('kvgate_index_blocks'))} blocks,"
       f" {gauge('kvgate_index_bytes') / 1024:.0f} KiB (bounded, ARCHITECTURE.md)")
+import os
+if run.get("hostile") == "1" and os.path.exists(f"{out}/hostile.json"):
+    h = json.load(open(f"{out}/hostile.json"))
+    print("hostile clients: " + json.dumps(h, sort_keys=True))
+rejected = {}
+for line in open(f"{out}/gateway_metrics.txt"):
+    if line.startswith("kvgate_rejected_requests_total{"):
+        k = line.split('reason="')[1].split('"')[0]
+        rejected[k] = rejected.get(k, 0) + float(line.rsplit(" ", 1)[1])
+print("gateway kvgate_rejected_requests_total by reason: "
+      + ", ".join(f"{k} {int(v)}" for k, v in sorted(rejected.items())))
 print("gateway kvgate_requests_total by status: "
       + ", ".join(f"{k} {int(v)}" for k, v in sorted(status.items()))
       + f"; retries {int(retries)}")
@@ -116,7 +134,7 @@ if [ "$analyze_only" = 1 ]; then
   exit 0
 fi
 mkdir -p "$out"
-rm -f "$out"/*.log "$out"/run.txt "$out"/faults.tsv "$out"/rss.tsv "$out"/requests.jsonl "$out"/report.json
+rm -f "$out"/hostile.json "$out"/*.log "$out"/run.txt "$out"/faults.tsv "$out"/rss.tsv "$out"/requests.jsonl "$out"/report.json
 
 echo "== building kvgate ($profile)"
 if [ "$profile" = release ]; then
@@ -124,14 +142,15 @@ if [ "$profile" = release ]; then
 else
   cargo build -p kvgate --quiet
 fi
-bin=target/$profile/kvgate
+bin=${CARGO_TARGET_DIR:-target}/$profile/kvgate
 
 declare -a pod_pid
 gw_pid=""
 sampler_pid=""
 lg_pid=""
+hostile_pid=""
 cleanup() {
-  for p in "${pod_pid[@]}" "$gw_pid" "$sampler_pid" "$lg_pid"; do
+  for p in "${pod_pid[@]}" "$gw_pid" "$sampler_pid" "$lg_pid" "$hostile_pid"; do
     [ -n "$p" ] && kill "$p" 2>/dev/null || true
   done
   wait 2>/dev/null || true
@@ -206,6 +225,12 @@ echo "== loadgen: $total requests at $rate/s for $minutes min; a pod killed ever
   --json "$out/report.json" --requests-jsonl "$out/requests.jsonl" >"$out/loadgen.log" 2>&1 &
 lg_pid=$!
 t0=$(now_ms)
+if [ "$hostile" = 1 ]; then
+  echo "== hostile clients for $minutes min (scripts/soak_hostile.py)"
+  python3 scripts/soak_hostile.py 127.0.0.1 "$gw_port" "$((minutes * 60))" "$out/hostile.json" \
+    >"$out/hostile.log" 2>&1 &
+  hostile_pid=$!
+fi
 
 for m in $(seq 1 $((minutes - 1))); do
   target=$((t0 + m * 60000))
@@ -226,9 +251,13 @@ touch "$out/faults.tsv"
 
 wait "$lg_pid"
 lg_pid=""
+if [ -n "$hostile_pid" ]; then
+  wait "$hostile_pid" || echo "hostile clients exited with an error (see $out/hostile.log)" >&2
+  hostile_pid=""
+fi
 rss_end=$(rss_kib "$gw_pid")
 curl -fsS "http://127.0.0.1:$admin_port/metrics" >"$out/gateway_metrics.txt"
 cat >"$out/run.txt" <<RUN
-minutes=$minutes rate=$rate down_s=$down_s profile=$profile rss_start_kib=$rss_start rss_end_kib=$rss_end
+minutes=$minutes rate=$rate down_s=$down_s profile=$profile hostile=$hostile rss_start_kib=$rss_start rss_end_kib=$rss_end
 RUN
 analyze

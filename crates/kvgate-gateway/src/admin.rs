@@ -65,18 +65,23 @@ async fn decisions(State(shared): State<Arc<Shared>>) -> Response {
 }
 
 async fn config(State(shared): State<Arc<Shared>>) -> Response {
+    // The configured URLs, so that the dump can match them to the config (source, events);
+    // shown with their userinfo redacted, as everywhere else.
     let pod_table: Vec<(String, String)> = shared
         .pods
         .all()
         .iter()
-        .map(|p| (p.url.clone(), p.class.clone()))
+        .map(|p| (p.connect_url().to_string(), p.class.clone()))
         .collect();
     let config = shared.config();
     let tokenizer = match config.index {
         crate::config::IndexKind::Engine => shared.tokenizer.get().map(|t| t.describe()),
         crate::config::IndexKind::Routed => None,
     };
-    let dump = crate::config::ConfigDump::new(&config, &pod_table, tokenizer);
+    let mut dump = crate::config::ConfigDump::new(&config, &pod_table, tokenizer);
+    for pod in &mut dump.pods {
+        pod.url = crate::pods::redact_userinfo(&pod.url);
+    }
     match serde_json::to_string_pretty(&dump) {
         Ok(body) => with_type(body + "\n", "application/json", StatusCode::OK),
         Err(e) => with_type(

@@ -61,7 +61,10 @@ fn events_of(shared: &Shared, pod: &Pod) -> Option<PodEvents> {
     if cfg.index != IndexKind::Engine {
         return None;
     }
-    cfg.pod_events.iter().find(|e| e.url == pod.url).cloned()
+    cfg.pod_events
+        .iter()
+        .find(|e| e.url == pod.connect_url())
+        .cloned()
 }
 
 /// After each scrape: registers an event-publishing pod in the engine index once its model is

@@ -126,6 +126,9 @@ pub struct Metrics {
     pub capture_dropped: Counter,
     /// Prompts the `--tokenizer` could not encode (they score cold).
     pub tokenizer_errors: Counter,
+    /// Prompts tokenized in token mode (one per request; a prompt rejected by its length alone
+    /// is not).
+    pub tokenizations: Counter,
     /// Requests holding a slot of the traffic listener.
     pub active_requests: Gauge,
     /// Requests waiting for a slot.
@@ -214,6 +217,7 @@ impl Metrics {
             discovered_pods: Gauge::default(),
             capture_dropped: Counter::default(),
             tokenizer_errors: Counter::default(),
+            tokenizations: Counter::default(),
             active_requests: Gauge::default(),
             queued_requests: Gauge::default(),
             pod_healthy: Family::default(),
@@ -424,6 +428,11 @@ impl Metrics {
             "tokenizer_errors",
             "Prompts the --tokenizer could not encode, or chat prompts its chat template could not render, in token mode (scored cold)",
             self.tokenizer_errors.clone(),
+        );
+        r.register(
+            "tokenizations",
+            "Prompts tokenized in token mode (a prompt rejected over max_prompt_tokens by its byte length alone is not)",
+            self.tokenizations.clone(),
         );
         r.register(
             "active_requests",

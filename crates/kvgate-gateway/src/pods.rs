@@ -5,6 +5,11 @@
 //! predictor key per-pod state by id. A pod removed by a config reload frees its id and its
 //! index entries. The table is swapped whole ([`ArcSwap`]) on reload; the data path reads it
 //! without locking. Bounds: one entry per configured pod; ids < [`MAX_PODS`].
+//!
+//! Credentials: a pod URL may carry userinfo (`http://user:pass@host:port`). [`Pod::url`], the
+//! form every log line, metric label, `/debug/*` page and `x-kvgate-pod` header shows, has it
+//! redacted ([`redact_userinfo`]); only [`Pod::connect_url`] (the requests to the pod) and the
+//! lookups by configured URL ([`PodTable::by_url`]) see the real one.
 
 use crate::scrape::PodMetrics;
 use arc_swap::ArcSwap;
@@ -26,8 +31,12 @@ pub struct PodLabel {
 #[derive(Debug)]
 pub struct Pod {
     pub id: PodId,
-    /// Base URL without a trailing slash, e.g. `http://10.0.0.5:8000`.
+    /// Base URL without a trailing slash as shown (logs, metric labels, `/debug/*`, response
+    /// headers), e.g. `http://10.0.0.5:8000`; userinfo redacted (`http://***@10.0.0.5:8000`).
     pub url: String,
+    /// The configured base URL without a trailing slash, userinfo included: what requests to
+    /// the pod are sent to. Never logged.
+    connect_url: String,
     /// Predictor class (hardware/model profile).
     pub class: String,
     /// False after a failed scrape or connection error; true again after a successful scrape.
@@ -54,9 +63,11 @@ struct Scraped {
 
 impl Pod {
     pub fn new(id: PodId, url: &str, class: &str, default_kv_blocks: u32) -> Self {
+        let connect_url = url.trim_end_matches('/').to_string();
         Pod {
             id,
-            url: url.trim_end_matches('/').to_string(),
+            url: redact_userinfo(&connect_url),
+            connect_url,
             class: class.to_string(),
             healthy: AtomicBool::new(false),
             outages: AtomicU64::new(0),
@@ -94,10 +105,16 @@ impl Pod {
         self.healthy.load(Ordering::Relaxed) && !self.breaker.is_open(std::time::Instant::now())
     }
 
-    /// `base url + path_and_query` as a URI.
+    /// The configured base URL (userinfo included): for connecting and for matching the
+    /// configuration, never for showing.
+    pub fn connect_url(&self) -> &str {
+        &self.connect_url
+    }
+
+    /// `base url + path_and_query` as a URI (the real URL, userinfo included).
     pub fn uri_for(&self, path_and_query: &str) -> Result<http::Uri, http::uri::InvalidUri> {
-        let mut s = String::with_capacity(self.url.len() + path_and_query.len());
-        s.push_str(&self.url);
+        let mut s = String::with_capacity(self.connect_url.len() + path_and_query.len());
+        s.push_str(&self.connect_url);
         s.push_str(path_and_query);
         s.parse()
     }
@@ -169,7 +186,11 @@ impl PodTable {
 
     pub fn by_url(&self, url: &str) -> Option<Arc<Pod>> {
         let url = url.trim_end_matches('/');
-        self.pods.load().iter().find(|p| p.url == url).cloned()
+        self.pods
+            .load()
+            .iter()
+            .find(|p| p.connect_url == url)
+            .cloned()
     }
 
     pub fn snapshots(&self) -> Vec<PodSnapshot> {
@@ -186,21 +207,24 @@ impl PodTable {
         let mut used = vec![false; MAX_PODS];
         for (url, class) in wanted {
             let url = url.trim_end_matches('/');
-            if next.iter().any(|p| p.url == url) {
+            if next.iter().any(|p| p.connect_url == url) {
                 continue;
             }
-            if let Some(p) = old.iter().find(|p| p.url == url && &p.class == class) {
+            if let Some(p) = old
+                .iter()
+                .find(|p| p.connect_url == url && &p.class == class)
+            {
                 used[p.id.index()] = true;
                 next.push(p.clone());
             }
         }
         for (url, class) in wanted {
             let url = url.trim_end_matches('/');
-            if next.iter().any(|p| p.url == url) {
+            if next.iter().any(|p| p.connect_url == url) {
                 continue;
             }
             let Some(free) = used.iter().position(|u| !u) else {
-                tracing::warn!(%url, "pod table full; pod ignored");
+                tracing::warn!(url = %redact_userinfo(url), "pod table full; pod ignored");
                 continue;
             };
             used[free] = true;
@@ -220,9 +244,54 @@ impl PodTable {
     }
 }
 
+/// `url` with its userinfo (`user:pass@`) replaced by `***@`, for showing: `http://u:p@h:8000/x`
+/// → `http://***@h:8000/x`. A URL without userinfo comes back unchanged. Only the authority (up
+/// to the first `/`, `?` or `#` after `scheme://`) is searched, so an `@` in a path stays.
+pub fn redact_userinfo(url: &str) -> String {
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+        return url.to_string();
+    };
+    let rest = &url[scheme_end..];
+    let authority_len = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..authority_len].rfind('@') {
+        Some(at) => format!("{}***{}", &url[..scheme_end], &rest[at..]),
+        None => url.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn userinfo_is_redacted_from_the_shown_url_and_kept_for_connecting() {
+        assert_eq!(
+            redact_userinfo("http://user:s3cret@10.0.0.5:8000"),
+            "http://***@10.0.0.5:8000"
+        );
+        assert_eq!(
+            redact_userinfo("https://tok@h/v1?a=b@c"),
+            "https://***@h/v1?a=b@c"
+        );
+        assert_eq!(redact_userinfo("http://a:b@c@h:1/p"), "http://***@h:1/p");
+        assert_eq!(redact_userinfo("http://h:1/p@q"), "http://h:1/p@q");
+        assert_eq!(redact_userinfo("not a url @x"), "not a url @x");
+        let pod = Pod::new(PodId(0), "http://user:s3cret@127.0.0.1:9/", "x", 10);
+        assert_eq!(pod.url, "http://***@127.0.0.1:9");
+        assert_eq!(pod.label().pod, "http://***@127.0.0.1:9");
+        assert_eq!(pod.snapshot().name, "http://***@127.0.0.1:9");
+        assert_eq!(pod.connect_url(), "http://user:s3cret@127.0.0.1:9");
+        assert_eq!(
+            pod.uri_for("/metrics").unwrap().to_string(),
+            "http://user:s3cret@127.0.0.1:9/metrics"
+        );
+        let t = PodTable::default();
+        t.replace(&[("http://user:s3cret@127.0.0.1:9".into(), "x".into())], 10);
+        assert_eq!(
+            t.by_url("http://user:s3cret@127.0.0.1:9/").map(|p| p.id),
+            Some(PodId(0))
+        );
+    }
 
     #[test]
     fn replace_keeps_pods_and_reuses_the_smallest_free_id() {

@@ -254,11 +254,23 @@ async fn read_body_until(
 }
 
 /// Any other `/v1/*`: the least-loaded healthy pod, passed through (no routing decision, no
-/// training; counted in flight).
+/// training; counted in flight). A path with a dot segment (`/v1/../admin`, `/v1/%2e%2e/x`,
+/// `/v1/.%2E%5cx`: `.` or `..` between `/` or `\\`, percent-decoded up to
+/// [`PATH_DECODE_ROUNDS`] times) gets 400 `invalid_path` and touches no pod: the path is sent
+/// verbatim, and a pod (or a proxy in front of it) that resolves dot segments would serve a
+/// path outside `/v1/`.
 pub async fn passthrough(State(shared): State<Arc<Shared>>, req: Request) -> Response {
     let start = Instant::now();
     let (parts, body) = req.into_parts();
     let rid = request_id(&parts.headers);
+    if has_dot_segment(parts.uri.path()) {
+        let err = ApiError::bad_request(
+            "invalid_path",
+            "the request path has a `.` or `..` segment (decoded or not)".into(),
+            None,
+        );
+        return reject(&shared, err, &rid);
+    }
     let cfg = shared.config().clone();
     let deadline = request_deadline(&parts, &cfg);
     let body = match read_body_until(body, cfg.max_body_bytes, deadline).await {
@@ -337,6 +349,88 @@ pub async fn passthrough(State(shared): State<Arc<Shared>>, req: Request) -> Res
                 upstream_failed(format!("pod {} failed: {e}", pod.url)),
                 &rid,
             )
+        }
+    }
+}
+
+/// Percent-decoding rounds [`has_dot_segment`] looks through: `%2e` (one round) and `%252e`
+/// (two) are dots to a server that decodes that often; three covers one more layer than any
+/// server we know decodes.
+const PATH_DECODE_ROUNDS: usize = 3;
+
+/// Whether `path`, as sent or percent-decoded up to [`PATH_DECODE_ROUNDS`] times, has a `.` or
+/// `..` segment (segments split at `/` and `\\`).
+fn has_dot_segment(path: &str) -> bool {
+    let mut current = path.as_bytes().to_vec();
+    for round in 0..=PATH_DECODE_ROUNDS {
+        if current
+            .split(|&b| b == b'/' || b == b'\\')
+            .any(|seg| seg == b"." || seg == b"..")
+        {
+            return true;
+        }
+        if round == PATH_DECODE_ROUNDS || !current.contains(&b'%') {
+            break;
+        }
+        current = percent_decode(&current);
+    }
+    false
+}
+
+/// One round of percent-decoding; a `%` not followed by two hex digits stays as it is.
+fn percent_decode(bytes: &[u8]) -> Vec<u8> {
+    let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && let (Some(h), Some(l)) = (
+                bytes.get(i + 1).copied().and_then(hex),
+                bytes.get(i + 2).copied().and_then(hex),
+            )
+        {
+            out.push(h << 4 | l);
+            i += 3;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    out
+}
+
+#[cfg(test)]
+mod path_tests {
+    use super::has_dot_segment;
+
+    #[test]
+    fn dot_segments_are_found_encoded_or_not() {
+        for bad in [
+            "/v1/../admin",
+            "/v1/./models",
+            "/v1/..",
+            "/v1/%2e%2e/admin",
+            "/v1/%2E%2e/admin",
+            "/v1/.%2e/admin",
+            "/v1/%2e/x",
+            "/v1/..%2fadmin",
+            "/v1/..%5cadmin",
+            "/v1\\..\\admin",
+            "/v1/%252e%252e/admin",
+        ] {
+            assert!(has_dot_segment(bad), "{bad} passed");
+        }
+        for good in [
+            "/v1/models",
+            "/v1/files/a.b",
+            "/v1/files/...",
+            "/v1/files/..x",
+            "/v1/x.%2e",
+            "/v1/%zz/..a",
+            "/v1/100%",
+            "/v1/",
+        ] {
+            assert!(!has_dot_segment(good), "{good} rejected");
         }
     }
 }

@@ -11,15 +11,18 @@ use crate::errors::ApiError;
 use crate::lifecycle::TicketGuard;
 use crate::pods::Pod;
 use crate::state::Shared;
+use crate::tokenizer::GatewayTokenizer;
 use http::HeaderMap;
 use kvgate_core::policy::RequestSlo;
 use kvgate_core::request::{Endpoint, ParsedRequest, Prompt, RequestError, parse_request_value};
+use kvgate_core::tokenizer::PromptTokenizer;
 use kvgate_core::{BlockHash, BlockHasher, PodId, RouteError, RouteRequest, SizedBlocks};
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// Prompts longer than this (bytes) are tokenized on the blocking pool, not a runtime worker.
+/// Prompts longer than this (bytes) are tokenized on the blocking pool, not a runtime worker,
+/// holding one of [`large_tokenization_permits`].
 const INLINE_TOKENIZE_BYTES: usize = 4096;
 /// Most block sizes a prompt is hashed at in token mode (the main one included); pods of
 /// further sizes are scored against the main chain, i.e. cold.
@@ -67,7 +70,7 @@ pub(crate) async fn prepare(
     let parsed = parse_request_value(path, &value).map_err(crate::errors::request_error)?;
     let slo = crate::slo::request_slo(headers)?;
     let (blocks, input_tokens, block_size_tokens, other_sizes) =
-        request_blocks(shared, cfg, &parsed, body).await;
+        request_blocks(shared, cfg, &parsed, body).await?;
     if input_tokens > cfg.max_prompt_tokens {
         return Err(ApiError::bad_request(
             "context_length_exceeded",
@@ -95,19 +98,26 @@ pub(crate) async fn prepare(
 }
 
 /// The request's prefix blocks, input-token count, block size and the blocks at the fleet's
-/// other block sizes, as the configured index cuts them.
+/// other block sizes, as the configured index cuts them; in token mode, 400
+/// `context_length_exceeded` for a prompt whose byte length alone shows it is over
+/// `max_prompt_tokens` ([`GatewayTokenizer::certainly_over`]), before tokenizing it.
 async fn request_blocks(
     shared: &Shared,
     cfg: &GatewayConfig,
     parsed: &ParsedRequest,
     body: &[u8],
-) -> (Vec<BlockHash>, u32, u32, Vec<SizedBlocks>) {
+) -> Result<(Vec<BlockHash>, u32, u32, Vec<SizedBlocks>), ApiError> {
     let mut blocks = Vec::new();
     if cfg.index == IndexKind::Engine {
+        let tokenizer = shared
+            .tokenizer
+            .get()
+            .cloned()
+            .unwrap_or_else(|| GatewayTokenizer::Cl100k(PromptTokenizer::cl100k()));
         // A chat prompt rendered with the model's chat template is token ids already, as the
         // engine computes them; without a template, `parsed` keeps kvgate's own rendering.
         let templated;
-        let parsed = match chat_template_tokens(shared, parsed, body).await {
+        let parsed = match chat_template_tokens(shared, cfg, &tokenizer, parsed, body).await? {
             Some(tokens) => {
                 templated = ParsedRequest {
                     endpoint: parsed.endpoint,
@@ -122,21 +132,95 @@ async fn request_blocks(
             None => parsed,
         };
         let (tokens, block_size, others) =
-            token_mode_blocks(shared, cfg, parsed, &mut blocks).await;
-        (blocks, tokens, block_size, others)
+            token_mode_blocks(shared, cfg, tokenizer, parsed, &mut blocks).await?;
+        Ok((blocks, tokens, block_size, others))
     } else {
         let hasher = BlockHasher {
             block_size_tokens: cfg.router.block_size_tokens,
             chars_per_token: cfg.router.chars_per_token,
         };
         hasher.hash_request(parsed, &mut blocks);
-        (
+        Ok((
             blocks,
             parsed.estimated_input_tokens(),
             cfg.router.block_size_tokens,
             Vec::new(),
-        )
+        ))
     }
+}
+
+/// How many large prompts (over [`INLINE_TOKENIZE_BYTES`]) are rendered and tokenized at once:
+/// one per CPU (`std::thread::available_parallelism`, 2 if unknown). Tokenizing is CPU-bound, so
+/// more at once than there are CPUs finishes none sooner; it only multiplies the memory held
+/// (a prompt's text, its copies and the tokenizer's buffers: ~900 MB for a 16 MB prompt), and
+/// the blocking pool would run up to 512. The others wait here, holding only their body.
+fn large_tokenization_permits() -> &'static tokio::sync::Semaphore {
+    static PERMITS: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
+    PERMITS.get_or_init(|| {
+        let cpus = std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get);
+        tokio::sync::Semaphore::new(cpus)
+    })
+}
+
+/// What a prompt's tokenization gave.
+enum Tokenized {
+    Tokens(Result<Vec<u32>, String>),
+    /// The text, of this many bytes, is over `max_prompt_tokens` by its length alone; it was
+    /// not tokenized.
+    Over {
+        text_bytes: usize,
+    },
+}
+
+/// Large prompts' rendering and tokenization: waits for a [`large_tokenization_permits`]
+/// permit, then builds the work (`make` copies what it needs: copies are made under the permit,
+/// not by every waiting request) and runs it on the blocking pool.
+async fn tokenize_large<W>(make: impl FnOnce() -> W) -> Tokenized
+where
+    W: FnOnce() -> Tokenized + Send + 'static,
+{
+    // The semaphore is never closed.
+    let Ok(_permit) = large_tokenization_permits().acquire().await else {
+        return Tokenized::Tokens(Err("tokenization permits closed".into()));
+    };
+    tokio::task::spawn_blocking(make())
+        .await
+        .unwrap_or_else(|e| Tokenized::Tokens(Err(e.to_string())))
+}
+
+/// A chat body rendered with the tokenizer's chat template, then tokenized (counted in
+/// `tokenizations`) unless the rendered text is over `max_tokens` by its length alone.
+fn render_and_encode(
+    tokenizer: &GatewayTokenizer,
+    body: &[u8],
+    max_tokens: u32,
+    tokenizations: &prometheus_client::metrics::counter::Counter,
+) -> Tokenized {
+    let rendered = match tokenizer.render_chat(body) {
+        Some(Ok(r)) => r,
+        Some(Err(e)) => return Tokenized::Tokens(Err(e.to_string())),
+        None => return Tokenized::Tokens(Err("no chat template".into())),
+    };
+    if tokenizer.certainly_over(rendered.text.len(), max_tokens) {
+        return Tokenized::Over {
+            text_bytes: rendered.text.len(),
+        };
+    }
+    tokenizations.inc();
+    Tokenized::Tokens(tokenizer.encode_with(&rendered.text, rendered.add_special_tokens))
+}
+
+/// 400 `context_length_exceeded` for a text over the limit by its length alone.
+fn over_limit_untokenized(text_bytes: usize, tokenizer: &GatewayTokenizer, max: u32) -> ApiError {
+    let per_token = tokenizer.max_token_bytes().unwrap_or(0);
+    ApiError::bad_request(
+        "context_length_exceeded",
+        format!(
+            "the prompt is {text_bytes} bytes: more than the gateway's limit of {max} tokens \
+             (no token of the tokenizer is longer than {per_token} bytes)"
+        ),
+        None,
+    )
 }
 
 /// The block sizes a token-mode prompt is hashed at: the main one, then the others (at most
@@ -159,66 +243,78 @@ pub fn fleet_block_sizes(reported: &[Option<u32>], default_size: u32) -> (u32, V
 
 /// Token mode, a chat request and a tokenizer with a chat template: the prompt's token ids as
 /// vLLM computes them (the body rendered with the template, then tokenized; long prompts on the
-/// blocking pool). `None` for other requests. A request the template cannot render (a
-/// `raise_exception`, a multimodal part, …) gives no tokens, so it scores cold; it is counted in
-/// `tokenizer_errors` and logged.
+/// blocking pool, bounded by [`large_tokenization_permits`]). `None` for other requests. A
+/// rendered prompt over `max_prompt_tokens` by its length alone is a 400, not tokenized. A
+/// request the template cannot render (a `raise_exception`, a multimodal part, …) gives no
+/// tokens, so it scores cold; it is counted in `tokenizer_errors` and logged.
 async fn chat_template_tokens(
     shared: &Shared,
+    cfg: &GatewayConfig,
+    tokenizer: &GatewayTokenizer,
     parsed: &ParsedRequest,
     body: &[u8],
-) -> Option<Vec<u32>> {
-    if parsed.endpoint != Endpoint::ChatCompletions {
-        return None;
+) -> Result<Option<Vec<u32>>, ApiError> {
+    if parsed.endpoint != Endpoint::ChatCompletions || tokenizer.chat_template().is_none() {
+        return Ok(None);
     }
-    let tokenizer = shared.tokenizer.get()?.clone();
-    let result = match tokenizer.render_chat(body)? {
-        Ok(rendered) if rendered.text.len() <= INLINE_TOKENIZE_BYTES => {
-            tokenizer.encode_with(&rendered.text, rendered.add_special_tokens)
-        }
-        Ok(rendered) => tokio::task::spawn_blocking(move || {
-            tokenizer.encode_with(&rendered.text, rendered.add_special_tokens)
+    let max = cfg.max_prompt_tokens;
+    let tokenizations = &shared.metrics.tokenizations;
+    let outcome = if body.len() <= INLINE_TOKENIZE_BYTES {
+        render_and_encode(tokenizer, body, max, tokenizations)
+    } else {
+        tokenize_large(|| {
+            let (t, body, counter) = (tokenizer.clone(), body.to_vec(), tokenizations.clone());
+            move || render_and_encode(&t, &body, max, &counter)
         })
         .await
-        .unwrap_or_else(|e| Err(e.to_string())),
-        Err(e) => Err(e.to_string()),
     };
-    Some(result.unwrap_or_else(|why| {
-        shared.metrics.tokenizer_errors.inc();
-        tracing::warn!(why = %why, "chat template failed on a chat prompt; it scores cold");
-        Vec::new()
-    }))
+    match outcome {
+        Tokenized::Over { text_bytes } => Err(over_limit_untokenized(text_bytes, tokenizer, max)),
+        Tokenized::Tokens(result) => Ok(Some(result.unwrap_or_else(|why| {
+            shared.metrics.tokenizer_errors.inc();
+            tracing::warn!(why = %why, "chat template failed on a chat prompt; it scores cold");
+            Vec::new()
+        }))),
+    }
 }
 
 /// Token mode (`--index engine`): the prompt's blocks as the pods cut them, i.e. the rendered
 /// prompt tokenized with the pods' tokenizer (`--tokenizer`, else the built-in cl100k, as the
 /// mock pod; an encoding error gives no tokens, counted and logged) in blocks of each
 /// block size the pods report in `vllm:cache_config_info` ([`fleet_block_sizes`]): one
-/// tokenization, one chain per size. Returns the prompt's token count, the main block size
-/// (its chain in `blocks`) and the chains at the other sizes.
+/// tokenization, one chain per size. A text prompt over `max_prompt_tokens` by its length
+/// alone is a 400, not tokenized; long prompts are tokenized on the blocking pool, bounded by
+/// [`large_tokenization_permits`]. Returns the prompt's token count, the main block size (its
+/// chain in `blocks`) and the chains at the other sizes.
 async fn token_mode_blocks(
     shared: &Shared,
     cfg: &GatewayConfig,
+    tokenizer: GatewayTokenizer,
     parsed: &ParsedRequest,
     blocks: &mut Vec<BlockHash>,
-) -> (u32, u32, Vec<SizedBlocks>) {
-    use crate::tokenizer::GatewayTokenizer;
-    use kvgate_core::tokenizer::PromptTokenizer;
-    let tokenizer = shared
-        .tokenizer
-        .get()
-        .cloned()
-        .unwrap_or_else(|| GatewayTokenizer::Cl100k(PromptTokenizer::cl100k()));
+) -> Result<(u32, u32, Vec<SizedBlocks>), ApiError> {
     let encoded;
     let tokens: &[u32] = match &parsed.prompt {
         Prompt::Tokens(t) => t,
         Prompt::Text(text) => {
+            let max = cfg.max_prompt_tokens;
+            if tokenizer.certainly_over(text.len(), max) {
+                return Err(over_limit_untokenized(text.len(), &tokenizer, max));
+            }
+            shared.metrics.tokenizations.inc();
             let result = if text.len() <= INLINE_TOKENIZE_BYTES {
                 tokenizer.encode(text)
             } else {
-                let text = text.clone();
-                tokio::task::spawn_blocking(move || tokenizer.encode(&text))
-                    .await
-                    .unwrap_or_else(|e| Err(e.to_string()))
+                let large = tokenize_large(|| {
+                    let (t, text) = (tokenizer.clone(), text.clone());
+                    move || Tokenized::Tokens(t.encode(&text))
+                });
+                match large.await {
+                    Tokenized::Tokens(r) => r,
+                    Tokenized::Over { text_bytes } => {
+                        return Err(over_limit_untokenized(text_bytes, &tokenizer, max));
+                    }
+                }
             };
             encoded = result.unwrap_or_else(|why| {
                 shared.metrics.tokenizer_errors.inc();
@@ -257,11 +353,11 @@ async fn token_mode_blocks(
             sized
         })
         .collect();
-    (
+    Ok((
         u32::try_from(tokens.len()).unwrap_or(u32::MAX),
         block_size_tokens,
         others,
-    )
+    ))
 }
 
 /// What a decision is recorded with.

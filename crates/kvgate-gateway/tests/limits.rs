@@ -694,3 +694,79 @@ async fn time_queued_counts_against_the_request_timeout() {
     first.await.unwrap();
     assert_idle(&gw, &[&pod]).await;
 }
+
+/// `kvgate_tokenizations_total` from the gateway's metrics text.
+fn tokenizations(gw: &kvgate_gateway::Gateway) -> u64 {
+    let m = gw.shared().metrics_text().unwrap();
+    m.lines()
+        .find_map(|l| l.strip_prefix("kvgate_tokenizations_total "))
+        .unwrap_or_else(|| panic!("no kvgate_tokenizations_total in\n{m}"))
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn in_token_mode_a_huge_prompt_over_the_limit_gets_400_without_being_tokenized() {
+    let pod = FakePod::start(SLOW).await;
+    let mut a = args(&[&pod]);
+    a.index = Some(kvgate_gateway::config::IndexKind::Engine);
+    a.max_prompt_tokens = Some(100);
+    let gw = kvgate_gateway::Gateway::start(a).await.unwrap();
+    let c = client();
+    // 16 MB: what took 9 s of CPU and 893 MB to tokenize before the limit was checked.
+    let huge = "word ".repeat((16 << 20) / 5);
+    let bodies = [
+        (
+            "/v1/completions",
+            serde_json::json!({"model": "fake-model", "prompt": huge}).to_string(),
+        ),
+        ("/v1/chat/completions", chat_body(&huge, false)),
+    ];
+    for (path, body) in &bodies {
+        let t0 = std::time::Instant::now();
+        let r = send(&c, post(&gw, path, body)).await;
+        let took = t0.elapsed();
+        assert_eq!(r.status, http::StatusCode::BAD_REQUEST, "{path}");
+        assert_eq!(r.json()["error"]["code"], "context_length_exceeded");
+        assert!(
+            r.json()["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("bytes"),
+            "{}",
+            r.text()
+        );
+        eprintln!("{path}: 16 MB prompt answered 400 in {took:?}");
+        assert!(
+            took < std::time::Duration::from_secs(20),
+            "{path}: {took:?}"
+        );
+    }
+    assert_eq!(tokenizations(&gw), 0, "the tokenizer was never called");
+    assert_eq!(pod.requests(), 0);
+    // A prompt that fits is tokenized, counted and served.
+    let r = send(
+        &c,
+        post(
+            &gw,
+            "/v1/chat/completions",
+            &chat_body("a short prompt", false),
+        ),
+    )
+    .await;
+    assert_eq!(r.status, http::StatusCode::OK, "{}", r.text());
+    assert_eq!(tokenizations(&gw), 1);
+    // Just under the length bound but over the limit by its tokens: tokenized, then 400.
+    let per_token = kvgate_core::tokenizer::PromptTokenizer::cl100k().max_token_bytes();
+    let prompt = "a ".repeat(100 * per_token / 2);
+    let body = serde_json::json!({"model": "fake-model", "prompt": prompt}).to_string();
+    let r = send(&c, post(&gw, "/v1/completions", &body)).await;
+    assert_eq!(r.status, http::StatusCode::BAD_REQUEST);
+    assert!(
+        r.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("about")
+    );
+    assert_eq!(tokenizations(&gw), 2);
+}

@@ -576,3 +576,94 @@ async fn debug_score_reports_where_a_prompt_is_cached_without_routing_it() {
     assert_eq!(r.status, 400);
     assert_eq!(r.json()["error"]["code"], "invalid_json");
 }
+
+#[tokio::test]
+async fn pod_url_credentials_never_show_in_metrics_headers_or_debug_pages() {
+    let pod = FakePod::start(FAST).await;
+    let with_userinfo = pod.url.replace("http://", "http://user:s3cret@");
+    let shown = pod.url.replace("http://", "http://***@");
+    let mut a = args(&[]);
+    a.pod = vec![with_userinfo.clone()];
+    let gw = kvgate_gateway::Gateway::start(a).await.unwrap();
+    let c = client();
+    // The real URL is still what the gateway connects to and looks pods up by.
+    eventually("the pod is scraped healthy", || {
+        gw.pod_healthy(&with_userinfo) == Some(true)
+    })
+    .await;
+    let r = send(
+        &c,
+        post(&gw, "/v1/chat/completions", &chat_body("a", false)),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(pod.requests(), 1);
+    assert_eq!(r.header("x-kvgate-pod").as_deref(), Some(shown.as_str()));
+    let get = |path: &str| {
+        http::Request::get(format!("http://{}{path}", gw.admin_addr))
+            .body(Default::default())
+            .unwrap()
+    };
+    let passthrough = send(
+        &c,
+        http::Request::get(format!("http://{}/v1/other", gw.traffic_addr))
+            .body(Default::default())
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        passthrough.header("x-kvgate-pod").as_deref(),
+        Some(shown.as_str())
+    );
+    let metrics = send(&c, get("/metrics")).await.text();
+    assert!(
+        metrics.contains(&format!("pod=\"{shown}\"")),
+        "pod label missing:\n{metrics}"
+    );
+    let config = send(&c, get("/debug/config")).await.json();
+    assert_eq!(config["pods"][0]["url"], shown.as_str());
+    assert_eq!(config["pods"][0]["source"], "config");
+    let decisions = send(&c, get("/debug/decisions")).await.text();
+    assert!(decisions.contains(&shown), "{decisions}");
+    for (page, text) in [
+        ("/metrics", metrics),
+        ("/debug/config", config.to_string()),
+        ("/debug/decisions", decisions),
+    ] {
+        assert!(
+            !text.contains("s3cret"),
+            "{page} shows the password:\n{text}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn passthrough_paths_with_dot_segments_get_400_and_touch_no_pod() {
+    let pod = FakePod::start(FAST).await;
+    let gw = gateway(&[&pod]).await;
+    let c = client();
+    for path in [
+        "/v1/../admin",
+        "/v1/%2e%2e/x",
+        "/v1/%2E%2E/x",
+        "/v1/./models/../../metrics",
+        "/v1/..%2fadmin",
+        "/v1/%252e%252e/admin",
+    ] {
+        let req = http::Request::get(format!("http://{}{path}", gw.traffic_addr))
+            .body(Default::default())
+            .unwrap();
+        let r = send(&c, req).await;
+        assert_eq!(r.status, 400, "{path}: {}", r.text());
+        assert_eq!(r.json()["error"]["code"], "invalid_path", "{path}");
+    }
+    assert_eq!(pod.requests(), 0, "no dot-segment path reached the pod");
+    let m = gw.shared().metrics_text().unwrap();
+    assert!(m.contains("reason=\"invalid_path\"} 6"), "{m}");
+    let req = http::Request::get(format!("http://{}/v1/files/a..b", gw.traffic_addr))
+        .body(Default::default())
+        .unwrap();
+    let r = send(&c, req).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["path"], "/v1/files/a..b");
+}

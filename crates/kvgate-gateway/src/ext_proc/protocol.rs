@@ -98,7 +98,7 @@ pub fn subset_hint(md: &Metadata) -> Option<Vec<String>> {
 
 /// `host:port` of a pod's URL (port 80/443 by scheme when absent).
 pub fn destination(pod: &Pod) -> Option<String> {
-    let uri: http::Uri = pod.url.parse().ok()?;
+    let uri: http::Uri = pod.connect_url().parse().ok()?;
     let host = uri.host()?;
     let port = uri.port_u16().unwrap_or(match uri.scheme_str() {
         Some("https") => 443,
