@@ -24,6 +24,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 /// Prompts longer than this (bytes) are tokenized on the blocking pool, not a runtime worker,
 /// holding one of [`large_tokenization_permits`].
 const INLINE_TOKENIZE_BYTES: usize = 4096;
+/// Longest part of a client-controlled error reason written to the log.
+const MAX_LOGGED_REASON_CHARS: usize = 200;
 /// Most block sizes a prompt is hashed at in token mode (the main one included); pods of
 /// further sizes are scored against the main chain, i.e. cold.
 pub const MAX_BLOCK_SIZES: usize = 4;
@@ -245,8 +247,9 @@ pub fn fleet_block_sizes(reported: &[Option<u32>], default_size: u32) -> (u32, V
 /// vLLM computes them (the body rendered with the template, then tokenized; long prompts on the
 /// blocking pool, bounded by [`large_tokenization_permits`]). `None` for other requests. A
 /// rendered prompt over `max_prompt_tokens` by its length alone is a 400, not tokenized. A
-/// request the template cannot render (a `raise_exception`, a multimodal part, …) gives no
-/// tokens, so it scores cold; it is counted in `tokenizer_errors` and logged.
+/// request the template cannot render (a `raise_exception`, a multimodal part, …) gives `None`
+/// too, so it is routed on kvgate's own rendering and scores cold; it is counted in
+/// `tokenizer_errors` and logged (rate limited).
 async fn chat_template_tokens(
     shared: &Shared,
     cfg: &GatewayConfig,
@@ -270,11 +273,18 @@ async fn chat_template_tokens(
     };
     match outcome {
         Tokenized::Over { text_bytes } => Err(over_limit_untokenized(text_bytes, tokenizer, max)),
-        Tokenized::Tokens(result) => Ok(Some(result.unwrap_or_else(|why| {
+        Tokenized::Tokens(Ok(tokens)) => Ok(Some(tokens)),
+        // The request is routed on kvgate's own rendering instead: its blocks never match an
+        // engine's (so it scores cold), but its token count is the prompt's, not 0, so the
+        // prompt-length limit, the pod's prefill charge and the predictor's sample stay right.
+        Tokenized::Tokens(Err(why)) => {
             shared.metrics.tokenizer_errors.inc();
-            tracing::warn!(why = %why, "chat template failed on a chat prompt; it scores cold");
-            Vec::new()
-        }))),
+            if shared.log_limit.allow("chat_template_failed") {
+                let why: String = why.chars().take(MAX_LOGGED_REASON_CHARS).collect();
+                tracing::warn!(why = %why, "chat template failed on a chat prompt; it scores cold");
+            }
+            Ok(None)
+        }
     }
 }
 

@@ -667,3 +667,59 @@ async fn passthrough_paths_with_dot_segments_get_400_and_touch_no_pod() {
     assert_eq!(r.status, 200);
     assert_eq!(r.json()["path"], "/v1/files/a..b");
 }
+
+/// Engine mode with a model whose chat template refuses tool messages: such a chat request is
+/// still served (200), counted as a tokenizer error, and routed on kvgate's own rendering with
+/// its real token count (not 0 tokens, which would skip the prompt limit, the pod's prefill
+/// charge and train the predictor on a 0-token prompt).
+#[tokio::test]
+async fn a_chat_prompt_the_template_refuses_is_served_with_its_real_token_count() {
+    let dir = std::env::temp_dir().join(format!("kvgate-proxy-template-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let vocab: serde_json::Map<String, serde_json::Value> =
+        (0..64u32).map(|i| (format!("w{i}"), i.into())).collect();
+    let mut vocab = vocab;
+    vocab.insert("[UNK]".into(), 64.into());
+    let tokenizer = json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null,
+        "decoder": null, "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"}
+    });
+    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    std::fs::write(
+        dir.join("chat_template.jinja"),
+        "{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('no tools here') }}\
+         {% endif %}{{ m.content }} {% endfor %}",
+    )
+    .unwrap();
+    let pod = FakePod::start(FAST).await;
+    let mut a = args(&[&pod]);
+    a.index = Some(kvgate_gateway::config::IndexKind::Engine);
+    a.tokenizer = Some(dir.join("tokenizer.json"));
+    let gw = kvgate_gateway::Gateway::start(a).await.unwrap();
+    let c = client();
+    let words: Vec<String> = (0..40).map(|i| format!("w{}", i % 64)).collect();
+    let body = json!({"model": "fake-model", "messages": [
+        {"role": "user", "content": words.join(" ")},
+        {"role": "tool", "content": "w1 w2", "tool_call_id": "c1"}
+    ]})
+    .to_string();
+    let r = send(&c, post(&gw, "/v1/chat/completions", &body)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let m = gw.shared().metrics_text().unwrap();
+    assert!(
+        m.lines()
+            .any(|l| l.starts_with("kvgate_tokenizer_errors_total ") && l.ends_with(" 1")),
+        "{m}"
+    );
+    let score = http::Request::post(format!(
+        "http://{}/debug/score/v1/chat/completions",
+        gw.admin_addr
+    ))
+    .body(Full::new(Bytes::copy_from_slice(body.as_bytes())))
+    .unwrap();
+    let report = send(&c, score).await.json();
+    let input = report["input_tokens"].as_u64().unwrap();
+    assert!(input > 40, "{report}");
+    assert_idle(&gw, &[&pod]).await;
+}
