@@ -45,6 +45,8 @@ pub struct Pod {
     /// Times the pod went from healthy to unhealthy: the KV-event task resubscribes after one,
     /// however short (the engine behind the pod may be new).
     outages: AtomicU64,
+    /// Scrapes in a row that timed out (see `scrape::SCRAPE_TIMEOUTS_TO_UNHEALTHY`).
+    pub scrape_timeouts_in_a_row: std::sync::atomic::AtomicU32,
     /// Responses dying mid-body: the pod is avoided for a cooldown even while it scrapes fine.
     pub breaker: crate::breaker::Breaker,
     /// Set when a reload removed the pod; its scrape loop stops.
@@ -71,6 +73,7 @@ impl Pod {
             class: class.to_string(),
             healthy: AtomicBool::new(false),
             outages: AtomicU64::new(0),
+            scrape_timeouts_in_a_row: std::sync::atomic::AtomicU32::new(0),
             breaker: crate::breaker::Breaker::default(),
             removed: AtomicBool::new(false),
             scraped: Mutex::new(Scraped {

@@ -723,3 +723,39 @@ async fn a_chat_prompt_the_template_refuses_is_served_with_its_real_token_count(
     assert!(input > 40, "{report}");
     assert_idle(&gw, &[&pod]).await;
 }
+
+/// A pod whose `/metrics` answers slowly (a busy vLLM CPU pod shares its core with the engine)
+/// stays healthy through one timed-out scrape, and is marked unhealthy only when scrapes keep
+/// timing out.
+#[tokio::test]
+async fn a_slow_metrics_answer_is_not_an_outage_until_it_repeats() {
+    let pod = FakePod::start(FAST).await;
+    let gw = gateway(&[&pod]).await;
+    eventually("healthy", || gw.pod_healthy(&pod.url) == Some(true)).await;
+    // One scrape times out (1 s floor), then answers come fast again.
+    pod.state.metrics_delay_ms.store(1_300, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    pod.state.metrics_delay_ms.store(0, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let errors = |gw: &kvgate_gateway::Gateway| {
+        gw.shared()
+            .metrics_text()
+            .unwrap()
+            .lines()
+            .filter(|l| l.starts_with("kvgate_scrape_errors_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    assert!(errors(&gw) >= 1.0, "the timeout is counted");
+    assert_eq!(gw.shared().pods.all()[0].outages(), 0, "but no outage");
+    // Scrapes that keep timing out do make it unhealthy.
+    pod.state.metrics_delay_ms.store(5_000, Ordering::SeqCst);
+    tokio::time::timeout(Duration::from_secs(8), async {
+        while gw.pod_healthy(&pod.url) != Some(false) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("unhealthy after three timeouts in a row");
+    pod.state.metrics_delay_ms.store(0, Ordering::SeqCst);
+}

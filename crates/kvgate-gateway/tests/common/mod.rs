@@ -44,6 +44,8 @@ pub struct FakeState {
     pub cancelled: AtomicU32,
     pub last_body: Mutex<Option<Value>>,
     pub metrics_ok: AtomicBool,
+    /// Delay before `/metrics` answers, ms.
+    pub metrics_delay_ms: std::sync::atomic::AtomicU64,
     /// When set, the `/v1/models` body (else one model, `model`).
     pub models_body: Mutex<Option<String>>,
 }
@@ -68,6 +70,7 @@ impl FakePod {
             cancelled: AtomicU32::new(0),
             last_body: Mutex::new(None),
             metrics_ok: AtomicBool::new(true),
+            metrics_delay_ms: std::sync::atomic::AtomicU64::new(0),
             models_body: Mutex::new(None),
         });
         let app = axum::Router::new()
@@ -124,6 +127,10 @@ impl Drop for FakePod {
 }
 
 async fn metrics(State(s): State<Arc<FakeState>>) -> Response {
+    let delay = s.metrics_delay_ms.load(Ordering::SeqCst);
+    if delay > 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
+    }
     if !s.metrics_ok.load(Ordering::SeqCst) {
         let mut r = Response::new(Body::from("down"));
         *r.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
