@@ -22,7 +22,7 @@
 //! | `reload` | re-read the config file on change; keep the old one if invalid |
 //! | `discovery` | `--discovery`: static, or `kubernetes` (feature `k8s`: watch ready Pods by label, keep them in the pod table) |
 //! | `pods` | the pod table and health (in-flight counters are the session's ledger) |
-//! | `breaker` | a pod whose responses die mid-body N times in a row is avoided for a cooldown |
+//! | `breaker` | a pod whose responses die mid-body, or that sends no response headers in time, N times in a row is avoided for a cooldown |
 //! | `scrape` | tolerant `/metrics` parser and the scrape loop |
 //! | `state` | what all tasks share; the core's `RouterSession` behind one mutex (`Shared::session`) |
 //! | `routing` | what both data paths share: `prepare` (parse, SLO headers, blocks, `max_prompt_tokens`, `--capture` ticket), `decide_for` (one decision through the session, recorded in `/debug/decisions`), `least_loaded` |
@@ -41,7 +41,7 @@
 //! | `slo` | `x-slo-ttft-ms` / `x-slo-tpot-ms` (and `x-llm-d-slo-*`) → objectives, or 400 (they route only with `slo_routing`) |
 //! | `metrics` | kvgate's own Prometheus metrics; `timeout_label` |
 //! | `decisions` | the bounded `/debug/decisions` ring |
-//! | `admin` | the admin listener |
+//! | `admin` | the admin listener: metrics, `/debug/decisions`, `/debug/config`, `/debug/score` (dry-run prefix scores), health |
 //! | `ext_proc` | `--ext-proc-listen`: Envoy ext_proc endpoint picker (GAIE protocol), the stream's state machine; the same `routing` and session as the proxy |
 //! | `ext_proc::protocol` | the protocol's messages: header values, response status, subset hint read; routing answers (header mutation, `envoy.lb` metadata), streamed body chunks, immediate errors built |
 //! | `kv_events` | `--index engine`: ZeroMQ SUB (and replay) per pod, batches decoded by the core and followed by its `KvEventFollower` |
