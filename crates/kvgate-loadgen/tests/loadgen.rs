@@ -100,3 +100,36 @@ async fn unreachable_targets_count_as_connect_errors() {
     assert_eq!(report.prefix_hit_rate, None);
     let _ = std::fs::remove_file(trace);
 }
+
+/// `--token-prompts`: prompts go as token ids, so the pod sees exactly the planned lengths (its
+/// own prompt-token counter equals the plan's) and the turns still share their history.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_prompts_reach_the_pod_with_exactly_the_planned_lengths() {
+    let config = PodConfig {
+        time_scale: 20.0,
+        ..PodConfig::default()
+    };
+    let pods = spawn_pods(&config, "127.0.0.1:0".parse().unwrap(), 1)
+        .await
+        .unwrap();
+    let trace = mooncake_trace("tokens");
+    let mut a = args(pods[0].url(), trace.clone());
+    a.token_prompts = true;
+    let report = kvgate_loadgen::run(a).await.unwrap();
+    assert_eq!(report.completed, 12, "errors: {:?}", report.errors);
+    let metrics = reqwest::get(format!("{}/metrics", pods[0].url()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let prompt_tokens: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("vllm:prompt_tokens_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(prompt_tokens as u64, 4 * (1124 + 1636 + 2148));
+    let hit = report.prefix_hit_rate.expect("pod exposes prefix counters");
+    assert!(hit > 0.3 && hit < 1.0, "{hit}");
+    let _ = std::fs::remove_file(trace);
+}

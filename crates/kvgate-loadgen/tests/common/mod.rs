@@ -45,6 +45,7 @@ pub fn args(target: String, trace: PathBuf) -> LoadgenArgs {
         max_requests: None,
         max_concurrency: 64,
         stream: true,
+        token_prompts: false,
         model: None,
         pod_metrics: Vec::new(),
         timeout_s: 60.0,
