@@ -213,9 +213,10 @@ async fn score(gw: &ServeProcess, prompt: &str, pod: &RealPod) -> f64 {
     score_body(gw, "/v1/completions", &body, pod).await
 }
 
-async fn metric(gw: &ServeProcess, name: &str) -> f64 {
+/// The sum of every sample whose line starts with `prefix` in the `/metrics` at `base`.
+async fn metric_sum(base: &str, prefix: &str) -> f64 {
     let text = client()
-        .get(format!("{}/metrics", gw.admin))
+        .get(format!("{base}/metrics"))
         .send()
         .await
         .unwrap()
@@ -223,9 +224,13 @@ async fn metric(gw: &ServeProcess, name: &str) -> f64 {
         .await
         .unwrap();
     text.lines()
-        .filter(|l| l.starts_with(name))
+        .filter(|l| l.starts_with(prefix))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
+}
+
+async fn metric(gw: &ServeProcess, name: &str) -> f64 {
+    metric_sum(&gw.admin, name).await
 }
 
 /// Polls `cond` every 100 ms for at most `within`; returns how long it took.
@@ -515,18 +520,7 @@ async fn a_pod_killed_and_restarted_is_followed_within_2_s() {
 
 /// Requests the pod has finished (`vllm:request_success_total`, every finish reason).
 async fn pod_requests_done(pod: &RealPod) -> f64 {
-    let text = client()
-        .get(format!("{}/metrics", pod.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter(|l| l.starts_with("vllm:request_success_total{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    metric_sum(&pod.url, "vllm:request_success_total{").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -613,18 +607,7 @@ async fn envoy_sends_each_request_to_the_real_pod_kvgate_chose() {
 
 /// A pod's `vllm:prefix_cache_hits_total` (tokens).
 async fn pod_hit_tokens(pod: &RealPod) -> f64 {
-    let text = client()
-        .get(format!("{}/metrics", pod.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter(|l| l.starts_with("vllm:prefix_cache_hits_total{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    metric_sum(&pod.url, "vllm:prefix_cache_hits_total{").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
