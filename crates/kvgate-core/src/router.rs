@@ -69,8 +69,9 @@ pub struct Router {
     matched: Vec<u32>,
     /// …and against each of [`PromptCut::other_sizes`] (reused between decisions).
     matched_other: Vec<Vec<u32>>,
-    /// Per pod id, of the last evaluation: (matched blocks, block size) of the pod's own chain.
-    pod_match: Vec<(u32, u32)>,
+    /// The last decision's pod and its matched blocks in its own chain (one write per decision,
+    /// not per pod: the decision is the hot path).
+    chosen_match: Option<(crate::pod::PodId, u32)>,
     eligible: Vec<bool>,
     /// The predictor's TTFT MAPE as last read, and decisions since (only with ε = auto).
     predictor_error: Option<f64>,
@@ -88,7 +89,7 @@ impl Router {
             config,
             matched: Vec::new(),
             matched_other: Vec::new(),
-            pod_match: Vec::new(),
+            chosen_match: None,
             eligible: Vec::new(),
             predictor_error: None,
             since_error_read: 0,
@@ -112,11 +113,14 @@ impl Router {
         self.hasher
     }
 
-    /// Leading blocks of the last evaluated request that `pod` holds in the chain of its own
-    /// block size, as the index said (0 for a pod the index does not know or that was not
-    /// evaluated). Read after [`Router::decide`] for the chosen pod's charge.
+    /// Leading blocks of the last decided request that the chosen `pod` holds in the chain of
+    /// its own block size, as the index said (0 for any other pod). Read after
+    /// [`Router::decide`] for the chosen pod's charge.
     pub fn matched_blocks(&self, pod: crate::pod::PodId) -> u32 {
-        self.pod_match.get(pod.index()).map_or(0, |m| m.0)
+        match self.chosen_match {
+            Some((p, blocks)) if p == pod => blocks,
+            _ => 0,
+        }
     }
 
     /// Clears `out` and fills it with the chained block hashes of a request.
@@ -208,7 +212,7 @@ impl Router {
         for (sized, matched) in cut.other_sizes.iter().zip(&mut self.matched_other) {
             index.match_prefix(&sized.blocks, matched);
         }
-        self.pod_match.clear();
+        self.chosen_match = None;
         if self.config.epsilon_explore_sticky.is_auto() {
             if self.predictor_error.is_none() || self.since_error_read >= PREDICTOR_ERROR_REFRESH {
                 let acc = predictor.accuracy();
@@ -225,8 +229,7 @@ impl Router {
             slo_tpot_ms: None,
             predictor_ttft_mape: self.predictor_error,
         };
-        let (matched, matched_other, pod_match) =
-            (&self.matched, &self.matched_other, &mut self.pod_match);
+        let (matched, matched_other) = (&self.matched, &self.matched_other);
         let candidates = pods
             .iter()
             .filter(|p| p.healthy)
@@ -240,10 +243,6 @@ impl Router {
                     None => (matched, cut.blocks.len(), cut.block_size_tokens),
                 };
                 let matched_blocks = matched.get(pod.id.index()).copied().unwrap_or(0);
-                if pod_match.len() <= pod.id.index() {
-                    pod_match.resize(pod.id.index() + 1, (0, 0));
-                }
-                pod_match[pod.id.index()] = (matched_blocks, block_size_tokens);
                 // A pod of another block size is scored by the tokens it holds over the tokens
                 // of the main chain, so pods of different block sizes compare (a 255-token
                 // prompt: 16-token pod 15 of 15 blocks = 240 tokens = 1.0; 128-token pod 1 of 1
@@ -293,6 +292,7 @@ impl Router {
         let chosen = candidates
             .get(pick.index)
             .ok_or(PolicyError::NoCandidates)?;
+        self.chosen_match = Some((chosen.pod.id, chosen.matched_blocks));
         Ok(Decision {
             pod: chosen.pod.name.clone(),
             pod_id: chosen.pod.id,
