@@ -340,31 +340,13 @@ async fn blocks_cached_before_the_gateway_subscribed_are_learnt_from_the_replay_
     assert_eq!(counter(&gw, &url, |m| &m.kv_events_replay_failures), 0);
 }
 
-/// A word-level `tokenizer.json` (`w0`…`w63` are ids 0…63, whitespace splits words), written
-/// under the system temp dir: a stand-in for a model's tokenizer that cl100k does not match.
-fn word_level_tokenizer_json() -> PathBuf {
-    let mut vocab: serde_json::Map<String, Value> =
-        (0..64u32).map(|i| (format!("w{i}"), i.into())).collect();
-    vocab.insert("[UNK]".into(), 64.into());
-    let json = json!({
-        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
-        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null,
-        "decoder": null, "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"}
-    });
-    let path = std::env::temp_dir().join(format!(
-        "kvgate-kv-events-{}-tokenizer.json",
-        std::process::id()
-    ));
-    std::fs::write(&path, json.to_string()).unwrap();
-    path
-}
-
 /// `--tokenizer FILE`: the gateway cuts a text prompt with the model's tokenizer.json, so the
 /// blocks the publisher reports by token ids (0…31) match the prompt `w0 w1 … w39` (40 tokens:
 /// two full blocks), which the built-in cl100k would tokenize differently.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tokenizer_json_makes_text_prompts_match_the_events_token_blocks() {
-    let path = word_level_tokenizer_json();
+    let dir = std::env::temp_dir().join(format!("kvgate-kv-events-{}", std::process::id()));
+    let path = common::word_level_tokenizer_json(&dir);
     let (mut publisher, pub_port, replay_port) = Publisher::start();
     let pod = FakePod::start_with_model(
         Behavior::Normal {

@@ -675,17 +675,7 @@ async fn passthrough_paths_with_dot_segments_get_400_and_touch_no_pod() {
 #[tokio::test]
 async fn a_chat_prompt_the_template_refuses_is_served_with_its_real_token_count() {
     let dir = std::env::temp_dir().join(format!("kvgate-proxy-template-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let vocab: serde_json::Map<String, serde_json::Value> =
-        (0..64u32).map(|i| (format!("w{i}"), i.into())).collect();
-    let mut vocab = vocab;
-    vocab.insert("[UNK]".into(), 64.into());
-    let tokenizer = json!({
-        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
-        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null,
-        "decoder": null, "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"}
-    });
-    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    let tokenizer = word_level_tokenizer_json(&dir);
     std::fs::write(
         dir.join("chat_template.jinja"),
         "{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('no tools here') }}\
@@ -695,7 +685,7 @@ async fn a_chat_prompt_the_template_refuses_is_served_with_its_real_token_count(
     let pod = FakePod::start(FAST).await;
     let mut a = args(&[&pod]);
     a.index = Some(kvgate_gateway::config::IndexKind::Engine);
-    a.tokenizer = Some(dir.join("tokenizer.json"));
+    a.tokenizer = Some(tokenizer);
     let gw = kvgate_gateway::Gateway::start(a).await.unwrap();
     let c = client();
     let words: Vec<String> = (0..40).map(|i| format!("w{}", i % 64)).collect();

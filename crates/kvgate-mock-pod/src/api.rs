@@ -207,6 +207,26 @@ fn reject(st: &PodState, reason: RejectReason, status: StatusCode, message: Stri
 }
 
 /// vLLM 0.32's 404 for a model it does not serve.
+/// A request body parsed for this pod: 400 if it is not a valid request, 404 for another model.
+fn parse_for_this_pod(
+    st: &PodState,
+    path: &str,
+    value: &Value,
+) -> Result<kvgate_core::request::ParsedRequest, Box<Response>> {
+    let parsed = parse_request_value(path, value).map_err(|e| {
+        Box::new(reject(
+            st,
+            RejectReason::InvalidRequest,
+            StatusCode::BAD_REQUEST,
+            e.to_string(),
+        ))
+    })?;
+    if parsed.model != st.model {
+        return Err(Box::new(unknown_model(st, &parsed.model)));
+    }
+    Ok(parsed)
+}
+
 fn unknown_model(st: &PodState, model: &str) -> Response {
     reject(
         st,
@@ -332,20 +352,10 @@ async fn render(st: &PodState, path: &str, headers: &HeaderMap, body: &[u8]) -> 
     let several = bodies.len() > 1;
     let mut out = Vec::with_capacity(bodies.len());
     for (i, one) in bodies.iter().enumerate() {
-        let parsed = match parse_request_value(path, one) {
+        let parsed = match parse_for_this_pod(st, path, one) {
             Ok(p) => p,
-            Err(e) => {
-                return reject(
-                    st,
-                    RejectReason::InvalidRequest,
-                    StatusCode::BAD_REQUEST,
-                    e.to_string(),
-                );
-            }
+            Err(resp) => return *resp,
         };
-        if parsed.model != st.model {
-            return unknown_model(st, &parsed.model);
-        }
         let tokens = match parsed.prompt {
             Prompt::Tokens(t) => t,
             Prompt::Text(text) => encode_off_runtime(st.tokenizer, text).await,
@@ -544,20 +554,10 @@ async fn generate(st: &PodState, path: &str, headers: &HeaderMap, body: &[u8]) -
             );
         }
     };
-    let parsed = match parse_request_value(path, &value) {
+    let parsed = match parse_for_this_pod(st, path, &value) {
         Ok(p) => p,
-        Err(e) => {
-            return reject(
-                st,
-                RejectReason::InvalidRequest,
-                StatusCode::BAD_REQUEST,
-                e.to_string(),
-            );
-        }
+        Err(resp) => return *resp,
     };
-    if parsed.model != st.model {
-        return unknown_model(st, &parsed.model);
-    }
     match value.get("ignore_eos") {
         None | Some(Value::Null | Value::Bool(_)) => {}
         Some(_) => {

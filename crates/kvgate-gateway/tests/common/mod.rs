@@ -380,3 +380,21 @@ pub async fn assert_idle(gw: &Gateway, pods: &[&FakePod]) {
         .await;
     }
 }
+
+/// A word-level `tokenizer.json` (`w0`…`w63` are ids 0…63, whitespace splits words) written into
+/// `dir` (created): a stand-in for a model's tokenizer that cl100k does not match. Its own
+/// folder, so no other file next to it (a chat template) is picked up by accident.
+pub fn word_level_tokenizer_json(dir: &std::path::Path) -> std::path::PathBuf {
+    let mut vocab: serde_json::Map<String, Value> =
+        (0..64u32).map(|i| (format!("w{i}"), i.into())).collect();
+    vocab.insert("[UNK]".into(), 64.into());
+    let json = json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null,
+        "decoder": null, "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"}
+    });
+    std::fs::create_dir_all(dir).unwrap();
+    let path = dir.join("tokenizer.json");
+    std::fs::write(&path, json.to_string()).unwrap();
+    path
+}
