@@ -3,7 +3,9 @@
 # front of two real vLLM CPU pods (`kvgate loadgen`) and in `kvgate sim` with the profile
 # measured on those pods (calibrate.py), for several policies; prints one table, sim vs real.
 #   scripts/real-vllm/sim_vs_real.sh [OUT_DIR]
-# Env: REQUESTS (200), RATE_SCALE (arrival rate × F; 1.5: the slice's 0.82 req/s × 1.5), POLICIES (comma list), MAX_LEN
+# Env: REQUESTS (200), RATE_SCALE (arrival rate × F; 1.5: the slice's 0.82 req/s × 1.5), POLICIES (comma list),
+# PODS (2; 1 runs one pod with the other core left to its engine-core and API processes, the
+# gateway and loadgen — the one setup where the rig gives a pod what the simulator assumes), MAX_LEN
 # (input + output ≤ this many tokens; 3800: the pods' max_model_len is 4096), PROFILE (an
 # existing profile JSON; else calibrate.py measures one first, ~2 min).
 # Pods b0 and b1: 128-token blocks, 1 GiB of KV cache (65,536 tokens), cores 0 and 1, started
@@ -34,11 +36,16 @@ cleanup() {
 trap cleanup EXIT
 scripts/real-vllm/pod.sh start b0 "$model" "$port" $((port + 50)) 0 &
 a=$!
-scripts/real-vllm/pod.sh start b1 "$model" $((port + 1)) $((port + 51)) 1 &
-b=$!
+npods=${PODS:-2}
+pods=("http://127.0.0.1:$port")
+if [ "$npods" = 2 ]; then
+  scripts/real-vllm/pod.sh start b1 "$model" $((port + 1)) $((port + 51)) 1 &
+  wait $!
+  pods+=("http://127.0.0.1:$((port + 1))")
+else
+  scripts/real-vllm/pod.sh stop b1 || true
+fi
 wait $a
-wait $b
-pods=("http://127.0.0.1:$port" "http://127.0.0.1:$((port + 1))")
 
 # The trace slice: the first $requests requests that fit the pods' context.
 "$py" - "$root/../shared/traces/mooncake_fast25_conversation_trace.jsonl" "$out/slice.jsonl" \
@@ -66,16 +73,16 @@ IFS=, read -ra list <<< "$policies"
 for policy in "${list[@]}"; do
   for p in "${pods[@]}"; do curl -sf -X POST "$p/reset_prefix_cache" > /dev/null; done
   "$kvgate" serve --listen 127.0.0.1:18280 --admin-listen 127.0.0.1:18290 --policy "$policy" \
-    --pod "${pods[0]}" --pod "${pods[1]}" 2> "$out/serve-$policy.log" &
+    "${pods[@]/#/--pod=}" 2> "$out/serve-$policy.log" &
   gw_pid=$!
   until curl -sf http://127.0.0.1:18290/readyz > /dev/null; do sleep 0.2; done
   "$kvgate" loadgen --target http://127.0.0.1:18280 --trace "$out/slice.jsonl" --rate-scale "$rate" \
     --stream --token-prompts --model tiny --max-concurrency 256 --timeout-s 600 --quiet \
-    --pod-metrics "${pods[0]}" --pod-metrics "${pods[1]}" --json "$out/real-$policy.json"
+    "${pods[@]/#/--pod-metrics=}" --json "$out/real-$policy.json"
   kill "$gw_pid"; wait "$gw_pid" 2>/dev/null || true; gw_pid=
   echo "real: $policy done"
 done
-"$kvgate" sim --trace "$out/slice.jsonl" --rate-scale "$rate" --pods 2 --profile "$profile" \
+"$kvgate" sim --trace "$out/slice.jsonl" --rate-scale "$rate" --pods "$npods" --profile "$profile" \
   --policy "$policies" --json "$out/sim.json" > "$out/sim.txt"
 "$py" - "$out" "$policies" <<'PY'
 import json, sys

@@ -4,7 +4,18 @@
 //!
 //! ```text
 //! step_us = t0 + a·(uncached prefill tokens) + b·(decode sequences) + k·(context tokens read)
+//!              + k2·(context tokens read)² + q·(prefill attention pairs)
 //! ```
+//!
+//! `k2` makes the cost per context token grow with the tokens a step reads: on a real CPU vLLM
+//! it is ~1.9 µs per token at ~9k tokens read per step and ~4 µs at ~60k
+//! (`scripts/real-vllm/calibrate.py`); the GPU profiles keep `k2 = 0`.
+//!
+//! `q` is the cost of one (new prefill token, context token) pair of causal attention, so a
+//! prefill's cost grows with the square of its length. The GPU profiles below keep `q = 0`
+//! (BLIS's linear fits absorb it over their prompt range); a measured profile may set it
+//! (`scripts/real-vllm/calibrate.py` fits it on a real CPU vLLM, where a 4,000-token prompt
+//! costs 1.4× what the linear fit says).
 //!
 //! (DESIGN.md §6, `reference/interfaces.md` §4.4). `t0`, `a`, `b` and `kv_blocks` come from the
 //! BLIS black-box fits (`shared/profiles/blis/blackbox_coefficients.csv`, columns `beta0_us`,
@@ -59,6 +70,12 @@ pub struct Profile {
     pub b_us_per_decode_seq: f64,
     /// Cost per context token whose KV is read by the step's attention, in microseconds.
     pub k_us_per_context_token: f64,
+    /// Cost per squared context token read by the step, in microseconds; 0 in the built-in
+    /// profiles.
+    pub k2_us_per_context_token_sq: f64,
+    /// Cost per prefill attention pair (a new prompt token × a token before it), in
+    /// microseconds; 0 in the built-in profiles.
+    pub q_us_per_prefill_pair: f64,
     /// GPU KV-cache blocks of 16 tokens.
     pub kv_blocks: u32,
     /// Token budget of one step (vLLM `max_num_batched_tokens`).
@@ -86,6 +103,8 @@ static PROFILES: [Profile; 5] = [
         a_us_per_prefill_token: 17.250864,
         b_us_per_decode_seq: 5.999144,
         k_us_per_context_token: LLAMA3_8B_KV_BYTES_PER_TOKEN / H100_HBM_BYTES_PER_US,
+        k2_us_per_context_token_sq: 0.0,
+        q_us_per_prefill_pair: 0.0,
         kv_blocks: 29_205,
         max_num_batched_tokens: 8192,
         max_num_seqs: 256,
@@ -97,6 +116,8 @@ static PROFILES: [Profile; 5] = [
         a_us_per_prefill_token: 47.837412,
         b_us_per_decode_seq: 18.205606,
         k_us_per_context_token: LLAMA3_8B_KV_BYTES_PER_TOKEN / A100_HBM_BYTES_PER_US,
+        k2_us_per_context_token_sq: 0.0,
+        q_us_per_prefill_pair: 0.0,
         kv_blocks: 29_205,
         max_num_batched_tokens: 8192,
         max_num_seqs: 256,
@@ -108,6 +129,8 @@ static PROFILES: [Profile; 5] = [
         a_us_per_prefill_token: 17.670575,
         b_us_per_decode_seq: 2.837747,
         k_us_per_context_token: LLAMA3_8B_KV_BYTES_PER_TOKEN / 2.0 / H100_HBM_BYTES_PER_US,
+        k2_us_per_context_token_sq: 0.0,
+        q_us_per_prefill_pair: 0.0,
         kv_blocks: 132_139,
         max_num_batched_tokens: 8192,
         max_num_seqs: 256,
@@ -119,6 +142,8 @@ static PROFILES: [Profile; 5] = [
         a_us_per_prefill_token: 26.362876,
         b_us_per_decode_seq: 14.969035,
         k_us_per_context_token: LLAMA3_8B_KV_BYTES_PER_TOKEN / 2.0 / A100_HBM_BYTES_PER_US,
+        k2_us_per_context_token_sq: 0.0,
+        q_us_per_prefill_pair: 0.0,
         kv_blocks: 132_139,
         max_num_batched_tokens: 8192,
         max_num_seqs: 256,
@@ -130,6 +155,8 @@ static PROFILES: [Profile; 5] = [
         a_us_per_prefill_token: 76.422841,
         b_us_per_decode_seq: 66.843962,
         k_us_per_context_token: LLAMA3_70B_KV_BYTES_PER_TOKEN / 4.0 / H100_HBM_BYTES_PER_US,
+        k2_us_per_context_token_sq: 0.0,
+        q_us_per_prefill_pair: 0.0,
         kv_blocks: 128_273,
         max_num_batched_tokens: 8192,
         max_num_seqs: 256,
@@ -182,7 +209,9 @@ impl Profile {
     }
 
     /// A profile from JSON: the fields of [`Profile`] by name (`name`, `t0_us`,
-    /// `a_us_per_prefill_token`, `b_us_per_decode_seq`, `k_us_per_context_token`, `kv_blocks`,
+    /// `a_us_per_prefill_token`, `b_us_per_decode_seq`, `k_us_per_context_token`,
+    /// `k2_us_per_context_token_sq` and `q_us_per_prefill_pair` (optional, 0 when absent),
+    /// `kv_blocks`,
     /// `max_num_batched_tokens`, `max_num_seqs`, `max_model_len`; unknown fields are refused),
     /// every number finite, costs ≥ 0 and capacities ≥ 1. The profile lives as long as the
     /// process (it is leaked, like the built-in ones are static): load each file once.
@@ -195,6 +224,10 @@ impl Profile {
             a_us_per_prefill_token: f64,
             b_us_per_decode_seq: f64,
             k_us_per_context_token: f64,
+            #[serde(default)]
+            k2_us_per_context_token_sq: f64,
+            #[serde(default)]
+            q_us_per_prefill_pair: f64,
             kv_blocks: u32,
             max_num_batched_tokens: u32,
             max_num_seqs: u32,
@@ -210,6 +243,8 @@ impl Profile {
             ("a_us_per_prefill_token", f.a_us_per_prefill_token),
             ("b_us_per_decode_seq", f.b_us_per_decode_seq),
             ("k_us_per_context_token", f.k_us_per_context_token),
+            ("k2_us_per_context_token_sq", f.k2_us_per_context_token_sq),
+            ("q_us_per_prefill_pair", f.q_us_per_prefill_pair),
         ];
         if let Some((key, v)) = costs.iter().find(|(_, v)| !v.is_finite() || *v < 0.0) {
             return Err(err(format!("{key} = {v}: expected a finite number ≥ 0")));
@@ -232,6 +267,8 @@ impl Profile {
             a_us_per_prefill_token: f.a_us_per_prefill_token,
             b_us_per_decode_seq: f.b_us_per_decode_seq,
             k_us_per_context_token: f.k_us_per_context_token,
+            k2_us_per_context_token_sq: f.k2_us_per_context_token_sq,
+            q_us_per_prefill_pair: f.q_us_per_prefill_pair,
             kv_blocks: f.kv_blocks,
             max_num_batched_tokens: f.max_num_batched_tokens,
             max_num_seqs: f.max_num_seqs,
@@ -240,11 +277,19 @@ impl Profile {
     }
 
     /// Duration of one step in milliseconds.
-    pub fn step_ms(&self, prefill_tokens: u64, decode_seqs: u64, context_tokens_read: u64) -> f64 {
+    pub fn step_ms(
+        &self,
+        prefill_tokens: u64,
+        decode_seqs: u64,
+        context_tokens_read: u64,
+        prefill_attention_pairs: u64,
+    ) -> f64 {
         (self.t0_us
             + self.a_us_per_prefill_token * prefill_tokens as f64
             + self.b_us_per_decode_seq * decode_seqs as f64
-            + self.k_us_per_context_token * context_tokens_read as f64)
+            + self.k_us_per_context_token * context_tokens_read as f64
+            + self.k2_us_per_context_token_sq * (context_tokens_read as f64).powi(2)
+            + self.q_us_per_prefill_pair * prefill_attention_pairs as f64)
             / 1000.0
     }
 }
@@ -263,7 +308,19 @@ mod tests {
         assert_eq!(p.name, "tiny-cpu");
         assert_eq!(p.max_num_batched_tokens, 2048);
         // 9,000.5 + 80 × 100 + 300 × 2 + 0.01 × 1,000 µs.
-        assert!((p.step_ms(100, 2, 1_000) - 17.6105).abs() < 1e-9);
+        assert!((p.step_ms(100, 2, 1_000, 0) - 17.6105).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_quadratic_terms_are_read_and_costed() {
+        let text = CALIBRATED.replace(
+            r#""k_us_per_context_token": 0.01,"#,
+            r#""k_us_per_context_token": 0.01, "k2_us_per_context_token_sq": 0.000001,
+               "q_us_per_prefill_pair": 0.5,"#,
+        );
+        let p = Profile::from_json("quadratic.json", &text).unwrap();
+        // 17.6105 ms as above + 1e-6 × 1,000² µs + 0.5 × 5,050 µs.
+        assert!((p.step_ms(100, 2, 1_000, 5_050) - (17.6105 + 0.001 + 2.525)).abs() < 1e-9);
     }
 
     #[test]
@@ -312,7 +369,7 @@ mod tests {
     fn step_ms_matches_the_formula() {
         let p = Profile::default_profile();
         // Design sanity check: a 4096-token uncached prefill on H100 8B ≈ 6 + 4096 × 0.018 ≈ 80 ms.
-        let t = p.step_ms(4096, 0, 4096);
+        let t = p.step_ms(4096, 0, 4096, 0);
         let expect =
             (p.t0_us + 4096.0 * p.a_us_per_prefill_token + 4096.0 * p.k_us_per_context_token)
                 / 1000.0;

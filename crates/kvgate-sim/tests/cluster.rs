@@ -38,7 +38,7 @@ fn a_lone_request_has_the_closed_form_ttft() {
     let n = 4000;
     let reqs = [request(0, 0.0, 1, n, 1)];
     let m = cluster::run(&ClusterConfig::new(2, PolicyKind::AffinityGate, 1), &reqs);
-    let expected = profile.step_ms(u64::from(n), 0, u64::from(n));
+    let expected = profile.step_ms(u64::from(n), 0, u64::from(n), 0);
     assert_eq!(m.completed, 1);
     assert!(
         (m.ttft_ms.mean - expected).abs() < 1e-9,
@@ -134,7 +134,7 @@ fn a_mixed_fleet_runs_each_pod_at_its_own_profile() {
     assert_eq!(config.fleet().len(), 2, "pod_profiles overrides pods");
     let m = cluster::run(&config, &reqs);
     let tokens = u64::from(n);
-    let expected = (h100.step_ms(tokens, 0, tokens) + a100.step_ms(tokens, 0, tokens)) / 2.0;
+    let expected = (h100.step_ms(tokens, 0, tokens, 0) + a100.step_ms(tokens, 0, tokens, 0)) / 2.0;
     assert_eq!(m.completed, 2);
     assert!(
         (m.ttft_ms.mean - expected).abs() < 1e-9,
@@ -152,8 +152,8 @@ fn goodput_counts_the_requests_meeting_their_slo() {
         request(0, 0.0, 1, 1000, 1),
         request(1, 60_000.0, 2, 8000, 1),
     ];
-    let short = profile.step_ms(1000, 0, 1000);
-    let long = profile.step_ms(8000, 0, 8000);
+    let short = profile.step_ms(1000, 0, 1000, 0);
+    let long = profile.step_ms(8000, 0, 8000, 0);
     let with = |ttft_ms: f64, slo_routing: bool| {
         let config = ClusterConfig {
             slo: kvgate_core::policy::RequestSlo {

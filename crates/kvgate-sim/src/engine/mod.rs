@@ -34,10 +34,12 @@
 //!
 //! ## Step time
 //!
-//! `Profile::step_ms(prefill tokens, decode seqs, context tokens read)`, where prefill tokens are
-//! the uncached tokens computed for requests that have not yet sampled since admission, decode
-//! seqs the requests decoding, and context tokens read the sum over scheduled requests of the
-//! tokens in their context after the step (`computed + new`).
+//! `Profile::step_ms(prefill tokens, decode seqs, context tokens read, prefill attention pairs)`,
+//! where prefill tokens are the uncached tokens computed for requests that have not yet sampled
+//! since admission, decode seqs the requests decoding, context tokens read the sum over
+//! scheduled requests of the tokens in their context after the step (`computed + new`), and
+//! prefill attention pairs, over the prefilling requests, `new × computed + new·(new + 1)/2`
+//! (each new token attends to the context before it: the quadratic part of a long prefill).
 //!
 //! ## Cost
 //!
@@ -147,6 +149,9 @@ pub struct StepOutcome {
     pub decode_seqs: u64,
     /// Sum over scheduled requests of their context length after the step.
     pub context_tokens_read: u64,
+    /// Prefill attention pairs: over requests prefilling in the step, Σ new × (tokens already
+    /// computed) + new·(new + 1)/2 (causal attention of the new tokens over their context).
+    pub prefill_attention_pairs: u64,
     /// Requests scheduled in the step.
     pub scheduled_seqs: u32,
     /// Tokens produced, in running order.
@@ -434,8 +439,12 @@ impl Engine {
         o.duration_ms = if o.scheduled_seqs == 0 {
             0.0
         } else {
-            self.profile
-                .step_ms(o.prefill_tokens, o.decode_seqs, o.context_tokens_read)
+            self.profile.step_ms(
+                o.prefill_tokens,
+                o.decode_seqs,
+                o.context_tokens_read,
+                o.prefill_attention_pairs,
+            )
         };
         o.end_ms = start_ms + o.duration_ms;
         std::mem::swap(&mut o.kv_events, &mut self.kv.events);
@@ -571,6 +580,7 @@ impl Engine {
         o.prefill_tokens = 0;
         o.decode_seqs = 0;
         o.context_tokens_read = 0;
+        o.prefill_attention_pairs = 0;
         o.scheduled_seqs = 0;
         let mut finished = 0;
         for r in &mut self.running {
@@ -581,7 +591,9 @@ impl Engine {
             r.scheduled = 0;
             o.scheduled_seqs += 1;
             if r.computed < r.prefill_target {
-                o.prefill_tokens += u64::from(new);
+                let n = u64::from(new);
+                o.prefill_tokens += n;
+                o.prefill_attention_pairs += n * u64::from(r.computed) + n * (n + 1) / 2;
             } else {
                 o.decode_seqs += 1;
             }

@@ -116,7 +116,7 @@ fn lone_request_ttft_is_one_prefill_step_and_decodes_one_token_per_step() {
             (s.prefill_tokens, s.decode_seqs, s.context_tokens_read),
             (0, 1, ctx)
         );
-        assert_eq!(s.duration_ms, p.step_ms(0, 1, ctx));
+        assert_eq!(s.duration_ms, p.step_ms(0, 1, ctx, 0));
         assert_eq!(s.start_ms, steps[i - 1].start_ms + steps[i - 1].duration_ms);
     }
     assert!(steps[3].emissions[0].finished);
@@ -364,7 +364,7 @@ fn request_arriving_during_a_step_joins_the_next_step() {
     e.add_request(5.0, req(1, 1, 160, 3)).unwrap();
     assert_eq!(e.next_step_time(), Some(5.0));
     let first = e.step(5.0).clone();
-    assert_eq!(first.end_ms, 5.0 + p.step_ms(160, 0, 160));
+    assert_eq!(first.end_ms, 5.0 + p.step_ms(160, 0, 160, 160 * 161 / 2));
     // Arrives mid-step: waits for the step's end, then prefills alongside request 1's decode.
     e.add_request(6.0, req(2, 2, 32, 1)).unwrap();
     assert_eq!(e.next_step_time(), Some(first.end_ms));
@@ -372,7 +372,7 @@ fn request_arriving_during_a_step_joins_the_next_step() {
     assert_eq!(second.start_ms, first.end_ms);
     assert_eq!((second.prefill_tokens, second.decode_seqs), (32, 1));
     assert_eq!(second.context_tokens_read, 161 + 32);
-    assert_eq!(second.duration_ms, p.step_ms(32, 1, 193));
+    assert_eq!(second.duration_ms, p.step_ms(32, 1, 193, 32 * 33 / 2));
     let ids: Vec<_> = second
         .emissions
         .iter()
@@ -508,4 +508,51 @@ fn abort_of_a_waiting_request_leaves_the_queue() {
     assert!(e.abort(1));
     assert_eq!(e.metrics().num_requests_waiting, 0);
     assert!(e.is_idle());
+}
+
+#[test]
+fn a_chunked_prefill_pays_for_each_chunk_s_attention_over_the_tokens_before_it() {
+    // Only the attention-pair term costs anything: 1 ms per pair; a 100-token step budget.
+    let p = Profile::from_json(
+        "pairs.json",
+        r#"{"name": "pairs", "t0_us": 0, "a_us_per_prefill_token": 0, "b_us_per_decode_seq": 0,
+            "k_us_per_context_token": 0, "q_us_per_prefill_pair": 1000, "kv_blocks": 4096,
+            "max_num_batched_tokens": 100, "max_num_seqs": 8, "max_model_len": 4096}"#,
+    )
+    .unwrap();
+    let mut e = Engine::new(p, None);
+    e.add_request(0.0, req(1, 1, 250, 1)).unwrap();
+    let chunks: Vec<(u64, f64)> = (0..3)
+        .map(|_| {
+            let at = e.next_step_time().unwrap();
+            let s = e.step(at);
+            (s.prefill_attention_pairs, s.duration_ms)
+        })
+        .collect();
+    let expected = [
+        100 * 101 / 2,
+        100 * 100 + 100 * 101 / 2,
+        50 * 200 + 50 * 51 / 2,
+    ];
+    for (i, ((pairs, ms), want)) in chunks.iter().zip(expected).enumerate() {
+        assert_eq!(*pairs, want, "chunk {i}");
+        assert_eq!(*ms, want as f64, "chunk {i}");
+    }
+    // The last chunk sampled the only output token: nothing is left to run.
+    assert_eq!(e.next_step_time(), None);
+}
+
+#[test]
+fn a_cached_prefix_is_attended_to_but_not_recomputed() {
+    let p = h100();
+    let mut e = Engine::new(p, None);
+    e.add_request(0.0, req(1, 7, 320, 1)).unwrap();
+    while let Some(at) = e.next_step_time() {
+        e.step(at);
+    }
+    // Same document, longer: the first 320 tokens (20 blocks) hit, 160 new ones attend to them.
+    e.add_request(100.0, req(2, 7, 480, 1)).unwrap();
+    let s = e.step(100.0).clone();
+    assert_eq!(s.prefill_tokens, 160);
+    assert_eq!(s.prefill_attention_pairs, 160 * 320 + 160 * 161 / 2);
 }

@@ -1,0 +1,176 @@
+#!/usr/bin/env bash
+# kvgate and the peer routers side by side on two real vLLM CPU pods, in one run.
+#   scripts/real-vllm/peers.sh [OUT_DIR]
+# Env: REQUESTS (100: the first N requests of the Mooncake conversation trace that fit the pods'
+# context as text), RATE_SCALE (1.0: arrivals × F), RUNS (3 rounds; each round runs every router
+# once, in a rotated order), ROUTERS (comma list; default all below), KVGATE_BIN.
+#
+# Routers (each started fresh per run, in front of the same two pods; the pods' prefix caches
+# are reset before every run, so each starts cold):
+#   kvgate-routed   kvgate serve (affinity-gate, routed index: what kvgate itself sent where)
+#   kvgate-engine   kvgate serve --index engine (the pods' KV events + the model's tokenizer)
+#   sglang-cache    sglang-router 0.3.2 --policy cache_aware
+#   vllm-cache      vllm-router 0.1.17 --policy cache_aware
+#   vllm-kv         vllm-router 0.1.17 --policy kv_aware, fed by the pods' KV events (ZMQ)
+#   round-robin     kvgate serve --policy round-robin
+# Pods b0 and b1 (scripts/real-vllm/pod.sh): 128-token blocks, 1 GiB of KV, `--enable-scale-out`
+# (vllm-router asks /v1/completions/render for token ids), cores 0 and 1; started here and
+# stopped at the end. `kvgate loadgen --stream` sends the trace as text (the synthetic words of
+# crates/kvgate-loadgen/src/prompt.rs: ~1.66 tokens per word with the tiny model's tokenizer),
+# so text-matching routers see the sharing as users' prompts show it. The hit rate is the pods'
+# own (Σ prefix_cache_hits / Σ queries over the run). Prints one table per round and the mean of
+# the rounds with each router's ratio to kvgate-routed.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+root=$(pwd)
+out=${1:-/tmp/kvgate-peers}
+mkdir -p "$out"
+requests=${REQUESTS:-100} rate=${RATE_SCALE:-1.0} runs=${RUNS:-3}
+routers=${ROUTERS:-kvgate-routed,kvgate-engine,sglang-cache,vllm-cache,vllm-kv,round-robin}
+kvgate=${KVGATE_BIN:-$root/target/release/kvgate}
+[ -x "$kvgate" ] || cargo build --release -p kvgate
+py=${KVGATE_PYTHON:-$root/.venv/bin/python}
+run=${KVGATE_VLLM_RUN:-/tmp/kvgate-vllm}
+export KVGATE_VLLM_RUN=$run
+model="$run/tiny-model"
+scripts/real-vllm/install.sh
+[ -f "$model/config.json" ] || .venv-vllm/bin/python scripts/real-vllm/make_model.py "$model" --layers 8 --hidden 512
+bench="$root/.venv-bench"
+if [ ! -x "$bench/bin/vllm-router" ] || ! "$bench/bin/python" -c 'import sglang_router' 2>/dev/null; then
+  python3 -m venv "$bench"
+  "$bench/bin/pip" install -q --disable-pip-version-check sglang-router==0.3.2 vllm-router==0.1.17
+fi
+port=${KVGATE_BENCH_PORT:-18200}
+gw=18280
+pid=
+cleanup() {
+  [ -n "$pid" ] && kill "$pid" 2>/dev/null || true
+  scripts/real-vllm/pod.sh stop b0 || true
+  scripts/real-vllm/pod.sh stop b1 || true
+}
+trap cleanup EXIT
+scripts/real-vllm/pod.sh stop b0 || true
+scripts/real-vllm/pod.sh stop b1 || true
+scripts/real-vllm/pod.sh start b0 "$model" "$port" $((port + 50)) 0 --enable-scale-out &
+a=$!
+scripts/real-vllm/pod.sh start b1 "$model" $((port + 1)) $((port + 51)) 1 --enable-scale-out &
+b=$!
+wait $a
+wait $b
+p0="http://127.0.0.1:$port" p1="http://127.0.0.1:$((port + 1))"
+ev0="ipc://$run/b0-events.ipc" ev1="ipc://$run/b1-events.ipc"
+rp0="tcp://127.0.0.1:$((port + 50))" rp1="tcp://127.0.0.1:$((port + 51))"
+
+# The slice: the first $requests requests whose text prompt (1.7 tokens per trace token, with a
+# margin) plus output fit max_model_len 4096.
+"$py" - "$root/../shared/traces/mooncake_fast25_conversation_trace.jsonl" "$out/slice.jsonl" "$requests" <<'PY'
+import json, sys
+src, dst, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+kept = []
+for line in open(src):
+    r = json.loads(line)
+    if 1.7 * r["input_length"] + r["output_length"] <= 3900:
+        kept.append(line)
+    if len(kept) == n:
+        break
+open(dst, "w").writelines(kept)
+print(f"slice: {len(kept)} requests")
+PY
+
+start_router() { # name log
+  local name=$1 log=$2
+  case "$name" in
+    kvgate-routed)
+      "$kvgate" serve --listen "127.0.0.1:$gw" --admin-listen "127.0.0.1:$((gw + 10))" \
+        --policy affinity-gate --pod "$p0" --pod "$p1" 2> "$log" &
+      ;;
+    kvgate-engine)
+      "$kvgate" serve --listen "127.0.0.1:$gw" --admin-listen "127.0.0.1:$((gw + 10))" \
+        --policy affinity-gate --index engine --tokenizer "$model/tokenizer.json" \
+        --pod "$p0,events=$ev0,replay=$rp0,model=tiny" \
+        --pod "$p1,events=$ev1,replay=$rp1,model=tiny" 2> "$log" &
+      ;;
+    round-robin)
+      "$kvgate" serve --listen "127.0.0.1:$gw" --admin-listen "127.0.0.1:$((gw + 10))" \
+        --policy round-robin --pod "$p0" --pod "$p1" 2> "$log" &
+      ;;
+    sglang-cache)
+      "$bench/bin/python" -m sglang_router.launch_router --host 127.0.0.1 --port "$gw" \
+        --worker-urls "$p0" "$p1" --policy cache_aware --prometheus-port $((gw + 11)) > "$log" 2>&1 &
+      ;;
+    vllm-cache)
+      "$bench/bin/vllm-router" --host 127.0.0.1 --port "$gw" --worker-urls "$p0" "$p1" \
+        --policy cache_aware --prometheus-port $((gw + 12)) > "$log" 2>&1 &
+      ;;
+    vllm-kv)
+      "$bench/bin/vllm-router" --host 127.0.0.1 --port "$gw" --worker-urls "$p0" "$p1" \
+        --policy kv_aware --kv-event-source "$p0=$ev0" --kv-event-source "$p1=$ev1" \
+        --kv-event-replay-source "$p0=$rp0" --kv-event-replay-source "$p1=$rp1" \
+        --kv-event-block-size 128 --kv-event-model tiny \
+        --prometheus-port $((gw + 13)) > "$log" 2>&1 &
+      ;;
+    *) echo "unknown router $name" >&2; return 1 ;;
+  esac
+  pid=$!
+  for _ in $(seq 600); do
+    curl -sf "http://127.0.0.1:$gw/v1/models" > /dev/null && return 0
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "!! $name did not come up (see $log)"; kill "$pid" 2>/dev/null || true; pid=; return 1
+}
+
+IFS=, read -ra list <<< "$routers"
+for ((r = 1; r <= runs; r++)); do
+  # Rotate the order each round so that no router always runs first (or last).
+  order=("${list[@]:$(((r - 1) % ${#list[@]}))}" "${list[@]:0:$(((r - 1) % ${#list[@]}))}")
+  for name in "${order[@]}"; do
+    for p in "$p0" "$p1"; do curl -sf -X POST "$p/reset_prefix_cache" > /dev/null; done
+    sleep 1
+    start_router "$name" "$out/$name-$r.log" || continue
+    "$kvgate" loadgen --target "http://127.0.0.1:$gw" --trace "$out/slice.jsonl" --rate-scale "$rate" \
+      --stream --model tiny --max-concurrency 256 --timeout-s 600 --quiet \
+      --pod-metrics "$p0" --pod-metrics "$p1" --json "$out/$name-$r.json" \
+      > "$out/loadgen-$name-$r.log" 2>&1 || echo "!! loadgen failed for $name run $r"
+    kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; pid=
+    echo "run $r: $name done"
+  done
+done
+
+"$py" - "$out" "$routers" "$runs" <<'PY'
+import json, os, statistics, sys
+out, routers, runs = sys.argv[1], sys.argv[2].split(","), int(sys.argv[3])
+keys = [("TTFT mean", "ttft_ms", "mean"), ("TTFT p50", "ttft_ms", "p50"), ("TTFT p90", "ttft_ms", "p90"),
+        ("TTFT p99", "ttft_ms", "p99"), ("TPOT p50", "tpot_ms", "p50"), ("TPOT p99", "tpot_ms", "p99")]
+def load(name, r):
+    p = f"{out}/{name}-{r}.json"
+    return json.load(open(p)) if os.path.exists(p) else None
+print("| router | run | " + " | ".join(k[0] + " ms" for k in keys) + " | out tok/s | hit % | errors |")
+print("|---|---:|" + "---:|" * (len(keys) + 3))
+means = {}
+for name in routers:
+    rows = [x for x in (load(name, r) for r in range(1, runs + 1)) if x]
+    for r, x in enumerate(rows, 1):
+        errs = sum(x.get("errors", {}).values())
+        hit = x.get("prefix_hit_rate")
+        hit = "n/a" if hit is None else f"{100 * hit:.1f}"
+        print(f"| {name} | {r} | " + " | ".join(f"{x[a][b]:.0f}" for _, a, b in keys)
+              + f" | {x['output_tok_per_s']:.0f} | {hit} | {errs} |")
+    if rows:
+        means[name] = {k[0]: statistics.fmean(x[k[1]][k[2]] for x in rows) for k in keys}
+        means[name]["tok/s"] = statistics.fmean(x["output_tok_per_s"] for x in rows)
+        means[name]["hit"] = statistics.fmean(100 * (x.get("prefix_hit_rate") or 0) for x in rows)
+        means[name]["errors"] = sum(sum(x.get("errors", {}).values()) for x in rows)
+        means[name]["n"] = len(rows)
+base = means.get("kvgate-routed")
+print("\nMean of the runs (ratio to kvgate-routed):\n")
+print("| router | runs | " + " | ".join(k[0] + " ms" for k in keys) + " | out tok/s | hit % | errors |")
+print("|---|---:|" + "---:|" * (len(keys) + 3))
+for name, m in means.items():
+    cells = []
+    for k in keys:
+        v = m[k[0]]
+        ratio = f" (×{v / base[k[0]]:.2f})" if base and name != "kvgate-routed" else ""
+        cells.append(f"{v:.0f}{ratio}")
+    print(f"| {name} | {m['n']} | " + " | ".join(cells) + f" | {m['tok/s']:.0f} | {m['hit']:.1f} | {m['errors']} |")
+PY
