@@ -13,7 +13,7 @@ import sys
 from collections import defaultdict
 
 PEERS = ["round-robin", "random", "least-request", "least-kv", "prefix", "weighted",
-         "sglang-cache-aware", "dynamo-kv"]
+         "sglang-cache-aware", "dynamo-kv", "llmd-chain"]
 
 
 def pods_used(run):

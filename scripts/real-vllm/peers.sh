@@ -11,15 +11,17 @@
 #   kvgate-engine   kvgate serve --index engine (the pods' KV events + the model's tokenizer)
 #   sglang-cache    sglang-router 0.3.2 --policy cache_aware
 #   vllm-cache      vllm-router 0.1.17 --policy cache_aware
-#   vllm-kv         vllm-router 0.1.17 --policy kv_aware, fed by the pods' KV events (ZMQ)
+#   vllm-kv         vllm-router 0.1.17 --policy kv_aware, fed by the pods' KV events (ZMQ; it takes
+#                   only tcp:// endpoints, so zmq_forward.py republishes each pod's ipc stream on
+#                   127.0.0.1)
 #   round-robin     kvgate serve --policy round-robin
 # Pods b0 and b1 (scripts/real-vllm/pod.sh): 128-token blocks, 1 GiB of KV, `--enable-scale-out`
 # (vllm-router asks /v1/completions/render for token ids), cores 0 and 1; started here and
 # stopped at the end. `kvgate loadgen --stream` sends the trace as text (the synthetic words of
 # crates/kvgate-loadgen/src/prompt.rs: ~1.66 tokens per word with the tiny model's tokenizer),
 # so text-matching routers see the sharing as users' prompts show it. The hit rate is the pods'
-# own (Σ prefix_cache_hits / Σ queries over the run). Prints one table per round and the mean of
-# the rounds with each router's ratio to kvgate-routed.
+# own (Σ prefix_cache_hits / Σ queries over the run). Prints every run, then each router's median
+# over the rounds (a median: one disturbed run must not decide) with its ratio to kvgate-routed.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$(pwd)
@@ -42,9 +44,14 @@ if [ ! -x "$bench/bin/vllm-router" ] || ! "$bench/bin/python" -c 'import sglang_
 fi
 port=${KVGATE_BENCH_PORT:-18200}
 gw=18280
-pid=
+pid= fwd=()
+stop_router() {
+  [ -n "$pid" ] && { kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; } || true
+  for f in "${fwd[@]}"; do kill "$f" 2>/dev/null || true; done
+  pid= fwd=()
+}
 cleanup() {
-  [ -n "$pid" ] && kill "$pid" 2>/dev/null || true
+  stop_router
   scripts/real-vllm/pod.sh stop b0 || true
   scripts/real-vllm/pod.sh stop b1 || true
 }
@@ -103,8 +110,11 @@ start_router() { # name log
         --policy cache_aware --prometheus-port $((gw + 12)) > "$log" 2>&1 &
       ;;
     vllm-kv)
+      "$py" scripts/real-vllm/zmq_forward.py "$ev0" "tcp://127.0.0.1:$((gw + 20))" & fwd+=($!)
+      "$py" scripts/real-vllm/zmq_forward.py "$ev1" "tcp://127.0.0.1:$((gw + 21))" & fwd+=($!)
       "$bench/bin/vllm-router" --host 127.0.0.1 --port "$gw" --worker-urls "$p0" "$p1" \
-        --policy kv_aware --kv-event-source "$p0=$ev0" --kv-event-source "$p1=$ev1" \
+        --policy kv_aware --kv-event-source "$p0=tcp://127.0.0.1:$((gw + 20))" \
+        --kv-event-source "$p1=tcp://127.0.0.1:$((gw + 21))" \
         --kv-event-replay-source "$p0=$rp0" --kv-event-replay-source "$p1=$rp1" \
         --kv-event-block-size 128 --kv-event-model tiny \
         --prometheus-port $((gw + 13)) > "$log" 2>&1 &
@@ -117,7 +127,7 @@ start_router() { # name log
     kill -0 "$pid" 2>/dev/null || break
     sleep 0.1
   done
-  echo "!! $name did not come up (see $log)"; kill "$pid" 2>/dev/null || true; pid=; return 1
+  echo "!! $name did not come up (see $log)"; stop_router; return 1
 }
 
 IFS=, read -ra list <<< "$routers"
@@ -132,45 +142,9 @@ for ((r = 1; r <= runs; r++)); do
       --stream --model tiny --max-concurrency 256 --timeout-s 600 --quiet \
       --pod-metrics "$p0" --pod-metrics "$p1" --json "$out/$name-$r.json" \
       > "$out/loadgen-$name-$r.log" 2>&1 || echo "!! loadgen failed for $name run $r"
-    kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; pid=
+    stop_router
     echo "run $r: $name done"
   done
 done
 
-"$py" - "$out" "$routers" "$runs" <<'PY'
-import json, os, statistics, sys
-out, routers, runs = sys.argv[1], sys.argv[2].split(","), int(sys.argv[3])
-keys = [("TTFT mean", "ttft_ms", "mean"), ("TTFT p50", "ttft_ms", "p50"), ("TTFT p90", "ttft_ms", "p90"),
-        ("TTFT p99", "ttft_ms", "p99"), ("TPOT p50", "tpot_ms", "p50"), ("TPOT p99", "tpot_ms", "p99")]
-def load(name, r):
-    p = f"{out}/{name}-{r}.json"
-    return json.load(open(p)) if os.path.exists(p) else None
-print("| router | run | " + " | ".join(k[0] + " ms" for k in keys) + " | out tok/s | hit % | errors |")
-print("|---|---:|" + "---:|" * (len(keys) + 3))
-means = {}
-for name in routers:
-    rows = [x for x in (load(name, r) for r in range(1, runs + 1)) if x]
-    for r, x in enumerate(rows, 1):
-        errs = sum(x.get("errors", {}).values())
-        hit = x.get("prefix_hit_rate")
-        hit = "n/a" if hit is None else f"{100 * hit:.1f}"
-        print(f"| {name} | {r} | " + " | ".join(f"{x[a][b]:.0f}" for _, a, b in keys)
-              + f" | {x['output_tok_per_s']:.0f} | {hit} | {errs} |")
-    if rows:
-        means[name] = {k[0]: statistics.fmean(x[k[1]][k[2]] for x in rows) for k in keys}
-        means[name]["tok/s"] = statistics.fmean(x["output_tok_per_s"] for x in rows)
-        means[name]["hit"] = statistics.fmean(100 * (x.get("prefix_hit_rate") or 0) for x in rows)
-        means[name]["errors"] = sum(sum(x.get("errors", {}).values()) for x in rows)
-        means[name]["n"] = len(rows)
-base = means.get("kvgate-routed")
-print("\nMean of the runs (ratio to kvgate-routed):\n")
-print("| router | runs | " + " | ".join(k[0] + " ms" for k in keys) + " | out tok/s | hit % | errors |")
-print("|---|---:|" + "---:|" * (len(keys) + 3))
-for name, m in means.items():
-    cells = []
-    for k in keys:
-        v = m[k[0]]
-        ratio = f" (×{v / base[k[0]]:.2f})" if base and name != "kvgate-routed" else ""
-        cells.append(f"{v:.0f}{ratio}")
-    print(f"| {name} | {m['n']} | " + " | ".join(cells) + f" | {m['tok/s']:.0f} | {m['hit']:.1f} | {m['errors']} |")
-PY
+"$py" scripts/real-vllm/peers_table.py "$out" "$routers" "$runs"

@@ -11,11 +11,15 @@
 //! Bounds: a scrape reads at most [`MAX_SCRAPE_BYTES`] of body; a pod that sends more is treated
 //! as a failed scrape. A scrape that takes longer than its timeout (4 scrape intervals, at least
 //! [`MIN_SCRAPE_TIMEOUT`]) fails. A connection error, an error status or a bad body marks the
-//! pod unhealthy at once; timeouts only when [`SCRAPE_TIMEOUTS_TO_UNHEALTHY`] come in a row:
-//! a busy vLLM CPU pod, whose API server shares its core with the engine, answers `/metrics`
-//! in over 500 ms while it serves fine (seen on two real pods at ~1 request/s: 29 healthy ↔
-//! unhealthy flips in 3 minutes, and a 503 when both flipped at once). Every failure is
-//! counted; the next successful scrape marks the pod healthy again.
+//! pod unhealthy at once; timeouts only when [`SCRAPE_TIMEOUTS_TO_UNHEALTHY`] come in a row
+//! (≥ 10 s of silence with the 1 s floor): a busy vLLM CPU pod, whose API server shares its
+//! core with the engine, answers `/metrics` in over 500 ms while it serves fine (two real pods
+//! at ~1 request/s: 29 healthy ↔ unhealthy flips in 3 minutes when one timeout sufficed, and a
+//! 503 when both flipped at once; still 3 flips in a minute, each sending every request to the
+//! other pod, when 3 in a row sufficed). A slow answer is a busy pod, not a dead one: the
+//! router keeps routing it on its last metrics and its own in-flight ledger, and a pod that
+//! stops serving is caught by the proxy (connection errors, first-byte timeouts: the breaker).
+//! Every failure is counted; the next successful scrape marks the pod healthy again.
 
 use crate::pods::Pod;
 use crate::state::Shared;
@@ -29,7 +33,7 @@ use std::time::Duration;
 /// Shortest scrape timeout, whatever the scrape interval.
 pub const MIN_SCRAPE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Scrape timeouts in a row that mark a pod unhealthy (other failures do at once).
-pub const SCRAPE_TIMEOUTS_TO_UNHEALTHY: u32 = 3;
+pub const SCRAPE_TIMEOUTS_TO_UNHEALTHY: u32 = 10;
 
 /// Largest `/metrics` body read from a pod (vLLM's is tens of KiB).
 pub const MAX_SCRAPE_BYTES: usize = 4 << 20;

@@ -11,6 +11,7 @@ pub mod dynamo_kv;
 pub mod latency;
 pub mod least_kv;
 pub mod least_request;
+pub mod llmd_chain;
 pub mod prefix;
 pub mod random;
 pub mod round_robin;
@@ -130,10 +131,11 @@ pub enum PolicyKind {
     DynamoKv,
     Latency,
     AffinityGate,
+    LlmdChain,
 }
 
 impl PolicyKind {
-    pub const ALL: [PolicyKind; 10] = [
+    pub const ALL: [PolicyKind; 11] = [
         PolicyKind::RoundRobin,
         PolicyKind::Random,
         PolicyKind::LeastRequest,
@@ -144,6 +146,7 @@ impl PolicyKind {
         PolicyKind::DynamoKv,
         PolicyKind::Latency,
         PolicyKind::AffinityGate,
+        PolicyKind::LlmdChain,
     ];
 
     pub fn name(self) -> &'static str {
@@ -158,6 +161,7 @@ impl PolicyKind {
             PolicyKind::DynamoKv => "dynamo-kv",
             PolicyKind::Latency => "latency",
             PolicyKind::AffinityGate => "affinity-gate",
+            PolicyKind::LlmdChain => "llmd-chain",
         }
     }
 
@@ -180,6 +184,9 @@ impl PolicyKind {
             PolicyKind::DynamoKv => Box::new(dynamo_kv::DynamoKv::new(config)),
             PolicyKind::Latency => Box::new(latency::LowestLatency),
             PolicyKind::AffinityGate => Box::new(affinity_gate::AffinityGate::new(config)),
+            PolicyKind::LlmdChain => Box::new(llmd_chain::LlmdChain::new(
+                llmd_chain::LlmdChainParams::default(),
+            )),
         }
     }
 }
