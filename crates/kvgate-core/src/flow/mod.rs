@@ -217,7 +217,7 @@ impl Rejection {
     /// The OpenAI-style error code.
     pub fn code(self) -> &'static str {
         match self {
-            Rejection::Unavailable => "no_healthy_pod",
+            Rejection::Unavailable => "flow_unavailable",
             Rejection::Sheddable => "flow_shed",
             Rejection::TenantShare => "flow_tenant_share",
             Rejection::QueueFull => "flow_queue_full",

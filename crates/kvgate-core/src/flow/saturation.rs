@@ -14,7 +14,9 @@
 //! - The pod is **saturated** when `waiting_est ≥ queue_depth_threshold`, or its KV usage
 //!   `≥ kv_cache_util_threshold` (the engine would soon preempt), or (when
 //!   `max_predicted_ttft_ms > 0`) its latest predicted TTFT exceeds it.
-//! - Its **headroom** is `queue_depth_threshold − waiting_est` when not saturated, else 0.
+//! - Its **headroom** is `queue_depth_threshold − waiting_est` when not saturated, else 0;
+//!   with `max_in_flight_per_pod > 0`, at most `max_in_flight_per_pod − in-flight requests`
+//!   too (a per-pod concurrency cap, as Dynamo's and SMG's workers have; off by default).
 //!
 //! The fleet's headroom is the sum over healthy pods: how many requests may leave the queue
 //! now. No healthy pod at all is [`Saturation::Unavailable`] (503, not a queue: there is no
@@ -27,6 +29,7 @@
 //!   (`queueDepthThreshold`, `kvCacheUtilThreshold`, gateway-api-inference-extension 2025).
 //! - `max_predicted_ttft_ms` **0** (off): a pod whose predicted TTFT for the latest request
 //!   exceeds it counts as saturated; a TTFT objective in ms turns it on.
+//! - `max_in_flight_per_pod` **0** (off): requests kvgate has in flight on one pod at most.
 
 use crate::pod::PodSnapshot;
 use serde::{Deserialize, Serialize};
@@ -38,6 +41,7 @@ pub struct SaturationConfig {
     pub queue_depth_threshold: u32,
     pub kv_cache_util_threshold: f64,
     pub max_predicted_ttft_ms: f64,
+    pub max_in_flight_per_pod: u32,
 }
 
 impl Default for SaturationConfig {
@@ -46,6 +50,7 @@ impl Default for SaturationConfig {
             queue_depth_threshold: 5,
             kv_cache_util_threshold: 0.8,
             max_predicted_ttft_ms: 0.0,
+            max_in_flight_per_pod: 0,
         }
     }
 }
@@ -90,8 +95,17 @@ pub fn pod_headroom(
     if kv_full || slow {
         return 0;
     }
-    cfg.queue_depth_threshold
-        .saturating_sub(waiting_estimate(pod))
+    let by_queue = cfg
+        .queue_depth_threshold
+        .saturating_sub(waiting_estimate(pod));
+    if cfg.max_in_flight_per_pod > 0 {
+        by_queue.min(
+            cfg.max_in_flight_per_pod
+                .saturating_sub(pod.in_flight.requests),
+        )
+    } else {
+        by_queue
+    }
 }
 
 /// The fleet's saturation: `pods` with their in-flight ledger filled in; `predicted_ttft_ms`
@@ -160,6 +174,19 @@ mod tests {
         assert_eq!(pod_headroom(&on, &pod(0, 0, 0, 0.0), Some(501.0)), 0);
         assert_eq!(pod_headroom(&on, &pod(0, 0, 0, 0.0), Some(499.0)), 5);
         assert_eq!(pod_headroom(&on, &pod(0, 0, 0, 0.0), None), 5);
+    }
+
+    #[test]
+    fn the_in_flight_cap_limits_headroom_only_when_set() {
+        let off = SaturationConfig::default();
+        assert_eq!(pod_headroom(&off, &pod(0, 40, 40, 0.0), None), 5);
+        let cap = SaturationConfig {
+            max_in_flight_per_pod: 42,
+            ..off
+        };
+        assert_eq!(pod_headroom(&cap, &pod(0, 40, 40, 0.0), None), 2);
+        assert_eq!(pod_headroom(&cap, &pod(0, 40, 42, 0.0), None), 0);
+        assert_eq!(pod_headroom(&cap, &pod(0, 0, 0, 0.0), None), 5);
     }
 
     #[test]
