@@ -303,6 +303,24 @@ fn saturation(shared: &Shared, cfg: &FlowConfig) -> Saturation {
     }
 }
 
+/// The request's class with flow control on ([`class_of`]); with it off, a neutral class and
+/// no header is read (so no request gets a 400 it did not get before).
+pub fn request_class(
+    shared: &Shared,
+    cfg: &FlowConfig,
+    headers: &HeaderMap,
+    body: &Value,
+) -> Result<FlowClass, ApiError> {
+    if !cfg.enabled {
+        return Ok(FlowClass {
+            priority: 0,
+            priority_from_header: false,
+            tenant: kvgate_core::flow::DEFAULT_TENANT.to_string(),
+        });
+    }
+    class_of(shared, headers, body)
+}
+
 /// The request's class from its headers and body (see the module docs), or 400.
 pub fn class_of(shared: &Shared, headers: &HeaderMap, body: &Value) -> Result<FlowClass, ApiError> {
     let (priority, priority_from_header) = match headers.get(PRIORITY_HEADER) {
@@ -367,8 +385,8 @@ pub fn class_of(shared: &Shared, headers: &HeaderMap, body: &Value) -> Result<Fl
 }
 
 /// With `forward_priority`, a header priority written into the body as vLLM's `priority`
-/// (negated: vLLM serves lower first), unless the body has one.
-pub fn forward_priority(cfg: &FlowConfig, class: &FlowClass, body: &mut Value) {
+/// (negated: vLLM serves lower first), unless the body has one. True when `body` changed.
+pub fn forward_priority(cfg: &FlowConfig, class: &FlowClass, body: &mut Value) -> bool {
     if cfg.enabled
         && cfg.forward_priority
         && class.priority_from_header
@@ -376,7 +394,9 @@ pub fn forward_priority(cfg: &FlowConfig, class: &FlowClass, body: &mut Value) {
         && !obj.contains_key("priority")
     {
         obj.insert("priority".into(), Value::from(-i64::from(class.priority)));
+        return true;
     }
+    false
 }
 
 fn band_label(band: i32) -> String {

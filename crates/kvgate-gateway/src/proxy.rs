@@ -119,10 +119,11 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
         Err(e) => return reject(&shared, e, &rid),
     };
     // Flow control (off by default: at once): the request's class, then its turn.
-    let class = match crate::flow::class_of(&shared, &parts.headers, &prepared.value) {
-        Ok(c) => c,
-        Err(e) => return reject(&shared, e, &rid),
-    };
+    let class =
+        match crate::flow::request_class(&shared, &cfg.flow, &parts.headers, &prepared.value) {
+            Ok(c) => c,
+            Err(e) => return reject(&shared, e, &rid),
+        };
     let cost_tokens = u64::from(prepared.input_tokens)
         + prepared
             .parsed
@@ -145,7 +146,10 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
         mut capture,
         ..
     } = prepared;
-    crate::flow::forward_priority(&cfg.flow, &class, &mut value);
+    let body = match crate::flow::forward_priority(&cfg.flow, &class, &mut value) {
+        true => serde_json::to_vec(&value).map_or(body, Bytes::from),
+        false => body,
+    };
     let request = RouteRequest {
         blocks: &prepared.blocks,
         input_tokens: prepared.input_tokens,

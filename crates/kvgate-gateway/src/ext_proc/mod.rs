@@ -456,7 +456,12 @@ impl Exchange {
             };
         // Flow control (off by default: at once), as in the HTTP proxy; Envoy cancelling the
         // stream while queued gives the place back.
-        let class = match crate::flow::class_of(&self.shared, &self.headers, &prepared.value) {
+        let class = match crate::flow::request_class(
+            &self.shared,
+            &cfg.flow,
+            &self.headers,
+            &prepared.value,
+        ) {
             Ok(c) => c,
             Err(e) => return self.reject(e),
         };
