@@ -4,7 +4,7 @@
 //! ```text
 //! cargo run --release -p kvgate-sim --example flow_overload -- \
 //!     TRACE [--pods 16] [--rate-scale 6] [--unloaded-rate-scale 1] [--seed 1] \
-//!     [--queue-ttl-ms 30000] [--queue-depth 5]
+//!     [--queue-ttl-ms 30000] [--queue-depth 5] [--max-in-flight 0] [--kv-threshold 0.8]
 //! ```
 //!
 //! Runs (same seed, affinity-gate, tags from `workload::classes` defaults):
@@ -13,8 +13,8 @@
 //! 3. `off-share` / `on-share`: the same, the noisy tenant thinned to its share (the other
 //!    tenants' requests identical): the reference for "the noisy tenant raises the others' p99".
 //!
-//! Prints one Markdown table row per run: p99 TTFT of high-priority requests and its ratio to
-//! the unloaded run's, p99 of normal-priority, p99 of the quiet tenants' requests (all
+//! Prints one Markdown table row per run: p99 TTFT of high-priority requests, its ratio to the
+//! unloaded run's and the p99 of their time in the flow queue (part of the TTFT), p99 of normal-priority, p99 of the quiet tenants' requests (all
 //! priorities) and its ratio to the same flow setting with the noisy tenant at its share, the
 //! share of each group served, and what flow control shed.
 
@@ -33,6 +33,8 @@ struct Args {
     seed: u64,
     ttl_ms: u64,
     depth: u32,
+    max_in_flight: u32,
+    kv_threshold: f64,
 }
 
 fn args() -> Args {
@@ -44,6 +46,8 @@ fn args() -> Args {
         seed: 1,
         ttl_ms: 30_000,
         depth: 5,
+        max_in_flight: 0,
+        kv_threshold: 0.8,
     };
     let mut it = std::env::args().skip(1);
     while let Some(x) = it.next() {
@@ -55,6 +59,8 @@ fn args() -> Args {
             "--seed" => a.seed = val().parse().expect("--seed N"),
             "--queue-ttl-ms" => a.ttl_ms = val().parse().expect("--queue-ttl-ms N"),
             "--queue-depth" => a.depth = val().parse().expect("--queue-depth N"),
+            "--max-in-flight" => a.max_in_flight = val().parse().expect("--max-in-flight N"),
+            "--kv-threshold" => a.kv_threshold = val().parse().expect("--kv-threshold X"),
             t if !t.starts_with("--") => a.trace = t.to_string(),
             other => panic!("unknown flag {other}"),
         }
@@ -75,11 +81,15 @@ fn run(a: &Args, rate: f64, flow: bool, reqs: &[SimRequest], cls: &[SimClass]) -
         ..FlowConfig::default()
     };
     c.flow.saturation.queue_depth_threshold = a.depth;
+    c.flow.saturation.max_in_flight_per_pod = a.max_in_flight;
+    c.flow.saturation.kv_cache_util_threshold = a.kv_threshold;
     cluster::run_classified(&c, reqs, cls)
 }
 
 struct Row {
     high: Percentiles,
+    /// p99 of the time high-priority requests waited in the flow queue (NaN with it off).
+    high_queue_p99: f64,
     normal: Percentiles,
     quiet: Percentiles,
     served: [f64; 3],
@@ -95,8 +105,16 @@ fn row(m: &RunMetrics, cls: &[SimClass]) -> Row {
     let (high, sh) = pick(&|c| c.priority > 0);
     let (normal, sn) = pick(&|c| c.priority == 0);
     let (quiet, sq) = pick(&|c| c.tenant != 0);
+    let f = m.flow.as_ref().expect("classified run");
+    let (mut q, _) = classes::ttfts_where(&f.queue_ms_by_request, cls, |c| c.priority > 0);
+    let high_queue_p99 = if q.is_empty() {
+        f64::NAN
+    } else {
+        Percentiles::of(&mut q).p99
+    };
     Row {
         high,
+        high_queue_p99,
         normal,
         quiet,
         served: [sh, sn, sq],
@@ -126,7 +144,7 @@ fn main() {
         rows.push((name, row(&m, c), m));
     }
     println!(
-        "{} requests ({} with the noisy tenant at its share), {} pods, rate {}× (unloaded {}×), seed {}, TTL {} ms, queue depth {}; {:.1} s wall",
+        "{} requests ({} with the noisy tenant at its share), {} pods, rate {}× (unloaded {}×), seed {}, TTL {} ms, queue depth {}, max in flight per pod {}, KV threshold {}; {:.1} s wall",
         reqs.len(),
         share_reqs.len(),
         a.pods,
@@ -135,6 +153,8 @@ fn main() {
         a.seed,
         a.ttl_ms,
         a.depth,
+        a.max_in_flight,
+        a.kv_threshold,
         t0.elapsed().as_secs_f64()
     );
     println!(
@@ -143,9 +163,9 @@ fn main() {
     );
     println!();
     println!(
-        "| run | high p99 ms | ÷ unloaded | high served % | normal p99 ms | normal served % | quiet tenants p99 ms | ÷ same with noisy at share | quiet served % | queued | expired | mean queue ms |"
+        "| run | high p99 ms | ÷ unloaded | of it queued, p99 ms | high served % | normal p99 ms | normal served % | quiet tenants p99 ms | ÷ same with noisy at share | quiet served % | queued | expired | mean queue ms |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let quiet_ref = |name: &str| -> f64 {
         let base = if name.starts_with("on") {
             "on-share"
@@ -159,9 +179,14 @@ fn main() {
     for (name, r, m) in &rows {
         let f = m.flow.as_ref().unwrap();
         println!(
-            "| {name} | {:.0} | {:.2} | {:.1} | {:.0} | {:.1} | {:.0} | {:.2} | {:.1} | {} | {} | {:.0} |",
+            "| {name} | {:.0} | {:.2} | {} | {:.1} | {:.0} | {:.1} | {:.0} | {:.2} | {:.1} | {} | {} | {:.0} |",
             r.high.p99,
             r.high.p99 / unloaded.high.p99,
+            if r.high_queue_p99.is_finite() {
+                format!("{:.0}", r.high_queue_p99)
+            } else {
+                "–".into()
+            },
             100.0 * r.served[0],
             r.normal.p99,
             100.0 * r.served[1],

@@ -201,6 +201,10 @@ pub struct FlowRunReport {
     /// Per request (by id): its TTFT in ms, NaN when it was not served.
     #[serde(skip)]
     pub ttft_ms_by_request: Vec<f64>,
+    /// Per request (by id): the time it waited in the flow queue, ms (0 when dispatched at
+    /// once, NaN when never dispatched).
+    #[serde(skip)]
+    pub queue_ms_by_request: Vec<f64>,
 }
 
 /// [`run`] with every request tagged (`classes[id]`; a missing one is priority 0, tenant 0):
@@ -326,6 +330,7 @@ impl Cluster {
         if self.track_flow {
             self.flow_report.enabled = self.config.flow.enabled;
             self.flow_report.ttft_ms_by_request = vec![f64::NAN; requests.len()];
+            self.flow_report.queue_ms_by_request = vec![f64::NAN; requests.len()];
             let tenants = self.classes.iter().map(|c| c.tenant).max().unwrap_or(0);
             self.tenant_names = (0..=tenants).map(|t| format!("t{t}")).collect();
         }
@@ -515,7 +520,12 @@ impl Cluster {
             .flow_queue
             .offer(&cfg, req, saturation, now, (r.id, now))
         {
-            Offer::Dispatch(_) => self.arrive_at(r, now, now),
+            Offer::Dispatch(_) => {
+                if let Some(q) = self.flow_report.queue_ms_by_request.get_mut(r.id as usize) {
+                    *q = 0.0;
+                }
+                self.arrive_at(r, now, now);
+            }
             Offer::Queued(_, evicted) => {
                 if let Some(f) = &mut self.faults {
                     f.arrived(now);
@@ -575,6 +585,9 @@ impl Cluster {
             self.flow_report.released += 1;
             self.queue_ms_sum += left.queued_ms;
             let (id, arrived) = left.payload;
+            if let Some(q) = self.flow_report.queue_ms_by_request.get_mut(id as usize) {
+                *q = left.queued_ms;
+            }
             if let Some(r) = requests.get(id as usize) {
                 debug_assert_eq!(arrival_ms(r), arrived);
                 self.arrive_at(r, now, arrived);

@@ -70,10 +70,10 @@
 //!
 //! # Bounds
 //!
-//! Entries ≤ `max_queued_requests`, their bytes ≤ `max_queued_bytes`; tenants ≤ `max_tenants`
-//! + 1 (each a name and two numbers); bands ≤ 33. `offer`, `pop`: O(log bands + tenants);
-//! `expire`: O(entries) when an entry is due, else O(1); `remove`: O(entries of its tenant in
-//! its band).
+//! Entries ≤ `max_queued_requests`, their bytes ≤ `max_queued_bytes`; tenants ≤ one more than
+//! `max_tenants` (each a name and two numbers); bands ≤ 33. `offer`, `pop`: O(log bands +
+//! tenants); `expire`: O(entries) when an entry is due, else O(1); `remove`: O(entries of its
+//! tenant in its band).
 
 pub mod saturation;
 
