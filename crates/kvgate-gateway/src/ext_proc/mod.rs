@@ -48,6 +48,11 @@
 //! while queued gives its place back. Envoy's `message_timeout` (5 s in `deploy/envoy`) bounds
 //! how long Envoy waits for a queued request's answer.
 //!
+//! **Flow control** (`[flow_control]`, off by default; [`crate::flow`]): after the body is
+//! prepared, the request waits for its turn as in the HTTP proxy; the body answer is held
+//! meanwhile, a stream Envoy cancels leaves the queue, and refusals are immediate responses
+//! (429 / 503 with `retry-after: 1`). Its queue time is part of the TTFT kvgate reports.
+//!
 //! Pods must be configured with IP-literal URLs (`http://10.0.0.5:8000`): Envoy's
 //! `ORIGINAL_DST` cluster connects to the address kvgate names.
 //!
