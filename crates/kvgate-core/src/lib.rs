@@ -22,6 +22,7 @@
 pub mod blocks;
 pub mod config;
 pub mod decision;
+pub mod flow;
 pub mod index;
 pub mod pod;
 pub mod policy;

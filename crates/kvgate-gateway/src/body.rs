@@ -120,6 +120,9 @@ pub struct Tracker {
     /// The request's session ticket: returned (and trained on) when the request ends.
     pub guard: TicketGuard,
     pub start: Instant,
+    /// Time the request waited in the flow queue after `start`: in the TTFT and e2e metrics
+    /// (the client's wait), not in what the predictor learns (the pod's).
+    pub queued: std::time::Duration,
     pub first_token_at: Option<Instant>,
     pub prompt_tokens: u64,
     pub policy: &'static str,
@@ -202,7 +205,11 @@ impl Tracker {
         if let Some(t) = tpot_ms {
             m.tpot_ms.observe(t);
         }
-        self.guard.finish(Some(Observed { ttft_ms, tpot_ms }));
+        let queued_ms = self.queued.as_secs_f64() * 1e3;
+        self.guard.finish(Some(Observed {
+            ttft_ms: (ttft_ms - queued_ms).max(0.0),
+            tpot_ms,
+        }));
     }
 }
 

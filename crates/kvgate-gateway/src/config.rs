@@ -121,6 +121,8 @@ pub enum ConfigError {
          (set allow_empty_pods = true to run with none)"
     )]
     NoPods,
+    #[error("{0}")]
+    Flow(#[from] kvgate_core::flow::FlowConfigError),
 }
 
 /// Which prefix index routes (DESIGN.md §4); [`IndexKind::help`] says what each is.
@@ -269,6 +271,8 @@ pub struct FileConfig {
     /// Accept a reloaded file that leaves no configured pod (discovery static); default false.
     pub allow_empty_pods: Option<bool>,
     pub router: Option<RouterConfig>,
+    /// `[flow_control]`: the router-side queue (`kvgate_core::flow`); off by default.
+    pub flow_control: Option<kvgate_core::flow::FlowConfig>,
 }
 
 impl FileConfig {
@@ -362,6 +366,8 @@ pub struct GatewayConfig {
     pub pod_failure_cooldown: Duration,
     /// `allow_empty_pods`: a reload may leave no configured pod (see [`Self::check_reloaded`]).
     pub allow_empty_pods: bool,
+    /// `[flow_control]` (see `kvgate_core::flow`); `enabled = false` by default.
+    pub flow: kvgate_core::flow::FlowConfig,
 }
 
 impl GatewayConfig {
@@ -511,6 +517,8 @@ impl GatewayConfig {
         if pod_failure_threshold == 0 {
             return Err(ConfigError::NotPositive("pod_failure_threshold"));
         }
+        let flow = file.flow_control.unwrap_or_default();
+        flow.validate()?;
         Ok(GatewayConfig {
             listen: args.listen.or(file.listen).unwrap_or(default_listen()),
             admin_listen: args
@@ -561,6 +569,7 @@ impl GatewayConfig {
             pod_failure_threshold,
             pod_failure_cooldown,
             allow_empty_pods: file.allow_empty_pods.unwrap_or(false),
+            flow,
         })
     }
 
@@ -631,6 +640,8 @@ pub struct ConfigDump {
     pub auth: AuthDump,
     /// Whether a reload may leave no configured pod.
     pub allow_empty_pods: bool,
+    /// `[flow_control]`, every key with its value in force.
+    pub flow_control: kvgate_core::flow::FlowConfig,
     /// The pod table: the config's pods, then the discovered ones.
     pub pods: Vec<PodDump>,
 }
@@ -745,6 +756,7 @@ impl ConfigDump {
                 forward_authorization: config.forward_authorization,
             },
             allow_empty_pods: config.allow_empty_pods,
+            flow_control: config.flow,
             pods,
         }
     }

@@ -24,6 +24,10 @@ pub struct DecisionRecord {
     /// Uncached prompt tokens the session charged the chosen pod (`input − matched blocks ×
     /// block size`, the core's one charge formula).
     pub charged_prefill_tokens: u64,
+    /// Flow control's class and the time the request waited in its queue (absent with flow
+    /// control off).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flow: Option<crate::flow::FlowNote>,
     #[serde(flatten)]
     pub decision: Decision,
 }
@@ -73,6 +77,7 @@ mod tests {
                 slo_ttft_ms: None,
                 slo_tpot_ms: None,
                 charged_prefill_tokens: 0,
+                flow: None,
                 decision: Decision {
                     pod: "p".into(),
                     pod_id: PodId(0),

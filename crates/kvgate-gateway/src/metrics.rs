@@ -147,6 +147,8 @@ pub struct Metrics {
     /// The traffic listener's connections ([`crate::listener`]).
     pub connections: crate::listener::ConnectionMetrics,
     pub registry: Registry,
+    /// `kvgate_flow_*` ([`crate::flow`]).
+    pub flow: crate::flow::FlowMetrics,
 }
 
 impl Default for Metrics {
@@ -231,6 +233,7 @@ impl Metrics {
             kv_events_restarts: Family::default(),
             kv_events_stale: Family::default(),
             connections: Default::default(),
+            flow: Default::default(),
             registry: Registry::with_prefix("kvgate"),
         };
         m.register()
@@ -239,6 +242,7 @@ impl Metrics {
     fn register(mut self) -> Self {
         let r = &mut self.registry;
         self.connections.register(r);
+        self.flow.register(r);
         r.register(
             "requests",
             "Routed requests by pod, policy, branch and outcome",

@@ -118,12 +118,38 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
         Ok(p) => p,
         Err(e) => return reject(&shared, e, &rid),
     };
+    // Flow control (off by default: at once): the request's class, then its turn.
+    let class =
+        match crate::flow::request_class(&shared, &cfg.flow, &parts.headers, &prepared.value) {
+            Ok(c) => c,
+            Err(e) => return reject(&shared, e, &rid),
+        };
+    let cost_tokens = u64::from(prepared.input_tokens)
+        + prepared
+            .parsed
+            .max_tokens
+            .map_or(crate::flow::DEFAULT_COST_MAX_TOKENS, u64::from);
+    let mut turn =
+        match crate::flow::wait_turn(&shared, &class, cost_tokens, body.len() as u64, deadline)
+            .await
+        {
+            Ok(t) => Some(t),
+            Err(e) => return crate::flow::reject(&shared, e, &rid),
+        };
+    let queued = turn
+        .as_ref()
+        .map_or(std::time::Duration::ZERO, |t| t.queued);
+    let flow_note = turn.as_ref().and_then(|t| t.note.clone());
     let Prepared {
-        value,
+        mut value,
         parsed,
         mut capture,
         ..
     } = prepared;
+    let body = match crate::flow::forward_priority(&cfg.flow, &class, &mut value) {
+        true => serde_json::to_vec(&value).map_or(body, Bytes::from),
+        false => body,
+    };
     let request = RouteRequest {
         blocks: &prepared.blocks,
         input_tokens: prepared.input_tokens,
@@ -147,6 +173,7 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
         let meta = DecisionMeta {
             request_id: &rid,
             attempt,
+            flow: flow_note.as_ref(),
         };
         let Routed {
             pod,
@@ -160,6 +187,8 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
                 return reject(&shared, no_healthy_pod(), &rid);
             }
         };
+        // Routed: the session's ledger counts the request now.
+        drop(turn.take());
         let up = match upstream_request(
             &cfg,
             &pod,
@@ -186,6 +215,7 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
                     shared: shared.clone(),
                     guard,
                     start,
+                    queued,
                     first_token_at: None,
                     prompt_tokens: u64::from(input_tokens),
                     policy,
@@ -312,6 +342,7 @@ pub async fn passthrough(State(shared): State<Arc<Shared>>, req: Request) -> Res
                 shared: shared.clone(),
                 guard,
                 start,
+                queued: std::time::Duration::ZERO,
                 first_token_at: None,
                 prompt_tokens: 0,
                 policy: "least-loaded",

@@ -375,6 +375,8 @@ async fn token_mode_blocks(
 pub(crate) struct DecisionMeta<'a> {
     pub request_id: &'a str,
     pub attempt: u32,
+    /// The request's flow-control class and queue time (flow control on).
+    pub flow: Option<&'a crate::flow::FlowNote>,
 }
 
 /// A routed request: the chosen pod and the request's ticket on it.
@@ -415,6 +417,7 @@ pub(crate) fn decide_for(
         Err(RouteError::NoDecision) => return Pick::NoDecision,
     };
     let decision = routed.decision;
+    shared.flow.observe_decision(&decision, pods.len());
     let charged_prefill_tokens = routed.ticket.prefill_tokens();
     // `snaps` came from this table, so the chosen id is in it.
     let Some(pod) = pods.iter().find(|p| p.id == decision.pod_id).cloned() else {
@@ -444,6 +447,7 @@ pub(crate) fn decide_for(
         slo_ttft_ms: request.slo.ttft_ms,
         slo_tpot_ms: request.slo.tpot_ms,
         charged_prefill_tokens,
+        flow: meta.flow.cloned(),
         decision,
     });
     Pick::Routed(Routed {

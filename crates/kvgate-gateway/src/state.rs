@@ -43,6 +43,8 @@ pub struct Shared {
     pub admission: crate::limits::Admission,
     /// Request-body bytes held now (`max_body_bytes_in_flight` bounds it).
     pub body_budget: Arc<crate::limits::BodyBudget>,
+    /// Flow control's queue and driver state ([`crate::flow`]).
+    pub flow: crate::flow::FlowGate,
     /// Set by [`crate::Gateway::shutdown`]: `/readyz` answers 503.
     pub shutting_down: std::sync::atomic::AtomicBool,
     /// Set when [`crate::Gateway::shutdown`]'s grace is over: streams in flight end with an SSE
@@ -85,6 +87,7 @@ impl Shared {
                 config.max_queued_requests,
             ),
             body_budget: Arc::default(),
+            flow: crate::flow::FlowGate::default(),
             decisions: DecisionLog::new(config.decision_log_size),
             config: ArcSwap::from_pointee(config),
             pods: PodTable::default(),
@@ -179,6 +182,7 @@ impl Shared {
             .set(i64::try_from(self.admission.active()).unwrap_or(i64::MAX));
         m.queued_requests
             .set(i64::try_from(self.admission.queued()).unwrap_or(i64::MAX));
+        self.flow.refresh_gauges(&m.flow);
         let pods = self.pods.all();
         let in_flight: Vec<kvgate_core::InFlight> = {
             let session = self.session.lock();

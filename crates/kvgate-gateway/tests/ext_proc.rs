@@ -657,3 +657,99 @@ async fn with_slo_routing_slo_headers_route_in_slo_mode_and_a_bad_one_is_400() {
         1.0
     );
 }
+
+/// A routed stream: headers answered (BUFFERED), then the body sent; returns once the body is
+/// sent (its answer is the caller's to await).
+async fn routed_stream(gw: &Gateway, extra: &[(&str, &str)]) -> FakeEnvoy {
+    let mut envoy = FakeEnvoy::connect(gw).await;
+    envoy.send(request_headers_with(extra)).await;
+    assert!(matches!(
+        envoy.recv().await,
+        processing_response::Response::RequestHeaders(_)
+    ));
+    envoy
+        .send(processing_request::Request::RequestBody(body(
+            CHAT.as_bytes(),
+            true,
+        )))
+        .await;
+    envoy
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flow_control_holds_the_body_answer_releases_high_priority_first_and_expires_with_503() {
+    let dir = std::env::temp_dir().join(format!("kvgate-ext-proc-flow-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("kvgate.toml");
+    std::fs::write(
+        &config,
+        "[flow_control]\nenabled = true\nqueue_ttl_ms = 1500\n\
+         [flow_control.saturation]\nmax_in_flight_per_pod = 1\n",
+    )
+    .unwrap();
+    let (_pods, gw) = fleet_with(|args| args.config = Some(config)).await;
+    // Two streams take the two pods' only places; their responses have not ended.
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut s = routed_stream(&gw, &[]).await;
+        assert!(matches!(
+            s.recv().await,
+            processing_response::Response::RequestBody(_)
+        ));
+        held.push(s);
+    }
+    let mut low = routed_stream(&gw, &[("x-kvgate-tenant", "batch")]).await;
+    eventually("low queued", || gw.shared().flow.queued() == 1).await;
+    let mut high = routed_stream(&gw, &[("x-kvgate-priority", "5")]).await;
+    eventually("high queued", || gw.shared().flow.queued() == 2).await;
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), high.rx.message())
+            .await
+            .is_err(),
+        "answered while the fleet is saturated"
+    );
+    // One held stream ends (Envoy resets it): its place goes to the high one, not the low one
+    // queued before it.
+    drop(held.pop());
+    assert!(matches!(
+        high.recv().await,
+        processing_response::Response::RequestBody(_)
+    ));
+    assert_eq!(gw.shared().flow.queued(), 1);
+    let rec = gw
+        .shared()
+        .decisions
+        .snapshot()
+        .into_iter()
+        .find(|d| d.flow.as_ref().is_some_and(|f| f.priority == 5))
+        .expect("the high one's decision");
+    let note = rec.flow.unwrap();
+    assert_eq!(note.priority, 5);
+    assert!(note.queue_ms >= 200.0, "{note:?}");
+    // The low one's TTL runs out: an immediate 503 with Retry-After.
+    let processing_response::Response::ImmediateResponse(r) = low.recv().await else {
+        panic!("expected an immediate 503")
+    };
+    assert_eq!(r.status.unwrap().code, 503);
+    let set = r.headers.unwrap().set_headers;
+    assert!(
+        set.iter()
+            .filter_map(|o| o.header.as_ref())
+            .any(|h| h.key == "retry-after" && h.raw_value == b"1")
+    );
+    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(v["error"]["code"], "flow_queue_ttl");
+    assert_eq!(
+        metric(
+            &gw,
+            "kvgate_flow_shed_total{band=\"0\",tenant=\"batch\",reason=\"flow_queue_ttl\"}"
+        ),
+        1.0
+    );
+    // A stream Envoy cancels while queued leaves the queue.
+    let gone = routed_stream(&gw, &[]).await;
+    eventually("queued", || gw.shared().flow.queued() == 1).await;
+    drop(gone);
+    eventually("cancelled", || gw.shared().flow.queued() == 0).await;
+    assert_eq!(metric(&gw, "kvgate_flow_cancelled_total"), 1.0);
+}

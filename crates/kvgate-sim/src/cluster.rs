@@ -20,6 +20,16 @@
 //! Pod outages (`faults`, see [`crate::faults`]) are events too: at equal times they come after
 //! step ends and before scrapes and arrivals.
 //!
+//! **Flow control** (`ClusterConfig::flow`, off by default; [`run_classified`] tags each request
+//! with a [`SimClass`]): the gateway's queue, production's [`FlowQueue`] and saturation
+//! detector, sits between arrival and routing. An arrival is offered with its class and the
+//! fleet's headroom (the snapshots as last scraped, with the session's exact in-flight ledger;
+//! the predicted-TTFT signal is not modelled); after every step end, scrape and arrival the loop
+//! expires entries and releases as many as the headroom allows, each routed then. A request's
+//! TTFT counts from its arrival (queue time included); the predictor trains on the pod's TTFT
+//! (from its dispatch), as the gateway's does. Refused, evicted and expired requests count as
+//! rejected; requests still queued when nothing else is left to happen expire then.
+//!
 //! Each busy pod has exactly one pending "step end" event. At a step end the step's emissions are
 //! applied at the step's end time, and the engine's next step starts immediately if it has work.
 //! An arrival at an idle pod starts a step at once.
@@ -33,6 +43,9 @@ use kvgate_core::predictor::PredictorConfig;
 use kvgate_core::{
     Observed, PodId, PodSnapshot, RouteRequest, Routed, RouterConfig, RouterSession, Ticket,
 };
+
+use kvgate_core::flow::{Expiry, FlowConfig, FlowQueue, FlowRequest, Offer, Rejection};
+use serde::Serialize;
 
 use crate::engine::{Engine, EngineRequest};
 use crate::events::{IndexConfig, SimIndex};
@@ -76,6 +89,9 @@ pub struct ClusterConfig {
     pub slo: RequestSlo,
     /// Keep every routed attempt in `RunMetrics::routes` (off by default: O(requests)).
     pub record_routes: bool,
+    /// Flow control in front of the router (`enabled = false` by default: every arrival is
+    /// routed at once).
+    pub flow: FlowConfig,
 }
 
 impl ClusterConfig {
@@ -96,6 +112,7 @@ impl ClusterConfig {
             index: IndexConfig::default(),
             slo: RequestSlo::default(),
             record_routes: false,
+            flow: FlowConfig::default(),
         }
     }
 
@@ -157,6 +174,53 @@ pub fn run(config: &ClusterConfig, requests: &[SimRequest]) -> RunMetrics {
     Cluster::new(config, requests.len()).run(requests)
 }
 
+/// A request's flow-control class in a simulated run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SimClass {
+    pub priority: i32,
+    pub tenant: u32,
+}
+
+/// What flow control did in a run (`RunMetrics::flow`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct FlowRunReport {
+    pub enabled: bool,
+    /// Arrivals that waited in the queue.
+    pub queued: u64,
+    /// Of those, released to a pod.
+    pub released: u64,
+    pub shed_sheddable: u64,
+    pub shed_tenant_share: u64,
+    pub shed_queue_full: u64,
+    pub shed_unavailable: u64,
+    pub evicted: u64,
+    pub expired: u64,
+    pub max_queue_len: u64,
+    /// Mean time released requests waited, ms.
+    pub mean_queue_ms: f64,
+    /// Per request (by id): its TTFT in ms, NaN when it was not served.
+    #[serde(skip)]
+    pub ttft_ms_by_request: Vec<f64>,
+    /// Per request (by id): the time it waited in the flow queue, ms (0 when dispatched at
+    /// once, NaN when never dispatched).
+    #[serde(skip)]
+    pub queue_ms_by_request: Vec<f64>,
+}
+
+/// [`run`] with every request tagged (`classes[id]`; a missing one is priority 0, tenant 0):
+/// flow control (`config.flow`) sees the classes, and the report's `flow` keeps each request's
+/// TTFT so a caller can take percentiles per class.
+pub fn run_classified(
+    config: &ClusterConfig,
+    requests: &[SimRequest],
+    classes: &[SimClass],
+) -> RunMetrics {
+    let mut cluster = Cluster::new(config, requests.len());
+    cluster.classes = classes.to_vec();
+    cluster.track_flow = true;
+    cluster.run(requests)
+}
+
 struct Cluster {
     config: ClusterConfig,
     engines: Vec<Engine>,
@@ -177,6 +241,14 @@ struct Cluster {
     faults: Option<FaultRecorder>,
     recorder: RunRecorder,
     routes: Vec<crate::report::RouteRecord>,
+    /// Flow control: the queue (request id, arrival ms), classes, tenant names, dispatch times.
+    flow_queue: FlowQueue<(u64, f64)>,
+    classes: Vec<SimClass>,
+    tenant_names: Vec<String>,
+    dispatched_ms: Vec<f64>,
+    track_flow: bool,
+    flow_report: FlowRunReport,
+    queue_ms_sum: f64,
 }
 
 impl Cluster {
@@ -231,6 +303,13 @@ impl Cluster {
             faults: None,
             recorder,
             routes: Vec::new(),
+            flow_queue: FlowQueue::new(),
+            classes: Vec::new(),
+            tenant_names: Vec::new(),
+            dispatched_ms: vec![f64::NAN; requests],
+            track_flow: config.flow.enabled,
+            flow_report: FlowRunReport::default(),
+            queue_ms_sum: 0.0,
             config: config.clone(),
         }
     }
@@ -248,6 +327,14 @@ impl Cluster {
         let last_arrival = requests.last().map_or(0.0, arrival_ms);
         self.recorder.set_sample_stride(last_arrival / interval);
         self.plan_faults(last_arrival);
+        if self.track_flow {
+            self.flow_report.enabled = self.config.flow.enabled;
+            self.flow_report.ttft_ms_by_request = vec![f64::NAN; requests.len()];
+            self.flow_report.queue_ms_by_request = vec![f64::NAN; requests.len()];
+            let tenants = self.classes.iter().map(|c| c.tenant).max().unwrap_or(0);
+            self.tenant_names = (0..=tenants).map(|t| format!("t{t}")).collect();
+        }
+        let flow_on = self.config.flow.enabled;
         loop {
             let step = self.steps.peek().map(|Reverse((t, _))| *t);
             let arrival = requests.get(next_arrival).map(|r| time_key(arrival_ms(r)));
@@ -276,6 +363,9 @@ impl Cluster {
             let scrape = time_key(next_scrape);
             if scrape < at || (scrape == at && kind == Next::Arrival) {
                 self.scrape(next_scrape);
+                if flow_on {
+                    self.flow_release(next_scrape, requests, arrival_ms);
+                }
                 next_scrape += interval;
                 continue;
             }
@@ -286,6 +376,9 @@ impl Cluster {
                     {
                         self.step_due[pod as usize] = None;
                         self.step_end(pod as usize, f64::from_bits(t));
+                        if flow_on {
+                            self.flow_release(f64::from_bits(t), requests, arrival_ms);
+                        }
                     }
                 }
                 Next::Fault => {
@@ -300,10 +393,21 @@ impl Cluster {
                 Next::Arrival => {
                     if let Some(r) = requests.get(next_arrival) {
                         next_arrival += 1;
-                        self.arrive(r, arrival_ms(r));
+                        let now = arrival_ms(r);
+                        if flow_on {
+                            self.flow_arrive(r, now);
+                            self.flow_release(now, requests, arrival_ms);
+                        } else {
+                            self.arrive(r, now);
+                        }
                     }
                 }
             }
+        }
+        // Nothing left to happen: whatever is still queued will never be served.
+        for (left, _) in self.flow_queue.expire(f64::INFINITY) {
+            self.flow_report.expired += 1;
+            self.recorder.rejected(left.payload.0);
         }
         let engines: Vec<_> = self.engines.iter().map(Engine::metrics).collect();
         let mut metrics = self
@@ -314,6 +418,11 @@ impl Cluster {
         metrics.kv_index = Some(self.index.report());
         metrics.gate_state = self.session.router().gate_state();
         metrics.routes = self.routes;
+        if self.track_flow {
+            let released = self.flow_report.released.max(1) as f64;
+            self.flow_report.mean_queue_ms = self.queue_ms_sum / released;
+            metrics.flow = Some(self.flow_report);
+        }
         metrics
     }
 
@@ -391,17 +500,130 @@ impl Cluster {
         self.recorder.sample_pods(now_ms, &self.snapshots);
     }
 
+    /// An arrival under flow control: offered to the queue with its class.
+    fn flow_arrive(&mut self, r: &SimRequest, now: f64) {
+        let class = self.classes.get(r.id as usize).copied().unwrap_or_default();
+        let saturation = self.flow_saturation();
+        let cfg = self.config.flow;
+        let tenant = self
+            .tenant_names
+            .get(class.tenant as usize)
+            .map_or("t0", String::as_str);
+        let req = FlowRequest {
+            priority: class.priority,
+            tenant,
+            cost_tokens: u64::from(r.input_tokens) + u64::from(r.output_tokens),
+            bytes: 0,
+            deadline_ms: f64::INFINITY,
+        };
+        match self
+            .flow_queue
+            .offer(&cfg, req, saturation, now, (r.id, now))
+        {
+            Offer::Dispatch(_) => {
+                if let Some(q) = self.flow_report.queue_ms_by_request.get_mut(r.id as usize) {
+                    *q = 0.0;
+                }
+                self.arrive_at(r, now, now);
+            }
+            Offer::Queued(_, evicted) => {
+                if let Some(f) = &mut self.faults {
+                    f.arrived(now);
+                }
+                self.flow_report.queued += 1;
+                self.flow_report.max_queue_len = self
+                    .flow_report
+                    .max_queue_len
+                    .max(self.flow_queue.len() as u64);
+                for e in evicted {
+                    self.flow_report.evicted += 1;
+                    self.recorder.rejected(e.payload.0);
+                }
+            }
+            Offer::Rejected(why, _) => {
+                let r_ = &mut self.flow_report;
+                match why {
+                    Rejection::Sheddable => r_.shed_sheddable += 1,
+                    Rejection::TenantShare => r_.shed_tenant_share += 1,
+                    Rejection::QueueFull => r_.shed_queue_full += 1,
+                    Rejection::Unavailable => r_.shed_unavailable += 1,
+                }
+                self.recorder.rejected(r.id);
+            }
+        }
+    }
+
+    /// The fleet's saturation: the snapshots as scraped with the session's exact ledger.
+    fn flow_saturation(&mut self) -> kvgate_core::flow::Saturation {
+        for s in &mut self.snapshots {
+            s.in_flight = self.session.in_flight(s.id);
+        }
+        kvgate_core::flow::fleet_saturation(&self.config.flow.saturation, &self.snapshots, |_| None)
+    }
+
+    /// Expires queued requests, then releases as many as the fleet's headroom allows.
+    fn flow_release(
+        &mut self,
+        now: f64,
+        requests: &[SimRequest],
+        arrival_ms: impl Fn(&SimRequest) -> f64,
+    ) {
+        for (left, why) in self.flow_queue.expire(now) {
+            debug_assert_eq!(why, Expiry::Ttl);
+            self.flow_report.expired += 1;
+            self.recorder.rejected(left.payload.0);
+        }
+        if self.flow_queue.is_empty() {
+            return;
+        }
+        let mut room = self.flow_saturation().headroom();
+        while room > 0 {
+            let Some(left) = self.flow_queue.pop(now) else {
+                break;
+            };
+            room -= 1;
+            self.flow_report.released += 1;
+            self.queue_ms_sum += left.queued_ms;
+            let (id, arrived) = left.payload;
+            if let Some(q) = self.flow_report.queue_ms_by_request.get_mut(id as usize) {
+                *q = left.queued_ms;
+            }
+            if let Some(r) = requests.get(id as usize) {
+                debug_assert_eq!(arrival_ms(r), arrived);
+                self.arrive_at(r, now, arrived);
+            }
+        }
+    }
+
     fn arrive(&mut self, r: &SimRequest, now: f64) {
         if let Some(f) = &mut self.faults {
             f.arrived(now);
         }
+        self.dispatch_arrival(r, now, now);
+    }
+
+    /// [`Self::arrive`] for a request flow control let through at `now` (it arrived at
+    /// `arrived`; its TTFT counts from then).
+    fn arrive_at(&mut self, r: &SimRequest, now: f64, arrived: f64) {
+        if now == arrived
+            && let Some(f) = &mut self.faults
+        {
+            f.arrived(now);
+        }
+        self.dispatch_arrival(r, now, arrived);
+    }
+
+    fn dispatch_arrival(&mut self, r: &SimRequest, now: f64, arrived: f64) {
+        if let Some(d) = self.dispatched_ms.get_mut(r.id as usize) {
+            *d = now;
+        }
         match self.route(r, now, 0, &mut Vec::new()) {
-            Outcome::Dispatched => self.recorder.dispatched(r.id, now),
+            Outcome::Dispatched => self.recorder.dispatched(r.id, arrived),
             Outcome::NoPod => self.recorder.rejected(r.id),
             Outcome::OutOfRetries => {
-                self.recorder.dispatched(r.id, now);
+                self.recorder.dispatched(r.id, arrived);
                 if let Some(f) = &mut self.faults {
-                    f.failed(now, false);
+                    f.failed(arrived, false);
                 }
             }
         }
@@ -539,10 +761,23 @@ impl Cluster {
                     req.ticket.predicted_tpot_ms(),
                 );
                 let routed_to = req.ticket.pod().index();
+                // The predictor learns the pod's TTFT: from dispatch, not from arrival (they
+                // differ only for requests flow control queued).
+                let pod_ttft = match self.dispatched_ms.get(e.request_id as usize) {
+                    Some(&d) if self.config.flow.enabled && d.is_finite() => first - d,
+                    _ => ttft,
+                };
+                if let Some(t) = self
+                    .flow_report
+                    .ttft_ms_by_request
+                    .get_mut(e.request_id as usize)
+                {
+                    *t = ttft;
+                }
                 self.session.finish(
                     req.ticket,
                     Some(Observed {
-                        ttft_ms: ttft,
+                        ttft_ms: pod_ttft,
                         tpot_ms: tpot,
                     }),
                 );

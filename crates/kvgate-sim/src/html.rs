@@ -708,6 +708,7 @@ mod tests {
             slo_goodput: None,
             gate_state: None,
             routes: Vec::new(),
+            flow: None,
         }
     }
 

@@ -141,6 +141,10 @@ pub struct RunMetrics {
     /// (empty otherwise; O(requests)).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub routes: Vec<RouteRecord>,
+    /// Flow control's account (`ClusterConfig::flow` on, or classes given); see
+    /// [`crate::cluster::FlowRunReport`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flow: Option<crate::cluster::FlowRunReport>,
 }
 
 /// One routed attempt: the request, the pod, the gate's branch and the session's charge.
@@ -392,6 +396,7 @@ impl RunRecorder {
                 .then(|| self.slo_met as f64 / self.requests.max(1) as f64),
             gate_state: None,
             routes: Vec::new(),
+            flow: None,
             in_flight_left: 0,
             faults: None,
             kv_index: None,

@@ -48,6 +48,11 @@
 //! while queued gives its place back. Envoy's `message_timeout` (5 s in `deploy/envoy`) bounds
 //! how long Envoy waits for a queued request's answer.
 //!
+//! **Flow control** (`[flow_control]`, off by default; [`crate::flow`]): after the body is
+//! prepared, the request waits for its turn as in the HTTP proxy; the body answer is held
+//! meanwhile, a stream Envoy cancels leaves the queue, and refusals are immediate responses
+//! (429 / 503 with `retry-after: 1`). Its queue time is part of the TTFT kvgate reports.
+//!
 //! Pods must be configured with IP-literal URLs (`http://10.0.0.5:8000`): Envoy's
 //! `ORIGINAL_DST` cluster connects to the address kvgate names.
 //!
@@ -397,6 +402,7 @@ impl Exchange {
             shared: self.shared.clone(),
             guard,
             start: self.start,
+            queued: std::time::Duration::ZERO,
             first_token_at: None,
             prompt_tokens,
             policy,
@@ -453,9 +459,36 @@ impl Exchange {
                 Ok(p) => p,
                 Err(e) => return self.reject(e),
             };
+        // Flow control (off by default: at once), as in the HTTP proxy; Envoy cancelling the
+        // stream while queued gives the place back.
+        let class = match crate::flow::request_class(
+            &self.shared,
+            &cfg.flow,
+            &self.headers,
+            &prepared.value,
+        ) {
+            Ok(c) => c,
+            Err(e) => return self.reject(e),
+        };
+        let cost_tokens = u64::from(prepared.input_tokens)
+            + prepared
+                .parsed
+                .max_tokens
+                .map_or(crate::flow::DEFAULT_COST_MAX_TOKENS, u64::from);
+        let deadline = tokio::time::Instant::from_std(self.start) + cfg.request_timeout;
+        let answers = self.answers.clone();
+        let turn = tokio::select! {
+            t = crate::flow::wait_turn(&self.shared, &class, cost_tokens, body.len() as u64, deadline) => t,
+            _ = answers.closed() => return Outcome::Send(Vec::new()),
+        };
+        let turn = match turn {
+            Ok(t) => t,
+            Err(e) => return self.reject(e),
+        };
         let meta = DecisionMeta {
             request_id: &self.request_id,
             attempt: 0,
+            flow: turn.note.as_ref(),
         };
         let excluded = self.outside_subset();
         let Routed {
@@ -467,6 +500,9 @@ impl Exchange {
             Pick::Routed(r) => r,
             Pick::NoHealthyPod | Pick::NoDecision => return self.reject(self.no_pod()),
         };
+        let queued = turn.queued;
+        // Routed: the session's ledger counts the request now.
+        drop(turn);
         let Some(dest) = destination(&pod) else {
             return self.reject(bad_pod_url(&pod));
         };
@@ -478,6 +514,7 @@ impl Exchange {
             true,
         );
         tracker.stream = prepared.parsed.stream;
+        tracker.queued = queued;
         tracker.capture = prepared.capture.take();
         self.stream = prepared.parsed.stream;
         self.tracker = Some(tracker);

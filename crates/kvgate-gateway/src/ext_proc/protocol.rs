@@ -225,7 +225,7 @@ pub fn immediate(err: &ApiError, request_id: &str) -> ProcessingResponse {
     if !request_id.is_empty() {
         set_headers.push(header("x-request-id", request_id));
     }
-    if err.status == StatusCode::TOO_MANY_REQUESTS {
+    if err.status == StatusCode::TOO_MANY_REQUESTS || crate::flow::retry_after(err) {
         set_headers.push(header(
             "retry-after",
             &crate::limits::RETRY_AFTER_S.to_string(),

@@ -14,6 +14,7 @@
 
 pub mod azure;
 pub mod chat;
+pub mod classes;
 pub mod mooncake;
 pub mod segments;
 pub mod shared_prefix;

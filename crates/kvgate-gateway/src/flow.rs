@@ -1,0 +1,803 @@
+//! Flow control in the gateway: the thin driver around the core's [`FlowQueue`]
+//! (`kvgate_core::flow`: the discipline, the rules, the saturation detector, every default).
+//!
+//! Both data paths call [`wait_turn`] after [`crate::routing::prepare`] and before the first
+//! [`crate::routing::decide_for`]: with `[flow_control] enabled = false` (the default) it
+//! returns at once and nothing else changes. With it on:
+//!
+//! - **Class.** Priority: the header `x-kvgate-priority` (an integer, higher first, negative
+//!   sheddable: llm-d's convention), else the body's `priority` (vLLM's field, lower first: it
+//!   is negated), else 0; a header that is not an integer is 400 `invalid_priority`. Tenant:
+//!   with API keys configured, the client's key (as `key-` + 8 hex digits of its xxh3 digest,
+//!   never the key); else the header `x-kvgate-tenant` (1–64 of `[A-Za-z0-9._-]`, else 400
+//!   `invalid_tenant`; meant for a trusted proxy in front); else a Bearer token's digest as
+//!   above; else `default`. Cost: prompt tokens + `max_tokens` (256 when absent).
+//! - **Saturation** is the core's detector on the pods as scraped, the session's in-flight
+//!   ledger and each pod's latest predicted TTFT (from the last decision that scored it), less
+//!   the requests let go and not yet routed (so a burst between two scrapes does not overshoot).
+//! - **Queue.** The request waits for a [`Verdict`] from the driver task (spawned with the first
+//!   queued request; it wakes on every offer and every `TICK` = 5 ms while anything is queued,
+//!   expires entries, and releases as many as the fleet's headroom allows). A client that goes
+//!   away while queued (its future dropped; Envoy cancelling the ext_proc stream) leaves the
+//!   queue at once.
+//! - **Answers.** 429 with `Retry-After` for the client's share (`flow_shed` sheddable,
+//!   `flow_tenant_share`, `flow_queue_full`, `flow_evicted`), 503 with `Retry-After` when the
+//!   fleet is unavailable (`flow_unavailable`: no healthy pod) or the queue TTL ran out (`flow_queue_ttl`); the
+//!   request's own deadline running out while queued is the usual 504 `request_timeout`.
+//!   Every one is counted in `kvgate_rejected_requests{reason}` and
+//!   `kvgate_flow_shed_total{band,tenant,reason}`, and logged (rate limited).
+//! - **Time.** Queue time counts in the request's deadline (the timeout is from arrival), in
+//!   the TTFT and e2e metrics the gateway reports, and in `/debug/decisions` (`flow.queue_ms`);
+//!   not in the TTFT the predictor trains on (that is the pod's).
+//! - **vLLM.** With `forward_priority = true` and a priority given by header, the body sent to
+//!   the pod (HTTP proxy only: the ext_proc picker does not rewrite bodies) gets vLLM's
+//!   `priority` = −priority, unless the body has one.
+//!
+//! Metrics (`kvgate_flow_*`): `queued{band,tenant}` (gauge), `queue_time_seconds{band,tenant}`
+//! (histogram of requests released), `dispatched_total{band,tenant,path}` (`direct` or
+//! `queued`), `shed_total{band,tenant,reason}`, `cancelled_total`. Label bound: bands ≤ 33
+//! (`-16..=16`), tenants ≤ `max_tenants` + 1 (64 + `other` by default), reasons 7.
+//!
+//! Bounds: the core's (entries ≤ `max_queued_requests`, bytes ≤ `max_queued_bytes`); the
+//! predicted-TTFT table ≤ 2 × pods entries.
+
+use crate::errors::ApiError;
+use crate::state::Shared;
+use http::{HeaderMap, StatusCode};
+use kvgate_core::flow::{
+    Expiry, FlowConfig, FlowQueue, FlowRequest, Offer, Rejection, Saturation, fleet_saturation,
+};
+use parking_lot::Mutex;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use rustc_hash::FxHashMap;
+use serde::Serialize;
+use serde_json::Value;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+use tokio::sync::{Notify, oneshot};
+
+/// The priority header (llm-d's convention: higher first, negative sheddable).
+pub const PRIORITY_HEADER: &str = "x-kvgate-priority";
+/// The tenant header (used when no API keys are configured).
+pub const TENANT_HEADER: &str = "x-kvgate-tenant";
+/// Longest tenant name accepted from the header.
+pub const MAX_TENANT_CHARS: usize = 64;
+/// `max_tokens` assumed for the fairness cost when the request gives none.
+pub const DEFAULT_COST_MAX_TOKENS: u64 = 256;
+/// How often the driver re-checks saturation and deadlines while anything is queued.
+const TICK: Duration = Duration::from_millis(5);
+
+/// A request's class.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FlowClass {
+    pub priority: i32,
+    /// The priority came from the header (only then is it written into the pod's body).
+    pub priority_from_header: bool,
+    pub tenant: String,
+}
+
+/// What `/debug/decisions` shows of a request's flow control (`flow`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FlowNote {
+    pub priority: i32,
+    pub band: i32,
+    pub tenant: String,
+    /// Time spent in the flow queue, ms (0: dispatched at once).
+    pub queue_ms: f64,
+}
+
+/// The driver's answer to a queued request.
+#[derive(Debug)]
+enum Verdict {
+    Go { queued_ms: f64 },
+    Expired(Expiry, f64),
+    Evicted,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClassLabels {
+    pub band: String,
+    pub tenant: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DispatchLabels {
+    pub band: String,
+    pub tenant: String,
+    pub path: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ShedLabels {
+    pub band: String,
+    pub tenant: String,
+    pub reason: String,
+}
+
+fn queue_time_buckets() -> Histogram {
+    // 1 ms … ~33 s.
+    Histogram::new(exponential_buckets(0.001, 2.0, 16))
+}
+
+/// The `kvgate_flow_*` metrics (see the module docs).
+pub struct FlowMetrics {
+    pub queued: Family<ClassLabels, Gauge>,
+    pub queue_time_seconds: Family<ClassLabels, Histogram, fn() -> Histogram>,
+    pub dispatched: Family<DispatchLabels, Counter>,
+    pub shed: Family<ShedLabels, Counter>,
+    pub cancelled: Counter,
+}
+
+impl Default for FlowMetrics {
+    fn default() -> Self {
+        FlowMetrics {
+            queued: Family::default(),
+            queue_time_seconds: Family::new_with_constructor(
+                queue_time_buckets as fn() -> Histogram,
+            ),
+            dispatched: Family::default(),
+            shed: Family::default(),
+            cancelled: Counter::default(),
+        }
+    }
+}
+
+impl FlowMetrics {
+    pub fn register(&self, r: &mut Registry) {
+        r.register(
+            "flow_queued",
+            "Requests in the flow queue by priority band and tenant",
+            self.queued.clone(),
+        );
+        r.register(
+            "flow_queue_time_seconds",
+            "Time requests released from the flow queue waited, by band and tenant",
+            self.queue_time_seconds.clone(),
+        );
+        r.register(
+            "flow_dispatched",
+            "Requests flow control let through, by band, tenant and path (direct or queued)",
+            self.dispatched.clone(),
+        );
+        r.register(
+            "flow_shed",
+            "Requests flow control refused or dropped, by band, tenant and reason",
+            self.shed.clone(),
+        );
+        r.register(
+            "flow_cancelled",
+            "Queued requests whose client went away",
+            self.cancelled.clone(),
+        );
+    }
+}
+
+/// The gateway's flow-control state (in [`Shared::flow`]).
+pub struct FlowGate {
+    queue: Mutex<FlowQueue<oneshot::Sender<Verdict>>>,
+    /// Requests let go (at once or from the queue) and not yet routed.
+    dispatching: Arc<AtomicU32>,
+    /// Latest predicted TTFT per pod name (from decisions).
+    predicted_ttft_ms: Mutex<FxHashMap<String, f64>>,
+    wake: Arc<Notify>,
+    driver_started: AtomicBool,
+    epoch: tokio::time::Instant,
+}
+
+impl Default for FlowGate {
+    fn default() -> Self {
+        FlowGate {
+            queue: Mutex::new(FlowQueue::new()),
+            dispatching: Arc::default(),
+            predicted_ttft_ms: Mutex::default(),
+            wake: Arc::default(),
+            driver_started: AtomicBool::new(false),
+            epoch: tokio::time::Instant::now(),
+        }
+    }
+}
+
+/// A request's permission to route: held until its first decision is made (dropping it
+/// tells the driver the fleet's ledger now counts the request).
+pub struct Turn {
+    dispatching: Option<Arc<AtomicU32>>,
+    wake: Option<Arc<Notify>>,
+    pub note: Option<FlowNote>,
+    /// Time spent queued.
+    pub queued: Duration,
+}
+
+impl Turn {
+    fn free() -> Turn {
+        Turn {
+            dispatching: None,
+            wake: None,
+            note: None,
+            queued: Duration::ZERO,
+        }
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        if let Some(d) = self.dispatching.take() {
+            d.fetch_sub(1, Ordering::AcqRel);
+        }
+        if let Some(w) = self.wake.take() {
+            w.notify_one();
+        }
+    }
+}
+
+impl FlowGate {
+    fn now_ms(&self) -> f64 {
+        self.epoch.elapsed().as_secs_f64() * 1e3
+    }
+
+    fn ms_at(&self, t: tokio::time::Instant) -> f64 {
+        t.saturating_duration_since(self.epoch).as_secs_f64() * 1e3
+    }
+
+    /// Notes a decision's predicted TTFT per pod (the detector's third signal).
+    pub fn observe_decision(&self, decision: &kvgate_core::Decision, pods: usize) {
+        let mut map = self.predicted_ttft_ms.lock();
+        if map.len() > 2 * pods.max(1) {
+            map.clear();
+        }
+        for p in &decision.pods {
+            if let Some(v) = map.get_mut(&p.id) {
+                *v = p.predicted_ttft_ms;
+            } else {
+                map.insert(p.id.clone(), p.predicted_ttft_ms);
+            }
+        }
+    }
+
+    /// Requests in the queue now.
+    pub fn queued(&self) -> usize {
+        self.queue.lock().len()
+    }
+
+    /// Refreshes `kvgate_flow_queued` (called before `/metrics` is encoded).
+    pub fn refresh_gauges(&self, m: &FlowMetrics) {
+        let q = self.queue.lock();
+        m.queued.clear();
+        for (band, tenant, n) in q.queued_by_class() {
+            m.queued
+                .get_or_create(&ClassLabels {
+                    band: band.to_string(),
+                    tenant: q.tenant_name(tenant).to_string(),
+                })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+}
+
+/// The fleet's saturation now, less the requests let go and not yet routed.
+fn saturation(shared: &Shared, cfg: &FlowConfig) -> Saturation {
+    let pods = shared.pods.all();
+    let mut snaps: Vec<_> = pods.iter().map(|p| p.snapshot()).collect();
+    {
+        let session = shared.session.lock();
+        for s in &mut snaps {
+            s.in_flight = session.in_flight(s.id);
+        }
+    }
+    let sat = {
+        let predicted = shared.flow.predicted_ttft_ms.lock();
+        fleet_saturation(&cfg.saturation, &snaps, |i| {
+            snaps.get(i).and_then(|s| predicted.get(&s.name).copied())
+        })
+    };
+    match sat {
+        Saturation::Headroom(n) => {
+            Saturation::Headroom(n.saturating_sub(shared.flow.dispatching.load(Ordering::Acquire)))
+        }
+        s => s,
+    }
+}
+
+/// The request's class with flow control on ([`class_of`]); with it off, a neutral class and
+/// no header is read (so no request gets a 400 it did not get before).
+pub fn request_class(
+    shared: &Shared,
+    cfg: &FlowConfig,
+    headers: &HeaderMap,
+    body: &Value,
+) -> Result<FlowClass, ApiError> {
+    if !cfg.enabled {
+        return Ok(FlowClass {
+            priority: 0,
+            priority_from_header: false,
+            tenant: kvgate_core::flow::DEFAULT_TENANT.to_string(),
+        });
+    }
+    class_of(shared, headers, body)
+}
+
+/// The request's class from its headers and body (see the module docs), or 400.
+pub fn class_of(shared: &Shared, headers: &HeaderMap, body: &Value) -> Result<FlowClass, ApiError> {
+    let (priority, priority_from_header) = match headers.get(PRIORITY_HEADER) {
+        Some(v) => {
+            let p = v
+                .to_str()
+                .ok()
+                .and_then(|s| s.trim().parse::<i32>().ok())
+                .ok_or_else(|| {
+                    ApiError::bad_request(
+                        "invalid_priority",
+                        format!("{PRIORITY_HEADER} must be an integer"),
+                        None,
+                    )
+                })?;
+            (p, true)
+        }
+        None => {
+            let vllm = body
+                .get("priority")
+                .and_then(Value::as_i64)
+                .map_or(0, |p| p.clamp(-i64::from(i32::MAX), i64::from(i32::MAX)));
+            (-(vllm as i32), false)
+        }
+    };
+    let bearer = headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|k| !k.is_empty());
+    let key_tenant = |k: &str| {
+        let d = xxhash_rust::xxh3::xxh3_64(k.as_bytes());
+        format!("key-{:08x}", d >> 32)
+    };
+    let keys_on = !shared.config().api_keys.is_empty();
+    let tenant = match (keys_on, bearer, headers.get(TENANT_HEADER)) {
+        (true, Some(k), _) => key_tenant(k),
+        (_, _, Some(h)) => {
+            let t = h.to_str().unwrap_or("");
+            let ok = !t.is_empty()
+                && t.len() <= MAX_TENANT_CHARS
+                && t.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+            if !ok {
+                return Err(ApiError::bad_request(
+                    "invalid_tenant",
+                    format!("{TENANT_HEADER} must be 1 to {MAX_TENANT_CHARS} of A-Z a-z 0-9 . _ -"),
+                    None,
+                ));
+            }
+            t.to_string()
+        }
+        (false, Some(k), None) => key_tenant(k),
+        _ => kvgate_core::flow::DEFAULT_TENANT.to_string(),
+    };
+    Ok(FlowClass {
+        priority,
+        priority_from_header,
+        tenant,
+    })
+}
+
+/// With `forward_priority`, a header priority written into the body as vLLM's `priority`
+/// (negated: vLLM serves lower first), unless the body has one. True when `body` changed.
+pub fn forward_priority(cfg: &FlowConfig, class: &FlowClass, body: &mut Value) -> bool {
+    if cfg.enabled
+        && cfg.forward_priority
+        && class.priority_from_header
+        && let Some(obj) = body.as_object_mut()
+        && !obj.contains_key("priority")
+    {
+        obj.insert("priority".into(), Value::from(-i64::from(class.priority)));
+        return true;
+    }
+    false
+}
+
+fn band_label(band: i32) -> String {
+    band.to_string()
+}
+
+fn rejection_error(r: Rejection, cfg: &FlowConfig) -> ApiError {
+    match r {
+        Rejection::Unavailable => ApiError {
+            code: r.code(),
+            ..crate::errors::no_healthy_pod()
+        },
+        Rejection::Sheddable => too_many(
+            r.code(),
+            "the fleet is saturated and the request is sheddable (priority < 0); retry later"
+                .into(),
+        ),
+        Rejection::TenantShare => too_many(
+            r.code(),
+            format!(
+                "this tenant holds its share of the flow queue ({} places); retry later",
+                cfg.tenant_cap()
+            ),
+        ),
+        Rejection::QueueFull => too_many(
+            r.code(),
+            format!(
+                "the flow queue is full ({} requests, {} bytes) of requests at least as important; retry later",
+                cfg.max_queued_requests, cfg.max_queued_bytes
+            ),
+        ),
+    }
+}
+
+fn too_many(code: &'static str, message: String) -> ApiError {
+    ApiError {
+        status: StatusCode::TOO_MANY_REQUESTS,
+        kind: "rate_limit_error",
+        code,
+        message,
+        param: None,
+    }
+}
+
+fn evicted_error() -> ApiError {
+    too_many(
+        "flow_evicted",
+        "a more important request took this request's place in the flow queue; retry later".into(),
+    )
+}
+
+fn ttl_error(waited_ms: f64) -> ApiError {
+    ApiError {
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        kind: "server_error",
+        code: "flow_queue_ttl",
+        message: format!(
+            "the fleet stayed saturated: the request waited {waited_ms:.0} ms in the flow queue, its limit; retry later"
+        ),
+        param: None,
+    }
+}
+
+/// Whether an error from [`wait_turn`] carries `Retry-After`.
+pub fn retry_after(err: &ApiError) -> bool {
+    matches!(
+        err.code,
+        "flow_shed"
+            | "flow_tenant_share"
+            | "flow_queue_full"
+            | "flow_evicted"
+            | "flow_queue_ttl"
+            | "flow_unavailable"
+    )
+}
+
+/// The error as the client's answer, with `Retry-After` when [`retry_after`] says so.
+pub fn reject(shared: &Shared, err: ApiError, request_id: &str) -> axum::response::Response {
+    let retry = retry_after(&err);
+    let mut resp = crate::errors::reject(shared, err, request_id);
+    if retry {
+        resp.headers_mut().insert(
+            http::header::RETRY_AFTER,
+            http::HeaderValue::from(crate::limits::RETRY_AFTER_S),
+        );
+    }
+    resp
+}
+
+fn count_shed(shared: &Shared, band: i32, tenant: &str, reason: &str) {
+    shared
+        .metrics
+        .flow
+        .shed
+        .get_or_create(&ShedLabels {
+            band: band_label(band),
+            tenant: tenant.to_string(),
+            reason: reason.to_string(),
+        })
+        .inc();
+}
+
+fn count_dispatch(shared: &Shared, band: i32, tenant: &str, queued: Option<f64>) {
+    let m = &shared.metrics.flow;
+    m.dispatched
+        .get_or_create(&DispatchLabels {
+            band: band_label(band),
+            tenant: tenant.to_string(),
+            path: if queued.is_some() { "queued" } else { "direct" }.into(),
+        })
+        .inc();
+    if let Some(ms) = queued {
+        m.queue_time_seconds
+            .get_or_create(&ClassLabels {
+                band: band_label(band),
+                tenant: tenant.to_string(),
+            })
+            .observe(ms / 1e3);
+    }
+}
+
+/// A queued request's place: leaves the queue when dropped before its verdict (the client
+/// went away), and gives back a release it got but will not use.
+struct Waiting {
+    shared: Arc<Shared>,
+    id: kvgate_core::flow::EntryId,
+    rx: Option<oneshot::Receiver<Verdict>>,
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        let Some(mut rx) = self.rx.take() else {
+            return;
+        };
+        let gate = &self.shared.flow;
+        let now = gate.now_ms();
+        if gate.queue.lock().remove(self.id, now).is_some() {
+            self.shared.metrics.flow.cancelled.inc();
+            return;
+        }
+        if let Ok(Verdict::Go { .. }) = rx.try_recv() {
+            gate.dispatching.fetch_sub(1, Ordering::AcqRel);
+            gate.wake.notify_one();
+        }
+    }
+}
+
+/// Waits until the request may be routed (see the module docs): at once with flow control
+/// off or the fleet keeping up; else in the queue, until released, refused or out of time.
+/// `deadline` is the request's own (its timeout from arrival).
+pub async fn wait_turn(
+    shared: &Arc<Shared>,
+    class: &FlowClass,
+    cost_tokens: u64,
+    bytes: u64,
+    deadline: tokio::time::Instant,
+) -> Result<Turn, ApiError> {
+    let cfg = shared.config().flow;
+    if !cfg.enabled {
+        return Ok(Turn::free());
+    }
+    let gate = &shared.flow;
+    let sat = saturation(shared, &cfg);
+    let now = gate.now_ms();
+    let (tx, rx) = oneshot::channel();
+    let req = FlowRequest {
+        priority: class.priority,
+        tenant: &class.tenant,
+        cost_tokens,
+        bytes,
+        deadline_ms: gate.ms_at(deadline),
+    };
+    let band = kvgate_core::flow::band_of(class.priority);
+    let (offer, tenant) = {
+        let mut q = gate.queue.lock();
+        let t = q.tenant(&cfg, &class.tenant);
+        let tenant = q.tenant_name(t).to_string();
+        let offer = q.offer(&cfg, req, sat, now, tx);
+        (offer, tenant)
+    };
+    let note = |queue_ms: f64| FlowNote {
+        priority: class.priority,
+        band,
+        tenant: tenant.clone(),
+        queue_ms,
+    };
+    let id = match offer {
+        Offer::Dispatch(_) => {
+            gate.dispatching.fetch_add(1, Ordering::AcqRel);
+            count_dispatch(shared, band, &tenant, None);
+            return Ok(Turn {
+                dispatching: Some(gate.dispatching.clone()),
+                wake: Some(gate.wake.clone()),
+                note: Some(note(0.0)),
+                queued: Duration::ZERO,
+            });
+        }
+        Offer::Rejected(r, _) => {
+            count_shed(shared, band, &tenant, r.code());
+            return Err(rejection_error(r, &cfg));
+        }
+        Offer::Queued(id, evicted) => {
+            for e in evicted {
+                let name = gate.queue.lock().tenant_name(e.tenant).to_string();
+                count_shed(shared, e.band, &name, "flow_evicted");
+                let _ = e.payload.send(Verdict::Evicted);
+            }
+            id
+        }
+    };
+    start_driver(shared);
+    gate.wake.notify_one();
+    let mut waiting = Waiting {
+        shared: shared.clone(),
+        id,
+        rx: Some(rx),
+    };
+    let verdict = match waiting.rx.as_mut() {
+        Some(rx) => rx.await,
+        None => return Err(evicted_error()),
+    };
+    // A verdict arrived: the place is gone, nothing to give back on drop.
+    waiting.rx = None;
+    match verdict {
+        Ok(Verdict::Go { queued_ms }) => Ok(Turn {
+            dispatching: Some(gate.dispatching.clone()),
+            wake: Some(gate.wake.clone()),
+            note: Some(note(queued_ms)),
+            queued: Duration::from_secs_f64(queued_ms / 1e3),
+        }),
+        Ok(Verdict::Expired(Expiry::Deadline, _)) => Err(crate::errors::request_timeout(
+            shared.config().request_timeout,
+        )),
+        Ok(Verdict::Expired(Expiry::Ttl, waited)) => Err(ttl_error(waited)),
+        Ok(Verdict::Evicted) | Err(_) => Err(evicted_error()),
+    }
+}
+
+fn start_driver(shared: &Arc<Shared>) {
+    if shared.flow.driver_started.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let weak = Arc::downgrade(shared);
+    let wake = shared.flow.wake.clone();
+    tokio::spawn(drive(weak, wake));
+}
+
+/// The driver task: expire, then release while the fleet has headroom; see the module docs.
+async fn drive(weak: Weak<Shared>, wake: Arc<Notify>) {
+    loop {
+        let Some(shared) = weak.upgrade() else {
+            return;
+        };
+        let busy = pump(&shared);
+        drop(shared);
+        let wait = if busy { TICK } else { Duration::from_secs(1) };
+        let _ = tokio::time::timeout(wait, wake.notified()).await;
+    }
+}
+
+/// One round of the driver; true while the queue holds requests.
+fn pump(shared: &Shared) -> bool {
+    let gate = &shared.flow;
+    let cfg = shared.config().flow;
+    let now = gate.now_ms();
+    let expired = gate.queue.lock().expire(now);
+    for (l, why) in expired {
+        let name = gate.queue.lock().tenant_name(l.tenant).to_string();
+        let reason = match why {
+            Expiry::Ttl => "flow_queue_ttl",
+            Expiry::Deadline => "request_timeout",
+        };
+        count_shed(shared, l.band, &name, reason);
+        let _ = l.payload.send(Verdict::Expired(why, l.queued_ms));
+    }
+    if gate.queue.lock().is_empty() {
+        return false;
+    }
+    let mut room = saturation(shared, &cfg).headroom();
+    while room > 0 {
+        let (left, name) = {
+            let mut q = gate.queue.lock();
+            let Some(l) = q.pop(now) else { break };
+            let name = q.tenant_name(l.tenant).to_string();
+            (l, name)
+        };
+        gate.dispatching.fetch_add(1, Ordering::AcqRel);
+        let queued_ms = left.queued_ms;
+        if left.payload.send(Verdict::Go { queued_ms }).is_err() {
+            gate.dispatching.fetch_sub(1, Ordering::AcqRel);
+            continue;
+        }
+        count_dispatch(shared, left.band, &name, Some(queued_ms));
+        room -= 1;
+    }
+    !gate.queue.lock().is_empty()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shared(keys: &[&str]) -> Arc<Shared> {
+        let args = crate::serve::ServeArgs {
+            api_key: keys.iter().map(|k| k.to_string()).collect(),
+            ..Default::default()
+        };
+        Shared::new(crate::config::GatewayConfig::resolve(&args, None).unwrap())
+    }
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, v.parse().unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn the_priority_header_wins_and_the_body_field_is_vllms_negated() {
+        let s = shared(&[]);
+        let body = serde_json::json!({"priority": 3});
+        let c = class_of(&s, &headers(&[(PRIORITY_HEADER, "5")]), &body).unwrap();
+        assert_eq!((c.priority, c.priority_from_header), (5, true));
+        let c = class_of(&s, &HeaderMap::new(), &body).unwrap();
+        assert_eq!((c.priority, c.priority_from_header), (-3, false));
+        let c = class_of(&s, &HeaderMap::new(), &serde_json::json!({})).unwrap();
+        assert_eq!(c.priority, 0);
+        let e = class_of(&s, &headers(&[(PRIORITY_HEADER, "high")]), &body).unwrap_err();
+        assert_eq!(
+            (e.status, e.code),
+            (StatusCode::BAD_REQUEST, "invalid_priority")
+        );
+    }
+
+    #[test]
+    fn the_tenant_is_the_api_key_digest_when_keys_are_on_else_the_header() {
+        let open = shared(&[]);
+        let h = headers(&[(TENANT_HEADER, "team-a"), ("authorization", "Bearer sk-1")]);
+        assert_eq!(class_of(&open, &h, &Value::Null).unwrap().tenant, "team-a");
+        let keyed = shared(&["sk-1"]);
+        let t = class_of(&keyed, &h, &Value::Null).unwrap().tenant;
+        assert!(
+            t.starts_with("key-") && t.len() == 12 && !t.contains("sk-1"),
+            "{t}"
+        );
+        let only_key = headers(&[("authorization", "Bearer sk-1")]);
+        assert_eq!(class_of(&open, &only_key, &Value::Null).unwrap().tenant, t);
+        assert_eq!(
+            class_of(&open, &HeaderMap::new(), &Value::Null)
+                .unwrap()
+                .tenant,
+            "default"
+        );
+        for bad in ["a b", "x/y", &"t".repeat(65)] {
+            let e = class_of(&open, &headers(&[(TENANT_HEADER, bad)]), &Value::Null).unwrap_err();
+            assert_eq!(e.code, "invalid_tenant");
+        }
+    }
+
+    #[test]
+    fn a_header_priority_is_forwarded_negated_only_when_asked_and_absent() {
+        let class = FlowClass {
+            priority: 4,
+            priority_from_header: true,
+            tenant: "t".into(),
+        };
+        let on = FlowConfig {
+            enabled: true,
+            forward_priority: true,
+            ..FlowConfig::default()
+        };
+        let mut body = serde_json::json!({"model": "m"});
+        forward_priority(
+            &FlowConfig {
+                forward_priority: false,
+                ..on
+            },
+            &class,
+            &mut body,
+        );
+        assert!(body.get("priority").is_none());
+        forward_priority(&on, &class, &mut body);
+        assert_eq!(body["priority"], -4);
+        let mut own = serde_json::json!({"priority": 9});
+        forward_priority(&on, &class, &mut own);
+        assert_eq!(own["priority"], 9);
+    }
+
+    #[tokio::test]
+    async fn off_by_default_every_request_goes_at_once() {
+        let s = shared(&[]);
+        assert!(!s.config().flow.enabled);
+        let class = FlowClass {
+            priority: -5,
+            priority_from_header: true,
+            tenant: "t".into(),
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+        let turn = wait_turn(&s, &class, 10, 10, deadline).await.unwrap();
+        assert!(turn.note.is_none());
+        assert_eq!(turn.queued, Duration::ZERO);
+    }
+}
