@@ -106,6 +106,8 @@ pub enum ConfigError {
     BadPodUrl(String),
     #[error("{0}")]
     Router(#[from] kvgate_core::config::ConfigError),
+    #[error("{0}")]
+    BadCluster(String),
     #[error("{0} must be positive")]
     NotPositive(&'static str),
     #[error(
@@ -269,6 +271,12 @@ pub struct FileConfig {
     /// Accept a reloaded file that leaves no configured pod (discovery static); default false.
     pub allow_empty_pods: Option<bool>,
     pub router: Option<RouterConfig>,
+    /// `--cluster`: the NATS server other replicas share routing state over (start only).
+    pub cluster: Option<String>,
+    /// `--cluster-name` (default `default`).
+    pub cluster_name: Option<String>,
+    /// A silent replica's charges are returned after this (default 3,000).
+    pub cluster_lease_ms: Option<u64>,
 }
 
 impl FileConfig {
@@ -362,6 +370,8 @@ pub struct GatewayConfig {
     pub pod_failure_cooldown: Duration,
     /// `allow_empty_pods`: a reload may leave no configured pod (see [`Self::check_reloaded`]).
     pub allow_empty_pods: bool,
+    /// `--cluster`: active-active replicas over NATS ([`crate::cluster`]; start only).
+    pub cluster: Option<crate::cluster::ClusterConfig>,
 }
 
 impl GatewayConfig {
@@ -505,6 +515,34 @@ impl GatewayConfig {
             DEFAULT_CLIENT_WRITE_TIMEOUT_MS,
             "client_write_timeout_ms",
         )?;
+        let cluster = match args.cluster.clone().or_else(|| file.cluster.clone()) {
+            None => None,
+            Some(url) => {
+                if !(url.starts_with("nats://") || url.starts_with("tls://"))
+                    || url.len() <= "nats://".len()
+                {
+                    return Err(ConfigError::BadCluster(format!(
+                        "invalid cluster URL {url:?}: expected nats://HOST:PORT"
+                    )));
+                }
+                let name = args
+                    .cluster_name
+                    .clone()
+                    .or_else(|| file.cluster_name.clone())
+                    .unwrap_or_else(|| crate::cluster::DEFAULT_CLUSTER_NAME.to_string());
+                if !crate::cluster::valid_name(&name) {
+                    return Err(ConfigError::BadCluster(format!(
+                        "invalid cluster name {name:?}: 1-64 of A-Z a-z 0-9 _ -"
+                    )));
+                }
+                let lease = positive_ms(
+                    file.cluster_lease_ms,
+                    crate::cluster::DEFAULT_LEASE_MS,
+                    "cluster_lease_ms",
+                )?;
+                Some(crate::cluster::ClusterConfig { url, name, lease })
+            }
+        };
         let pod_failure_threshold = args
             .pod_failure_threshold
             .unwrap_or(DEFAULT_POD_FAILURE_THRESHOLD);
@@ -561,6 +599,7 @@ impl GatewayConfig {
             pod_failure_threshold,
             pod_failure_cooldown,
             allow_empty_pods: file.allow_empty_pods.unwrap_or(false),
+            cluster,
         })
     }
 
@@ -597,7 +636,8 @@ impl GatewayConfig {
             max_connections,
             connect_timeout,
             decision_log_size,
-            seed
+            seed,
+            cluster
         );
         ignored
     }

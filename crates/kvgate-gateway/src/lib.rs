@@ -63,6 +63,7 @@ pub mod body;
 pub mod breaker;
 pub mod capture;
 pub mod chat_template;
+pub mod cluster;
 pub mod config;
 pub mod decisions;
 pub mod discovery;

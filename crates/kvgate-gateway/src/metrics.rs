@@ -146,6 +146,8 @@ pub struct Metrics {
     pub kv_events_stale: Family<PodLabel, Gauge>,
     /// The traffic listener's connections ([`crate::listener`]).
     pub connections: crate::listener::ConnectionMetrics,
+    /// `--cluster`'s metrics ([`crate::cluster`]; zeros without it).
+    pub cluster: crate::cluster::ClusterMetrics,
     pub registry: Registry,
 }
 
@@ -231,6 +233,7 @@ impl Metrics {
             kv_events_restarts: Family::default(),
             kv_events_stale: Family::default(),
             connections: Default::default(),
+            cluster: Default::default(),
             registry: Registry::with_prefix("kvgate"),
         };
         m.register()
@@ -239,6 +242,7 @@ impl Metrics {
     fn register(mut self) -> Self {
         let r = &mut self.registry;
         self.connections.register(r);
+        self.cluster.register(r);
         r.register(
             "requests",
             "Routed requests by pod, policy, branch and outcome",

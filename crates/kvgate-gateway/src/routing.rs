@@ -421,7 +421,12 @@ pub(crate) fn decide_for(
         shared.session.lock().finish(routed.ticket, None);
         return Pick::NoDecision;
     };
-    let guard = TicketGuard::new(shared.clone(), pod.clone(), routed.ticket);
+    // The blocks the session recorded for the pod (its own block size's chain).
+    let blocks = snaps
+        .iter()
+        .find(|s| s.id == decision.pod_id)
+        .map_or(request.blocks, |s| request.cut().blocks_for(s).0);
+    let guard = TicketGuard::new(shared.clone(), pod.clone(), routed.ticket, blocks);
     let branch = decision.branch.as_str();
     if let Some(e) = decision.pods.iter().find(|p| p.id == decision.pod) {
         shared
