@@ -836,6 +836,57 @@ mod tests {
     }
 
     #[test]
+    fn the_cluster_is_off_by_default_and_read_from_flags_or_file() {
+        assert_eq!(
+            GatewayConfig::resolve(&no_flags(), None).unwrap().cluster,
+            None
+        );
+        let flags = ServeArgs {
+            cluster: Some("nats://127.0.0.1:4222".into()),
+            ..no_flags()
+        };
+        let c = GatewayConfig::resolve(&flags, None)
+            .unwrap()
+            .cluster
+            .unwrap();
+        assert_eq!(c.url, "nats://127.0.0.1:4222");
+        assert_eq!(c.name, "default");
+        assert_eq!(c.lease, Duration::from_millis(3_000));
+        let file: FileConfig = toml::from_str(
+            "cluster = \"nats://n:4222\"\ncluster_name = \"fleet-a\"\ncluster_lease_ms = 500\n",
+        )
+        .unwrap();
+        let c = GatewayConfig::resolve(&no_flags(), Some(&file))
+            .unwrap()
+            .cluster
+            .unwrap();
+        assert_eq!(
+            (c.url.as_str(), c.name.as_str()),
+            ("nats://n:4222", "fleet-a")
+        );
+        assert_eq!(c.lease, Duration::from_millis(500));
+        for (url, name) in [
+            ("http://n:4222", None),
+            ("nats://", None),
+            ("nats://n:4222", Some("a.b")),
+            ("nats://n:4222", Some("")),
+        ] {
+            let flags = ServeArgs {
+                cluster: Some(url.into()),
+                cluster_name: name.map(str::to_string),
+                ..no_flags()
+            };
+            assert!(
+                matches!(
+                    GatewayConfig::resolve(&flags, None),
+                    Err(ConfigError::BadCluster(_))
+                ),
+                "{url} {name:?}"
+            );
+        }
+    }
+
+    #[test]
     fn defaults_are_the_documented_ones() {
         let c = GatewayConfig::resolve(&no_flags(), None).unwrap();
         assert_eq!(c.listen, default_listen());

@@ -386,7 +386,8 @@ pub(crate) struct Routed {
 }
 
 pub(crate) enum Pick {
-    Routed(Routed),
+    /// Boxed: a routed request's guard is large and the other outcomes are empty.
+    Routed(Box<Routed>),
     /// No healthy pod (after exclusions).
     NoHealthyPod,
     /// The core found no pod to choose.
@@ -451,12 +452,12 @@ pub(crate) fn decide_for(
         charged_prefill_tokens,
         decision,
     });
-    Pick::Routed(Routed {
+    Pick::Routed(Box::new(Routed {
         pod,
         guard,
         policy,
         branch,
-    })
+    }))
 }
 
 /// The least-loaded healthy pod outside `excluded`, for requests the router does not decide;

@@ -189,7 +189,11 @@ async fn a_replica_sees_anothers_new_stream_within_200_ms_and_its_end() {
     let mut worst = Duration::ZERO;
     for i in 0..3 {
         let c = client();
-        let req = post(&a, "/v1/chat/completions", &chat_body(&format!("hi {i}"), true));
+        let req = post(
+            &a,
+            "/v1/chat/completions",
+            &chat_body(&format!("hi {i}"), true),
+        );
         let stream = tokio::spawn(async move { send(&c, req).await });
         // From the moment A charged the request to the moment B's ledger holds it.
         while total(&a, &pods).requests == 0 {
@@ -253,7 +257,10 @@ async fn routed_index_entries_are_shared_and_a_new_replica_warms_up_from_its_pee
         assert_eq!(ra.status, 200);
         let pod_a = ra.header("x-kvgate-pod").unwrap();
         assert_idle(&b, &pods).await;
-        eventually("A's route reached B's routed index", || blocks(&b) == blocks(&a)).await;
+        eventually("A's route reached B's routed index", || {
+            blocks(&b) == blocks(&a)
+        })
+        .await;
         // B never saw this prompt, yet routes it where A put it: A's route is in B's index.
         let rb = send(&c, post(&b, "/v1/chat/completions", &body)).await;
         assert_eq!(rb.status, 200);
@@ -282,7 +289,9 @@ async fn routed_index_entries_are_shared_and_a_new_replica_warms_up_from_its_pee
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_killed_mid_run_fails_no_request_and_the_replicas_converge_after_it_returns() {
-    let Some(mut nats) = Nats::start() else { return };
+    let Some(mut nats) = Nats::start() else {
+        return;
+    };
     let p1 = FakePod::start(Behavior::Normal {
         chunks: 3,
         delay_ms: 5,
@@ -353,7 +362,10 @@ async fn nats_killed_mid_run_fails_no_request_and_the_replicas_converge_after_it
     let t = Instant::now();
     nats.up();
     let cb = b.shared().cluster.get().unwrap().clone();
-    eventually("both reconnected", || ca.is_connected() && cb.is_connected()).await;
+    eventually("both reconnected", || {
+        ca.is_connected() && cb.is_connected()
+    })
+    .await;
     eventually("B learned A's stream from its snapshot", || {
         total(&b, &pods).requests == 1
     })
@@ -454,7 +466,11 @@ async fn duplicated_messages_and_garbage_are_harmless() {
     })
     .await;
     // Traffic still routes.
-    let r = send(&client(), post(&b, "/v1/chat/completions", &chat_body("x", false))).await;
+    let r = send(
+        &client(),
+        post(&b, "/v1/chat/completions", &chat_body("x", false)),
+    )
+    .await;
     assert_eq!(r.status, 200);
 }
 
@@ -474,7 +490,10 @@ async fn a_dead_replicas_charges_expire_after_its_lease_and_a_leaving_one_is_rel
     let c = client();
     let req = post(&a, "/v1/chat/completions", &chat_body("long", true));
     let stream = tokio::spawn(async move { send(&c, req).await });
-    eventually("B sees A's stream", || b.in_flight(&p1.url).unwrap().requests == 1).await;
+    eventually("B sees A's stream", || {
+        b.in_flight(&p1.url).unwrap().requests == 1
+    })
+    .await;
     drop(a);
     let died = Instant::now();
     eventually("B returned the dead replica's charge", || {
@@ -503,12 +522,18 @@ async fn a_dead_replicas_charges_expire_after_its_lease_and_a_leaving_one_is_rel
         b.shared().cluster.get().unwrap().peers.lock().stats().peers == 0
     })
     .await;
-    assert!(left.elapsed() < Duration::from_millis(600), "{:?}", left.elapsed());
+    assert!(
+        left.elapsed() < Duration::from_millis(600),
+        "{:?}",
+        left.elapsed()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_starts_and_routes_while_nats_is_unreachable() {
-    let Some(mut nats) = Nats::start() else { return };
+    let Some(mut nats) = Nats::start() else {
+        return;
+    };
     nats.kill();
     let p1 = FakePod::start(Behavior::Normal {
         chunks: 1,
@@ -518,7 +543,11 @@ async fn a_replica_starts_and_routes_while_nats_is_unreachable() {
     let t = Instant::now();
     let a = replica(&[&p1], &nats).await;
     assert!(t.elapsed() < Duration::from_secs(2), "start waited on NATS");
-    let r = send(&client(), post(&a, "/v1/chat/completions", &chat_body("x", true))).await;
+    let r = send(
+        &client(),
+        post(&a, "/v1/chat/completions", &chat_body("x", true)),
+    )
+    .await;
     assert_eq!(r.status, 200);
     assert_eq!(metric(&a, "kvgate_cluster_connected"), 0.0);
     nats.up();

@@ -622,7 +622,8 @@ fn expire(shared: &Shared, cluster: &Cluster) {
     if n > 0 {
         let after = peers.stats();
         let m = &shared.metrics.cluster;
-        m.expired_peers.inc_by(after.expired_peers - before.expired_peers);
+        m.expired_peers
+            .inc_by(after.expired_peers - before.expired_peers);
         m.expired_requests
             .inc_by(after.expired_requests - before.expired_requests);
         tracing::warn!(
@@ -754,12 +755,7 @@ fn handle(shared: &Shared, cluster: &Cluster, payload: &[u8]) -> Option<u64> {
 }
 
 /// Answers a warm-up request: this replica's routed index, per pod, oldest first.
-async fn answer_sync(
-    shared: &Shared,
-    cluster: &Cluster,
-    client: &async_nats::Client,
-    asker: u64,
-) {
+async fn answer_sync(shared: &Shared, cluster: &Cluster, client: &async_nats::Client, asker: u64) {
     let subject = direct_subject(&cluster.config.name, asker);
     for pod in shared.pods.all().iter() {
         let blocks = shared

@@ -346,7 +346,9 @@ mod tests {
                     pod: pod_key("http://127.0.0.1:8000"),
                     input_tokens: 4_010,
                     prefill_tokens: 10,
-                    blocks: (0..250).map(|i| i * 0x9e37_79b9_7f4a_7c15).collect(),
+                    blocks: (0..250u64)
+                        .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+                        .collect(),
                 },
                 Event::FirstToken { request: 1 },
                 Event::Tokens {
@@ -433,7 +435,10 @@ mod tests {
         out.push(99);
         assert_eq!(decode(&out), Err(DecodeError::Tag(99)));
         assert_eq!(
-            decode(&[1, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f]),
+            decode(&[
+                1, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+                0x7f
+            ]),
             Err(DecodeError::Varint)
         );
     }
