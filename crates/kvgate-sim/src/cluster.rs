@@ -46,15 +46,15 @@ use std::rc::Rc;
 
 use kvgate_core::BlockHash;
 use kvgate_core::decision::Branch;
-use kvgate_core::session::peers::{PeerBook, PeerEvent, SnapshotEntry};
-use rand::rngs::ChaCha8Rng;
-use rand::{RngExt, SeedableRng};
-use rustc_hash::FxHashSet;
 use kvgate_core::policy::{PolicyKind, RequestSlo};
 use kvgate_core::predictor::PredictorConfig;
+use kvgate_core::session::peers::{PeerBook, PeerEvent, SnapshotEntry};
 use kvgate_core::{
     Observed, PodId, PodSnapshot, RouteRequest, Routed, RouterConfig, RouterSession, Ticket,
 };
+use rand::rngs::ChaCha8Rng;
+use rand::{RngExt, SeedableRng};
+use rustc_hash::FxHashSet;
 
 use crate::engine::{Engine, EngineRequest};
 use crate::events::{IndexConfig, SimIndex};
@@ -286,12 +286,8 @@ impl Cluster {
         let mut indexes = Vec::new();
         for i in 0..u64::from(replicas) {
             let seed = config.seed.wrapping_add(i);
-            let mut session = RouterSession::new(
-                config.router,
-                config.policy,
-                config.predictor.clone(),
-                seed,
-            );
+            let mut session =
+                RouterSession::new(config.router, config.policy, config.predictor.clone(), seed);
             indexes.push(SimIndex::new(
                 config.index,
                 &capacities,
@@ -677,7 +673,12 @@ impl Cluster {
             ids.sort_unstable();
             let live: Rc<[SnapshotEntry]> = ids
                 .iter()
-                .filter_map(|&id| self.in_flight.get(id as usize).and_then(Option::as_ref).map(|r| (id, r)))
+                .filter_map(|&id| {
+                    self.in_flight
+                        .get(id as usize)
+                        .and_then(Option::as_ref)
+                        .map(|r| (id, r))
+                })
                 .map(|(id, r)| SnapshotEntry {
                     request: share_id(id, r.attempt),
                     pod: r.ticket.pod(),
@@ -689,10 +690,7 @@ impl Cluster {
                 .collect();
             // Every request `from` routed so far is below this; the live ones are listed.
             let next_request = m.next_request[from as usize];
-            let event = Shared::Snapshot {
-                next_request,
-                live,
-            };
+            let event = Shared::Snapshot { next_request, live };
             for to in (0..replicas).filter(|&to| to != from) {
                 let seq = m.seq[from as usize];
                 m.seq[from as usize] += 1;
@@ -797,7 +795,9 @@ impl Cluster {
                     req.unshared_tokens += 1;
                     if req.unshared_tokens >= SHARED_TOKENS_PER_EVENT {
                         let n = std::mem::take(&mut req.unshared_tokens);
-                        share(&mut self.mesh, replica, sid, now_ms, |r| Shared::Tokens(r, n));
+                        share(&mut self.mesh, replica, sid, now_ms, |r| {
+                            Shared::Tokens(r, n)
+                        });
                     }
                 }
             }
