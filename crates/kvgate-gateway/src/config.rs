@@ -106,6 +106,8 @@ pub enum ConfigError {
     BadPodUrl(String),
     #[error("{0}")]
     Router(#[from] kvgate_core::config::ConfigError),
+    #[error("{0}")]
+    BadCluster(String),
     #[error("{0} must be positive")]
     NotPositive(&'static str),
     #[error(
@@ -273,6 +275,12 @@ pub struct FileConfig {
     pub router: Option<RouterConfig>,
     /// `[flow_control]`: the router-side queue (`kvgate_core::flow`); off by default.
     pub flow_control: Option<kvgate_core::flow::FlowConfig>,
+    /// `--cluster`: the NATS server other replicas share routing state over (start only).
+    pub cluster: Option<String>,
+    /// `--cluster-name` (default `default`).
+    pub cluster_name: Option<String>,
+    /// A silent replica's charges are returned after this (default 3,000).
+    pub cluster_lease_ms: Option<u64>,
 }
 
 impl FileConfig {
@@ -368,6 +376,8 @@ pub struct GatewayConfig {
     pub allow_empty_pods: bool,
     /// `[flow_control]` (see `kvgate_core::flow`); `enabled = false` by default.
     pub flow: kvgate_core::flow::FlowConfig,
+    /// `--cluster`: active-active replicas over NATS ([`crate::cluster`]; start only).
+    pub cluster: Option<crate::cluster::ClusterConfig>,
 }
 
 impl GatewayConfig {
@@ -511,6 +521,34 @@ impl GatewayConfig {
             DEFAULT_CLIENT_WRITE_TIMEOUT_MS,
             "client_write_timeout_ms",
         )?;
+        let cluster = match args.cluster.clone().or_else(|| file.cluster.clone()) {
+            None => None,
+            Some(url) => {
+                if !(url.starts_with("nats://") || url.starts_with("tls://"))
+                    || url.len() <= "nats://".len()
+                {
+                    return Err(ConfigError::BadCluster(format!(
+                        "invalid cluster URL {url:?}: expected nats://HOST:PORT"
+                    )));
+                }
+                let name = args
+                    .cluster_name
+                    .clone()
+                    .or_else(|| file.cluster_name.clone())
+                    .unwrap_or_else(|| crate::cluster::DEFAULT_CLUSTER_NAME.to_string());
+                if !crate::cluster::valid_name(&name) {
+                    return Err(ConfigError::BadCluster(format!(
+                        "invalid cluster name {name:?}: 1-64 of A-Z a-z 0-9 _ -"
+                    )));
+                }
+                let lease = positive_ms(
+                    file.cluster_lease_ms,
+                    crate::cluster::DEFAULT_LEASE_MS,
+                    "cluster_lease_ms",
+                )?;
+                Some(crate::cluster::ClusterConfig { url, name, lease })
+            }
+        };
         let pod_failure_threshold = args
             .pod_failure_threshold
             .unwrap_or(DEFAULT_POD_FAILURE_THRESHOLD);
@@ -570,6 +608,7 @@ impl GatewayConfig {
             pod_failure_cooldown,
             allow_empty_pods: file.allow_empty_pods.unwrap_or(false),
             flow,
+            cluster,
         })
     }
 
@@ -606,7 +645,8 @@ impl GatewayConfig {
             max_connections,
             connect_timeout,
             decision_log_size,
-            seed
+            seed,
+            cluster
         );
         ignored
     }
@@ -805,6 +845,57 @@ mod tests {
 
     fn no_flags() -> ServeArgs {
         ServeArgs::default()
+    }
+
+    #[test]
+    fn the_cluster_is_off_by_default_and_read_from_flags_or_file() {
+        assert_eq!(
+            GatewayConfig::resolve(&no_flags(), None).unwrap().cluster,
+            None
+        );
+        let flags = ServeArgs {
+            cluster: Some("nats://127.0.0.1:4222".into()),
+            ..no_flags()
+        };
+        let c = GatewayConfig::resolve(&flags, None)
+            .unwrap()
+            .cluster
+            .unwrap();
+        assert_eq!(c.url, "nats://127.0.0.1:4222");
+        assert_eq!(c.name, "default");
+        assert_eq!(c.lease, Duration::from_millis(3_000));
+        let file: FileConfig = toml::from_str(
+            "cluster = \"nats://n:4222\"\ncluster_name = \"fleet-a\"\ncluster_lease_ms = 500\n",
+        )
+        .unwrap();
+        let c = GatewayConfig::resolve(&no_flags(), Some(&file))
+            .unwrap()
+            .cluster
+            .unwrap();
+        assert_eq!(
+            (c.url.as_str(), c.name.as_str()),
+            ("nats://n:4222", "fleet-a")
+        );
+        assert_eq!(c.lease, Duration::from_millis(500));
+        for (url, name) in [
+            ("http://n:4222", None),
+            ("nats://", None),
+            ("nats://n:4222", Some("a.b")),
+            ("nats://n:4222", Some("")),
+        ] {
+            let flags = ServeArgs {
+                cluster: Some(url.into()),
+                cluster_name: name.map(str::to_string),
+                ..no_flags()
+            };
+            assert!(
+                matches!(
+                    GatewayConfig::resolve(&flags, None),
+                    Err(ConfigError::BadCluster(_))
+                ),
+                "{url} {name:?}"
+            );
+        }
     }
 
     #[test]

@@ -13,6 +13,7 @@
 //! kv_events (ZeroMQ per pod) ─► core KvEventFollower ─► the session's engine index
 //! reload (config file mtime) ─► config ─► pods / router
 //! discovery (--discovery kubernetes: Pod watch) ─► pods
+//! cluster (--cluster nats://…) ◄─► other replicas: routing events ─► core PeerBook ─► session
 //! admin (/metrics, /debug/decisions, /debug/config, /healthz, /readyz)
 //! ```
 //!
@@ -27,6 +28,7 @@
 //! | `state` | what all tasks share; the core's `RouterSession` behind one mutex (`Shared::session`) |
 //! | `routing` | what both data paths share: `prepare` (parse, SLO headers, blocks, `max_prompt_tokens`, `--capture` ticket), `decide_for` (one decision through the session, recorded in `/debug/decisions`), `least_loaded` |
 //! | `lifecycle` | `TicketGuard`: a request's session ticket with its pod; first token, tokens, finish, returned once in `Drop` on every ending |
+//! | `cluster` | `--cluster`: active-active replicas over NATS — the TicketGuard's transitions published (bounded queue, binary `wire` format), the other replicas' applied through the core `PeerBook`, snapshots, leases, routed-index warm-up |
 //! | `listener` | the traffic listener's accept loop and connections (hyper-util auto: HTTP/1.1, h2c): connection cap, header-read, idle and client-write timeouts, accept-error pauses |
 //! | `proxy` | the HTTP handlers of the traffic listener (`traffic_router`), the retry loop |
 //! | `upstream` | forwarding to a pod: the upstream request (hop-by-hop, `Authorization`, `x-request-id`), the client's response headers, the `include_usage` rewrite, `send` (first-byte and request timeouts), failed-attempt counting |
@@ -64,6 +66,7 @@ pub mod body;
 pub mod breaker;
 pub mod capture;
 pub mod chat_template;
+pub mod cluster;
 pub mod config;
 pub mod decisions;
 pub mod discovery;

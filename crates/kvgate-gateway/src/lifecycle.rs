@@ -6,10 +6,16 @@
 //! transitions the HTTP proxy and the ext_proc picker observe (first token, more tokens, the
 //! end) and returns it in `Drop` whatever path the request ends on (done, upstream error,
 //! client abort, retry elsewhere), so no ending can leak a charge.
+//!
+//! With `--cluster` the guard also reports each transition to the other replicas
+//! ([`crate::cluster`]): the route with its blocks and charge, the first token, decode tokens
+//! in steps of [`crate::cluster::TOKENS_PER_EVENT`], the end. They apply them as the same
+//! transitions of their own sessions.
 
+use crate::cluster::TOKENS_PER_EVENT;
 use crate::pods::Pod;
 use crate::state::Shared;
-use kvgate_core::{Observed, Ticket};
+use kvgate_core::{BlockHash, Observed, Ticket};
 use std::sync::Arc;
 
 /// One request's ticket and pod; see the module docs.
@@ -17,6 +23,8 @@ pub struct TicketGuard {
     shared: Arc<Shared>,
     pod: Arc<Pod>,
     ticket: Option<Ticket>,
+    /// With `--cluster`: the request's id there and decode tokens not yet reported.
+    shared_as: Option<(u64, u64)>,
 }
 
 impl std::fmt::Debug for TicketGuard {
@@ -29,11 +37,24 @@ impl std::fmt::Debug for TicketGuard {
 }
 
 impl TicketGuard {
-    pub fn new(shared: Arc<Shared>, pod: Arc<Pod>, ticket: Ticket) -> Self {
+    /// A routed request's ticket; `blocks` are the prompt's blocks recorded for the pod (what
+    /// the other replicas record too).
+    pub fn new(shared: Arc<Shared>, pod: Arc<Pod>, ticket: Ticket, blocks: &[BlockHash]) -> Self {
+        let shared_as = shared.cluster.get().map(|c| {
+            let id = c.routed(
+                &shared,
+                &pod,
+                blocks,
+                ticket.input_tokens(),
+                ticket.prefill_tokens(),
+            );
+            (id, 0)
+        });
         TicketGuard {
             shared,
             pod,
             ticket: Some(ticket),
+            shared_as,
         }
     }
 
@@ -41,7 +62,7 @@ impl TicketGuard {
     /// on `pod`, never trained on.
     pub fn unrouted(shared: Arc<Shared>, pod: Arc<Pod>) -> Self {
         let ticket = shared.session.lock().charge_unrouted(&pod.snapshot());
-        TicketGuard::new(shared, pod, ticket)
+        TicketGuard::new(shared, pod, ticket, &[])
     }
 
     pub fn pod(&self) -> &Arc<Pod> {
@@ -54,6 +75,9 @@ impl TicketGuard {
             && !t.has_first_token()
         {
             self.shared.session.lock().first_token(t);
+            if let (Some(c), Some((id, _))) = (self.shared.cluster.get(), self.shared_as) {
+                c.first_token(&self.shared, id, t.decode_tokens());
+            }
         }
     }
 
@@ -64,21 +88,34 @@ impl TicketGuard {
         }
         if let Some(t) = self.ticket.as_mut() {
             self.shared.session.lock().tokens_generated(t, tokens);
+            if let (Some(c), Some((id, unreported))) =
+                (self.shared.cluster.get(), self.shared_as.as_mut())
+            {
+                *unreported += tokens;
+                if *unreported >= TOKENS_PER_EVENT {
+                    c.tokens(&self.shared, *id, std::mem::take(unreported));
+                }
+            }
         }
     }
 
     /// The request ended; with an observation the predictor learns from it.
     pub fn finish(mut self, observed: Option<Observed>) {
+        self.end(observed);
+    }
+
+    fn end(&mut self, observed: Option<Observed>) {
         if let Some(t) = self.ticket.take() {
             self.shared.session.lock().finish(t, observed);
+            if let (Some(c), Some((id, _))) = (self.shared.cluster.get(), self.shared_as.take()) {
+                c.finish(&self.shared, id);
+            }
         }
     }
 }
 
 impl Drop for TicketGuard {
     fn drop(&mut self) {
-        if let Some(t) = self.ticket.take() {
-            self.shared.session.lock().finish(t, None);
-        }
+        self.end(None);
     }
 }

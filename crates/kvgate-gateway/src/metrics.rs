@@ -146,6 +146,8 @@ pub struct Metrics {
     pub kv_events_stale: Family<PodLabel, Gauge>,
     /// The traffic listener's connections ([`crate::listener`]).
     pub connections: crate::listener::ConnectionMetrics,
+    /// `--cluster`'s metrics ([`crate::cluster`]; zeros without it).
+    pub cluster: crate::cluster::ClusterMetrics,
     pub registry: Registry,
     /// `kvgate_flow_*` ([`crate::flow`]).
     pub flow: crate::flow::FlowMetrics,
@@ -234,6 +236,7 @@ impl Metrics {
             kv_events_stale: Family::default(),
             connections: Default::default(),
             flow: Default::default(),
+            cluster: Default::default(),
             registry: Registry::with_prefix("kvgate"),
         };
         m.register()
@@ -243,6 +246,7 @@ impl Metrics {
         let r = &mut self.registry;
         self.connections.register(r);
         self.flow.register(r);
+        self.cluster.register(r);
         r.register(
             "requests",
             "Routed requests by pod, policy, branch and outcome",

@@ -181,7 +181,7 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
             policy,
             branch,
         } = match decide_for(&shared, &request, &excluded, meta) {
-            Pick::Routed(r) => r,
+            Pick::Routed(r) => *r,
             Pick::NoHealthyPod if attempt > 0 => break,
             Pick::NoHealthyPod | Pick::NoDecision => {
                 return reject(&shared, no_healthy_pod(), &rid);

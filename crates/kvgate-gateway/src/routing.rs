@@ -388,7 +388,8 @@ pub(crate) struct Routed {
 }
 
 pub(crate) enum Pick {
-    Routed(Routed),
+    /// Boxed: a routed request's guard is large and the other outcomes are empty.
+    Routed(Box<Routed>),
     /// No healthy pod (after exclusions).
     NoHealthyPod,
     /// The core found no pod to choose.
@@ -424,7 +425,12 @@ pub(crate) fn decide_for(
         shared.session.lock().finish(routed.ticket, None);
         return Pick::NoDecision;
     };
-    let guard = TicketGuard::new(shared.clone(), pod.clone(), routed.ticket);
+    // The blocks the session recorded for the pod (its own block size's chain).
+    let blocks = snaps
+        .iter()
+        .find(|s| s.id == decision.pod_id)
+        .map_or(request.blocks, |s| request.cut().blocks_for(s).0);
+    let guard = TicketGuard::new(shared.clone(), pod.clone(), routed.ticket, blocks);
     let branch = decision.branch.as_str();
     if let Some(e) = decision.pods.iter().find(|p| p.id == decision.pod) {
         shared
@@ -450,12 +456,12 @@ pub(crate) fn decide_for(
         flow: meta.flow.cloned(),
         decision,
     });
-    Pick::Routed(Routed {
+    Pick::Routed(Box::new(Routed {
         pod,
         guard,
         policy,
         branch,
-    })
+    }))
 }
 
 /// The least-loaded healthy pod outside `excluded`, for requests the router does not decide;

@@ -90,6 +90,10 @@ pub struct ServeArgs {
     pub idle_connection_timeout_ms: Option<u64>,
     /// `--client-write-timeout-ms`: the longest a client may accept no byte of its response.
     pub client_write_timeout_ms: Option<u64>,
+    /// `--cluster nats://HOST:PORT`: share routing state with the other replicas there.
+    pub cluster: Option<String>,
+    /// `--cluster-name`: the fleet's name on that NATS server.
+    pub cluster_name: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -228,6 +232,9 @@ impl Gateway {
                 pod,
             )));
         }
+        if let Some(cluster) = shared.config().cluster.clone() {
+            tasks.extend(crate::cluster::start(&shared, cluster).await);
+        }
         tasks.push(tokio::spawn(crate::trainer::run(shared.clone())));
         tasks.push(tokio::spawn(crate::log_limit::summarise(shared.clone())));
         match crate::discovery::start(&shared, &args).await {
@@ -343,6 +350,8 @@ impl Gateway {
             }
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
+        // The other replicas release this one's charges now rather than after its lease.
+        crate::cluster::leave(&self.shared, std::time::Duration::from_millis(200)).await;
     }
 
     pub fn shared(&self) -> &Arc<Shared> {

@@ -37,6 +37,8 @@ pub struct Shared {
     pub client: UpstreamClient,
     /// Token mode's tokenizer (`--tokenizer FILE`, else the built-in cl100k), set at start.
     pub tokenizer: std::sync::OnceLock<crate::tokenizer::GatewayTokenizer>,
+    /// `--cluster`: this replica's membership (set at start).
+    pub cluster: std::sync::OnceLock<Arc<crate::cluster::Cluster>>,
     /// `--capture FILE`, when given.
     pub capture: std::sync::OnceLock<Arc<crate::capture::Capture>>,
     /// Slots and queue of the traffic listener (sized at start).
@@ -96,6 +98,7 @@ impl Shared {
             log_limit: crate::log_limit::LogLimiter::default(),
             client,
             capture: std::sync::OnceLock::new(),
+            cluster: std::sync::OnceLock::new(),
             tokenizer: std::sync::OnceLock::new(),
             shutting_down: std::sync::atomic::AtomicBool::new(false),
             grace_end: Arc::default(),
@@ -178,6 +181,9 @@ impl Shared {
     /// Refreshes the gauges computed from state (called before encoding `/metrics`).
     pub fn refresh_gauges(&self) {
         let m = &self.metrics;
+        if let Some(c) = self.cluster.get() {
+            c.refresh_gauges(&m.cluster);
+        }
         m.active_requests
             .set(i64::try_from(self.admission.active()).unwrap_or(i64::MAX));
         m.queued_requests

@@ -29,6 +29,19 @@
 //! TTFT counts from its arrival (queue time included); the predictor trains on the pod's TTFT
 //! (from its dispatch), as the gateway's does. Refused, evicted and expired requests count as
 //! rejected; requests still queued when nothing else is left to happen expire then.
+//! # Several router replicas (`replicas`, `sharing`)
+//!
+//! With `replicas` = R > 1, R routers (one [`RouterSession`] each, seeds `seed + i`) sit behind
+//! a round-robin balancer: request `id` goes to replica `id mod R` (its retries too). Each
+//! replica's in-flight ledger and routed index start knowing only its own requests, as
+//! independent `kvgate serve` replicas. With `sharing` (the gateway's `--cluster`), every
+//! replica's route (with the prompt's blocks and its charge), first token, decode tokens (every
+//! [`SHARED_TOKENS_PER_EVENT`], as the gateway) and finish reach every other replica after
+//! `delay_ms`, each lost with probability `loss`, and are applied through the core's
+//! [`PeerBook`] — the same session transitions, as the gateway's cluster module does; every
+//! [`SNAPSHOT_INTERVAL_MS`] each replica's live requests follow the same path and repair what
+//! loss left wrong. Deliveries are applied before each routing decision (only decisions read
+//! the state). R = 1 runs exactly as before (no extra event, no extra random draw).
 //!
 //! Each busy pod has exactly one pending "step end" event. At a step end the step's emissions are
 //! applied at the step's end time, and the engine's next step starts immediately if it has work.
@@ -37,12 +50,20 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 
+use std::collections::VecDeque;
+use std::rc::Rc;
+
+use kvgate_core::BlockHash;
 use kvgate_core::decision::Branch;
 use kvgate_core::policy::{PolicyKind, RequestSlo};
 use kvgate_core::predictor::PredictorConfig;
+use kvgate_core::session::peers::{PeerBook, PeerEvent, SnapshotEntry};
 use kvgate_core::{
     Observed, PodId, PodSnapshot, RouteRequest, Routed, RouterConfig, RouterSession, Ticket,
 };
+use rand::rngs::ChaCha8Rng;
+use rand::{RngExt, SeedableRng};
+use rustc_hash::FxHashSet;
 
 use kvgate_core::flow::{Expiry, FlowConfig, FlowQueue, FlowRequest, Offer, Rejection};
 use serde::Serialize;
@@ -56,6 +77,20 @@ use crate::{SIM_BLOCK_SIZE_TOKENS, SimRequest};
 
 /// Default scrape interval of pod metrics, as the gateway's default.
 pub const DEFAULT_SCRAPE_INTERVAL_MS: f64 = 50.0;
+/// Decode tokens a request accumulates before it is shared (the gateway's `TOKENS_PER_EVENT`).
+pub const SHARED_TOKENS_PER_EVENT: u64 = 32;
+/// How often each replica shares its live requests (the gateway's `SNAPSHOT_INTERVAL`).
+pub const SNAPSHOT_INTERVAL_MS: f64 = 1_000.0;
+const SHARE_LOSS_SEED_SALT: u64 = 0x5ba7_e0f1_0550_0001;
+
+/// How replicas share their routing events (`--share-delay-ms`, `--share-loss`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sharing {
+    /// Publish-to-apply delay of every event, ms (NATS on a LAN: well under 1 ms).
+    pub delay_ms: f64,
+    /// Probability that one event is lost on its way to one replica.
+    pub loss: f64,
+}
 
 /// One simulated run: a fleet, a policy, a seed.
 #[derive(Debug, Clone)]
@@ -92,6 +127,10 @@ pub struct ClusterConfig {
     /// Flow control in front of the router (`enabled = false` by default: every arrival is
     /// routed at once).
     pub flow: FlowConfig,
+    /// Router replicas behind a round-robin balancer (default 1).
+    pub replicas: u32,
+    /// How replicas share routing state; `None`: they do not (independent replicas).
+    pub sharing: Option<Sharing>,
 }
 
 impl ClusterConfig {
@@ -113,6 +152,8 @@ impl ClusterConfig {
             slo: RequestSlo::default(),
             record_routes: false,
             flow: FlowConfig::default(),
+            replicas: 1,
+            sharing: None,
         }
     }
 
@@ -136,6 +177,55 @@ struct InFlightRequest {
     first_token_ms: Option<f64>,
     /// 0 for the first attempt, then 1, 2, … after the pod died before the first token.
     attempt: u8,
+    /// The replica that routed it.
+    replica: u32,
+    /// Decode tokens not yet shared with the other replicas.
+    unshared_tokens: u64,
+}
+
+/// A shared routing event on its way from one replica to another.
+#[derive(Debug, Clone)]
+enum Shared {
+    Route {
+        request: u64,
+        pod: PodId,
+        input_tokens: u32,
+        prefill_tokens: u64,
+        blocks: Rc<[BlockHash]>,
+    },
+    FirstToken(u64),
+    Tokens(u64, u64),
+    Finish(u64),
+    Snapshot {
+        next_request: u64,
+        live: Rc<[SnapshotEntry]>,
+    },
+}
+
+#[derive(Debug)]
+struct Delivery {
+    at_ms: f64,
+    from: u32,
+    to: u32,
+    seq: u64,
+    event: Shared,
+}
+
+/// The replicas' sharing state (only with R > 1 and `sharing`).
+#[derive(Debug)]
+struct Mesh {
+    sharing: Sharing,
+    books: Vec<PeerBook>,
+    /// Deliveries in time order (a constant delay keeps publish order).
+    queue: VecDeque<Delivery>,
+    /// Each replica's next sequence number.
+    seq: Vec<u64>,
+    /// One past the highest share id each replica routed.
+    next_request: Vec<u64>,
+    /// Each replica's requests in flight (for its snapshots).
+    live: Vec<FxHashSet<u64>>,
+    next_snapshot_ms: f64,
+    rng: ChaCha8Rng,
 }
 
 /// How routing one attempt of a request ended.
@@ -226,8 +316,11 @@ struct Cluster {
     engines: Vec<Engine>,
     /// The pods' scraped state (the session fills in its in-flight counters when it routes).
     snapshots: Vec<PodSnapshot>,
-    session: RouterSession,
-    index: SimIndex,
+    /// One session per replica (index 0 is the only one with R = 1).
+    sessions: Vec<RouterSession>,
+    /// One event feed per replica (engine mode); index 0 also keeps the accuracy bookkeeping.
+    indexes: Vec<SimIndex>,
+    mesh: Option<Mesh>,
     in_flight: Vec<Option<InFlightRequest>>,
     /// Pending step ends: (time key, pod). One per busy pod, plus stale ones of crashed pods.
     steps: BinaryHeap<Reverse<(u64, u32)>>,
@@ -259,18 +352,37 @@ impl Cluster {
             .iter()
             .map(|profile| config.kv_blocks.unwrap_or(profile.kv_blocks))
             .collect();
-        let mut session = RouterSession::new(
-            config.router,
-            config.policy,
-            config.predictor.clone(),
-            config.seed,
-        );
-        let index = SimIndex::new(config.index, &capacities, config.seed, session.index_mut());
+        let replicas = config.replicas.max(1);
+        let mut sessions = Vec::new();
+        let mut indexes = Vec::new();
+        for i in 0..u64::from(replicas) {
+            let seed = config.seed.wrapping_add(i);
+            let mut session =
+                RouterSession::new(config.router, config.policy, config.predictor.clone(), seed);
+            indexes.push(SimIndex::new(
+                config.index,
+                &capacities,
+                seed,
+                session.index_mut(),
+            ));
+            sessions.push(session);
+        }
+        let wants_events = indexes[0].wants_events();
+        let mesh = config.sharing.filter(|_| replicas > 1).map(|sharing| Mesh {
+            sharing,
+            books: (0..replicas).map(|_| PeerBook::default()).collect(),
+            queue: VecDeque::new(),
+            seq: vec![0; replicas as usize],
+            next_request: vec![0; replicas as usize],
+            live: vec![FxHashSet::default(); replicas as usize],
+            next_snapshot_ms: SNAPSHOT_INTERVAL_MS,
+            rng: ChaCha8Rng::seed_from_u64(config.seed ^ SHARE_LOSS_SEED_SALT),
+        });
         let engines: Vec<Engine> = fleet
             .iter()
             .map(|profile| {
                 let mut engine = Engine::new(profile, config.kv_blocks);
-                engine.set_record_kv_events(index.wants_events());
+                engine.set_record_kv_events(wants_events);
                 engine
             })
             .collect();
@@ -289,10 +401,11 @@ impl Cluster {
         let mut recorder = RunRecorder::new(pods as usize, requests);
         recorder.set_slo(config.slo);
         Cluster {
-            session,
+            sessions,
             engines,
             snapshots,
-            index,
+            indexes,
+            mesh,
             in_flight: (0..requests).map(|_| None).collect(),
             steps: BinaryHeap::new(),
             step_due: vec![None; pods as usize],
@@ -359,6 +472,12 @@ impl Cluster {
                 }
             }
             let Some((at, kind)) = next else { break };
+            if let Some(t) = self.mesh.as_ref().map(|m| m.next_snapshot_ms)
+                && time_key(t) < at
+            {
+                self.share_snapshots(t);
+                continue;
+            }
             // Scrapes happen at multiples of the interval while anything is pending.
             let scrape = time_key(next_scrape);
             if scrape < at || (scrape == at && kind == Next::Arrival) {
@@ -412,11 +531,20 @@ impl Cluster {
         let engines: Vec<_> = self.engines.iter().map(Engine::metrics).collect();
         let mut metrics = self
             .recorder
-            .finish(&engines, self.session.predictor().accuracy());
-        metrics.in_flight_left = self.session.in_flight_total();
+            .finish(&engines, self.sessions[0].predictor().accuracy());
+        // Own requests only: the peers' charges still held (events in transit, or lost with
+        // no later snapshot) are released first.
+        if let Some(mesh) = &mut self.mesh {
+            for (book, session) in mesh.books.iter_mut().zip(&mut self.sessions) {
+                for peer in book.peer_ids() {
+                    book.forget(session, peer);
+                }
+            }
+        }
+        metrics.in_flight_left = self.sessions.iter().map(|s| s.in_flight_total()).sum();
         metrics.faults = self.faults.map(FaultRecorder::finish);
-        metrics.kv_index = Some(self.index.report());
-        metrics.gate_state = self.session.router().gate_state();
+        metrics.kv_index = Some(self.indexes[0].report());
+        metrics.gate_state = self.sessions[0].router().gate_state();
         metrics.routes = self.routes;
         if self.track_flow {
             let released = self.flow_report.released.max(1) as f64;
@@ -457,7 +585,9 @@ impl Cluster {
         self.busy[pod] = false;
         self.step_due[pod] = None;
         let dropped = self.engines[pod].crash(now);
-        self.index.restart(pod as u32, now);
+        for index in &mut self.indexes {
+            index.restart(pod as u32, now);
+        }
         if let Some(f) = &mut self.faults {
             f.dropped_by_crash += dropped.len() as u64;
         }
@@ -465,7 +595,14 @@ impl Cluster {
             let Some(req) = self.in_flight.get_mut(id as usize).and_then(Option::take) else {
                 continue;
             };
-            self.session.finish(req.ticket, None);
+            self.sessions[req.replica as usize].finish(req.ticket, None);
+            share(
+                &mut self.mesh,
+                req.replica,
+                share_id(id, req.attempt),
+                now,
+                Shared::Finish,
+            );
             let arrival = self.recorder.arrival_ms(id).unwrap_or(now);
             let retry = req.first_token_ms.is_none() && req.attempt < MAX_RETRIES;
             let routed = match requests.get(id as usize) {
@@ -556,7 +693,7 @@ impl Cluster {
     /// The fleet's saturation: the snapshots as scraped with the session's exact ledger.
     fn flow_saturation(&mut self) -> kvgate_core::flow::Saturation {
         for s in &mut self.snapshots {
-            s.in_flight = self.session.in_flight(s.id);
+            s.in_flight = self.sessions[0].in_flight(s.id);
         }
         kvgate_core::flow::fleet_saturation(&self.config.flow.saturation, &self.snapshots, |_| None)
     }
@@ -638,7 +775,9 @@ impl Cluster {
         mut attempt: u8,
         excluded: &mut Vec<PodId>,
     ) -> Outcome {
-        self.index.advance(now, self.session.index_mut());
+        let replica = self.replica_of(r.id);
+        self.deliver(now);
+        self.indexes[replica].advance(now, self.sessions[replica].index_mut());
         let request = RouteRequest {
             blocks: &r.blocks,
             input_tokens: r.input_tokens,
@@ -647,14 +786,15 @@ impl Cluster {
             slo: self.config.slo,
         };
         loop {
-            let Ok(routed) = self.session.route(&request, &mut self.snapshots, excluded) else {
+            let Ok(routed) = self.sessions[replica].route(&request, &mut self.snapshots, excluded)
+            else {
                 return Outcome::NoPod;
             };
             let pod = routed.decision.pod_id;
             if !self.up[pod.index()] {
                 // Connection refused: the attempt ends, the pod is marked unhealthy and the
                 // request decided again (the gateway's retry).
-                self.session.finish(routed.ticket, None);
+                self.sessions[replica].finish(routed.ticket, None);
                 self.snapshots[pod.index()].healthy = false;
                 excluded.push(pod);
                 if attempt >= MAX_RETRIES {
@@ -676,38 +816,162 @@ impl Cluster {
                     charged_prefill_tokens: routed.ticket.prefill_tokens(),
                 });
             }
-            return self.dispatch(r, now, routed, attempt);
+            return self.dispatch(r, now, routed, attempt, replica);
         }
     }
 
     /// Sends `r` to the pod the session chose: the index's accuracy noted, the engine given
     /// the request (a refusal ends the attempt).
-    fn dispatch(&mut self, r: &SimRequest, now: f64, routed: Routed, attempt: u8) -> Outcome {
+    fn dispatch(
+        &mut self,
+        r: &SimRequest,
+        now: f64,
+        routed: Routed,
+        attempt: u8,
+        replica: usize,
+    ) -> Outcome {
         let Routed { decision, ticket } = routed;
         let pod = decision.pod_id.index();
-        let index_blocks = self.session.router().matched_blocks(decision.pod_id);
+        let index_blocks = self.sessions[replica]
+            .router()
+            .matched_blocks(decision.pod_id);
         let true_blocks = self.engines[pod].cached_prefix_blocks(&r.blocks) as u32;
-        self.index.observe(index_blocks, true_blocks);
+        self.indexes[0].observe(index_blocks, true_blocks);
         if self.engines[pod]
             .add_request(now, EngineRequest::from(r))
             .is_err()
         {
-            self.session.finish(ticket, None);
+            self.sessions[replica].finish(ticket, None);
             return Outcome::NoPod;
         }
         if let Some(slot) = self.in_flight.get_mut(r.id as usize) {
+            let (prefill, input) = (ticket.prefill_tokens(), ticket.input_tokens());
             *slot = Some(InFlightRequest {
                 ticket,
                 first_token_ms: None,
                 attempt,
+                replica: replica as u32,
+                unshared_tokens: 0,
             });
+            if let Some(m) = &mut self.mesh {
+                m.live[replica].insert(r.id);
+                let sid = share_id(r.id, attempt);
+                m.next_request[replica] = m.next_request[replica].max(sid + 1);
+                let blocks: Rc<[BlockHash]> = r.blocks.as_slice().into();
+                let pod = decision.pod_id;
+                share(&mut self.mesh, replica as u32, sid, now, |request| {
+                    Shared::Route {
+                        request,
+                        pod,
+                        input_tokens: input,
+                        prefill_tokens: prefill,
+                        blocks: blocks.clone(),
+                    }
+                });
+            }
         } else {
-            self.session.finish(ticket, None);
+            self.sessions[replica].finish(ticket, None);
         }
         if !self.busy[pod] {
             self.start_step(pod, now);
         }
         Outcome::Dispatched
+    }
+
+    fn replica_of(&self, request: u64) -> usize {
+        (request % self.sessions.len() as u64) as usize
+    }
+
+    /// Every replica shares its live requests (at `at_ms`).
+    fn share_snapshots(&mut self, at_ms: f64) {
+        let Some(m) = &mut self.mesh else {
+            return;
+        };
+        m.next_snapshot_ms = at_ms + SNAPSHOT_INTERVAL_MS;
+        let replicas = m.books.len() as u32;
+        for from in 0..replicas {
+            let mut ids: Vec<u64> = m.live[from as usize].iter().copied().collect();
+            ids.sort_unstable();
+            let live: Rc<[SnapshotEntry]> = ids
+                .iter()
+                .filter_map(|&id| {
+                    self.in_flight
+                        .get(id as usize)
+                        .and_then(Option::as_ref)
+                        .map(|r| (id, r))
+                })
+                .map(|(id, r)| SnapshotEntry {
+                    request: share_id(id, r.attempt),
+                    pod: r.ticket.pod(),
+                    input_tokens: r.ticket.input_tokens(),
+                    prefill_tokens: r.ticket.prefill_tokens(),
+                    first_token: r.ticket.has_first_token(),
+                    decode_tokens: r.ticket.decode_tokens().saturating_sub(r.unshared_tokens),
+                })
+                .collect();
+            // Every request `from` routed so far is below this; the live ones are listed.
+            let next_request = m.next_request[from as usize];
+            let event = Shared::Snapshot { next_request, live };
+            for to in (0..replicas).filter(|&to| to != from) {
+                let seq = m.seq[from as usize];
+                m.seq[from as usize] += 1;
+                if m.sharing.loss > 0.0 && m.rng.random::<f64>() < m.sharing.loss {
+                    continue;
+                }
+                m.queue.push_back(Delivery {
+                    at_ms: at_ms + m.sharing.delay_ms,
+                    from,
+                    to,
+                    seq,
+                    event: event.clone(),
+                });
+            }
+        }
+    }
+
+    /// Applies every shared event due by `now` to its replica.
+    fn deliver(&mut self, now: f64) {
+        let Some(m) = &mut self.mesh else {
+            return;
+        };
+        while m.queue.front().is_some_and(|d| d.at_ms <= now) {
+            let Some(d) = m.queue.pop_front() else { break };
+            let book = &mut m.books[d.to as usize];
+            let session = &mut self.sessions[d.to as usize];
+            let from = u64::from(d.from);
+            if !book.accept(from, d.seq, d.at_ms as u64) {
+                continue;
+            }
+            match d.event {
+                Shared::Route {
+                    request,
+                    pod,
+                    input_tokens,
+                    prefill_tokens,
+                    blocks,
+                } => book.apply(
+                    session,
+                    from,
+                    PeerEvent::Route {
+                        request,
+                        pod,
+                        input_tokens,
+                        prefill_tokens,
+                        blocks: &blocks,
+                    },
+                ),
+                Shared::FirstToken(request) => {
+                    book.apply(session, from, PeerEvent::FirstToken { request })
+                }
+                Shared::Tokens(request, tokens) => {
+                    book.apply(session, from, PeerEvent::Tokens { request, tokens })
+                }
+                Shared::Finish(request) => book.apply(session, from, PeerEvent::Finish { request }),
+                Shared::Snapshot { next_request, live } => {
+                    book.reconcile(session, from, next_request, &live, true);
+                }
+            }
+        }
     }
 
     fn start_step(&mut self, pod: usize, now_ms: f64) {
@@ -732,17 +996,31 @@ impl Cluster {
 
     fn step_end(&mut self, pod: usize, now_ms: f64) {
         let outcome = self.engines[pod].last_outcome();
-        self.index.publish(pod as u32, now_ms, &outcome.kv_events);
+        for index in &mut self.indexes {
+            index.publish(pod as u32, now_ms, &outcome.kv_events);
+        }
         self.recorder.preempted(outcome.preempted.len());
         for e in &outcome.emissions {
             let Some(Some(req)) = self.in_flight.get_mut(e.request_id as usize) else {
                 continue;
             };
+            let replica = req.replica;
+            let sid = share_id(e.request_id, req.attempt);
             if req.first_token_ms.is_none() {
                 req.first_token_ms = Some(now_ms);
-                self.session.first_token(&mut req.ticket);
+                self.sessions[replica as usize].first_token(&mut req.ticket);
+                share(&mut self.mesh, replica, sid, now_ms, Shared::FirstToken);
             } else {
-                self.session.tokens_generated(&mut req.ticket, 1);
+                self.sessions[replica as usize].tokens_generated(&mut req.ticket, 1);
+                if self.mesh.is_some() {
+                    req.unshared_tokens += 1;
+                    if req.unshared_tokens >= SHARED_TOKENS_PER_EVENT {
+                        let n = std::mem::take(&mut req.unshared_tokens);
+                        share(&mut self.mesh, replica, sid, now_ms, |r| {
+                            Shared::Tokens(r, n)
+                        });
+                    }
+                }
             }
             if e.finished {
                 let Some(req) = self.in_flight[e.request_id as usize].take() else {
@@ -774,7 +1052,15 @@ impl Cluster {
                 {
                     *t = ttft;
                 }
-                self.session.finish(
+                let replica = req.replica;
+                share(
+                    &mut self.mesh,
+                    replica,
+                    share_id(e.request_id, req.attempt),
+                    now_ms,
+                    Shared::Finish,
+                );
+                self.sessions[replica as usize].finish(
                     req.ticket,
                     Some(Observed {
                         ttft_ms: pod_ttft,
@@ -793,6 +1079,37 @@ impl Cluster {
             }
         }
         self.start_step(pod, now_ms);
+    }
+}
+
+/// A request's id between replicas: its id and attempt (a retry is a new route).
+fn share_id(request: u64, attempt: u8) -> u64 {
+    (request << 2) | u64::from(attempt.min(3))
+}
+
+/// Sends one event of `from`'s request `sid` to every other replica (each copy lost with the
+/// sharing's loss rate); nothing without sharing.
+fn share(mesh: &mut Option<Mesh>, from: u32, sid: u64, now: f64, event: impl Fn(u64) -> Shared) {
+    let Some(m) = mesh else {
+        return;
+    };
+    if matches!(event(0), Shared::Finish(_)) {
+        m.live[from as usize].remove(&(sid >> 2));
+    }
+    let replicas = m.books.len() as u32;
+    for to in (0..replicas).filter(|&to| to != from) {
+        let seq = m.seq[from as usize];
+        m.seq[from as usize] += 1;
+        if m.sharing.loss > 0.0 && m.rng.random::<f64>() < m.sharing.loss {
+            continue;
+        }
+        m.queue.push_back(Delivery {
+            at_ms: now + m.sharing.delay_ms,
+            from,
+            to,
+            seq,
+            event: event(sid),
+        });
     }
 }
 

@@ -145,6 +145,14 @@ pub struct ServeCli {
     /// the connection is closed and the request's slot released [default: 60000].
     #[arg(long, value_name = "MS")]
     pub client_write_timeout_ms: Option<u64>,
+    /// Share routing state (in-flight load, routed prefixes) with the other replicas on this
+    /// NATS server, so that several replicas route as one [default: off].
+    #[arg(long, value_name = "nats://HOST:PORT")]
+    pub cluster: Option<String>,
+    /// The fleet's name on the --cluster server: replicas of one fleet share it, other fleets
+    /// may share the server under other names [default: default].
+    #[arg(long, value_name = "NAME")]
+    pub cluster_name: Option<String>,
 }
 
 /// The environment variable of the API keys, comma-separated.
@@ -205,6 +213,8 @@ impl From<ServeCli> for ServeArgs {
             header_read_timeout_ms: cli.header_read_timeout_ms,
             idle_connection_timeout_ms: cli.idle_connection_timeout_ms,
             client_write_timeout_ms: cli.client_write_timeout_ms,
+            cluster: cli.cluster,
+            cluster_name: cli.cluster_name,
         }
     }
 }
@@ -307,6 +317,8 @@ mod tests {
             "--header-read-timeout-ms=19",
             "--idle-connection-timeout-ms=20",
             "--client-write-timeout-ms=21",
+            "--cluster=nats://127.0.0.1:4222",
+            "--cluster-name=fleet-a",
         ]);
         let addr = |port: u16| Some(SocketAddr::from(([127, 0, 0, 1], port)));
         let expected = ServeArgs {
@@ -347,6 +359,8 @@ mod tests {
             header_read_timeout_ms: Some(19),
             idle_connection_timeout_ms: Some(20),
             client_write_timeout_ms: Some(21),
+            cluster: Some("nats://127.0.0.1:4222".into()),
+            cluster_name: Some("fleet-a".into()),
         };
         // KVGATE_API_KEYS may be set where the tests run: its keys come after the flags'.
         args.api_key.truncate(3);

@@ -142,6 +142,20 @@ pub struct SimArgs {
     /// gateway: without it goodput is measured against them but routing ignores them).
     #[arg(long)]
     slo_routing: bool,
+    /// Router replicas behind a round-robin load balancer (request i → replica i mod N); each
+    /// sees only its own requests unless --share.
+    #[arg(long, default_value_t = 1)]
+    replicas: u32,
+    /// The replicas share routing state as `kvgate serve --cluster` does (routes with their
+    /// blocks, first tokens, decode tokens, finishes, snapshots every second).
+    #[arg(long)]
+    share: bool,
+    /// With --share: publish-to-apply delay of every shared event, ms.
+    #[arg(long, default_value_t = 1.0)]
+    share_delay_ms: f64,
+    /// With --share: probability that one shared event is lost on its way to one replica.
+    #[arg(long, default_value_t = 0.0)]
+    share_loss: f64,
     /// Worker threads (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -397,6 +411,11 @@ pub fn run(args: SimArgs) -> Result<()> {
                         },
                         index,
                         faults: faults.clone(),
+                        replicas: args.replicas.max(1),
+                        sharing: args.share.then_some(kvgate_sim::cluster::Sharing {
+                            delay_ms: args.share_delay_ms.max(0.0),
+                            loss: args.share_loss.clamp(0.0, 1.0),
+                        }),
                         ..ClusterConfig::new(pods, policy, seed)
                     });
                 }

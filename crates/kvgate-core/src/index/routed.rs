@@ -403,6 +403,24 @@ impl RoutedIndex {
         self.lru(pod).map_or(0, |l| l.len as usize)
     }
 
+    /// The pod's newest `max` blocks, least recently used first: recording them one by one in
+    /// this order ([`PrefixIndex::record_routed`] per block) rebuilds the same LRU order
+    /// elsewhere (a joining gateway replica's warm-up, `kvgate-gateway::cluster`).
+    pub fn pod_blocks_oldest_first(&self, pod: PodId, max: usize) -> Vec<BlockHash> {
+        let Some(lru) = self.lru(pod) else {
+            return Vec::new();
+        };
+        let mut out = Vec::with_capacity(max.min(lru.len as usize));
+        let mut slot = lru.head;
+        while slot != NIL && out.len() < max {
+            let node = &lru.nodes[slot as usize];
+            out.push(node.hash);
+            slot = node.next;
+        }
+        out.reverse();
+        out
+    }
+
     /// The pod's capacity in blocks, or `None` if the pod is unknown.
     pub fn capacity_blocks(&self, pod: PodId) -> Option<u32> {
         self.lru(pod).map(|l| l.capacity)
@@ -701,6 +719,26 @@ mod tests {
         assert_eq!(matched(&index, &[1, 2, 3, 4]), vec![2]);
         assert_eq!(index.indexed_blocks(), 4);
         check_invariants(&index);
+    }
+
+    #[test]
+    fn blocks_exported_oldest_first_rebuild_the_same_lru_order() {
+        let mut a = RoutedIndex::new();
+        a.set_capacity(PodId(0), 4);
+        a.record_routed(PodId(0), &[1, 2]);
+        a.record_routed(PodId(0), &[3]);
+        a.record_routed(PodId(0), &[1]);
+        // Most recent first: 1, 3, 2 (recording touches last to first).
+        let out = a.pod_blocks_oldest_first(PodId(0), 10);
+        assert_eq!(out, vec![2, 3, 1]);
+        assert_eq!(a.pod_blocks_oldest_first(PodId(0), 2), vec![3, 1]);
+        assert!(a.pod_blocks_oldest_first(PodId(7), 10).is_empty());
+        let mut b = RoutedIndex::new();
+        b.set_capacity(PodId(0), 4);
+        for h in &out {
+            b.record_routed(PodId(0), &[*h]);
+        }
+        assert_eq!(b.pod_blocks_oldest_first(PodId(0), 10), out);
     }
 
     #[test]

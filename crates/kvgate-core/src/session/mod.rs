@@ -28,6 +28,7 @@
 //! it; a ticket is a few words plus the pod's class name.
 
 pub mod ledger;
+pub mod peers;
 
 use crate::DecisionRng;
 use crate::blocks::{BlockHash, SizedBlocks};
@@ -139,6 +140,16 @@ impl Ticket {
 
     pub fn has_first_token(&self) -> bool {
         self.first_token
+    }
+
+    /// Decode tokens charged and not yet returned (0 before the first token).
+    pub fn decode_tokens(&self) -> u64 {
+        self.share.decode_tokens
+    }
+
+    /// Prompt tokens of the request.
+    pub fn input_tokens(&self) -> u32 {
+        self.input_tokens
     }
 }
 
@@ -362,6 +373,34 @@ impl RouterSession {
             class: pod.class.clone(),
             features: Features::default(),
             input_tokens: 0,
+            predicted_ttft_ms: 0.0,
+            predicted_tpot_ms: 0.0,
+            first_token: false,
+        }
+    }
+
+    /// Another router replica routed a request to `pod` (`kvgate serve --cluster`, see
+    /// [`peers`]): the same two state changes [`RouterSession::route`] makes after deciding —
+    /// the prompt's `blocks` recorded in the routed index for `pod`, the pod charged one request
+    /// and `prefill_tokens` (the charge the deciding replica computed) — without deciding. The
+    /// ticket then moves through [`RouterSession::first_token`],
+    /// [`RouterSession::tokens_generated`] and [`RouterSession::finish`] (`None`: a remote
+    /// request never trains this replica's predictor) like a local one.
+    pub fn route_remote(
+        &mut self,
+        pod: PodId,
+        blocks: &[BlockHash],
+        input_tokens: u32,
+        prefill_tokens: u64,
+    ) -> Ticket {
+        if !blocks.is_empty() {
+            self.index.record_routed(pod, blocks);
+        }
+        Ticket {
+            share: self.ledger.charge(pod, prefill_tokens),
+            class: String::new(),
+            features: Features::default(),
+            input_tokens,
             predicted_ttft_ms: 0.0,
             predicted_tpot_ms: 0.0,
             first_token: false,

@@ -497,7 +497,7 @@ impl Exchange {
             policy,
             branch,
         } = match decide_for(&self.shared, &prepared.route_request(), &excluded, meta) {
-            Pick::Routed(r) => r,
+            Pick::Routed(r) => *r,
             Pick::NoHealthyPod | Pick::NoDecision => return self.reject(self.no_pod()),
         };
         let queued = turn.queued;

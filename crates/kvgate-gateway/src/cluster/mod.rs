@@ -1,0 +1,787 @@
+//! Active-active gateway replicas (`kvgate serve --cluster nats://HOST:PORT --cluster-name
+//! NAME`): every replica publishes its requests' routing transitions over NATS and applies the
+//! others', so each replica's in-flight ledger and routed index hold the whole fleet's work.
+//!
+//! # Algorithm
+//!
+//! - **Publishing.** [`crate::lifecycle::TicketGuard`] reports its request's transitions here
+//!   ([`Cluster::routed`], [`Cluster::first_token`], [`Cluster::tokens`], [`Cluster::finish`]):
+//!   route (pod, prompt tokens, the charge, the prompt's block hashes), first token, decode
+//!   tokens in steps of [`TOKENS_PER_EVENT`], finish. Each becomes a [`wire::Event`] pushed with
+//!   `try_send` onto a bounded queue of [`QUEUE_EVENTS`]: a full queue drops the event and counts
+//!   it (`kvgate_cluster_events_dropped_total{reason="queue_full"}`), so routing never waits on
+//!   the network. One publisher task drains the queue into messages (everything queued, up to
+//!   [`MAX_MESSAGE_BYTES`]) on `kvgate.<NAME>.events`, each with this replica's id and the next
+//!   sequence number. While NATS is unreachable events are dropped
+//!   (`reason="disconnected"`); the snapshots below repair what they would have said.
+//! - **Snapshots.** Every [`SNAPSHOT_INTERVAL`] (and right after every (re)connect) a replica
+//!   publishes its live requests ([`wire::Event::Snapshot`]); peers reconcile against it
+//!   ([`kvgate_core::session::peers::PeerBook::reconcile`]), which also renews the replica's
+//!   lease.
+//! - **Applying.** The receiver task decodes each message (garbage is counted and skipped),
+//!   refuses duplicates by sequence number, maps pod keys ([`wire::pod_key`]) to this replica's
+//!   pod ids (pods it does not have are skipped and counted) and applies the events through the
+//!   core's [`kvgate_core::session::peers::PeerBook`] — the same session transitions a local
+//!   request makes. A peer silent for the lease (`cluster_lease_ms`, default 3,000) has its
+//!   charges returned; one that shuts down says `Bye` and is released at once.
+//! - **Warm-up.** After every (re)connect a replica asks its peers for their routed index
+//!   ([`wire::Event::SyncRequest`]); each answers on `kvgate.<NAME>.to.<replica id>` with, per
+//!   pod, its newest [`MAX_INDEX_BLOCKS_PER_POD`] blocks oldest first, in chunks of
+//!   [`INDEX_CHUNK_BLOCKS`], which the asker records, so a new replica routes warm and one that
+//!   was partitioned learns the routes it missed.
+//!
+//! NATS core (no JetStream) is used: at-most-once, ordered per publisher. The failure
+//! semantics follow from the above: NATS down → each replica routes on its own state (nothing
+//! waits on NATS), its peers' charges expire after the lease, and
+//! `kvgate_cluster_divergence_seconds` (seconds since the disconnect, or since the stalest peer
+//! was heard from) rises; after the reconnect the snapshots and the index sync converge.
+//!
+//! # Bounds
+//!
+//! Queue: [`QUEUE_EVENTS`] events (a route holds its prompt's block hashes: ≤ 8 bytes × 65,536).
+//! Own live requests: one small entry per request in flight (bounded by the admission slots).
+//! Peers: [`kvgate_core::session::peers::PeerConfig`]'s bounds. Bandwidth: see [`wire`].
+
+pub mod wire;
+
+use crate::pods::Pod;
+use crate::state::Shared;
+use bytes::Bytes;
+use futures_util::StreamExt;
+use kvgate_core::index::PrefixIndex;
+use kvgate_core::session::peers::{PeerBook, PeerConfig, PeerEvent, SnapshotEntry};
+use kvgate_core::{BlockHash, PodId};
+use parking_lot::Mutex;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use rustc_hash::FxHashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use wire::{Event, SnapshotItem};
+
+/// Decode tokens a request accumulates before it reports them (the rest goes with the finish).
+pub const TOKENS_PER_EVENT: u64 = 32;
+/// Events waiting for the publisher; beyond, dropped and counted.
+pub const QUEUE_EVENTS: usize = 8_192;
+/// Largest message the publisher builds (NATS's default `max_payload` is 1 MiB).
+pub const MAX_MESSAGE_BYTES: usize = 256 << 10;
+/// How often a replica publishes its live requests.
+pub const SNAPSHOT_INTERVAL: Duration = Duration::from_secs(1);
+/// How often leases are checked.
+pub const EXPIRE_TICK: Duration = Duration::from_millis(250);
+/// Blocks per index message of a warm-up answer.
+pub const INDEX_CHUNK_BLOCKS: usize = 8_192;
+/// Newest blocks per pod a warm-up answer carries.
+pub const MAX_INDEX_BLOCKS_PER_POD: usize = 65_536;
+/// Default lease of a silent peer.
+pub const DEFAULT_LEASE_MS: u64 = 3_000;
+/// Default cluster name (the NATS subject prefix `kvgate.<name>.`).
+pub const DEFAULT_CLUSTER_NAME: &str = "default";
+
+/// `--cluster` and its companions (read at start only).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterConfig {
+    /// The NATS server, `nats://HOST:PORT`.
+    pub url: String,
+    /// Subject prefix: several fleets can share one NATS server.
+    pub name: String,
+    pub lease: Duration,
+}
+
+/// A valid cluster name: 1–64 of `A-Za-z0-9_-` (it becomes a NATS subject token).
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: &'static str,
+}
+
+/// `kvgate_cluster_*` (all zero with no `--cluster`).
+#[derive(Debug, Default, Clone)]
+pub struct ClusterMetrics {
+    pub connected: Gauge,
+    pub peers: Gauge,
+    pub remote_requests: Gauge,
+    pub divergence_seconds: Gauge<f64, AtomicU64>,
+    pub messages_sent: Counter,
+    pub bytes_sent: Counter,
+    pub messages_received: Counter,
+    pub events_dropped: Family<ReasonLabel, Counter>,
+    pub events_applied: Counter,
+    pub duplicates: Counter,
+    pub repairs: Counter,
+    pub expired_peers: Counter,
+    pub expired_requests: Counter,
+    pub decode_errors: Counter,
+    pub unknown_pod: Counter,
+    pub index_blocks_received: Counter,
+    pub reconnects: Counter,
+}
+
+impl ClusterMetrics {
+    pub fn register(&self, r: &mut Registry) {
+        let r = r.sub_registry_with_prefix("cluster");
+        r.register(
+            "connected",
+            "1 while connected to the cluster's NATS server",
+            self.connected.clone(),
+        );
+        r.register(
+            "peers",
+            "Other replicas heard from within their lease",
+            self.peers.clone(),
+        );
+        r.register(
+            "remote_requests",
+            "Other replicas' requests charged to this replica's in-flight ledger",
+            self.remote_requests.clone(),
+        );
+        r.register(
+            "divergence_seconds",
+            "How stale the view of the other replicas may be: seconds since the NATS disconnect, else since the stalest peer was heard from",
+            self.divergence_seconds.clone(),
+        );
+        r.register(
+            "messages_sent",
+            "Cluster messages published",
+            self.messages_sent.clone(),
+        );
+        r.register(
+            "bytes_sent",
+            "Payload bytes of the cluster messages published",
+            self.bytes_sent.clone(),
+        );
+        r.register(
+            "messages_received",
+            "Cluster messages received from other replicas",
+            self.messages_received.clone(),
+        );
+        r.register(
+            "events_dropped",
+            "Routing events not published: queue_full or disconnected",
+            self.events_dropped.clone(),
+        );
+        r.register(
+            "events_applied",
+            "Other replicas' routing events applied",
+            self.events_applied.clone(),
+        );
+        r.register(
+            "duplicates",
+            "Cluster messages refused as already seen",
+            self.duplicates.clone(),
+        );
+        r.register(
+            "repairs",
+            "Corrections made by other replicas' snapshots (divergence found)",
+            self.repairs.clone(),
+        );
+        r.register(
+            "expired_peers",
+            "Replicas whose lease ran out (their charges returned)",
+            self.expired_peers.clone(),
+        );
+        r.register(
+            "expired_requests",
+            "Requests returned by lease expiry",
+            self.expired_requests.clone(),
+        );
+        r.register(
+            "decode_errors",
+            "Cluster messages that did not decode (skipped)",
+            self.decode_errors.clone(),
+        );
+        r.register(
+            "unknown_pod",
+            "Other replicas' events naming a pod this replica does not have (skipped)",
+            self.unknown_pod.clone(),
+        );
+        r.register(
+            "index_blocks_received",
+            "Routed-index blocks received from other replicas' warm-up answers",
+            self.index_blocks_received.clone(),
+        );
+        r.register(
+            "reconnects",
+            "Connections to NATS made after the first",
+            self.reconnects.clone(),
+        );
+    }
+}
+
+/// This replica's view of one of its own requests (what its snapshots say).
+#[derive(Debug, Clone, Copy)]
+struct Live {
+    pod: u64,
+    input_tokens: u32,
+    prefill_tokens: u64,
+    first_token: bool,
+    decode_tokens: u64,
+}
+
+/// The connection's state as the NATS client's event callback reports it.
+#[derive(Debug)]
+struct Link {
+    connected: AtomicBool,
+    /// When the link went down (or the start, before the first connect).
+    down_since: Mutex<Option<Instant>>,
+    connects: AtomicU64,
+    /// Wakes the publisher after a (re)connect: snapshot + sync request at once.
+    reconnected: tokio::sync::Notify,
+}
+
+/// One replica's membership in the cluster; see the module docs.
+pub struct Cluster {
+    pub config: ClusterConfig,
+    /// This replica's id (random per start).
+    pub replica: u64,
+    next_request: AtomicU64,
+    seq: AtomicU64,
+    queue: mpsc::Sender<Event>,
+    live: Mutex<FxHashMap<u64, Live>>,
+    /// Peers' requests charged here (locked before the session, never the other way).
+    pub peers: Mutex<PeerBook>,
+    link: Arc<Link>,
+    epoch: Instant,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("config", &self.config)
+            .field("replica", &format_args!("{:016x}", self.replica))
+            .finish()
+    }
+}
+
+fn random_replica_id() -> u64 {
+    use std::hash::BuildHasher;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    std::collections::hash_map::RandomState::new().hash_one((std::process::id(), nanos))
+}
+
+fn events_subject(name: &str) -> String {
+    format!("kvgate.{name}.events")
+}
+
+fn direct_subject(name: &str, replica: u64) -> String {
+    format!("kvgate.{name}.to.{replica:016x}")
+}
+
+impl Cluster {
+    fn metrics<'a>(&self, shared: &'a Shared) -> &'a ClusterMetrics {
+        &shared.metrics.cluster
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    pub fn is_connected(&self) -> bool {
+        self.link.connected.load(Ordering::Acquire)
+    }
+
+    fn push(&self, shared: &Shared, e: Event) {
+        if self.queue.try_send(e).is_err() {
+            self.metrics(shared)
+                .events_dropped
+                .get_or_create(&ReasonLabel {
+                    reason: "queue_full",
+                })
+                .inc();
+        }
+    }
+
+    /// A request was routed (or charged unrouted: no blocks); returns its cluster request id.
+    pub fn routed(
+        &self,
+        shared: &Shared,
+        pod: &Pod,
+        blocks: &[BlockHash],
+        input_tokens: u32,
+        prefill_tokens: u64,
+    ) -> u64 {
+        let request = self.next_request.fetch_add(1, Ordering::Relaxed);
+        let key = wire::pod_key(&pod.url);
+        self.live.lock().insert(
+            request,
+            Live {
+                pod: key,
+                input_tokens,
+                prefill_tokens,
+                first_token: false,
+                decode_tokens: 0,
+            },
+        );
+        self.push(
+            shared,
+            Event::Route {
+                request,
+                pod: key,
+                input_tokens,
+                prefill_tokens,
+                blocks: blocks.to_vec(),
+            },
+        );
+        request
+    }
+
+    pub fn first_token(&self, shared: &Shared, request: u64, decode_tokens: u64) {
+        if let Some(l) = self.live.lock().get_mut(&request) {
+            l.first_token = true;
+            l.prefill_tokens = 0;
+            l.decode_tokens = decode_tokens;
+        }
+        self.push(shared, Event::FirstToken { request });
+    }
+
+    /// `tokens` more decode tokens (the guard batches them by [`TOKENS_PER_EVENT`]).
+    pub fn tokens(&self, shared: &Shared, request: u64, tokens: u64) {
+        if let Some(l) = self.live.lock().get_mut(&request) {
+            l.decode_tokens = l.decode_tokens.saturating_add(tokens);
+        }
+        self.push(shared, Event::Tokens { request, tokens });
+    }
+
+    pub fn finish(&self, shared: &Shared, request: u64) {
+        self.live.lock().remove(&request);
+        self.push(shared, Event::Finish { request });
+    }
+
+    /// Seconds the view of the other replicas may be behind (the divergence gauge).
+    pub fn divergence_seconds(&self) -> f64 {
+        if !self.is_connected() {
+            return self
+                .link
+                .down_since
+                .lock()
+                .map_or(0.0, |t| t.elapsed().as_secs_f64());
+        }
+        let now = self.now_ms();
+        self.peers
+            .lock()
+            .staleness_ms(now)
+            .map_or(0.0, |ms| ms as f64 / 1000.0)
+    }
+
+    /// Refreshes the `kvgate_cluster_*` gauges.
+    pub fn refresh_gauges(&self, m: &ClusterMetrics) {
+        let stats = self.peers.lock().stats();
+        m.connected.set(i64::from(self.is_connected()));
+        m.peers.set(stats.peers as i64);
+        m.remote_requests.set(stats.requests as i64);
+        m.divergence_seconds.set(self.divergence_seconds());
+    }
+
+    fn snapshot(&self) -> Event {
+        let next_request = self.next_request.load(Ordering::Relaxed);
+        let live = self.live.lock();
+        Event::Snapshot {
+            next_request,
+            complete: true,
+            live: live
+                .iter()
+                .map(|(r, l)| SnapshotItem {
+                    request: *r,
+                    pod: l.pod,
+                    input_tokens: l.input_tokens,
+                    prefill_tokens: l.prefill_tokens,
+                    first_token: l.first_token,
+                    decode_tokens: l.decode_tokens,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Connects (in the background: the gateway starts whether or not NATS is up) and starts the
+/// publisher and receiver tasks. Sets `shared.cluster`.
+pub async fn start(shared: &Arc<Shared>, config: ClusterConfig) -> Vec<JoinHandle<()>> {
+    let link = Arc::new(Link {
+        connected: AtomicBool::new(false),
+        down_since: Mutex::new(Some(Instant::now())),
+        connects: AtomicU64::new(0),
+        reconnected: tokio::sync::Notify::new(),
+    });
+    let (tx, rx) = mpsc::channel(QUEUE_EVENTS);
+    let replica = random_replica_id();
+    let cluster = Arc::new(Cluster {
+        peers: Mutex::new(PeerBook::new(PeerConfig {
+            lease_ms: config.lease.as_millis() as u64,
+            ..PeerConfig::default()
+        })),
+        config,
+        replica,
+        next_request: AtomicU64::new(0),
+        seq: AtomicU64::new(0),
+        queue: tx,
+        live: Mutex::new(FxHashMap::default()),
+        link: link.clone(),
+        epoch: Instant::now(),
+    });
+    let cb_link = link.clone();
+    let cb_shared = shared.clone();
+    let options = async_nats::ConnectOptions::new()
+        .name(format!("kvgate-{replica:016x}"))
+        .retry_on_initial_connect()
+        .max_reconnects(None)
+        .connection_timeout(Duration::from_secs(2))
+        .reconnect_delay_callback(|attempts| {
+            Duration::from_millis((100 * attempts as u64).clamp(100, 1_000))
+        })
+        .event_callback(move |event| {
+            let link = cb_link.clone();
+            let shared = cb_shared.clone();
+            async move {
+                match event {
+                    async_nats::Event::Connected => {
+                        link.connected.store(true, Ordering::Release);
+                        *link.down_since.lock() = None;
+                        if link.connects.fetch_add(1, Ordering::AcqRel) > 0 {
+                            shared.metrics.cluster.reconnects.inc();
+                        }
+                        tracing::info!("cluster: connected to NATS");
+                        link.reconnected.notify_one();
+                    }
+                    async_nats::Event::Disconnected => {
+                        link.connected.store(false, Ordering::Release);
+                        *link.down_since.lock() = Some(Instant::now());
+                        tracing::warn!(
+                            "cluster: NATS disconnected; routing on local state until it is back"
+                        );
+                    }
+                    other => tracing::debug!(event = %other, "cluster: NATS event"),
+                }
+            }
+        });
+    let client = match options.connect(cluster.config.url.as_str()).await {
+        Ok(c) => c,
+        Err(e) => {
+            // Only an unusable address gets here (retry_on_initial_connect retries the rest).
+            tracing::error!(url = %cluster.config.url, error = %e, "cluster: cannot use the NATS address; running alone");
+            let _ = shared.cluster.set(cluster);
+            return Vec::new();
+        }
+    };
+    let _ = shared.cluster.set(cluster.clone());
+    tracing::info!(
+        url = %cluster.config.url,
+        name = %cluster.config.name,
+        replica = %format_args!("{replica:016x}"),
+        "cluster: replica started"
+    );
+    vec![
+        tokio::spawn(publisher(
+            shared.clone(),
+            cluster.clone(),
+            client.clone(),
+            rx,
+        )),
+        tokio::spawn(receiver(shared.clone(), cluster, client)),
+    ]
+}
+
+/// Publishes `events` as one message (several if they pass [`MAX_MESSAGE_BYTES`]) on `subject`;
+/// dropped and counted while disconnected.
+async fn send(
+    shared: &Shared,
+    cluster: &Cluster,
+    client: &async_nats::Client,
+    subject: &str,
+    events: &[Event],
+) {
+    let m = &shared.metrics.cluster;
+    if !cluster.is_connected() {
+        m.events_dropped
+            .get_or_create(&ReasonLabel {
+                reason: "disconnected",
+            })
+            .inc_by(events.len() as u64);
+        return;
+    }
+    let mut start = 0;
+    while start < events.len() {
+        let mut body = Vec::new();
+        let mut n = 0;
+        for e in &events[start..] {
+            if n > 0 && body.len() >= MAX_MESSAGE_BYTES {
+                break;
+            }
+            wire::encode_event(&mut body, e);
+            n += 1;
+        }
+        start += n;
+        let seq = cluster.seq.fetch_add(1, Ordering::Relaxed);
+        let mut out = Vec::with_capacity(body.len() + 24);
+        wire::encode_header(&mut out, cluster.replica, seq, n);
+        out.extend_from_slice(&body);
+        let len = out.len();
+        match client.publish(subject.to_string(), Bytes::from(out)).await {
+            Ok(()) => {
+                m.messages_sent.inc();
+                m.bytes_sent.inc_by(len as u64);
+            }
+            Err(e) => {
+                m.events_dropped
+                    .get_or_create(&ReasonLabel {
+                        reason: "disconnected",
+                    })
+                    .inc_by(n as u64);
+                tracing::debug!(error = %e, "cluster: publish failed");
+            }
+        }
+    }
+}
+
+async fn publisher(
+    shared: Arc<Shared>,
+    cluster: Arc<Cluster>,
+    client: async_nats::Client,
+    mut rx: mpsc::Receiver<Event>,
+) {
+    let subject = events_subject(&cluster.config.name);
+    let mut tick = tokio::time::interval(SNAPSHOT_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut batch: Vec<Event> = Vec::new();
+    loop {
+        tokio::select! {
+            e = rx.recv() => {
+                let Some(e) = e else { return };
+                batch.push(e);
+                while batch.len() < 4_096 {
+                    match rx.try_recv() {
+                        Ok(e) => batch.push(e),
+                        Err(_) => break,
+                    }
+                }
+                send(&shared, &cluster, &client, &subject, &batch).await;
+                batch.clear();
+            }
+            _ = tick.tick() => {
+                send(&shared, &cluster, &client, &subject, &[cluster.snapshot()]).await;
+            }
+            _ = cluster.link.reconnected.notified() => {
+                // After a (re)connect: say what is live now, and ask for the routes missed.
+                send(&shared, &cluster, &client, &subject, &[cluster.snapshot(), Event::SyncRequest]).await;
+            }
+        }
+    }
+}
+
+async fn receiver(shared: Arc<Shared>, cluster: Arc<Cluster>, client: async_nats::Client) {
+    let subscribe = async |subject: String| loop {
+        match client.subscribe(subject.clone()).await {
+            Ok(s) => return s,
+            Err(e) => {
+                tracing::warn!(error = %e, %subject, "cluster: subscribe failed; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    };
+    let events = subscribe(events_subject(&cluster.config.name)).await;
+    let direct = subscribe(direct_subject(&cluster.config.name, cluster.replica)).await;
+    let mut messages = futures_util::stream::select(events, direct);
+    let mut tick = tokio::time::interval(EXPIRE_TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            m = messages.next() => {
+                let Some(m) = m else { return };
+                if let Some(asker) = handle(&shared, &cluster, &m.payload) {
+                    answer_sync(&shared, &cluster, &client, asker).await;
+                }
+            }
+            _ = tick.tick() => expire(&shared, &cluster),
+        }
+    }
+}
+
+fn expire(shared: &Shared, cluster: &Cluster) {
+    let now = cluster.now_ms();
+    let mut peers = cluster.peers.lock();
+    let before = peers.stats();
+    let n = {
+        let mut session = shared.session.lock();
+        peers.expire(&mut session, now)
+    };
+    if n > 0 {
+        let after = peers.stats();
+        let m = &shared.metrics.cluster;
+        m.expired_peers
+            .inc_by(after.expired_peers - before.expired_peers);
+        m.expired_requests
+            .inc_by(after.expired_requests - before.expired_requests);
+        tracing::warn!(
+            peers = n,
+            requests = after.expired_requests - before.expired_requests,
+            "cluster: peer lease expired; its charges returned"
+        );
+    }
+}
+
+/// Applies one message; returns the asking replica when it asked for a warm-up answer.
+fn handle(shared: &Shared, cluster: &Cluster, payload: &[u8]) -> Option<u64> {
+    let m = &shared.metrics.cluster;
+    let msg = match wire::decode(payload) {
+        Ok(msg) => msg,
+        Err(e) => {
+            m.decode_errors.inc();
+            tracing::debug!(error = %e, "cluster: undecodable message skipped");
+            return None;
+        }
+    };
+    if msg.replica == cluster.replica {
+        return None;
+    }
+    m.messages_received.inc();
+    let pods: FxHashMap<u64, PodId> = shared
+        .pods
+        .all()
+        .iter()
+        .map(|p| (wire::pod_key(&p.url), p.id))
+        .collect();
+    let mut peers = cluster.peers.lock();
+    if !peers.accept(msg.replica, msg.seq, cluster.now_ms()) {
+        m.duplicates.inc();
+        return None;
+    }
+    let before = peers.stats();
+    let mut unknown = 0u64;
+    let mut index_blocks = 0u64;
+    let mut asked = None;
+    let mut session = shared.session.lock();
+    for e in &msg.events {
+        let r = msg.replica;
+        match e {
+            Event::Route {
+                request,
+                pod,
+                input_tokens,
+                prefill_tokens,
+                blocks,
+            } => match pods.get(pod) {
+                Some(&pod) => peers.apply(
+                    &mut session,
+                    r,
+                    PeerEvent::Route {
+                        request: *request,
+                        pod,
+                        input_tokens: *input_tokens,
+                        prefill_tokens: *prefill_tokens,
+                        blocks,
+                    },
+                ),
+                None => unknown += 1,
+            },
+            Event::FirstToken { request } => {
+                peers.apply(&mut session, r, PeerEvent::FirstToken { request: *request })
+            }
+            Event::Tokens { request, tokens } => peers.apply(
+                &mut session,
+                r,
+                PeerEvent::Tokens {
+                    request: *request,
+                    tokens: *tokens,
+                },
+            ),
+            Event::Finish { request } => {
+                peers.apply(&mut session, r, PeerEvent::Finish { request: *request })
+            }
+            Event::Snapshot {
+                next_request,
+                complete,
+                live,
+            } => {
+                let mut entries = Vec::with_capacity(live.len());
+                let mut complete = *complete;
+                for i in live {
+                    match pods.get(&i.pod) {
+                        Some(&pod) => entries.push(SnapshotEntry {
+                            request: i.request,
+                            pod,
+                            input_tokens: i.input_tokens,
+                            prefill_tokens: i.prefill_tokens,
+                            first_token: i.first_token,
+                            decode_tokens: i.decode_tokens,
+                        }),
+                        None => {
+                            unknown += 1;
+                            // Entries left out: the rest must not be finished for that.
+                            complete = false;
+                        }
+                    }
+                }
+                peers.reconcile(&mut session, r, *next_request, &entries, complete);
+            }
+            Event::SyncRequest => asked = Some(r),
+            Event::Index { pod, blocks } => match pods.get(pod) {
+                Some(&pod) => {
+                    let index = session.index_mut();
+                    for b in blocks {
+                        index.record_routed(pod, std::slice::from_ref(b));
+                    }
+                    index_blocks += blocks.len() as u64;
+                }
+                None => unknown += 1,
+            },
+            Event::Bye => {
+                peers.forget(&mut session, r);
+                tracing::info!(replica = %format_args!("{r:016x}"), "cluster: peer left");
+            }
+        }
+    }
+    drop(session);
+    let after = peers.stats();
+    m.events_applied.inc_by(after.applied - before.applied);
+    m.repairs.inc_by(after.repairs - before.repairs);
+    m.unknown_pod.inc_by(unknown);
+    m.index_blocks_received.inc_by(index_blocks);
+    asked
+}
+
+/// Answers a warm-up request: this replica's routed index, per pod, oldest first.
+async fn answer_sync(shared: &Shared, cluster: &Cluster, client: &async_nats::Client, asker: u64) {
+    let subject = direct_subject(&cluster.config.name, asker);
+    for pod in shared.pods.all().iter() {
+        let blocks = shared
+            .session
+            .lock()
+            .index()
+            .routed
+            .pod_blocks_oldest_first(pod.id, MAX_INDEX_BLOCKS_PER_POD);
+        let key = wire::pod_key(&pod.url);
+        for chunk in blocks.chunks(INDEX_CHUNK_BLOCKS) {
+            let e = Event::Index {
+                pod: key,
+                blocks: chunk.to_vec(),
+            };
+            send(shared, cluster, client, &subject, std::slice::from_ref(&e)).await;
+        }
+    }
+}
+
+/// Says goodbye (the peers release this replica's charges at once); best effort, bounded by
+/// `wait`.
+pub async fn leave(shared: &Shared, wait: Duration) {
+    let Some(cluster) = shared.cluster.get() else {
+        return;
+    };
+    let _ = tokio::time::timeout(wait, cluster.queue.send(Event::Bye)).await;
+    // Let the publisher put it on the wire.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+}

@@ -1,0 +1,89 @@
+//! Several router replicas behind round-robin (`ClusterConfig::replicas`), with and without
+//! sharing routing state (`ClusterConfig::sharing`, the gateway's `--cluster`).
+
+use kvgate_core::policy::PolicyKind;
+use kvgate_sim::SimRequest;
+use kvgate_sim::cluster::{self, ClusterConfig, Sharing};
+use kvgate_sim::workload::segments;
+
+/// One 2,000-token prompt asked 4 times, far apart: request i goes to replica i mod 2.
+fn repeated_prompt() -> Vec<SimRequest> {
+    (0..4)
+        .map(|i| SimRequest {
+            id: i,
+            arrival_ms: i as f64 * 30_000.0,
+            input_tokens: 2_000,
+            output_tokens: 8,
+            blocks: segments::prompt_blocks(&[segments::Segment::new(9, 2_000)]),
+        })
+        .collect()
+}
+
+fn config(replicas: u32, sharing: Option<Sharing>) -> ClusterConfig {
+    ClusterConfig {
+        router: kvgate_core::RouterConfig {
+            epsilon_explore_sticky: kvgate_core::config::GateSetting::Fixed(0.0),
+            ..Default::default()
+        },
+        replicas,
+        sharing,
+        ..ClusterConfig::new(4, PolicyKind::AffinityGate, 1)
+    }
+}
+
+const NOW: Sharing = Sharing {
+    delay_ms: 1.0,
+    loss: 0.0,
+};
+
+#[test]
+fn one_replica_runs_exactly_as_before_whatever_the_sharing() {
+    let reqs = repeated_prompt();
+    let a = cluster::run(&config(1, None), &reqs);
+    let b = cluster::run(&config(1, Some(NOW)), &reqs);
+    assert_eq!(format!("{a:?}"), format!("{b:?}"));
+}
+
+#[test]
+fn shared_replicas_route_a_repeated_prompt_as_one_router_would() {
+    let reqs = repeated_prompt();
+    let one = cluster::run(&config(1, None), &reqs);
+    let shared = cluster::run(&config(2, Some(NOW)), &reqs);
+    let alone = cluster::run(&config(2, None), &reqs);
+    // One router: the first is cold, the other three exploit the pod holding the prompt.
+    assert_eq!(one.gate.exploit, 3);
+    assert_eq!(shared.gate.exploit, 3, "{:?}", shared.branches);
+    assert_eq!(shared.prefix_hit_rate, one.prefix_hit_rate);
+    // Independent replicas: replica 1 first sees the prompt cold, so it hits less.
+    assert_eq!(alone.gate.exploit, 2, "{:?}", alone.branches);
+    assert!(alone.prefix_hit_rate <= shared.prefix_hit_rate);
+    for m in [&one, &shared, &alone] {
+        assert_eq!(m.completed, 4);
+        assert_eq!(m.in_flight_left, 0);
+    }
+}
+
+#[test]
+fn lossy_sharing_completes_everything_and_leaves_no_charge_behind() {
+    let reqs = kvgate_sim::workload::chat::generate(&kvgate_sim::workload::chat::ChatParams {
+        seed: 5,
+        max_requests: 600,
+        ..Default::default()
+    })
+    .unwrap()
+    .1;
+    for loss in [0.0, 0.3] {
+        let m = cluster::run(
+            &config(
+                4,
+                Some(Sharing {
+                    delay_ms: 5.0,
+                    loss,
+                }),
+            ),
+            &reqs,
+        );
+        assert_eq!(m.completed, 600, "loss {loss}");
+        assert_eq!(m.in_flight_left, 0, "loss {loss}");
+    }
+}
