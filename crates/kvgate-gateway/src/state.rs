@@ -37,6 +37,9 @@ pub struct Shared {
     pub client: UpstreamClient,
     /// Token mode's tokenizer (`--tokenizer FILE`, else the built-in cl100k), set at start.
     pub tokenizer: std::sync::OnceLock<crate::tokenizer::GatewayTokenizer>,
+    /// Token mode's tokenization reuse (`--tokenization-cache-mib`), set at start with the
+    /// tokenizer; unset, every prompt is tokenized whole.
+    pub token_cache: std::sync::OnceLock<Arc<crate::token_cache::TokenCache>>,
     /// `--capture FILE`, when given.
     pub capture: std::sync::OnceLock<Arc<crate::capture::Capture>>,
     /// Slots and queue of the traffic listener (sized at start).
@@ -94,6 +97,7 @@ impl Shared {
             client,
             capture: std::sync::OnceLock::new(),
             tokenizer: std::sync::OnceLock::new(),
+            token_cache: std::sync::OnceLock::new(),
             shutting_down: std::sync::atomic::AtomicBool::new(false),
             grace_end: Arc::default(),
             discovered: Mutex::new(Vec::new()),
