@@ -1,6 +1,6 @@
 //! Decision-path benchmarks (criterion). Run: `cargo bench -p kvgate-core --bench decision`.
 //!
-//! - `decision/full/{16,64,256}`: one full decision — parse-free hashing of a 32,000-character
+//! - `decision/full/{16,64,256,1024,4096}`: one full decision — parse-free hashing of a 32,000-character
 //!   prompt, prefix match over the routed index, predict for every pod, affinity gate — with
 //!   the request's prefix cached on a quarter of the pods and a trained predictor.
 //! - `decision/full/auto_tau_epsilon/64`: the same with `affinity_gate_tau` and
@@ -100,7 +100,7 @@ fn bench_decision(c: &mut Criterion) {
     let text = prompt(32_000, 1);
     let predictor = trained_predictor();
     let mut group = c.benchmark_group("decision/full");
-    for pods_n in [16u32, 64, 256] {
+    for pods_n in [16u32, 64, 256, 1024, 4096] {
         let pods = fleet(pods_n);
         let index = fleet_index(&pods, &text);
         // The default gate, and the same with τ and ε "auto" (histogram + Otsu every 256

@@ -230,47 +230,45 @@ impl Router {
             predictor_ttft_mape: self.predictor_error,
         };
         let (matched, matched_other) = (&self.matched, &self.matched_other);
-        let candidates = pods
-            .iter()
-            .filter(|p| p.healthy)
-            .map(|pod| {
-                let (matched, prompt_blocks, block_size_tokens) = match cut.chain_of(pod) {
-                    Some(i) => (
-                        &matched_other[i],
-                        cut.other_sizes[i].blocks.len(),
-                        cut.other_sizes[i].block_size_tokens,
-                    ),
-                    None => (matched, cut.blocks.len(), cut.block_size_tokens),
-                };
-                let matched_blocks = matched.get(pod.id.index()).copied().unwrap_or(0);
-                // A pod of another block size is scored by the tokens it holds over the tokens
-                // of the main chain, so pods of different block sizes compare (a 255-token
-                // prompt: 16-token pod 15 of 15 blocks = 240 tokens = 1.0; 128-token pod 1 of 1
-                // block = 128 of 240 tokens = 0.53, not 1.0). Same as the block fraction when
-                // the pod's size is the main one.
-                let score = if block_size_tokens == cut.block_size_tokens {
-                    prefix_score(matched_blocks, prompt_blocks)
+        // Sized once: a filtered iterator's collect would grow (and copy) it log2(pods) times.
+        let mut candidates = Vec::with_capacity(pods.len());
+        candidates.extend(pods.iter().filter(|p| p.healthy).map(|pod| {
+            let (matched, prompt_blocks, block_size_tokens) = match cut.chain_of(pod) {
+                Some(i) => (
+                    &matched_other[i],
+                    cut.other_sizes[i].blocks.len(),
+                    cut.other_sizes[i].block_size_tokens,
+                ),
+                None => (matched, cut.blocks.len(), cut.block_size_tokens),
+            };
+            let matched_blocks = matched.get(pod.id.index()).copied().unwrap_or(0);
+            // A pod of another block size is scored by the tokens it holds over the tokens
+            // of the main chain, so pods of different block sizes compare (a 255-token
+            // prompt: 16-token pod 15 of 15 blocks = 240 tokens = 1.0; 128-token pod 1 of 1
+            // block = 128 of 240 tokens = 0.53, not 1.0). Same as the block fraction when
+            // the pod's size is the main one.
+            let score = if block_size_tokens == cut.block_size_tokens {
+                prefix_score(matched_blocks, prompt_blocks)
+            } else {
+                let main_tokens = cut.blocks.len() as f64 * f64::from(cut.block_size_tokens);
+                let held = f64::from(matched_blocks) * f64::from(block_size_tokens);
+                if main_tokens > 0.0 {
+                    (held / main_tokens).min(1.0)
                 } else {
-                    let main_tokens = cut.blocks.len() as f64 * f64::from(cut.block_size_tokens);
-                    let held = f64::from(matched_blocks) * f64::from(block_size_tokens);
-                    if main_tokens > 0.0 {
-                        (held / main_tokens).min(1.0)
-                    } else {
-                        0.0
-                    }
-                };
-                let prediction =
-                    predictor.predict(&pod.class, &Features::new(pod, input_tokens, score));
-                Candidate {
-                    pod,
-                    matched_blocks,
-                    block_size_tokens,
-                    prefix_score: score,
-                    predicted_ttft_ms: prediction.ttft_ms,
-                    predicted_tpot_ms: prediction.tpot_ms,
+                    0.0
                 }
-            })
-            .collect();
+            };
+            let prediction =
+                predictor.predict(&pod.class, &Features::new(pod, input_tokens, score));
+            Candidate {
+                pod,
+                matched_blocks,
+                block_size_tokens,
+                prefix_score: score,
+                predicted_ttft_ms: prediction.ttft_ms,
+                predicted_tpot_ms: prediction.tpot_ms,
+            }
+        }));
         (facts, candidates)
     }
 

@@ -49,6 +49,7 @@
 //! | `ext_proc::protocol` | the protocol's messages: header values, response status, subset hint read; routing answers (header mutation, `envoy.lb` metadata), streamed body chunks, immediate errors built |
 //! | `kv_events` | `--index engine`: ZeroMQ SUB (and replay) per pod, batches decoded by the core and followed by its `KvEventFollower` |
 //! | `tokenizer` | token mode's tokenizer: built-in cl100k or `--tokenizer tokenizer.json` (HF `tokenizers`, pure Rust) |
+//! | `token_cache` | token mode's tokenization reuse: prompts cut at provably safe points (message boundaries), each segment's ids kept in a bounded LRU (`--tokenization-cache-mib`, 64 MiB), so a conversation's next turn tokenizes only its new text |
 //! | `chat_template` | the model's chat template (next to `--tokenizer`, or `--chat-template FILE`), rendered as vLLM does (minijinja), so chat prompts cut into the engine's token blocks |
 //! | `capture` | `--capture FILE`: served requests as Mooncake JSONL (no text), for replay |
 //! | `trainer` | background retraining of the predictor's tree models; swaps them in under the lock |
@@ -90,6 +91,7 @@ pub mod serve;
 pub mod slo;
 pub mod sse;
 pub mod state;
+pub mod token_cache;
 pub mod tokenizer;
 pub mod trainer;
 pub mod upstream;

@@ -129,6 +129,10 @@ pub struct Metrics {
     /// Prompts tokenized in token mode (one per request; a prompt rejected by its length alone
     /// is not).
     pub tokenizations: Counter,
+    /// Token mode: prompt bytes whose token ids were reused from the tokenization cache.
+    pub tokenization_reused_bytes: Counter,
+    /// Token mode: prompt bytes tokenized (not found in the tokenization cache).
+    pub tokenization_tokenized_bytes: Counter,
     /// Requests holding a slot of the traffic listener.
     pub active_requests: Gauge,
     /// Requests waiting for a slot.
@@ -222,6 +226,8 @@ impl Metrics {
             capture_dropped: Counter::default(),
             tokenizer_errors: Counter::default(),
             tokenizations: Counter::default(),
+            tokenization_reused_bytes: Counter::default(),
+            tokenization_tokenized_bytes: Counter::default(),
             active_requests: Gauge::default(),
             queued_requests: Gauge::default(),
             pod_healthy: Family::default(),
@@ -441,6 +447,16 @@ impl Metrics {
             "tokenizations",
             "Prompts tokenized in token mode (a prompt rejected over max_prompt_tokens by its byte length alone is not)",
             self.tokenizations.clone(),
+        );
+        r.register(
+            "tokenization_reused_bytes",
+            "Token mode: prompt bytes whose token ids came from the tokenization cache (--tokenization-cache-mib)",
+            self.tokenization_reused_bytes.clone(),
+        );
+        r.register(
+            "tokenization_tokenized_bytes",
+            "Token mode: prompt bytes tokenized (not in the tokenization cache)",
+            self.tokenization_tokenized_bytes.clone(),
         );
         r.register(
             "active_requests",

@@ -11,6 +11,7 @@ use crate::errors::ApiError;
 use crate::lifecycle::TicketGuard;
 use crate::pods::Pod;
 use crate::state::Shared;
+use crate::token_cache::{EncodeStats, TokenCache};
 use crate::tokenizer::GatewayTokenizer;
 use http::HeaderMap;
 use kvgate_core::policy::RequestSlo;
@@ -194,9 +195,10 @@ where
 /// `tokenizations`) unless the rendered text is over `max_tokens` by its length alone.
 fn render_and_encode(
     tokenizer: &GatewayTokenizer,
+    cache: Option<&TokenCache>,
     body: &[u8],
     max_tokens: u32,
-    tokenizations: &prometheus_client::metrics::counter::Counter,
+    metrics: &TokenizationMetrics,
 ) -> Tokenized {
     let rendered = match tokenizer.render_chat(body) {
         Some(Ok(r)) => r,
@@ -208,8 +210,33 @@ fn render_and_encode(
             text_bytes: rendered.text.len(),
         };
     }
-    tokenizations.inc();
-    Tokenized::Tokens(tokenizer.encode_with(&rendered.text, rendered.add_special_tokens))
+    metrics.tokenizations.inc();
+    let (ids, stats) = tokenizer.encode_reusing(cache, &rendered.text, rendered.add_special_tokens);
+    metrics.record(stats);
+    Tokenized::Tokens(ids)
+}
+
+/// The tokenization counters, cloned into the blocking pool's closures.
+#[derive(Clone)]
+struct TokenizationMetrics {
+    tokenizations: prometheus_client::metrics::counter::Counter,
+    reused_bytes: prometheus_client::metrics::counter::Counter,
+    tokenized_bytes: prometheus_client::metrics::counter::Counter,
+}
+
+impl TokenizationMetrics {
+    fn of(shared: &Shared) -> Self {
+        TokenizationMetrics {
+            tokenizations: shared.metrics.tokenizations.clone(),
+            reused_bytes: shared.metrics.tokenization_reused_bytes.clone(),
+            tokenized_bytes: shared.metrics.tokenization_tokenized_bytes.clone(),
+        }
+    }
+
+    fn record(&self, stats: EncodeStats) {
+        self.reused_bytes.inc_by(stats.reused_bytes as u64);
+        self.tokenized_bytes.inc_by(stats.tokenized_bytes as u64);
+    }
 }
 
 /// 400 `context_length_exceeded` for a text over the limit by its length alone.
@@ -261,13 +288,14 @@ async fn chat_template_tokens(
         return Ok(None);
     }
     let max = cfg.max_prompt_tokens;
-    let tokenizations = &shared.metrics.tokenizations;
+    let metrics = TokenizationMetrics::of(shared);
+    let cache = shared.token_cache.get();
     let outcome = if body.len() <= INLINE_TOKENIZE_BYTES {
-        render_and_encode(tokenizer, body, max, tokenizations)
+        render_and_encode(tokenizer, cache.map(|c| &**c), body, max, &metrics)
     } else {
         tokenize_large(|| {
-            let (t, body, counter) = (tokenizer.clone(), body.to_vec(), tokenizations.clone());
-            move || render_and_encode(&t, &body, max, &counter)
+            let (t, body, cache) = (tokenizer.clone(), body.to_vec(), cache.cloned());
+            move || render_and_encode(&t, cache.as_deref(), &body, max, &metrics)
         })
         .await
     };
@@ -312,12 +340,20 @@ async fn token_mode_blocks(
                 return Err(over_limit_untokenized(text.len(), &tokenizer, max));
             }
             shared.metrics.tokenizations.inc();
+            let metrics = TokenizationMetrics::of(shared);
+            let cache = shared.token_cache.get();
             let result = if text.len() <= INLINE_TOKENIZE_BYTES {
-                tokenizer.encode(text)
+                let (ids, stats) = tokenizer.encode_reusing(cache.map(|c| &**c), text, true);
+                metrics.record(stats);
+                ids
             } else {
                 let large = tokenize_large(|| {
-                    let (t, text) = (tokenizer.clone(), text.clone());
-                    move || Tokenized::Tokens(t.encode(&text))
+                    let (t, text, cache) = (tokenizer.clone(), text.clone(), cache.cloned());
+                    move || {
+                        let (ids, stats) = t.encode_reusing(cache.as_deref(), &text, true);
+                        metrics.record(stats);
+                        Tokenized::Tokens(ids)
+                    }
                 });
                 match large.await {
                     Tokenized::Tokens(r) => r,

@@ -34,6 +34,8 @@ pub struct ServeArgs {
     pub tokenizer: Option<PathBuf>,
     /// `--chat-template`: a Jinja chat template replacing the one next to `--tokenizer`.
     pub chat_template: Option<PathBuf>,
+    /// `--tokenization-cache-mib`: token mode's tokenization reuse budget (0: off; default 64).
+    pub tokenization_cache_mib: Option<usize>,
     /// `--config`: the config file (TOML or YAML), reloaded when it changes.
     pub config: Option<PathBuf>,
     /// `--policy`: the routing policy by name.
@@ -184,6 +186,22 @@ impl Gateway {
         let ext_proc_addr = ext_proc.as_ref().map(|(_, a)| *a);
         let shared = Shared::new(config.clone());
         let tokenizer_name = tokenizer.describe();
+        let cache_bytes = args
+            .tokenization_cache_mib
+            .map_or(crate::token_cache::DEFAULT_BUDGET_BYTES, |mib| {
+                mib.saturating_mul(1 << 20)
+            });
+        let rule = tokenizer.split_rule().unwrap_or_else(|why| {
+            tracing::info!(tokenizer = %tokenizer_name, why = %why,
+                "tokenization reuse: no safe split points; only whole prompts are reused");
+            crate::token_cache::SplitRule::Whole
+        });
+        let _ = shared
+            .token_cache
+            .set(Arc::new(crate::token_cache::TokenCache::new(
+                rule,
+                cache_bytes,
+            )));
         let _ = shared.tokenizer.set(tokenizer);
         if let Some(path) = &args.capture {
             let capture =

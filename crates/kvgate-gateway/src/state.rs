@@ -39,6 +39,9 @@ pub struct Shared {
     pub tokenizer: std::sync::OnceLock<crate::tokenizer::GatewayTokenizer>,
     /// `--cluster`: this replica's membership (set at start).
     pub cluster: std::sync::OnceLock<Arc<crate::cluster::Cluster>>,
+    /// Token mode's tokenization reuse (`--tokenization-cache-mib`), set at start with the
+    /// tokenizer; unset, every prompt is tokenized whole.
+    pub token_cache: std::sync::OnceLock<Arc<crate::token_cache::TokenCache>>,
     /// `--capture FILE`, when given.
     pub capture: std::sync::OnceLock<Arc<crate::capture::Capture>>,
     /// Slots and queue of the traffic listener (sized at start).
@@ -100,6 +103,7 @@ impl Shared {
             capture: std::sync::OnceLock::new(),
             cluster: std::sync::OnceLock::new(),
             tokenizer: std::sync::OnceLock::new(),
+            token_cache: std::sync::OnceLock::new(),
             shutting_down: std::sync::atomic::AtomicBool::new(false),
             grace_end: Arc::default(),
             discovered: Mutex::new(Vec::new()),

@@ -27,6 +27,7 @@
 //! once per process.
 
 use crate::chat_template::{ChatRequest, ChatTemplate, ChatTemplateError, RenderedChat};
+use crate::token_cache::{EncodeStats, SplitRule, TokenCache};
 use kvgate_core::tokenizer::PromptTokenizer;
 use std::path::Path;
 use std::sync::Arc;
@@ -167,6 +168,42 @@ impl GatewayTokenizer {
                 .encode(text, add_special_tokens)
                 .map(|e| e.get_ids().to_vec())
                 .map_err(|e| e.to_string()),
+        }
+    }
+
+    /// Where this tokenizer's ids provably split, for tokenization reuse
+    /// ([`crate::token_cache`]); `Err` with the reason when no cut is proven safe.
+    pub fn split_rule(&self) -> Result<SplitRule, String> {
+        match self {
+            GatewayTokenizer::Cl100k(_) => Ok(SplitRule::AfterNewline),
+            GatewayTokenizer::HuggingFace { tokenizer, .. } => {
+                SplitRule::for_hugging_face(tokenizer)
+            }
+        }
+    }
+
+    /// [`GatewayTokenizer::encode_with`] reusing `cache`'s ids: exactly the same ids. A
+    /// `tokenizer.json` with `add_special_tokens` (its post-processor adds a BOS to the whole
+    /// text, so the text's segments do not concatenate) is tokenized whole, without the cache.
+    pub fn encode_reusing(
+        &self,
+        cache: Option<&TokenCache>,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> (Result<Vec<u32>, String>, EncodeStats) {
+        let whole = |r| {
+            let stats = EncodeStats {
+                reused_bytes: 0,
+                tokenized_bytes: text.len(),
+            };
+            (r, stats)
+        };
+        let splits = !add_special_tokens || matches!(self, GatewayTokenizer::Cl100k(_));
+        match cache {
+            Some(cache) if splits => cache.encode(text, |segment| {
+                self.encode_with(segment, add_special_tokens)
+            }),
+            _ => whole(self.encode_with(text, add_special_tokens)),
         }
     }
 

@@ -770,3 +770,58 @@ async fn in_token_mode_a_huge_prompt_over_the_limit_gets_400_without_being_token
     );
     assert_eq!(tokenizations(&gw), 2);
 }
+
+/// A counter `kvgate_NAME_total` from the gateway's metrics text.
+fn counter(gw: &kvgate_gateway::Gateway, name: &str) -> u64 {
+    let m = gw.shared().metrics_text().unwrap();
+    let prefix = format!("kvgate_{name}_total ");
+    m.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .unwrap_or_else(|| panic!("no {prefix}in\n{m}"))
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn in_token_mode_a_conversations_next_turn_tokenizes_only_its_new_messages() {
+    let pod = FakePod::start(Behavior::Normal {
+        chunks: 1,
+        delay_ms: 0,
+    })
+    .await;
+    let system = "You are a careful assistant. ".repeat(400);
+    let turn1 = serde_json::json!([
+        {"role": "system", "content": system},
+        {"role": "user", "content": "first question ".repeat(200)},
+    ]);
+    let mut turn2 = turn1.as_array().unwrap().clone();
+    turn2.push(serde_json::json!({"role": "assistant", "content": "an answer"}));
+    turn2.push(serde_json::json!({"role": "user", "content": "and a follow-up"}));
+    let body = |messages: &serde_json::Value| {
+        serde_json::json!({"model": "fake-model", "messages": messages, "max_tokens": 1})
+            .to_string()
+    };
+    for (cache_mib, reuses) in [(None, true), (Some(0), false)] {
+        let mut a = args(&[&pod]);
+        a.index = Some(kvgate_gateway::config::IndexKind::Engine);
+        a.tokenization_cache_mib = cache_mib;
+        let gw = kvgate_gateway::Gateway::start(a).await.unwrap();
+        let c = client();
+        for messages in [&turn1, &serde_json::Value::Array(turn2.clone())] {
+            let r = send(&c, post(&gw, "/v1/chat/completions", &body(messages))).await;
+            assert_eq!(r.status, http::StatusCode::OK, "{}", r.text());
+        }
+        let reused = counter(&gw, "tokenization_reused_bytes");
+        let tokenized = counter(&gw, "tokenization_tokenized_bytes");
+        assert_eq!(tokenizations(&gw), 2);
+        if reuses {
+            // Turn 2 reuses all of turn 1's rendering (system and first user message, ~14 KB)
+            // and tokenizes only the two new messages (~50 bytes rendered).
+            assert!(reused > 14_000, "reused {reused}");
+            assert!(tokenized < reused + 100, "tokenized {tokenized}");
+        } else {
+            assert_eq!(reused, 0, "--tokenization-cache-mib 0 turns reuse off");
+        }
+        assert_idle(&gw, &[&pod]).await;
+    }
+}

@@ -39,6 +39,10 @@ pub struct ServeCli {
     /// use the file the pods serve with `vllm serve --chat-template` [default: the model's].
     #[arg(long, value_name = "FILE")]
     pub chat_template: Option<PathBuf>,
+    /// Token mode: MiB of token ids kept to reuse across prompts (a conversation's next turn
+    /// tokenizes only its new messages); 0 turns it off [default: 64].
+    #[arg(long, value_name = "MIB")]
+    pub tokenization_cache_mib: Option<usize>,
     /// Config file (TOML, or YAML with a .yaml/.yml extension); reloaded when it changes.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -185,6 +189,7 @@ impl From<ServeCli> for ServeArgs {
             index: cli.index,
             tokenizer: cli.tokenizer,
             chat_template: cli.chat_template,
+            tokenization_cache_mib: cli.tokenization_cache_mib,
             config: cli.config,
             policy: cli.policy,
             scrape_interval_ms: cli.scrape_interval_ms,
@@ -288,6 +293,7 @@ mod tests {
             "--index=engine",
             "--tokenizer=tok.json",
             "--chat-template=chat.jinja",
+            "--tokenization-cache-mib=22",
             "--config=kvgate.toml",
             "--policy=prefix",
             "--scrape-interval-ms=3",
@@ -331,6 +337,7 @@ mod tests {
             index: Some(IndexKind::Engine),
             tokenizer: Some(PathBuf::from("tok.json")),
             chat_template: Some(PathBuf::from("chat.jinja")),
+            tokenization_cache_mib: Some(22),
             config: Some(PathBuf::from("kvgate.toml")),
             policy: Some("prefix".into()),
             scrape_interval_ms: Some(3),

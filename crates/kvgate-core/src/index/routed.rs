@@ -32,8 +32,12 @@
 //! - `record_routed` touches blocks from last to first, so the prompt's first blocks end up most
 //!   recently used and are evicted last (vLLM frees a finished request's tail blocks first).
 //! - `match_prefix` walks the prompt's blocks in order and advances pod p at step i only if p
-//!   matched all of blocks `0..i`; it stops at the first step where no pod advanced. Cost
-//!   O(prompt blocks × pods per block). It does not touch the LRUs.
+//!   matched all of blocks `0..i`; it stops at the first step where no pod advanced. A block
+//!   held by the same pods as the block before (same size and fingerprint, an XOR of a 64-bit
+//!   mix of each holder's id, kept in O(1) per insert/remove) advances the same pods without
+//!   walking them, so a prefix that every holder holds whole costs one walk of its holders.
+//!   Cost O(prompt blocks + Σ holders over the blocks where the holder set changes) — at most
+//!   O(prompt blocks × pods per block), as before. It does not touch the LRUs.
 //!
 //! # Memory
 //!
@@ -105,11 +109,26 @@ enum Holders {
         pods: [u16; 2],
         slots: [u32; 2],
     },
-    #[expect(
-        clippy::box_collection,
-        reason = "a thin pointer keeps Holders at 16 bytes; a Vec or Box<[_]> would make it 24-32"
-    )]
-    Many(Box<Vec<Holder>>),
+    /// A thin pointer keeps Holders at 16 bytes; a Vec or Box<[_]> would make it 24-32.
+    Many(Box<ManyHolders>),
+}
+
+/// Three or more holders, with their set's [`Holders::fingerprint`] kept up to date.
+#[derive(Debug)]
+struct ManyHolders {
+    /// XOR of [`pod_mix`] over the holders.
+    fingerprint: u64,
+    list: Vec<Holder>,
+}
+
+/// A pod's contribution to a holder set's fingerprint (splitmix64's finalizer: distinct pods
+/// give independent-looking 64-bit values, so two distinct sets of equal size share a
+/// fingerprint with odds ~2^-64).
+fn pod_mix(pod: u16) -> u64 {
+    let mut z = u64::from(pod).wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 impl Holders {
@@ -125,7 +144,7 @@ impl Holders {
                     None
                 }
             }
-            Holders::Many(v) => v.iter().find(|h| h.pod == pod).map(|h| h.slot),
+            Holders::Many(m) => m.list.iter().find(|h| h.pod == pod).map(|h| h.slot),
         }
     }
 
@@ -136,7 +155,18 @@ impl Holders {
                 f(pods[0]);
                 f(pods[1]);
             }
-            Holders::Many(v) => v.iter().for_each(|h| f(h.pod)),
+            Holders::Many(m) => m.list.iter().for_each(|h| f(h.pod)),
+        }
+    }
+
+    /// The holder set's size and fingerprint (XOR of [`pod_mix`]): O(1). Two blocks with equal
+    /// `(len, fingerprint)` are held by the same pods (up to a 2^-64 collision, the odds of two
+    /// blocks' 64-bit hashes colliding in the map itself).
+    fn fingerprint(&self) -> (usize, u64) {
+        match self {
+            Holders::One { pod, .. } => (1, pod_mix(*pod)),
+            Holders::Two { pods, .. } => (2, pod_mix(pods[0]) ^ pod_mix(pods[1])),
+            Holders::Many(m) => (m.list.len(), m.fingerprint),
         }
     }
 
@@ -147,20 +177,24 @@ impl Holders {
                 pods: [p, pod],
                 slots: [s, slot],
             },
-            Holders::Two { pods, slots } => Holders::Many(Box::new(vec![
-                Holder {
-                    pod: pods[0],
-                    slot: slots[0],
-                },
-                Holder {
-                    pod: pods[1],
-                    slot: slots[1],
-                },
-                Holder { pod, slot },
-            ])),
-            Holders::Many(mut v) => {
-                v.push(Holder { pod, slot });
-                Holders::Many(v)
+            Holders::Two { pods, slots } => Holders::Many(Box::new(ManyHolders {
+                fingerprint: pod_mix(pods[0]) ^ pod_mix(pods[1]) ^ pod_mix(pod),
+                list: vec![
+                    Holder {
+                        pod: pods[0],
+                        slot: slots[0],
+                    },
+                    Holder {
+                        pod: pods[1],
+                        slot: slots[1],
+                    },
+                    Holder { pod, slot },
+                ],
+            })),
+            Holders::Many(mut m) => {
+                m.list.push(Holder { pod, slot });
+                m.fingerprint ^= pod_mix(pod);
+                Holders::Many(m)
             }
         };
     }
@@ -179,8 +213,8 @@ impl Holders {
                     }
                 }
             }
-            Holders::Many(v) => {
-                for h in v.iter_mut().filter(|h| h.pod == pod) {
+            Holders::Many(m) => {
+                for h in m.list.iter_mut().filter(|h| h.pod == pod) {
                     h.slot = slot;
                 }
             }
@@ -205,9 +239,13 @@ impl Holders {
                 }
                 false
             }
-            Holders::Many(v) => {
-                v.retain(|h| h.pod != pod);
-                if let [a, b] = v.as_slice() {
+            Holders::Many(m) => {
+                let before = m.list.len();
+                m.list.retain(|h| h.pod != pod);
+                if m.list.len() < before {
+                    m.fingerprint ^= pod_mix(pod);
+                }
+                if let [a, b] = m.list.as_slice() {
                     *self = Holders::Two {
                         pods: [a.pod, b.pod],
                         slots: [a.slot, b.slot],
@@ -490,24 +528,47 @@ impl PrefixIndex for RoutedIndex {
     fn match_prefix(&self, blocks: &[BlockHash], matched: &mut Vec<u32>) {
         matched.clear();
         matched.resize(self.pods.len(), 0);
+        // The pods that matched every block so far (those with `matched == i` at step i), and
+        // the blocks since the last step that walked the holders: blocks held by the same set
+        // as the one before (equal fingerprint) advance exactly these pods, so a run of such
+        // blocks (a prefix every holder holds whole) is credited at once when it ends.
+        let mut advancing: Vec<u16> = Vec::new();
+        let mut last_set: Option<(usize, u64)> = None;
+        let mut pending = 0u32;
+        let credit = |advancing: &[u16], pending: u32, matched: &mut Vec<u32>| {
+            for &pod in advancing {
+                if let Some(m) = matched.get_mut(pod as usize) {
+                    *m += pending;
+                }
+            }
+        };
         for (i, hash) in blocks.iter().enumerate() {
             let (Ok(i), Some(holders)) = (u32::try_from(i), self.holders.get(hash)) else {
                 break;
             };
             let Some(next) = i.checked_add(1) else { break };
-            let mut advanced = false;
+            let set = holders.fingerprint();
+            if last_set == Some(set) {
+                pending += 1;
+                continue;
+            }
+            credit(&advancing, pending, matched);
+            pending = 0;
+            advancing.clear();
             holders.for_each_pod(|pod| {
                 if let Some(m) = matched.get_mut(pod as usize)
                     && *m == i
                 {
                     *m = next;
-                    advanced = true;
+                    advancing.push(pod);
                 }
             });
-            if !advanced {
+            if advancing.is_empty() {
                 break;
             }
+            last_set = Some(set);
         }
+        credit(&advancing, pending, matched);
     }
 
     fn record_routed(&mut self, pod: PodId, blocks: &[BlockHash]) {
@@ -634,8 +695,10 @@ mod tests {
         assert_eq!(index.indexed_blocks, total);
         let mut actual: BTreeMap<BlockHash, BTreeSet<u16>> = BTreeMap::new();
         for (&hash, h) in &index.holders {
-            if let Holders::Many(v) = h {
-                assert!(v.len() >= 3, "Many with {} holders", v.len());
+            if let Holders::Many(m) = h {
+                assert!(m.list.len() >= 3, "Many with {} holders", m.list.len());
+                let fingerprint = m.list.iter().fold(0, |x, h| x ^ pod_mix(h.pod));
+                assert_eq!(m.fingerprint, fingerprint, "block {hash} fingerprint");
             }
             let mut n = 0;
             h.for_each_pod(|p| {
@@ -848,6 +911,25 @@ mod tests {
         assert_eq!(matched(&index, &[1]), Vec::<u32>::new());
         index.record_routed(PodId(MAX_PODS as u32 - 1), &[1]);
         assert_eq!(index.pod_blocks(PodId(MAX_PODS as u32 - 1)), 1);
+        check_invariants(&index);
+    }
+
+    #[test]
+    fn a_run_of_blocks_held_by_the_same_pods_is_credited_to_each_of_them_and_a_hole_stops_one() {
+        let mut index = RoutedIndex::new();
+        let chain: Vec<BlockHash> = (1..=10).collect();
+        for p in [0, 2, 3] {
+            index.record_routed(PodId(p), &chain);
+        }
+        // Pod 1 holds all but block 5: same holder sets as the others except at block 5.
+        index.record_routed(PodId(1), &chain[..4]);
+        index.record_routed(PodId(1), &chain[5..]);
+        assert_eq!(matched(&index, &chain), vec![10, 4, 10, 10]);
+        // Pod 3 loses block 8 (a change of set mid-run), pod 2 holds a longer chain.
+        index.remove_block(PodId(3), 8);
+        index.record_routed(PodId(2), &[11, 12]);
+        let longer: Vec<BlockHash> = (1..=12).collect();
+        assert_eq!(matched(&index, &longer), vec![10, 4, 12, 7]);
         check_invariants(&index);
     }
 
