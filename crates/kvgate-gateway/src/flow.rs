@@ -878,6 +878,45 @@ mod tests {
         assert_eq!(own["priority"], 9);
     }
 
+    #[test]
+    fn the_fleet_view_closes_pods_without_headroom_and_bulk_sees_the_lowered_kv_threshold() {
+        let s = shared(&[]);
+        s.pods.replace(
+            &[
+                ("http://a".into(), "c".into()),
+                ("http://b".into(), "c".into()),
+                ("http://c".into(), "c".into()),
+            ],
+            1000,
+        );
+        let pods = s.pods.all();
+        for (p, kv) in pods.iter().zip([0.9, 0.6, 0.2]) {
+            p.healthy.store(true, Ordering::Relaxed);
+            p.apply_metrics(&crate::scrape::PodMetrics {
+                running: Some(1),
+                waiting: Some(0),
+                kv_usage: Some(kv),
+                ..Default::default()
+            });
+        }
+        let cfg = FlowConfig {
+            enabled: true,
+            ..FlowConfig::default()
+        };
+        let v = view(&s, &cfg);
+        let (a, b) = (pods[0].id, pods[1].id);
+        // a is over KV 0.8: closed to all; b under 0.8 but over 0.5: closed to bulk only.
+        assert_eq!(v.closed, vec![a]);
+        assert_eq!(v.closed_bulk, vec![a, b]);
+        assert_eq!(v.saturation, Saturation::Headroom(10));
+        assert_eq!(v.bulk_room, 5);
+        // Requests let go and not yet routed count against both.
+        s.flow.dispatching.store(6, Ordering::Release);
+        let v = view(&s, &cfg);
+        assert_eq!(v.saturation, Saturation::Headroom(4));
+        assert_eq!(v.bulk_room, 0);
+    }
+
     #[tokio::test]
     async fn off_by_default_every_request_goes_at_once() {
         let s = shared(&[]);
