@@ -4,7 +4,8 @@
 //! ```text
 //! cargo run --release -p kvgate-sim --example flow_overload -- \
 //!     TRACE [--pods 16] [--rate-scale 6] [--unloaded-rate-scale 1] [--seed 1] \
-//!     [--queue-ttl-ms 30000] [--queue-depth 5] [--max-in-flight 0] [--kv-threshold 0.8]
+//!     [--queue-ttl-ms 30000] [--queue-depth 5] [--max-in-flight 0] [--kv-threshold 0.8] \
+//!     [--bulk-reserve 0.3]
 //! ```
 //!
 //! Runs (same seed, affinity-gate, tags from `workload::classes` defaults):
@@ -16,7 +17,11 @@
 //! Prints one Markdown table row per run: p99 TTFT of high-priority requests, its ratio to the
 //! unloaded run's and the p99 of their time in the flow queue (part of the TTFT), p99 of normal-priority, p99 of the quiet tenants' requests (all
 //! priorities) and its ratio to the same flow setting with the noisy tenant at its share, the
-//! share of each group served, and what flow control shed.
+//! share of each group served, and what flow control shed; then, per run, where each group's
+//! TTFT goes (p50/p99 of the time in the flow queue and of the pod's part, dispatch to first
+//! token) and what the saturation detector saw at the release checks with requests queued
+//! (pods closed by KV usage, by their queue, open). `--bulk-reserve` is
+//! `saturation.bulk_kv_reserve` (its default, 0.3; 0 turns bulk requests off).
 
 use kvgate_core::flow::FlowConfig;
 use kvgate_core::policy::PolicyKind;
@@ -49,7 +54,7 @@ fn args() -> Args {
         depth: 5,
         max_in_flight: 0,
         kv_threshold: 0.8,
-        bulk_reserve: 0.0,
+        bulk_reserve: FlowConfig::default().saturation.bulk_kv_reserve,
     };
     let mut it = std::env::args().skip(1);
     while let Some(x) = it.next() {
