@@ -147,7 +147,15 @@ impl Tracker {
 
     /// Reports the outcome: metrics, the ticket back to the session, and for a completed stream
     /// the observation the predictor trains on.
-    pub fn finish(mut self, status: Status, usage: Option<Usage>) {
+    pub fn finish(self, status: Status, usage: Option<Usage>) {
+        let shared = self.shared.clone();
+        self.finish_inner(status, usage);
+        // A finished request frees room on its pod: the flow-control driver re-checks now
+        // rather than at its next tick (a no-op wake-up when nothing is queued).
+        shared.flow.request_finished();
+    }
+
+    fn finish_inner(mut self, status: Status, usage: Option<Usage>) {
         let status = match status {
             Status::Ok if self.error_status => Status::UpstreamStatus,
             s => s,

@@ -16,8 +16,13 @@
 //!   ledger and each pod's latest predicted TTFT (from the last decision that scored it), less
 //!   the requests let go and not yet routed (so a burst between two scrapes does not overshoot).
 //! - **Queue.** The request waits for a [`Verdict`] from the driver task (spawned with the first
-//!   queued request; it wakes on every offer and every `TICK` = 5 ms while anything is queued,
-//!   expires entries, and releases as many as the fleet's headroom allows). A client that goes
+//!   queued request; it wakes on every offer, on every routed request's finish (its pod has
+//!   room again) and every `TICK` = 5 ms while anything is queued (new scrapes), expires
+//!   entries, and releases as many as the fleet's headroom allows; a *bulk* request, core
+//!   docs, only into the bulk headroom, else the next request that is not bulk goes). A
+//!   released request's first decision excludes the pods without headroom for it at release
+//!   (dispatch by headroom: it goes where it can start soon, not into an engine's queue),
+//!   unless that would leave no pod. A client that goes
 //!   away while queued (its future dropped; Envoy cancelling the ext_proc stream) leaves the
 //!   queue at once.
 //! - **Answers.** 429 with `Retry-After` for the client's share (`flow_shed` sheddable,
@@ -44,8 +49,11 @@
 use crate::errors::ApiError;
 use crate::state::Shared;
 use http::{HeaderMap, StatusCode};
+use kvgate_core::PodId;
+use kvgate_core::flow::saturation::pod_headroom;
 use kvgate_core::flow::{
-    Expiry, FlowConfig, FlowQueue, FlowRequest, Offer, Rejection, Saturation, fleet_saturation,
+    Expiry, FlowConfig, FlowQueue, FlowRequest, Offer, Rejection, Saturation, fleet_bulk_headroom,
+    fleet_saturation,
 };
 use parking_lot::Mutex;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -95,7 +103,11 @@ pub struct FlowNote {
 /// The driver's answer to a queued request.
 #[derive(Debug)]
 enum Verdict {
-    Go { queued_ms: f64 },
+    /// Route now, to a pod outside `closed` (the pods without headroom for it at release).
+    Go {
+        queued_ms: f64,
+        closed: Vec<PodId>,
+    },
     Expired(Expiry, f64),
     Evicted,
 }
@@ -211,6 +223,9 @@ pub struct Turn {
     pub note: Option<FlowNote>,
     /// Time spent queued.
     pub queued: Duration,
+    /// Pods without headroom for the request when the queue released it: its first decision
+    /// excludes them (dispatch by headroom; empty for a request let through at once).
+    pub closed: Vec<PodId>,
 }
 
 impl Turn {
@@ -220,6 +235,7 @@ impl Turn {
             wake: None,
             note: None,
             queued: Duration::ZERO,
+            closed: Vec::new(),
         }
     }
 }
@@ -259,6 +275,13 @@ impl FlowGate {
         }
     }
 
+    /// A routed request finished: wakes the driver (its pod has room again).
+    pub fn request_finished(&self) {
+        if self.driver_started.load(Ordering::Acquire) {
+            self.wake.notify_one();
+        }
+    }
+
     /// Requests in the queue now.
     pub fn queued(&self) -> usize {
         self.queue.lock().len()
@@ -281,6 +304,19 @@ impl FlowGate {
 
 /// The fleet's saturation now, less the requests let go and not yet routed.
 fn saturation(shared: &Shared, cfg: &FlowConfig) -> Saturation {
+    view(shared, cfg).saturation
+}
+
+/// What the driver needs of the fleet at a release: the saturation, the bulk headroom, and
+/// the pods closed to a plain and to a bulk request (no headroom under the thresholds).
+struct FleetView {
+    saturation: Saturation,
+    bulk_room: u32,
+    closed: Vec<PodId>,
+    closed_bulk: Vec<PodId>,
+}
+
+fn view(shared: &Shared, cfg: &FlowConfig) -> FleetView {
     let pods = shared.pods.all();
     let mut snaps: Vec<_> = pods.iter().map(|p| p.snapshot()).collect();
     {
@@ -289,17 +325,34 @@ fn saturation(shared: &Shared, cfg: &FlowConfig) -> Saturation {
             s.in_flight = session.in_flight(s.id);
         }
     }
-    let sat = {
-        let predicted = shared.flow.predicted_ttft_ms.lock();
-        fleet_saturation(&cfg.saturation, &snaps, |i| {
-            snaps.get(i).and_then(|s| predicted.get(&s.name).copied())
-        })
-    };
-    match sat {
-        Saturation::Headroom(n) => {
-            Saturation::Headroom(n.saturating_sub(shared.flow.dispatching.load(Ordering::Acquire)))
+    let predicted = shared.flow.predicted_ttft_ms.lock();
+    let pred = |i: usize| snaps.get(i).and_then(|s| predicted.get(&s.name).copied());
+    let sat = fleet_saturation(&cfg.saturation, &snaps, pred);
+    let bulk_room = fleet_bulk_headroom(&cfg.saturation, &snaps, pred);
+    let bulk_cfg = cfg.saturation.bulk();
+    let mut closed = Vec::new();
+    let mut closed_bulk = Vec::new();
+    for (i, s) in snaps.iter().enumerate() {
+        if !s.healthy {
+            continue;
         }
+        if pod_headroom(&cfg.saturation, s, pred(i)) == 0 {
+            closed.push(s.id);
+        }
+        if pod_headroom(&bulk_cfg, s, pred(i)) == 0 {
+            closed_bulk.push(s.id);
+        }
+    }
+    let dispatching = shared.flow.dispatching.load(Ordering::Acquire);
+    let saturation = match sat {
+        Saturation::Headroom(n) => Saturation::Headroom(n.saturating_sub(dispatching)),
         s => s,
+    };
+    FleetView {
+        saturation,
+        bulk_room: bulk_room.saturating_sub(dispatching),
+        closed,
+        closed_bulk,
     }
 }
 
@@ -592,6 +645,7 @@ pub async fn wait_turn(
                 wake: Some(gate.wake.clone()),
                 note: Some(note(0.0)),
                 queued: Duration::ZERO,
+                closed: Vec::new(),
             });
         }
         Offer::Rejected(r, _) => {
@@ -621,11 +675,12 @@ pub async fn wait_turn(
     // A verdict arrived: the place is gone, nothing to give back on drop.
     waiting.rx = None;
     match verdict {
-        Ok(Verdict::Go { queued_ms }) => Ok(Turn {
+        Ok(Verdict::Go { queued_ms, closed }) => Ok(Turn {
             dispatching: Some(gate.dispatching.clone()),
             wake: Some(gate.wake.clone()),
             note: Some(note(queued_ms)),
             queued: Duration::from_secs_f64(queued_ms / 1e3),
+            closed,
         }),
         Ok(Verdict::Expired(Expiry::Deadline, _)) => Err(crate::errors::request_timeout(
             shared.config().request_timeout,
@@ -633,6 +688,25 @@ pub async fn wait_turn(
         Ok(Verdict::Expired(Expiry::Ttl, waited)) => Err(ttl_error(waited)),
         Ok(Verdict::Evicted) | Err(_) => Err(evicted_error()),
     }
+}
+
+/// A decision outside `excluded` and, when that leaves a pod, outside `closed` too (the pods
+/// flow control found without headroom at the request's release: dispatch by headroom).
+pub(crate) fn decide_outside(
+    shared: &Arc<Shared>,
+    request: &kvgate_core::RouteRequest<'_>,
+    excluded: &[PodId],
+    closed: &[PodId],
+    meta: crate::routing::DecisionMeta<'_>,
+) -> crate::routing::Pick {
+    if !closed.is_empty() {
+        let both: Vec<PodId> = excluded.iter().chain(closed).copied().collect();
+        match crate::routing::decide_for(shared, request, &both, meta) {
+            crate::routing::Pick::NoHealthyPod => {}
+            pick => return pick,
+        }
+    }
+    crate::routing::decide_for(shared, request, excluded, meta)
 }
 
 fn start_driver(shared: &Arc<Shared>) {
@@ -675,22 +749,40 @@ fn pump(shared: &Shared) -> bool {
     if gate.queue.lock().is_empty() {
         return false;
     }
-    let mut room = saturation(shared, &cfg).headroom();
+    let v = view(shared, &cfg);
+    let mut room = v.saturation.headroom();
+    let mut bulk_room = v.bulk_room.min(room);
     while room > 0 {
-        let (left, name) = {
+        let (left, name, bulk) = {
             let mut q = gate.queue.lock();
-            let Some(l) = q.pop(now) else { break };
+            // A bulk request (core docs) leaves only into bulk headroom; without it, the next
+            // request that is not bulk goes.
+            let (l, bulk) = match q.next_is_bulk() {
+                None => break,
+                Some(true) if bulk_room == 0 => (q.pop_non_bulk(now), false),
+                Some(b) => (q.pop(now), b),
+            };
+            let Some(l) = l else { break };
             let name = q.tenant_name(l.tenant).to_string();
-            (l, name)
+            (l, name, bulk)
         };
         gate.dispatching.fetch_add(1, Ordering::AcqRel);
         let queued_ms = left.queued_ms;
-        if left.payload.send(Verdict::Go { queued_ms }).is_err() {
+        let closed = if bulk { &v.closed_bulk } else { &v.closed }.clone();
+        if left
+            .payload
+            .send(Verdict::Go { queued_ms, closed })
+            .is_err()
+        {
             gate.dispatching.fetch_sub(1, Ordering::AcqRel);
             continue;
         }
         count_dispatch(shared, left.band, &name, Some(queued_ms));
         room -= 1;
+        if bulk {
+            bulk_room = bulk_room.saturating_sub(1);
+        }
+        bulk_room = bulk_room.min(room);
     }
     !gate.queue.lock().is_empty()
 }
@@ -784,6 +876,45 @@ mod tests {
         let mut own = serde_json::json!({"priority": 9});
         forward_priority(&on, &class, &mut own);
         assert_eq!(own["priority"], 9);
+    }
+
+    #[test]
+    fn the_fleet_view_closes_pods_without_headroom_and_bulk_sees_the_lowered_kv_threshold() {
+        let s = shared(&[]);
+        s.pods.replace(
+            &[
+                ("http://a".into(), "c".into()),
+                ("http://b".into(), "c".into()),
+                ("http://c".into(), "c".into()),
+            ],
+            1000,
+        );
+        let pods = s.pods.all();
+        for (p, kv) in pods.iter().zip([0.9, 0.6, 0.2]) {
+            p.healthy.store(true, Ordering::Relaxed);
+            p.apply_metrics(&crate::scrape::PodMetrics {
+                running: Some(1),
+                waiting: Some(0),
+                kv_usage: Some(kv),
+                ..Default::default()
+            });
+        }
+        let cfg = FlowConfig {
+            enabled: true,
+            ..FlowConfig::default()
+        };
+        let v = view(&s, &cfg);
+        let (a, b) = (pods[0].id, pods[1].id);
+        // a is over KV 0.8: closed to all; b under 0.8 but over 0.5: closed to bulk only.
+        assert_eq!(v.closed, vec![a]);
+        assert_eq!(v.closed_bulk, vec![a, b]);
+        assert_eq!(v.saturation, Saturation::Headroom(10));
+        assert_eq!(v.bulk_room, 5);
+        // Requests let go and not yet routed count against both.
+        s.flow.dispatching.store(6, Ordering::Release);
+        let v = view(&s, &cfg);
+        assert_eq!(v.saturation, Saturation::Headroom(4));
+        assert_eq!(v.bulk_room, 0);
     }
 
     #[tokio::test]

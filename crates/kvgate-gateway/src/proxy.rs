@@ -23,7 +23,7 @@
 use crate::body::{ObservedBody, Tracker};
 use crate::errors::{ApiError, no_healthy_pod, reject, upstream_failed};
 use crate::request_id::request_id;
-use crate::routing::{DecisionMeta, Pick, Prepared, Routed, decide_for};
+use crate::routing::{DecisionMeta, Pick, Prepared, Routed};
 use crate::state::Shared;
 use crate::upstream::{
     Sent, attempt_failed, body_timeouts, client_headers, completion_body, request_timed_out, send,
@@ -140,6 +140,10 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
         .as_ref()
         .map_or(std::time::Duration::ZERO, |t| t.queued);
     let flow_note = turn.as_ref().and_then(|t| t.note.clone());
+    // Dispatch by headroom: the first decision avoids the pods flow control found closed.
+    let mut closed = turn
+        .as_mut()
+        .map_or_else(Vec::new, |t| std::mem::take(&mut t.closed));
     let Prepared {
         mut value,
         parsed,
@@ -180,7 +184,7 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
             guard,
             policy,
             branch,
-        } = match decide_for(&shared, &request, &excluded, meta) {
+        } = match crate::flow::decide_outside(&shared, &request, &excluded, &closed, meta) {
             Pick::Routed(r) => *r,
             Pick::NoHealthyPod if attempt > 0 => break,
             Pick::NoHealthyPod | Pick::NoDecision => {
@@ -189,6 +193,7 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
         };
         // Routed: the session's ledger counts the request now.
         drop(turn.take());
+        closed.clear();
         let up = match upstream_request(
             &cfg,
             &pod,

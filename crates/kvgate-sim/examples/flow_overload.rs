@@ -4,7 +4,8 @@
 //! ```text
 //! cargo run --release -p kvgate-sim --example flow_overload -- \
 //!     TRACE [--pods 16] [--rate-scale 6] [--unloaded-rate-scale 1] [--seed 1] \
-//!     [--queue-ttl-ms 30000] [--queue-depth 5] [--max-in-flight 0] [--kv-threshold 0.8]
+//!     [--queue-ttl-ms 30000] [--queue-depth 5] [--max-in-flight 0] [--kv-threshold 0.8] \
+//!     [--bulk-reserve 0.3]
 //! ```
 //!
 //! Runs (same seed, affinity-gate, tags from `workload::classes` defaults):
@@ -16,7 +17,11 @@
 //! Prints one Markdown table row per run: p99 TTFT of high-priority requests, its ratio to the
 //! unloaded run's and the p99 of their time in the flow queue (part of the TTFT), p99 of normal-priority, p99 of the quiet tenants' requests (all
 //! priorities) and its ratio to the same flow setting with the noisy tenant at its share, the
-//! share of each group served, and what flow control shed.
+//! share of each group served, and what flow control shed; then, per run, where each group's
+//! TTFT goes (p50/p99 of the time in the flow queue and of the pod's part, dispatch to first
+//! token) and what the saturation detector saw at the release checks with requests queued
+//! (pods closed by KV usage, by their queue, open). `--bulk-reserve` is
+//! `saturation.bulk_kv_reserve` (its default, 0.3; 0 turns bulk requests off).
 
 use kvgate_core::flow::FlowConfig;
 use kvgate_core::policy::PolicyKind;
@@ -35,6 +40,7 @@ struct Args {
     depth: u32,
     max_in_flight: u32,
     kv_threshold: f64,
+    bulk_reserve: f64,
 }
 
 fn args() -> Args {
@@ -48,6 +54,7 @@ fn args() -> Args {
         depth: 5,
         max_in_flight: 0,
         kv_threshold: 0.8,
+        bulk_reserve: FlowConfig::default().saturation.bulk_kv_reserve,
     };
     let mut it = std::env::args().skip(1);
     while let Some(x) = it.next() {
@@ -60,6 +67,7 @@ fn args() -> Args {
             "--queue-ttl-ms" => a.ttl_ms = val().parse().expect("--queue-ttl-ms N"),
             "--queue-depth" => a.depth = val().parse().expect("--queue-depth N"),
             "--max-in-flight" => a.max_in_flight = val().parse().expect("--max-in-flight N"),
+            "--bulk-reserve" => a.bulk_reserve = val().parse().expect("--bulk-reserve X"),
             "--kv-threshold" => a.kv_threshold = val().parse().expect("--kv-threshold X"),
             t if !t.starts_with("--") => a.trace = t.to_string(),
             other => panic!("unknown flag {other}"),
@@ -83,6 +91,7 @@ fn run(a: &Args, rate: f64, flow: bool, reqs: &[SimRequest], cls: &[SimClass]) -
     c.flow.saturation.queue_depth_threshold = a.depth;
     c.flow.saturation.max_in_flight_per_pod = a.max_in_flight;
     c.flow.saturation.kv_cache_util_threshold = a.kv_threshold;
+    c.flow.saturation.bulk_kv_reserve = a.bulk_reserve;
     cluster::run_classified(&c, reqs, cls)
 }
 
@@ -121,6 +130,34 @@ fn row(m: &RunMetrics, cls: &[SimClass]) -> Row {
     }
 }
 
+/// p50 / p99 of (TTFT, time in the flow queue, TTFT less that: the pod's share) for a group.
+fn split(m: &RunMetrics, cls: &[SimClass], f: &dyn Fn(&SimClass) -> bool) -> String {
+    let fl = m.flow.as_ref().expect("classified run");
+    let (mut t, mut q, mut p) = (Vec::new(), Vec::new(), Vec::new());
+    for ((tt, qq), c) in fl
+        .ttft_ms_by_request
+        .iter()
+        .zip(&fl.queue_ms_by_request)
+        .zip(cls)
+    {
+        if f(c) && tt.is_finite() {
+            let qq = if qq.is_finite() { *qq } else { 0.0 };
+            t.push(*tt);
+            q.push(qq);
+            p.push(tt - qq);
+        }
+    }
+    let (t, q, p) = (
+        Percentiles::of(&mut t),
+        Percentiles::of(&mut q),
+        Percentiles::of(&mut p),
+    );
+    format!(
+        "ttft {:.0}/{:.0}, queue {:.0}/{:.0}, pod {:.0}/{:.0}",
+        t.p50, t.p99, q.p50, q.p99, p.p50, p.p99
+    )
+}
+
 fn main() {
     let a = args();
     let (_, reqs) = workload::load_trace(&a.trace).expect("readable trace");
@@ -132,7 +169,8 @@ fn main() {
     let (share_reqs, share_cls) =
         classes::thin_tenant(&reqs, &cls, 0, 1.0 / params.noisy_factor, a.seed);
     let t0 = std::time::Instant::now();
-    let unloaded = row(&run(&a, a.unloaded_rate, false, &reqs, &cls), &cls);
+    let unloaded_m = run(&a, a.unloaded_rate, false, &reqs, &cls);
+    let unloaded = row(&unloaded_m, &cls);
     let mut rows = Vec::new();
     for (name, flow, r, c) in [
         ("off", false, &reqs, &cls),
@@ -144,7 +182,7 @@ fn main() {
         rows.push((name, row(&m, c), m));
     }
     println!(
-        "{} requests ({} with the noisy tenant at its share), {} pods, rate {}× (unloaded {}×), seed {}, TTL {} ms, queue depth {}, max in flight per pod {}, KV threshold {}; {:.1} s wall",
+        "{} requests ({} with the noisy tenant at its share), {} pods, rate {}× (unloaded {}×), seed {}, TTL {} ms, queue depth {}, max in flight per pod {}, KV threshold {}, bulk KV reserve {}; {:.1} s wall",
         reqs.len(),
         share_reqs.len(),
         a.pods,
@@ -155,6 +193,7 @@ fn main() {
         a.depth,
         a.max_in_flight,
         a.kv_threshold,
+        a.bulk_reserve,
         t0.elapsed().as_secs_f64()
     );
     println!(
@@ -196,6 +235,34 @@ fn main() {
             f.queued,
             f.expired,
             f.mean_queue_ms,
+        );
+    }
+    println!();
+    println!("Where the TTFT goes (p50/p99 ms; pod = from dispatch to first token):");
+    let all: Vec<(&str, &RunMetrics, &[SimClass])> =
+        std::iter::once(("unloaded", &unloaded_m, &cls[..]))
+            .chain(rows.iter().map(|(n, _, m)| {
+                let c: &[SimClass] = if n.ends_with("share") {
+                    &share_cls
+                } else {
+                    &cls
+                };
+                (*n, m, c)
+            }))
+            .collect();
+    for (name, m, c) in all {
+        let f = m.flow.as_ref().unwrap();
+        let checks =
+            (f.detector_pods_kv + f.detector_pods_queue + f.detector_pods_open).max(1) as f64;
+        println!(
+            "- {name}: high {}; quiet {}; noisy {}; detector (pod-checks with a queue): KV-closed {:.0} %, queue-closed {:.0} %, open {:.0} % (mean engine queue when open {:.2})",
+            split(m, c, &|c| c.priority > 0),
+            split(m, c, &|c| c.tenant != 0),
+            split(m, c, &|c| c.tenant == 0),
+            100.0 * f.detector_pods_kv as f64 / checks,
+            100.0 * f.detector_pods_queue as f64 / checks,
+            100.0 * f.detector_pods_open as f64 / checks,
+            f.detector_open_waiting as f64 / (f.detector_pods_open.max(1) as f64),
         );
     }
 }

@@ -65,7 +65,10 @@ use rand::rngs::ChaCha8Rng;
 use rand::{RngExt, SeedableRng};
 use rustc_hash::FxHashSet;
 
-use kvgate_core::flow::{Expiry, FlowConfig, FlowQueue, FlowRequest, Offer, Rejection};
+use kvgate_core::flow::saturation::{pod_headroom, waiting_estimate};
+use kvgate_core::flow::{
+    Expiry, FlowConfig, FlowQueue, FlowRequest, Offer, Rejection, SaturationConfig,
+};
 use serde::Serialize;
 
 use crate::engine::{Engine, EngineRequest};
@@ -288,6 +291,13 @@ pub struct FlowRunReport {
     pub max_queue_len: u64,
     /// Mean time released requests waited, ms.
     pub mean_queue_ms: f64,
+    /// What the saturation detector saw at each release check with requests queued, summed
+    /// over pods: pods closed by KV usage, closed by their queue (or in-flight cap), open.
+    pub detector_pods_kv: u64,
+    pub detector_pods_queue: u64,
+    pub detector_pods_open: u64,
+    /// Of the open pods at those checks, the engine queue they had (sum of `waiting_estimate`).
+    pub detector_open_waiting: u64,
     /// Per request (by id): its TTFT in ms, NaN when it was not served.
     #[serde(skip)]
     pub ttft_ms_by_request: Vec<f64>,
@@ -713,12 +723,51 @@ impl Cluster {
         if self.flow_queue.is_empty() {
             return;
         }
-        let mut room = self.flow_saturation().headroom();
-        while room > 0 {
-            let Some(left) = self.flow_queue.pop(now) else {
+        let sat = self.config.flow.saturation;
+        let bulk_sat = sat.bulk();
+        let mut first = true;
+        loop {
+            for s in &mut self.snapshots {
+                s.in_flight = self.sessions[0].in_flight(s.id);
+            }
+            if first {
+                first = false;
+                self.note_detector(&sat);
+            }
+            let Some(bulk) = self.flow_queue.next_is_bulk() else {
                 break;
             };
-            room -= 1;
+            // Dispatch by headroom: a request may go only to a pod with room for it (a bulk
+            // request: room under the KV threshold lowered by the reserve), so it starts there
+            // soon instead of queueing in an engine; with no bulk room, the next request that
+            // is not bulk goes.
+            let closed_for = |cfg: &SaturationConfig, snaps: &[PodSnapshot]| {
+                let closed: Vec<PodId> = snaps
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, p)| p.healthy && pod_headroom(cfg, p, None) == 0)
+                    .map(|(i, _)| PodId(i as u32))
+                    .collect();
+                let open = snaps.iter().filter(|p| p.healthy).count() > closed.len();
+                (closed, open)
+            };
+            let (mut closed, open) =
+                closed_for(if bulk { &bulk_sat } else { &sat }, &self.snapshots);
+            let left = if open {
+                self.flow_queue.pop(now)
+            } else if bulk {
+                let (c, open) = closed_for(&sat, &self.snapshots);
+                closed = c;
+                if !open {
+                    break;
+                }
+                self.flow_queue.pop_non_bulk(now)
+            } else {
+                break;
+            };
+            let Some(left) = left else {
+                break;
+            };
             self.flow_report.released += 1;
             self.queue_ms_sum += left.queued_ms;
             let (id, arrived) = left.payload;
@@ -727,7 +776,23 @@ impl Cluster {
             }
             if let Some(r) = requests.get(id as usize) {
                 debug_assert_eq!(arrival_ms(r), arrived);
-                self.arrive_at(r, now, arrived);
+                self.dispatch_arrival_excluding(r, now, arrived, &mut closed);
+            }
+        }
+    }
+
+    /// Counts what the saturation detector sees of each healthy pod (the report's
+    /// `detector_*`), at a release check with requests queued.
+    fn note_detector(&mut self, sat: &SaturationConfig) {
+        for p in self.snapshots.iter().filter(|p| p.healthy) {
+            let r = &mut self.flow_report;
+            if p.kv_usage >= sat.kv_cache_util_threshold {
+                r.detector_pods_kv += 1;
+            } else if pod_headroom(sat, p, None) == 0 {
+                r.detector_pods_queue += 1;
+            } else {
+                r.detector_pods_open += 1;
+                r.detector_open_waiting += u64::from(waiting_estimate(p));
             }
         }
     }
@@ -751,10 +816,21 @@ impl Cluster {
     }
 
     fn dispatch_arrival(&mut self, r: &SimRequest, now: f64, arrived: f64) {
+        self.dispatch_arrival_excluding(r, now, arrived, &mut Vec::new());
+    }
+
+    /// [`Self::dispatch_arrival`] with the `excluded` pods unavailable to the first decision.
+    fn dispatch_arrival_excluding(
+        &mut self,
+        r: &SimRequest,
+        now: f64,
+        arrived: f64,
+        excluded: &mut Vec<PodId>,
+    ) {
         if let Some(d) = self.dispatched_ms.get_mut(r.id as usize) {
             *d = now;
         }
-        match self.route(r, now, 0, &mut Vec::new()) {
+        match self.route(r, now, 0, excluded) {
             Outcome::Dispatched => self.recorder.dispatched(r.id, arrived),
             Outcome::NoPod => self.recorder.rejected(r.id),
             Outcome::OutOfRetries => {

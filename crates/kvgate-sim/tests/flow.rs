@@ -152,3 +152,37 @@ fn a_short_ttl_sheds_instead_of_queueing_for_ever_and_every_request_is_counted()
         .count() as u64;
     assert_eq!(served_ttfts, m.completed);
 }
+
+#[test]
+fn the_bulk_reserve_keeps_room_for_the_quiet_tenants_and_high_priority() {
+    let reqs = workload(1500);
+    let cls = classes::tag(&reqs, &classes::ClassParams::default());
+    // One pod at 8×: this short chat workload keeps its KV under 0.5, so the thresholds are
+    // scaled down to where they bind (KV 0.4; bulk requests under 0.1).
+    let mut with = config(8.0, true);
+    with.flow.saturation.kv_cache_util_threshold = 0.4;
+    with.flow.saturation.bulk_kv_reserve = 0.3;
+    let mut without = with.clone();
+    without.flow.saturation.bulk_kv_reserve = 0.0;
+    let (on, plain) = (
+        cluster::run_classified(&with, &reqs, &cls),
+        cluster::run_classified(&without, &reqs, &cls),
+    );
+    let quiet = |c: &SimClass| c.tenant != 0;
+    let high = |c: &SimClass| c.priority > 0;
+    let (q_with, q_without) = (p99(&on, &cls, quiet), p99(&plain, &cls, quiet));
+    let (h_with, h_without) = (p99(&on, &cls, high), p99(&plain, &cls, high));
+    assert!(
+        q_with < q_without,
+        "quiet p99 {q_with:.0} vs {q_without:.0} ms"
+    );
+    assert!(
+        h_with <= h_without,
+        "high p99 {h_with:.0} vs {h_without:.0} ms"
+    );
+    // Nothing is lost either way (no TTL bites at this length).
+    for m in [&on, &plain] {
+        assert_eq!(m.completed, reqs.len() as u64, "{}", counts(m));
+        assert_eq!(m.in_flight_left, 0);
+    }
+}

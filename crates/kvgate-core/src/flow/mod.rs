@@ -39,6 +39,24 @@
 //!    has headroom contend with no one.
 //! 3. **Within a tenant**: first come, first served.
 //!
+//! # Headroom kept for the others: bulk requests
+//!
+//! Requests are not preempted once dispatched, so a fleet filled to its thresholds by one
+//! flooding tenant makes every other arrival wait for a completion. So a *bulk* request — band
+//! ≤ 0, from the *bulk tenant*: the one holding more than half of the queued requests (at
+//! least two queued) — leaves only into the fleet's *bulk headroom*: the saturation detector's
+//! with the KV threshold lowered by `saturation.bulk_kv_reserve` (default 0.3: 0.8 − 0.3 = 0.5
+//! of KV). The driver asks [`FlowQueue::next_is_bulk`]; with headroom but no bulk headroom it
+//! takes [`FlowQueue::pop_non_bulk`] (the next request in the order above that is not bulk),
+//! so the others' and higher bands' requests find room at once and the flood waits in the
+//! queue (and expires at the TTL) rather than in the engines. A tenant alone in the queue is
+//! bulk too (when it holds two or more): the room it leaves is what the next tenant's arrival
+//! finds. Measured in EVALUATION.md §11.
+//!
+//! The drivers also *dispatch by headroom*: a released request is routed only among the pods
+//! with headroom for it ([`saturation::pod_headroom`] under its thresholds), so it can start
+//! soon.
+//!
 //! # Admission rules ([`FlowQueue::offer`])
 //!
 //! - flow control off, or the queue empty and the fleet with headroom: dispatch now (today's
@@ -64,7 +82,8 @@
 //! `enabled` **false** (off: today's behaviour); `max_queued_requests` **1024** (the gateway's
 //! admission queue size); `max_queued_bytes` **256 MiB** of request bodies; `queue_ttl_ms`
 //! **30,000** (llm-d's default request TTL); `tenant_max_share` **0.5**; `max_tenants` **64**;
-//! `forward_priority` **false** (write the priority into the body sent to vLLM: vLLM's default
+//! `saturation.bulk_kv_reserve` **0.3** (in `[0, kv_cache_util_threshold)`; 0 turns bulk
+//! requests off); `forward_priority` **false** (write the priority into the body sent to vLLM: vLLM's default
 //! `fcfs` scheduler refuses any non-zero `priority`, so only with `--scheduling-policy
 //! priority`); `saturation`: see [`saturation`].
 //!
@@ -77,7 +96,7 @@
 
 pub mod saturation;
 
-pub use saturation::{Saturation, SaturationConfig, fleet_saturation};
+pub use saturation::{Saturation, SaturationConfig, fleet_bulk_headroom, fleet_saturation};
 
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
@@ -132,6 +151,10 @@ pub enum FlowConfigError {
     Share(f64),
     #[error("flow_control.saturation.kv_cache_util_threshold must be in (0, 1], got {0}")]
     KvThreshold(f64),
+    #[error(
+        "flow_control.saturation.bulk_kv_reserve must be in [0, kv_cache_util_threshold), got {0}"
+    )]
+    BulkReserve(f64),
     #[error("flow_control.max_tenants must be at most {MAX_TENANTS_LIMIT}, got {0}")]
     TooManyTenants(usize),
 }
@@ -159,6 +182,10 @@ impl FlowConfig {
         let kv = self.saturation.kv_cache_util_threshold;
         if !(kv > 0.0 && kv <= 1.0) {
             return Err(FlowConfigError::KvThreshold(kv));
+        }
+        let r = self.saturation.bulk_kv_reserve;
+        if !(r >= 0.0 && r < kv) {
+            return Err(FlowConfigError::BulkReserve(r));
         }
         if self.saturation.queue_depth_threshold == 0 {
             return Err(FlowConfigError::NotPositive(
@@ -467,22 +494,58 @@ impl<T> FlowQueue<T> {
         Offer::Queued(EntryId(id), evicted)
     }
 
+    /// The band and tenant [`Self::pop`] would take from next (highest band, least-served
+    /// tenant, oldest), if any; with `skip`, that tenant's entries in bands ≤ 0 are passed over.
+    fn pick(&self, skip: Option<usize>) -> Option<(i32, usize)> {
+        let tenants = &self.tenants;
+        self.bands.iter().rev().find_map(|(&band, queues)| {
+            queues
+                .iter()
+                .enumerate()
+                .filter(|(t, _)| band > 0 || skip != Some(*t))
+                .filter_map(|(t, q)| q.front().map(|e| (t, e)))
+                .min_by(|(ta, a), (tb, b)| {
+                    tenants[*ta]
+                        .attained
+                        .total_cmp(&tenants[*tb].attained)
+                        .then(a.enqueued_ms.total_cmp(&b.enqueued_ms))
+                        .then(a.id.cmp(&b.id))
+                })
+                .map(|(t, _)| (band, t))
+        })
+    }
+
+    /// The *bulk* tenant: the one holding more than half of the queued requests (at least
+    /// two queued), if any (see the module docs).
+    fn bulk_tenant(&self) -> Option<usize> {
+        if self.len < 2 {
+            return None;
+        }
+        self.tenants.iter().position(|t| t.queued * 2 > self.len)
+    }
+
+    /// Whether the request [`Self::pop`] would release next is *bulk*: priority band ≤ 0,
+    /// from the bulk tenant (see the module docs). None when the queue is empty.
+    pub fn next_is_bulk(&self) -> Option<bool> {
+        let (band, tenant) = self.pick(None)?;
+        Some(band <= 0 && self.bulk_tenant() == Some(tenant))
+    }
+
     /// The next request to dispatch (highest band, least-served tenant, oldest), if any.
     pub fn pop(&mut self, now_ms: f64) -> Option<Leaving<T>> {
-        let (&band, queues) = self.bands.iter_mut().next_back()?;
-        let tenants = &self.tenants;
-        let (tenant, _) = queues
-            .iter()
-            .enumerate()
-            .filter_map(|(t, q)| q.front().map(|e| (t, e)))
-            .min_by(|(ta, a), (tb, b)| {
-                tenants[*ta]
-                    .attained
-                    .total_cmp(&tenants[*tb].attained)
-                    .then(a.enqueued_ms.total_cmp(&b.enqueued_ms))
-                    .then(a.id.cmp(&b.id))
-            })?;
-        let entry = queues[tenant].pop_front()?;
+        let pick = self.pick(None)?;
+        self.take(pick, now_ms)
+    }
+
+    /// [`Self::pop`] passing over bulk requests: the next request that is not bulk, if any
+    /// (for when the fleet has headroom but no bulk headroom).
+    pub fn pop_non_bulk(&mut self, now_ms: f64) -> Option<Leaving<T>> {
+        let pick = self.pick(self.bulk_tenant())?;
+        self.take(pick, now_ms)
+    }
+
+    fn take(&mut self, (band, tenant): (i32, usize), now_ms: f64) -> Option<Leaving<T>> {
+        let entry = self.bands.get_mut(&band)?.get_mut(tenant)?.pop_front()?;
         let t = &mut self.tenants[tenant];
         self.virtual_time = self.virtual_time.max(t.attained);
         t.attained += entry.cost_tokens as f64;

@@ -30,6 +30,10 @@
 //! - `max_predicted_ttft_ms` **0** (off): a pod whose predicted TTFT for the latest request
 //!   exceeds it counts as saturated; a TTFT objective in ms turns it on.
 //! - `max_in_flight_per_pod` **0** (off): requests kvgate has in flight on one pod at most.
+//! - `bulk_kv_reserve` **0.3**: KV kept free of *bulk* requests (the flood of the tenant
+//!   holding most of the queue, see [`super`]): they see `kv_cache_util_threshold −
+//!   bulk_kv_reserve` ([`SaturationConfig::bulk`], [`fleet_bulk_headroom`]). Chosen by
+//!   measurement (EVALUATION.md §11: 0, 0.2, 0.3 tried).
 
 use crate::pod::PodSnapshot;
 use serde::{Deserialize, Serialize};
@@ -42,6 +46,18 @@ pub struct SaturationConfig {
     pub kv_cache_util_threshold: f64,
     pub max_predicted_ttft_ms: f64,
     pub max_in_flight_per_pod: u32,
+    pub bulk_kv_reserve: f64,
+}
+
+impl SaturationConfig {
+    /// The thresholds a *bulk* request sees: the KV threshold lowered by `bulk_kv_reserve`.
+    pub fn bulk(&self) -> SaturationConfig {
+        SaturationConfig {
+            kv_cache_util_threshold: (self.kv_cache_util_threshold - self.bulk_kv_reserve.max(0.0))
+                .max(0.0),
+            ..*self
+        }
+    }
 }
 
 impl Default for SaturationConfig {
@@ -51,6 +67,7 @@ impl Default for SaturationConfig {
             kv_cache_util_threshold: 0.8,
             max_predicted_ttft_ms: 0.0,
             max_in_flight_per_pod: 0,
+            bulk_kv_reserve: 0.3,
         }
     }
 }
@@ -106,6 +123,17 @@ pub fn pod_headroom(
     } else {
         by_queue
     }
+}
+
+/// The fleet's *bulk* headroom: [`fleet_saturation`]'s with the KV threshold lowered by
+/// `bulk_kv_reserve` (the KV kept free of bulk requests, see the module docs); the plain
+/// headroom when the reserve is 0.
+pub fn fleet_bulk_headroom(
+    cfg: &SaturationConfig,
+    pods: &[PodSnapshot],
+    predicted_ttft_ms: impl Fn(usize) -> Option<f64>,
+) -> u32 {
+    fleet_saturation(&cfg.bulk(), pods, predicted_ttft_ms).headroom()
 }
 
 /// The fleet's saturation: `pods` with their in-flight ledger filled in; `predicted_ttft_ms`
@@ -187,6 +215,24 @@ mod tests {
         assert_eq!(pod_headroom(&cap, &pod(0, 40, 40, 0.0), None), 2);
         assert_eq!(pod_headroom(&cap, &pod(0, 40, 42, 0.0), None), 0);
         assert_eq!(pod_headroom(&cap, &pod(0, 0, 0, 0.0), None), 5);
+    }
+
+    #[test]
+    fn bulk_headroom_uses_the_kv_threshold_lowered_by_the_reserve() {
+        let cfg = SaturationConfig::default();
+        assert_eq!(cfg.bulk().kv_cache_util_threshold, 0.8 - 0.3);
+        let pods = [pod(0, 1, 1, 0.6), pod(0, 1, 1, 0.4)];
+        // Both pods are open to a plain request; only the one under 0.5 to a bulk one.
+        assert_eq!(
+            fleet_saturation(&cfg, &pods, |_| None),
+            Saturation::Headroom(10)
+        );
+        assert_eq!(fleet_bulk_headroom(&cfg, &pods, |_| None), 5);
+        let none = SaturationConfig {
+            bulk_kv_reserve: 0.0,
+            ..cfg
+        };
+        assert_eq!(fleet_bulk_headroom(&none, &pods, |_| None), 10);
     }
 
     #[test]

@@ -306,6 +306,7 @@ fn config_defaults_are_off_and_bad_values_are_refused() {
     assert_eq!(d.max_queued_requests, 1024);
     assert_eq!(d.queue_ttl_ms, 30_000);
     assert_eq!(d.saturation.queue_depth_threshold, 5);
+    assert_eq!(d.saturation.bulk_kv_reserve, 0.3);
     assert!(d.validate().is_ok());
     for bad in [
         FlowConfig {
@@ -328,6 +329,20 @@ fn config_defaults_are_off_and_bad_values_are_refused() {
             max_tenants: MAX_TENANTS_LIMIT + 1,
             ..d
         },
+        FlowConfig {
+            saturation: SaturationConfig {
+                bulk_kv_reserve: 0.8,
+                ..d.saturation
+            },
+            ..d
+        },
+        FlowConfig {
+            saturation: SaturationConfig {
+                bulk_kv_reserve: -0.1,
+                ..d.saturation
+            },
+            ..d
+        },
     ] {
         assert!(bad.validate().is_err(), "{bad:?}");
     }
@@ -338,6 +353,50 @@ fn config_defaults_are_off_and_bad_values_are_refused() {
     assert_eq!(parsed.saturation.queue_depth_threshold, 2);
     assert_eq!(parsed.saturation.kv_cache_util_threshold, 0.8);
     assert!(serde_json::from_str::<FlowConfig>(r#"{"enabld": true}"#).is_err());
+}
+
+#[test]
+fn the_tenant_holding_most_of_the_queue_is_bulk_and_can_be_passed_over() {
+    let mut q = FlowQueue::new();
+    let cfg = on();
+    // One queued request is never bulk (nobody else to make room for).
+    queued(q.offer(&cfg, req(0, "noisy"), FULL, 0.0, 1));
+    assert_eq!(q.next_is_bulk(), Some(false));
+    queued(q.offer(&cfg, req(0, "noisy"), FULL, 0.0, 2));
+    queued(q.offer(&cfg, req(0, "noisy"), FULL, 0.0, 3));
+    // The noisy tenant holds 3 of 3: its next request is bulk.
+    assert_eq!(q.next_is_bulk(), Some(true));
+    queued(q.offer(&cfg, req(0, "quiet"), FULL, 1.0, 4));
+    queued(q.offer(&cfg, req(1, "noisy"), FULL, 2.0, 5));
+    // A higher band is never bulk, whoever sends it, and leaves first.
+    assert_eq!(q.next_is_bulk(), Some(false));
+    assert_eq!(q.pop_non_bulk(3.0).map(|l| l.payload), Some(5));
+    // Band 0: noisy was served 100 tokens (request 5), quiet none: quiet goes next.
+    assert_eq!(q.next_is_bulk(), Some(false));
+    assert_eq!(q.pop(3.0).map(|l| l.payload), Some(4));
+    // Only the noisy tenant left (3 of 3): bulk; passing over it finds nothing.
+    assert_eq!(q.next_is_bulk(), Some(true));
+    assert!(q.pop_non_bulk(3.0).is_none());
+    assert_eq!(q.len(), 3);
+    assert_eq!(drain(&mut q), vec![1, 2, 3]);
+    assert_eq!(q.next_is_bulk(), None);
+}
+
+#[test]
+fn passing_over_the_bulk_tenant_serves_the_others_in_their_order() {
+    let mut q = FlowQueue::new();
+    let cfg = on();
+    for i in 0..4 {
+        queued(q.offer(&cfg, req(0, "noisy"), FULL, 0.0, i));
+    }
+    queued(q.offer(&cfg, req(0, "a"), FULL, 1.0, 10));
+    queued(q.offer(&cfg, req(0, "b"), FULL, 2.0, 11));
+    // Noisy's head is oldest and all are unserved: pop would take it; it is bulk.
+    assert_eq!(q.next_is_bulk(), Some(true));
+    assert_eq!(q.pop_non_bulk(3.0).map(|l| l.payload), Some(10));
+    assert_eq!(q.pop_non_bulk(3.0).map(|l| l.payload), Some(11));
+    assert!(q.pop_non_bulk(3.0).is_none());
+    assert_eq!(q.pop(3.0).map(|l| l.payload), Some(0));
 }
 
 #[derive(Debug, Clone)]

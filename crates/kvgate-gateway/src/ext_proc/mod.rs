@@ -75,7 +75,7 @@ use crate::errors::ApiError;
 use crate::lifecycle::TicketGuard;
 use crate::metrics::Status;
 use crate::pods::Pod;
-use crate::routing::{DecisionMeta, Pick, Routed, decide_for};
+use crate::routing::{DecisionMeta, Pick, Routed};
 use crate::sse::{SseScanner, Usage, usage_of_response};
 use crate::state::Shared;
 use bytes::{Bytes, BytesMut};
@@ -496,7 +496,13 @@ impl Exchange {
             guard,
             policy,
             branch,
-        } = match decide_for(&self.shared, &prepared.route_request(), &excluded, meta) {
+        } = match crate::flow::decide_outside(
+            &self.shared,
+            &prepared.route_request(),
+            &excluded,
+            &turn.closed,
+            meta,
+        ) {
             Pick::Routed(r) => *r,
             Pick::NoHealthyPod | Pick::NoDecision => return self.reject(self.no_pod()),
         };
