@@ -19,7 +19,9 @@
 //!   first sample, and they start from the analytic weights, so the hand-over is smooth.
 //! - **Accuracy** ([`accuracy`]): prequential MAPE over the last `accuracy_window` (1000)
 //!   samples, and a per-class p90 TTFT from a tracked quantile of actual/predicted, with its
-//!   coverage. See [`LatencyPredictor::predict_p90_ttft`].
+//!   coverage (the split models track one quantile per regime, queued or admitted at once,
+//!   [`Features::queued`] with `queued_prefill_tokens`, default 8192). See
+//!   [`LatencyPredictor::predict_p90_ttft`].
 //! - **Drift** ([`drift`]): per class and target, a recent and a long-run mean of the absolute
 //!   percentage error; when the recent one passes max(2 × long-run, 20 %) the class's regressor
 //!   forgets its confidence (covariance back to the prior, weights kept) and runs with
