@@ -164,8 +164,9 @@ pub struct RouterConfig {
     pub lru_capacity_per_server: u32,
 
     // ---- latency predictor ----
-    /// The predictor's model per pod class: `rls` (default), `gbdt`, `gbdt-p90`, `analytic`
-    /// (see `predictor::model`).
+    /// The predictor's model per pod class: `rls` (default), `rls-rel`, `rls-split`,
+    /// `rls-split-rel`, `gbdt`, `gbdt-p90`, `analytic` (see `predictor::model`; EVALUATION.md §12
+    /// compares them across workloads).
     pub predictor_model: ModelKind,
     /// Whether a drift episode (a class's recent error far above its long-run error) resets the
     /// class's confidence and speeds up its forgetting. Default false: episodes are still

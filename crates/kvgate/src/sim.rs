@@ -105,8 +105,8 @@ pub struct SimArgs {
     /// first token, failed after it; the report adds a TTFT timeline.
     #[arg(long)]
     faults: Option<String>,
-    /// The predictor's model: rls, gbdt, gbdt-p90 or analytic (overrides the router config's
-    /// `predictor_model`; default rls).
+    /// The predictor's model: rls, rls-rel, rls-split, rls-split-rel, gbdt, gbdt-p90 or analytic
+    /// (overrides the router config's `predictor_model`; default rls).
     #[arg(long)]
     predictor_model: Option<kvgate_core::predictor::ModelKind>,
     /// Router parameters as a JSON object (snake_case or llm-d camelCase keys), e.g.

@@ -2,7 +2,8 @@
 //!
 //! - **Model.** Per pod class, one [`LatencyModel`] predicting TTFT and TPOT from the
 //!   engineered, O(1)-scaled features of [`features`], picked by `model` (config key
-//!   `predictor_model`; [`model`]): `rls` (the default), `gbdt`, `gbdt-p90` (gradient-boosted
+//!   `predictor_model`; [`model`]): `rls` (the default), `rls-rel`, `rls-split`, `rls-split-rel`
+//!   (relative-error fit and/or a queued / admitted-at-once split), `gbdt`, `gbdt-p90` (gradient-boosted
 //!   trees retrained from bucketed samples, [`gbdt_model`]) or `analytic`. The default regressor
 //!   is [`Rls`], one per target:
 //!   recursive least squares with forgetting factor λ = `forgetting_factor` (0.999) and a ridge
@@ -18,7 +19,9 @@
 //!   first sample, and they start from the analytic weights, so the hand-over is smooth.
 //! - **Accuracy** ([`accuracy`]): prequential MAPE over the last `accuracy_window` (1000)
 //!   samples, and a per-class p90 TTFT from a tracked quantile of actual/predicted, with its
-//!   coverage. See [`LatencyPredictor::predict_p90_ttft`].
+//!   coverage (the split models track one quantile per regime, queued or admitted at once,
+//!   [`Features::queued`] with `queued_prefill_tokens`, default 8192). See
+//!   [`LatencyPredictor::predict_p90_ttft`].
 //! - **Drift** ([`drift`]): per class and target, a recent and a long-run mean of the absolute
 //!   percentage error; when the recent one passes max(2 × long-run, 20 %) the class's regressor
 //!   forgets its confidence (covariance back to the prior, weights kept) and runs with
@@ -163,6 +166,11 @@ pub struct PredictorConfig {
     /// Ratio p90/point assumed before a class has data. Default 1.5 (a guess; it adapts within
     /// a few dozen samples).
     pub ttft_p90_initial_ratio: f64,
+    /// The split models ([`model`], `rls-split`, `rls-split-rel`) count a request as queued when
+    /// at least this many prefill tokens are in flight ahead of it (or the pod reports waiting
+    /// requests, or its KV is short; [`Features::queued`]). Default 8192: vLLM's
+    /// `max_num_batched_tokens`, one engine step's token budget. > 0.
+    pub queued_prefill_tokens: f64,
     /// Whether the TTFT model sees the KV-shortfall feature (memory pressure; see
     /// [`features`]). Default true; false is the ablation measured in EVALUATION.md.
     pub kv_shortfall_feature: bool,
@@ -207,6 +215,7 @@ impl Default for PredictorConfig {
             accuracy_window: 1000,
             ttft_p90_step: 0.01,
             ttft_p90_initial_ratio: 1.5,
+            queued_prefill_tokens: 8192.0,
             kv_shortfall_feature: true,
             drift_detection: false,
             drift_forgetting_factor: 0.99,
@@ -250,6 +259,13 @@ impl PredictorConfig {
             ("forgetting_factor", "(0, 1]"),
             c.forgetting_factor,
             d.forgetting_factor,
+            &mut first,
+        );
+        c.queued_prefill_tokens = checked(
+            positive(c.queued_prefill_tokens),
+            ("queued_prefill_tokens", "> 0"),
+            c.queued_prefill_tokens,
+            d.queued_prefill_tokens,
             &mut first,
         );
         c.ridge_delta = checked(
@@ -460,6 +476,9 @@ struct ClassModels {
     class: String,
     model: ClassModel,
     ttft_p90: LogRatioQuantile,
+    /// The p90 ratio of queued requests when the model is split (`ttft_p90` then serves the
+    /// requests admitted at once).
+    ttft_p90_queued: Option<LogRatioQuantile>,
     ttft_drift: DriftDetector,
     tpot_drift: DriftDetector,
     /// Recent p90 coverage (see [`ClassAccuracy::ttft_p90_coverage`]) and samples scored.
@@ -477,6 +496,9 @@ impl ClassModels {
                 P90,
                 config.ttft_p90_step,
             ),
+            ttft_p90_queued: config.model.is_split().then(|| {
+                LogRatioQuantile::new(config.ttft_p90_initial_ratio, P90, config.ttft_p90_step)
+            }),
             ttft_drift: DriftDetector::default(),
             tpot_drift: DriftDetector::default(),
             ttft_p90_coverage: 0.0,
@@ -524,12 +546,21 @@ impl ClassModels {
         bounded_ms(config, raw, fallback)
     }
 
+    /// The p90 ratio tracker of these features' regime.
+    fn p90_tracker(&self, config: &PredictorConfig, f: &Features) -> &LogRatioQuantile {
+        match &self.ttft_p90_queued {
+            Some(q) if f.queued(config.queued_prefill_tokens) => q,
+            _ => &self.ttft_p90,
+        }
+    }
+
     /// The p90 TTFT: the model's own answer for a p90 model, else point × tracked ratio.
-    fn ttft_p90_ms(&self, config: &PredictorConfig, point_ms: f64) -> f64 {
+    fn ttft_p90_ms(&self, config: &PredictorConfig, f: &Features, point_ms: f64) -> f64 {
         if config.model.is_p90() {
             return point_ms;
         }
-        bounded_ms(config, point_ms * self.ttft_p90.ratio(), point_ms)
+        let ratio = self.p90_tracker(config, f).ratio();
+        bounded_ms(config, point_ms * ratio, point_ms)
     }
 }
 
@@ -607,10 +638,11 @@ impl LatencyPredictor {
     pub fn predict_p90_ttft(&self, class: &str, features: &Features) -> f64 {
         let f = self.encodable(features);
         let models = self.models(class);
-        models.ttft_p90_ms(&self.config, models.ttft_ms(&self.config, &f))
+        models.ttft_p90_ms(&self.config, &f, models.ttft_ms(&self.config, &f))
     }
 
-    /// The class's current p90 of actual/predicted TTFT.
+    /// The class's current p90 of actual/predicted TTFT (of requests admitted at once, when
+    /// the model is split).
     pub fn ttft_p90_ratio(&self, class: &str) -> f64 {
         self.models(class).ttft_p90.ratio()
     }
@@ -675,10 +707,13 @@ impl LatencyPredictor {
         // Score and adapt with the model as it was before this sample (prequential), then learn.
         if let Some(actual) = ttft {
             let predicted = models.ttft_ms(config, &f);
-            let predicted_p90 = models.ttft_p90_ms(config, predicted);
+            let predicted_p90 = models.ttft_p90_ms(config, &f, predicted);
             self.accuracy.score_ttft(actual, predicted, predicted_p90);
             models.score_p90(actual, predicted_p90);
-            models.ttft_p90.observe(actual, predicted);
+            match &mut models.ttft_p90_queued {
+                Some(q) if f.queued(config.queued_prefill_tokens) => q.observe(actual, predicted),
+                _ => models.ttft_p90.observe(actual, predicted),
+            }
             if models.model.samples(Target::Ttft) >= config.min_samples {
                 let episodes = models.ttft_drift.episodes();
                 let drifting = models.ttft_drift.observe(ape(actual, predicted), &bounds);

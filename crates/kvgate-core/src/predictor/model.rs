@@ -4,9 +4,26 @@
 //! | `predictor_model` | model | learns |
 //! |---|---|---|
 //! | `rls` (default) | [`RlsModel`]: per target an online ridge regression with forgetting ([`super::rls`]) | every sample, O(d²) |
+//! | `rls-rel` | [`RlsModel`], TTFT fitted on relative error (each sample weighted 1/y²) | as `rls` |
+//! | `rls-split` | [`RlsModel`] with two TTFT regressions: queued vs admitted at once ([`Features::queued`]) | as `rls` |
+//! | `rls-split-rel` | both of the above | as `rls` |
 //! | `gbdt` | [`GbdtModel`]: gradient-boosted trees, squared error on ln y ([`super::gbdt`]) | retrained from bucketed samples ([`super::samples`]) every `gbdt_retrain_every` samples |
 //! | `gbdt-p90` | [`GbdtModel`] with pinball loss at τ = 0.9: predicts the p90 (as llm-d's quantile objective) | as `gbdt` |
 //! | `analytic` | [`AnalyticModel`]: the cold-start formulas only ([`super::analytic`]) | nothing |
+//!
+//! **Relative-error fit** (`rls-rel`, `rls-split-rel`). Plain RLS minimises the squared error
+//! in ms, so a workload whose TTFTs span 10 ms to 100 s is fitted for its slowest requests and
+//! the many short ones carry large relative errors. Weighting each sample by 1/y² (RLS on
+//! (x/y, 1)) minimises Σ((y − wᵀx)/y)² instead — the squared relative error, close to what MAPE
+//! and the p90 ratio tracker measure. Weights, prior and prediction are unchanged in meaning.
+//!
+//! **Queued split** (`rls-split`, `rls-split-rel`; llm-d's `is_queued` split,
+//! reference/llmd-predicted-latency.md §2.1). A request that will wait (the pod reports waiting
+//! requests, or its KV is short, or the router's in-flight prefill tokens pass
+//! `queued_prefill_tokens`) has a TTFT made of queueing; one admitted at once, of its own
+//! prefill. Each regime gets its own TTFT regression (both start from the analytic prior and
+//! each is used once it has `min_samples` samples; until then the other regime's, then the
+//! analytic estimate), and the predictor tracks a p90 ratio per regime. TPOT is not split.
 //!
 //! A model answers `None` for a target while it has too little data; the predictor then answers
 //! with the analytic estimate. Each class of pods has its own model (as RLS always had).
@@ -62,14 +79,23 @@ pub enum ModelKind {
     GbdtP90,
     /// The analytic cold-start estimate only.
     Analytic,
+    /// RLS with the TTFT fitted on relative error.
+    RlsRel,
+    /// RLS with one TTFT regression per regime (queued / admitted at once).
+    RlsSplit,
+    /// Both.
+    RlsSplitRel,
 }
 
 impl ModelKind {
-    pub const ALL: [ModelKind; 4] = [
+    pub const ALL: [ModelKind; 7] = [
         ModelKind::Rls,
         ModelKind::Gbdt,
         ModelKind::GbdtP90,
         ModelKind::Analytic,
+        ModelKind::RlsRel,
+        ModelKind::RlsSplit,
+        ModelKind::RlsSplitRel,
     ];
 
     pub fn name(self) -> &'static str {
@@ -78,7 +104,20 @@ impl ModelKind {
             ModelKind::Gbdt => "gbdt",
             ModelKind::GbdtP90 => "gbdt-p90",
             ModelKind::Analytic => "analytic",
+            ModelKind::RlsRel => "rls-rel",
+            ModelKind::RlsSplit => "rls-split",
+            ModelKind::RlsSplitRel => "rls-split-rel",
         }
+    }
+
+    /// Whether the TTFT model (and the p90 tracker) is split by regime (queued or not).
+    pub fn is_split(self) -> bool {
+        matches!(self, ModelKind::RlsSplit | ModelKind::RlsSplitRel)
+    }
+
+    /// Whether the TTFT regression is fitted on relative error.
+    pub fn is_relative(self) -> bool {
+        matches!(self, ModelKind::RlsRel | ModelKind::RlsSplitRel)
     }
 
     /// Whether the model predicts the p90 rather than a central value.
@@ -94,7 +133,12 @@ impl std::str::FromStr for ModelKind {
         ModelKind::ALL
             .into_iter()
             .find(|k| k.name() == s)
-            .ok_or_else(|| format!("unknown predictor model {s:?} (rls, gbdt, gbdt-p90, analytic)"))
+            .ok_or_else(|| {
+                format!(
+                    "unknown predictor model {s:?} (rls, rls-rel, rls-split, rls-split-rel, gbdt, \
+                     gbdt-p90, analytic)"
+                )
+            })
     }
 }
 
@@ -104,35 +148,67 @@ impl std::fmt::Display for ModelKind {
     }
 }
 
-/// The online ridge/RLS model: one [`Rls`] per target, used once it has `min_samples` samples.
+/// Reference TTFT of the relative-error fit: a sample of this TTFT weighs as much as in the
+/// plain fit (so `ridge_delta` keeps its meaning strength `ridge_delta` keeps its meaning there).
+pub const RELATIVE_SCALE_MS: f64 = 100.0;
+
+/// The online ridge/RLS model: one [`Rls`] per target (two for TTFT when split), each used
+/// once it has `min_samples` samples.
 #[derive(Debug, Clone)]
 pub struct RlsModel {
+    /// TTFT of every request, or of those admitted at once when split.
     ttft: Rls<TTFT_DIM>,
+    /// TTFT of queued requests when split.
+    ttft_queued: Option<Rls<TTFT_DIM>>,
     tpot: Rls<TPOT_DIM>,
     min_samples: u64,
+    relative: bool,
+    queued_prefill_tokens: f64,
 }
 
 impl RlsModel {
     pub fn new(config: &PredictorConfig) -> Self {
+        let ttft = Rls::new(
+            analytic::ttft_prior(config),
+            config.forgetting_factor,
+            config.ridge_delta,
+        );
         RlsModel {
-            ttft: Rls::new(
-                analytic::ttft_prior(config),
-                config.forgetting_factor,
-                config.ridge_delta,
-            ),
+            ttft_queued: config.model.is_split().then(|| ttft.clone()),
+            ttft,
             tpot: Rls::new(
                 analytic::tpot_prior(config),
                 config.forgetting_factor,
                 config.ridge_delta,
             ),
             min_samples: config.min_samples,
+            relative: config.model.is_relative(),
+            queued_prefill_tokens: config.queued_prefill_tokens,
         }
+    }
+
+    /// The TTFT regressions for these features: the regime's own first, then the other one.
+    fn ttft_models(&self, f: &Features) -> (&Rls<TTFT_DIM>, Option<&Rls<TTFT_DIM>>) {
+        match &self.ttft_queued {
+            Some(q) if f.queued(self.queued_prefill_tokens) => (q, Some(&self.ttft)),
+            Some(q) => (&self.ttft, Some(q)),
+            None => (&self.ttft, None),
+        }
+    }
+
+    fn ttft_models_mut(&mut self) -> impl Iterator<Item = &mut Rls<TTFT_DIM>> {
+        std::iter::once(&mut self.ttft).chain(self.ttft_queued.as_mut())
     }
 }
 
 impl LatencyModel for RlsModel {
     fn predict_ttft(&self, f: &Features) -> Option<f64> {
-        (self.ttft.samples() >= self.min_samples).then(|| self.ttft.predict(&f.ttft_vector()))
+        let (own, other) = self.ttft_models(f);
+        let x = f.ttft_vector();
+        std::iter::once(own)
+            .chain(other)
+            .find(|m| m.samples() >= self.min_samples)
+            .map(|m| m.predict(&x))
     }
 
     fn predict_tpot(&self, f: &Features) -> Option<f64> {
@@ -141,7 +217,20 @@ impl LatencyModel for RlsModel {
 
     fn observe(&mut self, sample: &Sample) {
         if let Some(y) = sample.ttft_ms {
-            self.ttft.update(&sample.features.ttft_vector(), y);
+            let x = sample.features.ttft_vector();
+            let queued = sample.features.queued(self.queued_prefill_tokens);
+            let model = match &mut self.ttft_queued {
+                Some(q) if queued => q,
+                _ => &mut self.ttft,
+            };
+            if self.relative {
+                // Weighted least squares with weight (s/y)², s = RELATIVE_SCALE_MS: the sample
+                // (x·s/y, s). s only keeps the scaled inputs O(1), as the ridge prior expects.
+                let w = RELATIVE_SCALE_MS / y;
+                model.update(&x.map(|v| v * w), RELATIVE_SCALE_MS);
+            } else {
+                model.update(&x, y);
+            }
         }
         if let Some(y) = sample.tpot_ms {
             self.tpot.update(&sample.features.tpot_vector(), y);
@@ -151,10 +240,12 @@ impl LatencyModel for RlsModel {
     fn adapt(&mut self, target: Target, episode_started: bool, forgetting_factor: f64) {
         match target {
             Target::Ttft => {
-                if episode_started {
-                    self.ttft.reset_confidence();
+                for m in self.ttft_models_mut() {
+                    if episode_started {
+                        m.reset_confidence();
+                    }
+                    m.set_forgetting_factor(forgetting_factor);
                 }
-                self.ttft.set_forgetting_factor(forgetting_factor);
             }
             Target::Tpot => {
                 if episode_started {
@@ -167,13 +258,13 @@ impl LatencyModel for RlsModel {
 
     fn samples(&self, target: Target) -> u64 {
         match target {
-            Target::Ttft => self.ttft.samples(),
+            Target::Ttft => self.ttft.samples() + self.ttft_queued.as_ref().map_or(0, Rls::samples),
             Target::Tpot => self.tpot.samples(),
         }
     }
 
     fn resets(&self) -> u64 {
-        self.ttft.resets() + self.tpot.resets()
+        self.ttft.resets() + self.ttft_queued.as_ref().map_or(0, Rls::resets) + self.tpot.resets()
     }
 }
 
@@ -213,7 +304,9 @@ pub enum ClassModel {
 impl ClassModel {
     pub fn new(config: &PredictorConfig) -> Self {
         match config.model {
-            ModelKind::Rls => ClassModel::Rls(RlsModel::new(config)),
+            ModelKind::Rls | ModelKind::RlsRel | ModelKind::RlsSplit | ModelKind::RlsSplitRel => {
+                ClassModel::Rls(RlsModel::new(config))
+            }
             ModelKind::Gbdt | ModelKind::GbdtP90 => {
                 ClassModel::Gbdt(Box::new(GbdtModel::new(config)))
             }

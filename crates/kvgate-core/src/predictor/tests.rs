@@ -519,7 +519,9 @@ fn every_model_learns_per_class_and_gbdt_fits_a_linear_truth() {
     for (model, fast, slow) in held_out {
         match model {
             // A linear truth is RLS's home ground.
-            ModelKind::Rls => assert!(fast < 0.02 && slow < 0.02, "{model} {fast} {slow}"),
+            ModelKind::Rls | ModelKind::RlsRel | ModelKind::RlsSplit | ModelKind::RlsSplitRel => {
+                assert!(fast < 0.02 && slow < 0.02, "{model} {fast} {slow}")
+            }
             // Piecewise-constant trees over 10 features approximate it (≈ 3 % measured).
             ModelKind::Gbdt => assert!(fast < 0.06 && slow < 0.06, "{model} {fast} {slow}"),
             // The p90 sits above the truth by about the noise's p90 (~6 %) plus the fit error.
@@ -608,4 +610,96 @@ fn invalid_gbdt_settings_are_reported_and_replaced() {
     assert_eq!(config.validate().unwrap_err().field, "gbdt.max_depth");
     let p = LatencyPredictor::new(config);
     assert_eq!(p.config().gbdt.max_depth, GbdtParams::default().max_depth);
+}
+
+/// Features of a request admitted at once (`queued` false) or queued behind a full step.
+fn regime_features(rng: &mut ChaCha8Rng, queued: bool) -> Features {
+    Features {
+        input_tokens: 200.0 + 1800.0 * rng.random::<f64>(),
+        prefill_tokens_in_flight: if queued {
+            9000.0 + 20_000.0 * rng.random::<f64>()
+        } else {
+            4000.0 * rng.random::<f64>()
+        },
+        running: 20.0 * rng.random::<f64>(),
+        ..Features::default()
+    }
+}
+
+/// A truth with a regime change: admitted requests pay their own prefill (+ a little for the
+/// batch); queued ones also wait out 40 ms per 1000 tokens ahead of them and a fixed 300 ms.
+fn regime_ttft(f: &Features) -> f64 {
+    let own = 5.0 + f.input_tokens / 1000.0 * 60.0 + f.prefill_tokens_in_flight / 1000.0 * 5.0;
+    if f.queued(8192.0) {
+        own + 300.0 + f.prefill_tokens_in_flight / 1000.0 * 40.0
+    } else {
+        own
+    }
+}
+
+#[test]
+fn the_split_model_learns_each_regime_and_its_own_p90() {
+    let mut plain = LatencyPredictor::new(with_model(ModelKind::Rls));
+    let mut split = LatencyPredictor::new(with_model(ModelKind::RlsSplit));
+    let mut rng = ChaCha8Rng::seed_from_u64(31);
+    for i in 0..4000 {
+        let f = regime_features(&mut rng, i % 3 == 0);
+        // Queued requests are noisier (±30 %) than admitted ones (±3 %).
+        let noise = if f.queued(8192.0) { 0.3 } else { 0.03 };
+        let ttft = regime_ttft(&f) * (1.0 + noise * (2.0 * rng.random::<f64>() - 1.0));
+        plain.observe("a", &f, ttft, None);
+        split.observe("a", &f, ttft, None);
+    }
+    let mape = |p: &LatencyPredictor, rng: &mut ChaCha8Rng, queued: bool| {
+        (0..500)
+            .map(|_| {
+                let f = regime_features(rng, queued);
+                (p.predict("a", &f).ttft_ms - regime_ttft(&f)).abs() / regime_ttft(&f)
+            })
+            .sum::<f64>()
+            / 500.0
+    };
+    let (split_admitted, plain_admitted) =
+        (mape(&split, &mut rng, false), mape(&plain, &mut rng, false));
+    let split_queued = mape(&split, &mut rng, true);
+    // One linear model cannot fit the jump; one per regime fits each exactly (noise aside).
+    assert!(split_admitted < 0.02, "split admitted {split_admitted}");
+    assert!(split_queued < 0.05, "split queued {split_queued}");
+    assert!(
+        plain_admitted > 2.0 * split_admitted,
+        "plain {plain_admitted} split {split_admitted}"
+    );
+    // Each regime has its own p90 ratio: wide for the noisy queued requests, narrow otherwise.
+    let admitted = regime_features(&mut rng, false);
+    let queued = regime_features(&mut rng, true);
+    let ratio = |f: &Features| split.predict_p90_ttft("a", f) / split.predict("a", f).ttft_ms;
+    assert!(
+        ratio(&admitted) < 1.1,
+        "admitted p90 ratio {}",
+        ratio(&admitted)
+    );
+    assert!(ratio(&queued) > 1.15, "queued p90 ratio {}", ratio(&queued));
+    assert!(split.accuracy().ttft_p90_coverage > 0.85);
+}
+
+#[test]
+fn the_relative_fit_favours_short_requests_where_the_plain_fit_does_not() {
+    // Truth: 10 ms + 50 ms per 1000 uncached tokens, but 1 request in 20 also hits a hidden
+    // 20 s stall the features cannot see. The squared-ms fit is dragged up by the stalls for
+    // everyone; the relative fit stays near the typical request.
+    let mut plain = LatencyPredictor::new(with_model(ModelKind::Rls));
+    let mut rel = LatencyPredictor::new(with_model(ModelKind::RlsRel));
+    let mut rng = ChaCha8Rng::seed_from_u64(37);
+    let typical = |f: &Features| 10.0 + f.input_tokens / 1000.0 * 50.0;
+    for i in 0..4000 {
+        let f = regime_features(&mut rng, false);
+        let ttft = typical(&f) + if i % 20 == 0 { 20_000.0 } else { 0.0 };
+        plain.observe("a", &f, ttft, None);
+        rel.observe("a", &f, ttft, None);
+    }
+    let f = regime_features(&mut rng, false);
+    let err = |p: &LatencyPredictor| (p.predict("a", &f).ttft_ms - typical(&f)).abs() / typical(&f);
+    assert!(err(&rel) < 0.5, "relative fit {}", err(&rel));
+    assert!(err(&plain) > 2.0, "plain fit {}", err(&plain));
+    assert_eq!(rel.accuracy().model_resets, 0);
 }
