@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Cross-workload predictor evaluation (EVALUATION.md §12): `kvgate sim --policy affinity-gate
+# Cross-workload predictor evaluation (EVALUATION.md §14): `kvgate sim --policy affinity-gate
 # --predictor-model M` for every model M in MODELS on the fit workload (chat: where variants and
 # parameters were chosen) and on the held-out ones (Mooncake conversation trace at rates 1/2/4,
 # shared-prefix presets A–D, the mixed 4 H100 + 4 A100 pool), SEEDS seeds each; then prints one
