@@ -231,6 +231,29 @@ struct Mesh {
     rng: ChaCha8Rng,
 }
 
+impl Mesh {
+    /// Queues one copy of `event()` from replica `from` to every other replica, due at
+    /// `at_ms` + the sharing delay; each copy takes a sequence number and is lost with
+    /// probability `loss` (a lost copy still uses its number, as a dropped message would).
+    fn broadcast(&mut self, from: u32, at_ms: f64, event: impl Fn() -> Shared) {
+        let replicas = self.books.len() as u32;
+        for to in (0..replicas).filter(|&to| to != from) {
+            let seq = self.seq[from as usize];
+            self.seq[from as usize] += 1;
+            if self.sharing.loss > 0.0 && self.rng.random::<f64>() < self.sharing.loss {
+                continue;
+            }
+            self.queue.push_back(Delivery {
+                at_ms: at_ms + self.sharing.delay_ms,
+                from,
+                to,
+                seq,
+                event: event(),
+            });
+        }
+    }
+}
+
 /// How routing one attempt of a request ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Outcome {
@@ -988,20 +1011,7 @@ impl Cluster {
             // Every request `from` routed so far is below this; the live ones are listed.
             let next_request = m.next_request[from as usize];
             let event = Shared::Snapshot { next_request, live };
-            for to in (0..replicas).filter(|&to| to != from) {
-                let seq = m.seq[from as usize];
-                m.seq[from as usize] += 1;
-                if m.sharing.loss > 0.0 && m.rng.random::<f64>() < m.sharing.loss {
-                    continue;
-                }
-                m.queue.push_back(Delivery {
-                    at_ms: at_ms + m.sharing.delay_ms,
-                    from,
-                    to,
-                    seq,
-                    event: event.clone(),
-                });
-            }
+            m.broadcast(from, at_ms, || event.clone());
         }
     }
 
@@ -1172,21 +1182,7 @@ fn share(mesh: &mut Option<Mesh>, from: u32, sid: u64, now: f64, event: impl Fn(
     if matches!(event(0), Shared::Finish(_)) {
         m.live[from as usize].remove(&(sid >> 2));
     }
-    let replicas = m.books.len() as u32;
-    for to in (0..replicas).filter(|&to| to != from) {
-        let seq = m.seq[from as usize];
-        m.seq[from as usize] += 1;
-        if m.sharing.loss > 0.0 && m.rng.random::<f64>() < m.sharing.loss {
-            continue;
-        }
-        m.queue.push_back(Delivery {
-            at_ms: now + m.sharing.delay_ms,
-            from,
-            to,
-            seq,
-            event: event(sid),
-        });
-    }
+    m.broadcast(from, now, || event(sid));
 }
 
 /// Counts of the affinity gate's branches (zeros for other policies).

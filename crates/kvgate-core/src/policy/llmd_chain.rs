@@ -24,9 +24,10 @@
 //!    headroom 0, so only the TTFT objective splits the tiers. No objective on the request ⇒
 //!    SLO 0 ⇒ every pod negative ⇒ the filter passes everything. Both tiers present: keep the
 //!    negative tier with probability `epsilon_explore_neg` (0.01), else the positive one.
-//! 3. **Latency scorer** (`headroomSelectionStrategy: least`, `wMax` 100, `minWeight` 0): if the
-//!    set mixes tiers, only positive pods are scored; if all are negative and some pod has no
-//!    request in flight, only the idle ones are scored; otherwise all (one bucket: with TPOT
+//! 3. **Latency scorer** (`headroomSelectionStrategy: least`, `wMax` 100, `minWeight` 0): the
+//!    set is one tier here (upstream's scorer, given a mixed set, scores only the positive pods);
+//!    if all are negative and some pod has no request in flight, only the idle ones are scored;
+//!    otherwise all (one bucket: with TPOT
 //!    headroom 0, every negative pod is "TTFT-only negative"). Within the scored set, |headroom|
 //!    is min-max normalised (zero range → 0.5) and `least` weighs the tightest fit highest:
 //!    weight = ⌊(1 − norm)·99⌋ + 1 *(reading: the monolith's form with `minWeight` 0)* — for
@@ -193,23 +194,14 @@ impl Policy for LlmdChain {
         }
         // 3. Loose affinity.
         self.affinity_filter(self.params.loose_tau, request, candidates, eligible, rng);
-        // 4. Latency scorer: which pods are scored.
+        // 4. Latency scorer: which pods are scored. After the tier filter the set is one tier
+        // (upstream's scorer also handles a mixed set, scoring only the positive pods: that
+        // cannot happen behind the filter). All negative and some pod idle: only the idle ones.
         let live: Vec<usize> = (0..candidates.len()).filter(|&i| eligible[i]).collect();
-        let mixed = live.iter().any(|&i| positive(&candidates[i]))
-            && live.iter().any(|&i| !positive(&candidates[i]));
-        let any_idle = live
-            .iter()
-            .any(|&i| candidates[i].pod.in_flight.requests == 0);
-        let scored = |i: usize| {
-            let c = &candidates[i];
-            if mixed {
-                positive(c)
-            } else if !positive(c) && any_idle {
-                c.pod.in_flight.requests == 0
-            } else {
-                true
-            }
-        };
+        let idle = |i: usize| candidates[i].pod.in_flight.requests == 0;
+        let idle_only =
+            live.iter().all(|&i| !positive(&candidates[i])) && live.iter().any(|&i| idle(i));
+        let scored = |i: usize| !idle_only || idle(i);
         let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
         for &i in live.iter().filter(|&&i| scored(i)) {
             let h = headroom(request, &candidates[i]).abs();
@@ -223,26 +215,18 @@ impl Policy for LlmdChain {
             let norm = if hi > lo { (h - lo) / (hi - lo) } else { 0.5 };
             self.weights[i] = ((1.0 - norm) * 99.0).floor() + 1.0;
         }
-        // 5. Weighted random pick (P ∝ weight).
+        // 5. Weighted random pick (P ∝ weight); floating-point leftovers land on the last
+        // scored pod.
         let total: f64 = self.weights.iter().sum();
         let index = if total > 0.0 {
             let mut x = rng.random::<f64>() * total;
-            let mut pick = live[live.len() - 1];
-            for &i in &live {
-                let w = self.weights[i];
-                if w > 0.0 && x < w {
-                    pick = i;
+            let mut pick = live[0];
+            for &i in live.iter().filter(|&&i| self.weights[i] > 0.0) {
+                pick = i;
+                if x < self.weights[i] {
                     break;
                 }
-                x -= w;
-            }
-            // Floating-point leftovers land on the last scored pod.
-            if self.weights[pick] == 0.0 {
-                pick = *live
-                    .iter()
-                    .rev()
-                    .find(|&&i| self.weights[i] > 0.0)
-                    .unwrap_or(&pick);
+                x -= self.weights[i];
             }
             pick
         } else {
