@@ -92,4 +92,33 @@ pub struct Decision {
     /// SLO mode: present when the request carried objectives and the policy routes by them.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub slo: Option<SloExplanation>,
+    /// Prefill/decode disaggregation: present when the request was split in two stages. Then
+    /// `pod`, `branch` and `pods` are the prefill pick (over the prefill-capable pods) and this
+    /// is the decode pick.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decode: Option<DecodeExplanation>,
+}
+
+/// The decode stage's pick of a P/D request: the decode-capable pod with the least predicted
+/// TPOT, ties to the fewest decode tokens in flight, then the fewest requests, then the lower id
+/// ([`crate::RouterSession::route_pd`]).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DecodeExplanation {
+    /// Name of the decode pod.
+    pub pod: String,
+    #[serde(skip)]
+    pub pod_id: crate::pod::PodId,
+    /// Every decode candidate as the pick saw it.
+    pub pods: Vec<DecodeCandidate>,
+}
+
+/// One decode-capable pod at a P/D request's decode pick.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DecodeCandidate {
+    pub id: String,
+    pub predicted_tpot_ms: f64,
+    /// The router's in-flight decode tokens on the pod (prompt + generated of its requests past
+    /// their first token).
+    pub decode_tokens_in_flight: u64,
+    pub requests_in_flight: u32,
 }

@@ -38,7 +38,10 @@ pub type DecisionRng = rand::rngs::ChaCha8Rng;
 
 pub use blocks::{BlockHash, BlockHasher, SizedBlocks};
 pub use config::RouterConfig;
-pub use decision::{Branch, Decision, GateState, PodExplanation, SloExplanation};
-pub use pod::{InFlight, PodId, PodSnapshot};
+pub use decision::{
+    Branch, Decision, DecodeCandidate, DecodeExplanation, GateState, PodExplanation, SloExplanation,
+};
+pub use pod::{InFlight, PodId, PodRole, PodSnapshot};
 pub use router::{PromptCut, Router};
+pub use session::pd::{PdRouted, Route, Stage};
 pub use session::{Observed, PodScore, RouteError, RouteRequest, Routed, RouterSession, Ticket};

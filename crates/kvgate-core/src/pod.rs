@@ -27,6 +27,57 @@ pub struct InFlight {
     pub decode_tokens: u64,
 }
 
+/// What a pod serves in a prefill/decode (P/D) disaggregated fleet.
+///
+/// - `both` (the default): whole requests (prefill and decode on the same pod), and either stage
+///   of a P/D request.
+/// - `prefill`: only the prefill stage of a P/D request (vLLM `kv_role = kv_producer`: it
+///   answers a `max_tokens: 1` request with `kv_transfer_params` for the decode pod).
+/// - `decode`: only the decode stage (vLLM `kv_role = kv_consumer`: the original request with
+///   the prefill's `kv_transfer_params`, whose KV it pulls instead of computing the prompt).
+///
+/// A fleet with a healthy pod of a dedicated role (`prefill` or `decode`) routes every request
+/// through both stages ([`crate::RouterSession::route_pd`]); a fleet of `both` pods only routes
+/// whole requests, as before roles existed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PodRole {
+    #[default]
+    Both,
+    Prefill,
+    Decode,
+}
+
+impl PodRole {
+    pub const ALL: [PodRole; 3] = [PodRole::Both, PodRole::Prefill, PodRole::Decode];
+
+    /// The name in configs, labels and explanations: `both`, `prefill`, `decode`.
+    pub fn name(self) -> &'static str {
+        match self {
+            PodRole::Both => "both",
+            PodRole::Prefill => "prefill",
+            PodRole::Decode => "decode",
+        }
+    }
+
+    /// `both`, `prefill` or `decode` (ASCII case ignored); `None` for anything else.
+    pub fn from_name(name: &str) -> Option<PodRole> {
+        PodRole::ALL
+            .into_iter()
+            .find(|r| r.name().eq_ignore_ascii_case(name.trim()))
+    }
+
+    /// Whether the pod may run a P/D request's prefill stage.
+    pub fn can_prefill(self) -> bool {
+        self != PodRole::Decode
+    }
+
+    /// Whether the pod may run a P/D request's decode stage.
+    pub fn can_decode(self) -> bool {
+        self != PodRole::Prefill
+    }
+}
+
 /// One pod as seen at dispatch: scraped engine metrics plus the router's in-flight counters.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PodSnapshot {
@@ -50,6 +101,8 @@ pub struct PodSnapshot {
     pub in_flight: InFlight,
     /// False when the last scrape or connection failed; unhealthy pods are never chosen.
     pub healthy: bool,
+    /// What the pod serves (P/D disaggregation); `both` unless configured.
+    pub role: PodRole,
 }
 
 impl PodSnapshot {
@@ -66,6 +119,7 @@ impl PodSnapshot {
             block_size_tokens: None,
             in_flight: InFlight::default(),
             healthy: true,
+            role: PodRole::Both,
         }
     }
 

@@ -311,6 +311,7 @@ impl Router {
                 .gate_state()
                 .filter(|g| g.tau_auto || g.epsilon_auto),
             slo: self.slo_explanation(facts, chosen),
+            decode: None,
         })
     }
 

@@ -85,6 +85,7 @@ mod tests {
                     pods: vec![],
                     gate: None,
                     slo: None,
+                    decode: None,
                 },
             });
         }

@@ -671,17 +671,32 @@ impl LatencyPredictor {
         ttft_ms: f64,
         tpot_ms: Option<f64>,
     ) {
+        self.observe_targets(class, features, Some(ttft_ms), tpot_ms);
+    }
+
+    /// [`LatencyPredictor::observe`] for one stage of a prefill/decode disaggregated request:
+    /// the prefill stage observes only TTFT (its pod returns one token), the decode stage only
+    /// TPOT (its first token waits on the KV transfer, not on a prefill the model predicts).
+    pub fn observe_targets(
+        &mut self,
+        class: &str,
+        features: &Features,
+        ttft_ms: Option<f64>,
+        tpot_ms: Option<f64>,
+    ) {
         if !features.is_finite() {
             self.rejected_features += 1;
             return;
         }
         let (min, max) = (self.config.min_predicted_ms, self.config.max_predicted_ms);
         let valid = |v: f64| v.is_finite() && v >= min && v <= max;
-        let ttft = if valid(ttft_ms) {
-            Some(ttft_ms)
-        } else {
-            self.rejected_targets += 1;
-            None
+        let ttft = match ttft_ms {
+            Some(v) if valid(v) => Some(v),
+            Some(_) => {
+                self.rejected_targets += 1;
+                None
+            }
+            None => None,
         };
         let tpot = match tpot_ms {
             Some(v) if valid(v) => Some(v),

@@ -28,6 +28,7 @@
 //! it; a ticket is a few words plus the pod's class name.
 
 pub mod ledger;
+pub mod pd;
 pub mod peers;
 
 use crate::DecisionRng;
@@ -112,9 +113,16 @@ pub struct Ticket {
     predicted_ttft_ms: f64,
     predicted_tpot_ms: f64,
     first_token: bool,
+    /// Which stage of the request the ticket holds (what `finish` trains).
+    stage: pd::Stage,
 }
 
 impl Ticket {
+    /// The stage the ticket holds: a whole request, or one stage of a P/D request.
+    pub fn stage(&self) -> pd::Stage {
+        self.stage
+    }
+
     pub fn pod(&self) -> PodId {
         self.share.pod
     }
@@ -348,6 +356,7 @@ impl RouterSession {
             predicted_ttft_ms: chosen.map_or(0.0, |p| p.predicted_ttft_ms),
             predicted_tpot_ms: chosen.map_or(0.0, |p| p.predicted_tpot_ms),
             first_token: false,
+            stage: pd::Stage::Whole,
         };
         Ok(Routed { decision, ticket })
     }
@@ -376,6 +385,7 @@ impl RouterSession {
             predicted_ttft_ms: 0.0,
             predicted_tpot_ms: 0.0,
             first_token: false,
+            stage: pd::Stage::Whole,
         }
     }
 
@@ -404,6 +414,7 @@ impl RouterSession {
             predicted_ttft_ms: 0.0,
             predicted_tpot_ms: 0.0,
             first_token: false,
+            stage: pd::Stage::Whole,
         }
     }
 
@@ -423,13 +434,19 @@ impl RouterSession {
         self.ledger.add_decode(&mut ticket.share, tokens);
     }
 
-    /// The request ended: its charge is returned; with an observation the predictor learns
-    /// from it (features at dispatch, the pod's class).
+    /// The request (or its stage) ended: its charge is returned; with an observation the
+    /// predictor learns from it (features at dispatch, the pod's class): a whole request TTFT
+    /// and TPOT, a P/D prefill stage TTFT only, a P/D decode stage TPOT only.
     pub fn finish(&mut self, ticket: Ticket, observed: Option<Observed>) {
         self.ledger.release(ticket.share);
         if let Some(o) = observed {
+            let (ttft, tpot) = match ticket.stage {
+                pd::Stage::Whole => (Some(o.ttft_ms), o.tpot_ms),
+                pd::Stage::Prefill => (Some(o.ttft_ms), None),
+                pd::Stage::Decode => (None, o.tpot_ms),
+            };
             self.predictor
-                .observe(&ticket.class, &ticket.features, o.ttft_ms, o.tpot_ms);
+                .observe_targets(&ticket.class, &ticket.features, ttft, tpot);
         }
     }
 }
