@@ -67,11 +67,11 @@ async fn decisions(State(shared): State<Arc<Shared>>) -> Response {
 async fn config(State(shared): State<Arc<Shared>>) -> Response {
     // The configured URLs, so that the dump can match them to the config (source, events);
     // shown with their userinfo redacted, as everywhere else.
-    let pod_table: Vec<(String, String)> = shared
+    let pod_table: Vec<crate::pods::PodEntry> = shared
         .pods
         .all()
         .iter()
-        .map(|p| (p.connect_url().to_string(), p.class.clone()))
+        .map(|p| crate::pods::PodEntry::new(p.connect_url(), p.class.clone()).with_role(p.role))
         .collect();
     let config = shared.config();
     let tokenizer = match config.index {

@@ -8,6 +8,9 @@
 //! scrape_interval_ms = 50
 //! response_headers = true          # x-kvgate-pod / x-kvgate-branch
 //! pods = ["http://10.0.0.5:8000", { url = "http://10.0.0.6:8000", class = "h100" }]
+//! # P/D disaggregation: role = "both" (default) | "prefill" | "decode" (README "Prefill/decode
+//! # disaggregation"); `--pod URL,role=prefill` on the command line
+//! # pods = [{ url = "http://10.0.0.8:8000", role = "prefill" }, { url = "http://10.0.0.9:8000", role = "decode" }]
 //! index = "engine"                 # routed (default) | engine: KV-cache events, token mode
 //! [[pods]]                         # a pod publishing vLLM KV-cache events
 //! url = "http://10.0.0.7:8000"
@@ -34,9 +37,10 @@
 //! are read at start only ([`GatewayConfig::keep_start_only`]). [`ConfigDump`] is the config in
 //! force as the admin listener's `GET /debug/config` shows it.
 
+use crate::pods::PodEntry;
 use crate::serve::ServeArgs;
-use kvgate_core::RouterConfig;
 use kvgate_core::policy::PolicyKind;
+use kvgate_core::{PodRole, RouterConfig};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::Path;
@@ -111,7 +115,7 @@ pub enum ConfigError {
     #[error("{0} must be positive")]
     NotPositive(&'static str),
     #[error(
-        "invalid pod option {0:?}: expected URL[,events=tcp://…|ipc://…][,replay=tcp://…|ipc://…][,model=NAME][,class=NAME]"
+        "invalid pod option {0:?}: expected URL[,events=tcp://…|ipc://…][,replay=tcp://…|ipc://…][,model=NAME][,class=NAME][,role=both|prefill|decode]"
     )]
     BadPodOption(String),
     #[error("unknown index {0:?}: expected routed or engine")]
@@ -178,11 +182,12 @@ pub struct PodEvents {
     pub model: Option<String>,
 }
 
-/// A `--pod` value: `URL[,events=…][,replay=…][,model=…][,class=…]`.
-fn parse_pod_arg(arg: &str) -> Result<((String, String), Option<PodEvents>), ConfigError> {
+/// A `--pod` value: `URL[,events=…][,replay=…][,model=…][,class=…][,role=…]`.
+fn parse_pod_arg(arg: &str) -> Result<(PodEntry, Option<PodEvents>), ConfigError> {
     let mut parts = arg.split(',');
     let url = parts.next().unwrap_or("").trim().to_string();
     let (mut class, mut endpoint, mut replay, mut model) = (None, None, None, None);
+    let mut role = PodRole::Both;
     for part in parts {
         let Some((key, value)) = part.split_once('=') else {
             return Err(ConfigError::BadPodOption(arg.to_string()));
@@ -193,12 +198,18 @@ fn parse_pod_arg(arg: &str) -> Result<((String, String), Option<PodEvents>), Con
             "replay" => replay = value,
             "model" => model = value,
             "class" => class = value,
+            "role" => {
+                role = value
+                    .as_deref()
+                    .and_then(PodRole::from_name)
+                    .ok_or_else(|| ConfigError::BadPodOption(arg.to_string()))?
+            }
             _ => return Err(ConfigError::BadPodOption(arg.to_string())),
         }
     }
     let events = endpoint_events(&url, endpoint, replay, model, arg)?;
     let class = class.unwrap_or_else(|| DEFAULT_POD_CLASS.to_string());
-    Ok(((url, class), events))
+    Ok((PodEntry::new(url, class).with_role(role), events))
 }
 
 fn endpoint_events(
@@ -228,7 +239,8 @@ fn endpoint_events(
     }))
 }
 
-/// A pod in the config file: a URL, or a table with a URL and a predictor class.
+/// A pod in the config file: a URL, or a table with a URL, a predictor class, KV-event
+/// endpoints and a P/D role.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(untagged)]
 pub enum PodSpec {
@@ -243,6 +255,9 @@ pub enum PodSpec {
         replay: Option<String>,
         #[serde(default)]
         model: Option<String>,
+        /// `both` (default), `prefill` or `decode`.
+        #[serde(default)]
+        role: Option<PodRole>,
     },
 }
 
@@ -321,8 +336,8 @@ impl FileConfig {
 pub struct GatewayConfig {
     pub listen: SocketAddr,
     pub admin_listen: SocketAddr,
-    /// (base URL, predictor class).
-    pub pods: Vec<(String, String)>,
+    /// Base URL, predictor class, P/D role.
+    pub pods: Vec<PodEntry>,
     pub policy: PolicyKind,
     pub scrape_interval: Duration,
     pub response_headers: bool,
@@ -392,24 +407,23 @@ impl GatewayConfig {
             .unwrap_or_else(|| PolicyKind::AffinityGate.name().to_string());
         let policy =
             PolicyKind::from_name(&policy_name).ok_or(ConfigError::UnknownPolicy(policy_name))?;
-        let mut pods: Vec<(String, String)> = Vec::new();
+        let mut pods: Vec<PodEntry> = Vec::new();
         let mut pod_events: Vec<PodEvents> = Vec::new();
         for p in &file.pods {
             match p {
-                PodSpec::Url(url) => pods.push((url.clone(), DEFAULT_POD_CLASS.to_string())),
+                PodSpec::Url(url) => pods.push(PodEntry::new(url.clone(), DEFAULT_POD_CLASS)),
                 PodSpec::Full {
                     url,
                     class,
                     events,
                     replay,
                     model,
+                    role,
                 } => {
-                    pods.push((
-                        url.clone(),
-                        class
-                            .clone()
-                            .unwrap_or_else(|| DEFAULT_POD_CLASS.to_string()),
-                    ));
+                    let class = class.as_deref().unwrap_or(DEFAULT_POD_CLASS);
+                    pods.push(
+                        PodEntry::new(url.clone(), class).with_role(role.unwrap_or_default()),
+                    );
                     pod_events.extend(endpoint_events(
                         url,
                         events.clone(),
@@ -432,8 +446,8 @@ impl GatewayConfig {
             }
             (None, None) => IndexKind::Routed,
         };
-        for (url, _) in &pods {
-            check_pod_url(url)?;
+        for p in &pods {
+            check_pod_url(&p.url)?;
         }
         let scrape_ms = args
             .scrape_interval_ms
@@ -723,6 +737,8 @@ pub struct AuthDump {
 pub struct PodDump {
     pub url: String,
     pub class: String,
+    /// `both`, `prefill` or `decode`.
+    pub role: PodRole,
     /// `config` (the file or `--pod`) or `discovery`.
     pub source: &'static str,
     /// Its KV-cache event endpoints, when it publishes them.
@@ -733,7 +749,7 @@ impl ConfigDump {
     /// `config` in force, with `pod_table` (url, class), the pods routed to now.
     pub fn new(
         config: &GatewayConfig,
-        pod_table: &[(String, String)],
+        pod_table: &[PodEntry],
         tokenizer: Option<String>,
     ) -> ConfigDump {
         let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
@@ -741,15 +757,16 @@ impl ConfigDump {
             config
                 .pods
                 .iter()
-                .any(|(u, _)| u.trim_end_matches('/') == url)
+                .any(|p| p.url.trim_end_matches('/') == url)
         };
         let pods = pod_table
             .iter()
-            .map(|(url, class)| {
-                let url = url.trim_end_matches('/');
+            .map(|entry| {
+                let url = entry.url.trim_end_matches('/');
                 PodDump {
                     url: url.to_string(),
-                    class: class.clone(),
+                    class: entry.class.clone(),
+                    role: entry.role,
                     source: if configured(url) {
                         "config"
                     } else {
@@ -949,10 +966,40 @@ mod tests {
         assert_eq!(
             c.pods,
             vec![
-                ("http://a:1".to_string(), "default".to_string()),
-                ("http://b:2".to_string(), "h100".to_string()),
-                ("http://c:3".to_string(), "default".to_string()),
+                PodEntry::new("http://a:1", "default"),
+                PodEntry::new("http://b:2", "h100"),
+                PodEntry::new("http://c:3", "default"),
             ]
+        );
+    }
+
+    #[test]
+    fn pod_roles_come_from_the_file_and_the_pod_flag() {
+        let file: FileConfig = toml::from_str(
+            "pods = [{ url = \"http://p:1\", role = \"prefill\" }, \"http://b:2\"]\n",
+        )
+        .unwrap();
+        let c = GatewayConfig::resolve(
+            &ServeArgs {
+                pod: vec!["http://d:3,role=decode".into()],
+                ..no_flags()
+            },
+            Some(&file),
+        )
+        .unwrap();
+        let roles: Vec<PodRole> = c.pods.iter().map(|p| p.role).collect();
+        assert_eq!(roles, [PodRole::Prefill, PodRole::Both, PodRole::Decode]);
+        let bad = GatewayConfig::resolve(
+            &ServeArgs {
+                pod: vec!["http://d:3,role=decoder".into()],
+                ..no_flags()
+            },
+            None,
+        );
+        assert!(matches!(bad, Err(ConfigError::BadPodOption(_))), "{bad:?}");
+        assert!(
+            toml::from_str::<FileConfig>("pods = [{ url = \"http://p:1\", role = \"x\" }]")
+                .is_err()
         );
     }
 
@@ -1056,9 +1103,9 @@ explore_max_extra_ms = 9
         )
         .unwrap();
         let table = [
-            ("http://a:1".to_string(), "default".to_string()),
-            ("http://b:2".to_string(), "h100".to_string()),
-            ("http://10.0.0.9:8000".to_string(), "default".to_string()),
+            PodEntry::new("http://a:1", "default"),
+            PodEntry::new("http://b:2", "h100"),
+            PodEntry::new("http://10.0.0.9:8000", "default"),
         ];
         let dump = ConfigDump::new(&c, &table, Some("built-in cl100k".into()));
         let v = serde_json::to_value(&dump).unwrap();
@@ -1082,11 +1129,12 @@ explore_max_extra_ms = 9
         assert_eq!(
             v["pods"],
             serde_json::json!([
-                {"url": "http://a:1", "class": "default", "source": "config", "events": null},
-                {"url": "http://b:2", "class": "h100", "source": "config", "events":
-                    {"endpoint": "tcp://b:5557", "replay": null, "model": null}},
-                {"url": "http://10.0.0.9:8000", "class": "default", "source": "discovery",
+                {"url": "http://a:1", "class": "default", "role": "both", "source": "config",
                     "events": null},
+                {"url": "http://b:2", "class": "h100", "role": "both", "source": "config",
+                    "events": {"endpoint": "tcp://b:5557", "replay": null, "model": null}},
+                {"url": "http://10.0.0.9:8000", "class": "default", "role": "both",
+                    "source": "discovery", "events": null},
             ])
         );
     }

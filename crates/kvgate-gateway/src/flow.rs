@@ -883,9 +883,9 @@ mod tests {
         let s = shared(&[]);
         s.pods.replace(
             &[
-                ("http://a".into(), "c".into()),
-                ("http://b".into(), "c".into()),
-                ("http://c".into(), "c".into()),
+                crate::pods::PodEntry::new("http://a", "c"),
+                crate::pods::PodEntry::new("http://b", "c"),
+                crate::pods::PodEntry::new("http://c", "c"),
             ],
             1000,
         );

@@ -13,7 +13,7 @@
 
 use crate::scrape::PodMetrics;
 use arc_swap::ArcSwap;
-use kvgate_core::{InFlight, PodId, PodSnapshot};
+use kvgate_core::{InFlight, PodId, PodRole, PodSnapshot};
 use parking_lot::Mutex;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -25,6 +25,31 @@ pub const MAX_PODS: usize = 65_536;
 #[derive(Debug, Clone, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
 pub struct PodLabel {
     pub pod: String,
+}
+
+/// A pod the table should hold: its base URL, predictor class and P/D role (from the config
+/// file, `--pod` or discovery).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodEntry {
+    pub url: String,
+    pub class: String,
+    pub role: PodRole,
+}
+
+impl PodEntry {
+    /// A `both` pod.
+    pub fn new(url: impl Into<String>, class: impl Into<String>) -> Self {
+        PodEntry {
+            url: url.into(),
+            class: class.into(),
+            role: PodRole::Both,
+        }
+    }
+
+    pub fn with_role(mut self, role: PodRole) -> Self {
+        self.role = role;
+        self
+    }
 }
 
 /// One upstream pod.
@@ -39,6 +64,8 @@ pub struct Pod {
     connect_url: String,
     /// Predictor class (hardware/model profile).
     pub class: String,
+    /// What it serves in a P/D fleet (`both` unless configured).
+    pub role: PodRole,
     /// False after a failed scrape or connection error; true again after a successful scrape.
     /// Set false through [`Pod::mark_unhealthy`], which counts the outage.
     pub healthy: AtomicBool,
@@ -71,6 +98,7 @@ impl Pod {
             url: redact_userinfo(&connect_url),
             connect_url,
             class: class.to_string(),
+            role: PodRole::Both,
             healthy: AtomicBool::new(false),
             outages: AtomicU64::new(0),
             scrape_timeouts_in_a_row: std::sync::atomic::AtomicU32::new(0),
@@ -165,6 +193,7 @@ impl Pod {
             block_size_tokens: s.block_size,
             in_flight: InFlight::default(),
             healthy: self.is_healthy(),
+            role: self.role,
         }
     }
 }
@@ -200,29 +229,30 @@ impl PodTable {
         self.pods.load().iter().map(|p| p.snapshot()).collect()
     }
 
-    /// Makes the table hold exactly `wanted` (url, class) pods: keeps pods whose URL and class
-    /// are unchanged (with their state), adds new ones with the smallest free ids, and marks the
-    /// rest removed. Pods beyond [`MAX_PODS`] are ignored.
-    pub fn replace(&self, wanted: &[(String, String)], default_kv_blocks: u32) -> PodChanges {
+    /// Makes the table hold exactly `wanted` pods: keeps pods whose URL, class and role are
+    /// unchanged (with their state), adds new ones with the smallest free ids, and marks the
+    /// rest removed (a pod whose role changed is a new pod). Pods beyond [`MAX_PODS`] are
+    /// ignored.
+    pub fn replace(&self, wanted: &[PodEntry], default_kv_blocks: u32) -> PodChanges {
         let old = self.pods.load_full();
         let mut changes = PodChanges::default();
         let mut next: Vec<Arc<Pod>> = Vec::with_capacity(wanted.len());
         let mut used = vec![false; MAX_PODS];
-        for (url, class) in wanted {
-            let url = url.trim_end_matches('/');
+        for w in wanted {
+            let url = w.url.trim_end_matches('/');
             if next.iter().any(|p| p.connect_url == url) {
                 continue;
             }
             if let Some(p) = old
                 .iter()
-                .find(|p| p.connect_url == url && &p.class == class)
+                .find(|p| p.connect_url == url && p.class == w.class && p.role == w.role)
             {
                 used[p.id.index()] = true;
                 next.push(p.clone());
             }
         }
-        for (url, class) in wanted {
-            let url = url.trim_end_matches('/');
+        for w in wanted {
+            let url = w.url.trim_end_matches('/');
             if next.iter().any(|p| p.connect_url == url) {
                 continue;
             }
@@ -231,7 +261,9 @@ impl PodTable {
                 continue;
             };
             used[free] = true;
-            let pod = Arc::new(Pod::new(PodId(free as u32), url, class, default_kv_blocks));
+            let mut pod = Pod::new(PodId(free as u32), url, &w.class, default_kv_blocks);
+            pod.role = w.role;
+            let pod = Arc::new(pod);
             changes.added.push(pod.clone());
             next.push(pod);
         }
@@ -289,7 +321,7 @@ mod tests {
             "http://user:s3cret@127.0.0.1:9/metrics"
         );
         let t = PodTable::default();
-        t.replace(&[("http://user:s3cret@127.0.0.1:9".into(), "x".into())], 10);
+        t.replace(&[PodEntry::new("http://user:s3cret@127.0.0.1:9", "x")], 10);
         assert_eq!(
             t.by_url("http://user:s3cret@127.0.0.1:9/").map(|p| p.id),
             Some(PodId(0))
@@ -299,7 +331,7 @@ mod tests {
     #[test]
     fn replace_keeps_pods_and_reuses_the_smallest_free_id() {
         let t = PodTable::default();
-        let c = |u: &str| (u.to_string(), "x".to_string());
+        let c = |u: &str| PodEntry::new(u, "x");
         let ch = t.replace(&[c("http://a"), c("http://b"), c("http://c")], 10);
         assert_eq!(ch.added.len(), 3);
         let ch = t.replace(&[c("http://a"), c("http://c"), c("http://d/")], 10);
@@ -308,5 +340,22 @@ mod tests {
         assert!(ch.removed[0].removed.load(Ordering::Relaxed));
         assert_eq!(t.by_url("http://d").map(|p| p.id), Some(PodId(1)));
         assert_eq!(t.by_url("http://c").map(|p| p.id), Some(PodId(2)));
+    }
+
+    #[test]
+    fn a_pods_role_reaches_its_snapshot_and_a_role_change_makes_it_a_new_pod() {
+        let t = PodTable::default();
+        t.replace(
+            &[PodEntry::new("http://a", "x").with_role(PodRole::Prefill)],
+            10,
+        );
+        let a = t.by_url("http://a").unwrap();
+        assert_eq!(a.snapshot().role, PodRole::Prefill);
+        let ch = t.replace(
+            &[PodEntry::new("http://a", "x").with_role(PodRole::Decode)],
+            10,
+        );
+        assert_eq!((ch.added.len(), ch.removed.len()), (1, 1));
+        assert_eq!(t.by_url("http://a").unwrap().role, PodRole::Decode);
     }
 }

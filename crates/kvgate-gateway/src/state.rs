@@ -57,7 +57,7 @@ pub struct Shared {
     pub grace_end: Arc<crate::body::GraceEnd>,
     /// Pods found by `--discovery` (routed to besides the config's pods). Its lock also
     /// serialises pod-table updates, so a config reload and a discovery change never race.
-    discovered: Mutex<Vec<(String, String)>>,
+    discovered: Mutex<Vec<crate::pods::PodEntry>>,
 }
 
 /// The predictor's config for the router's: its model and drift adaptation; tree models
@@ -144,7 +144,7 @@ impl Shared {
     /// Replaces the discovered pods (`--discovery`): the table becomes the config's pods plus
     /// `pods`, as [`Shared::apply_config`] does. Returns the added pods (the caller starts
     /// their scrape loops).
-    pub fn set_discovered(&self, pods: Vec<(String, String)>) -> Vec<Arc<crate::pods::Pod>> {
+    pub fn set_discovered(&self, pods: Vec<crate::pods::PodEntry>) -> Vec<Arc<crate::pods::Pod>> {
         let mut discovered = self.discovered.lock();
         *discovered = pods;
         let cfg = self.config.load_full();
@@ -170,7 +170,7 @@ impl Shared {
             tracing::info!(pod = %pod.url, "pod removed");
         }
         for pod in &changes.added {
-            tracing::info!(pod = %pod.url, class = %pod.class, id = pod.id.0, "pod added");
+            tracing::info!(pod = %pod.url, class = %pod.class, role = pod.role.name(), id = pod.id.0, "pod added");
         }
     }
 
@@ -280,9 +280,9 @@ impl Shared {
 
 /// The pod table's wanted (url, class) list: configured pods first, then discovered ones.
 fn wanted_pods(
-    configured: &[(String, String)],
-    discovered: &[(String, String)],
-) -> Vec<(String, String)> {
+    configured: &[crate::pods::PodEntry],
+    discovered: &[crate::pods::PodEntry],
+) -> Vec<crate::pods::PodEntry> {
     configured.iter().chain(discovered).cloned().collect()
 }
 

@@ -8,7 +8,10 @@
 //!
 //! - a Pod is ready when it is not being deleted (`metadata.deletionTimestamp` unset), its
 //!   `status.phase` is `Running`, its `Ready` condition is `True` and it has a `status.podIP`;
-//!   its entry is `http://POD_IP:TARGET_PORT` (`[IP]` for IPv6), class `default`;
+//!   its entry is `http://POD_IP:TARGET_PORT` (`[IP]` for IPv6), class `default`, and the P/D
+//!   role its label [`ROLE_LABEL`] (`llm-d.ai/role`, as llm-d's P/D deployments label pods)
+//!   says: `prefill`, `decode` or `both`; no label is `both`, an unknown value is `both` with a
+//!   warning;
 //! - `ADDED`/`MODIFIED` of a ready Pod adds or updates it; of a Pod that is not ready removes it;
 //!   `DELETED` removes it;
 //! - a re-list (`Init` … `InitApply`* … `InitDone`) replaces the whole set at `InitDone`, so Pods
@@ -30,12 +33,14 @@
 
 use super::KubernetesTarget;
 use crate::config::DEFAULT_POD_CLASS;
+use crate::pods::PodEntry;
 use crate::state::Shared;
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Pod as KubePod;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event, watcher};
 use kube::{Api, Client};
+use kvgate_core::PodRole;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -77,19 +82,15 @@ pub async fn run(shared: Arc<Shared>, client: Client, target: KubernetesTarget) 
 
 /// Puts the discovered set into the pod table and starts the new pods' scrape loops.
 fn publish(shared: &Arc<Shared>, pods: &DiscoveredPods) {
-    let urls = pods.urls();
+    let wanted = pods.entries();
     shared
         .metrics
         .discovered_pods
-        .set(i64::try_from(urls.len()).unwrap_or(i64::MAX));
+        .set(i64::try_from(wanted.len()).unwrap_or(i64::MAX));
     tracing::info!(
-        pods = urls.len(),
+        pods = wanted.len(),
         "kubernetes discovery: ready pods changed"
     );
-    let wanted = urls
-        .into_iter()
-        .map(|u| (u, DEFAULT_POD_CLASS.to_string()))
-        .collect();
     for pod in shared.set_discovered(wanted) {
         crate::reload::start_pod(shared, pod);
     }
@@ -98,9 +99,25 @@ fn publish(shared: &Arc<Shared>, pods: &DiscoveredPods) {
 /// The ready Pods the watcher has seen: `namespace/name` → base URL.
 #[derive(Debug, Default)]
 pub struct DiscoveredPods {
-    ready: BTreeMap<String, String>,
+    ready: BTreeMap<String, (String, PodRole)>,
     /// The set being rebuilt by a re-list (between `Init` and `InitDone`).
-    relist: Option<BTreeMap<String, String>>,
+    relist: Option<BTreeMap<String, (String, PodRole)>>,
+}
+
+/// The Pod label that carries its P/D role (`prefill`, `decode`, `both`).
+pub const ROLE_LABEL: &str = "llm-d.ai/role";
+
+/// The Pod's P/D role from [`ROLE_LABEL`]: `both` without the label, and (with a warning) for
+/// a value that is not a role.
+pub fn pod_role(pod: &KubePod) -> PodRole {
+    let Some(value) = pod.metadata.labels.as_ref().and_then(|l| l.get(ROLE_LABEL)) else {
+        return PodRole::Both;
+    };
+    PodRole::from_name(value).unwrap_or_else(|| {
+        let value: String = value.chars().take(64).collect();
+        tracing::warn!(pod = %key(pod), label = ROLE_LABEL, %value, "unknown P/D role; the pod serves as `both`");
+        PodRole::Both
+    })
 }
 
 impl DiscoveredPods {
@@ -114,7 +131,7 @@ impl DiscoveredPods {
             Event::InitApply(pod) => match &mut self.relist {
                 Some(relist) => {
                     if let Some(url) = pod_url(pod, target_port) {
-                        relist.insert(key(pod), url);
+                        relist.insert(key(pod), (url, pod_role(pod)));
                     }
                     false
                 }
@@ -133,17 +150,33 @@ impl DiscoveredPods {
 
     fn upsert(&mut self, pod: &KubePod, target_port: u16) -> bool {
         match pod_url(pod, target_port) {
-            Some(url) => self.ready.insert(key(pod), url.clone()).as_ref() != Some(&url),
+            Some(url) => {
+                let entry = (url, pod_role(pod));
+                self.ready.insert(key(pod), entry.clone()).as_ref() != Some(&entry)
+            }
             None => self.ready.remove(&key(pod)).is_some(),
         }
     }
 
     /// The ready pods' base URLs, sorted, without duplicates.
     pub fn urls(&self) -> Vec<String> {
-        let mut urls: Vec<String> = self.ready.values().cloned().collect();
+        let mut urls: Vec<String> = self.ready.values().map(|(u, _)| u.clone()).collect();
         urls.sort();
         urls.dedup();
         urls
+    }
+
+    /// The ready pods as pod-table entries (class `default`, their role), sorted by URL,
+    /// one per URL.
+    pub fn entries(&self) -> Vec<PodEntry> {
+        let mut entries: Vec<PodEntry> = self
+            .ready
+            .values()
+            .map(|(u, r)| PodEntry::new(u.clone(), DEFAULT_POD_CLASS).with_role(*r))
+            .collect();
+        entries.sort_by(|a, b| a.url.cmp(&b.url));
+        entries.dedup_by(|a, b| a.url == b.url);
+        entries
     }
 }
 
@@ -256,6 +289,35 @@ mod tests {
         assert!(d.apply(&Event::Delete(pod("b", None, "Running", true)), 8000));
         assert!(d.urls().is_empty());
         assert!(!d.apply(&Event::Delete(pod("b", None, "Running", true)), 8000));
+    }
+
+    #[test]
+    fn the_role_label_sets_a_discovered_pods_role() {
+        let mut d = DiscoveredPods::default();
+        let labelled = |name: &str, ip: &str, role: &str| {
+            let mut p = pod(name, Some(ip), "Running", true);
+            p.metadata.labels = Some([(ROLE_LABEL.to_string(), role.to_string())].into());
+            p
+        };
+        d.apply(&Event::Apply(labelled("a", "10.0.0.1", "prefill")), 8000);
+        d.apply(&Event::Apply(labelled("b", "10.0.0.2", "decode")), 8000);
+        d.apply(&Event::Apply(labelled("c", "10.0.0.3", "nonsense")), 8000);
+        d.apply(
+            &Event::Apply(pod("d", Some("10.0.0.4"), "Running", true)),
+            8000,
+        );
+        let roles: Vec<PodRole> = d.entries().iter().map(|e| e.role).collect();
+        assert_eq!(
+            roles,
+            [
+                PodRole::Prefill,
+                PodRole::Decode,
+                PodRole::Both,
+                PodRole::Both
+            ]
+        );
+        // A role change alone is a change.
+        assert!(d.apply(&Event::Apply(labelled("a", "10.0.0.1", "decode")), 8000));
     }
 
     #[test]
