@@ -31,6 +31,7 @@
 //! | `cluster` | `--cluster`: active-active replicas over NATS — the TicketGuard's transitions published (bounded queue, binary `wire` format), the other replicas' applied through the core `PeerBook`, snapshots, leases, routed-index warm-up |
 //! | `listener` | the traffic listener's accept loop and connections (hyper-util auto: HTTP/1.1, h2c): connection cap, header-read, idle and client-write timeouts, accept-error pauses |
 //! | `proxy` | the HTTP handlers of the traffic listener (`traffic_router`), the retry loop |
+//! | `pd` | prefill/decode disaggregation on the HTTP proxy: the prefill call (`max_tokens: 1`, `kv_transfer_params.do_remote_decode`), its `kv_transfer_params` handed to the decode pod with the client's request, `kvgate_pd_*` metrics; retries in `proxy` |
 //! | `upstream` | forwarding to a pod: the upstream request (hop-by-hop, `Authorization`, `x-request-id`), the client's response headers, the `include_usage` rewrite, `send` (first-byte and request timeouts), failed-attempt counting |
 //! | `body` | the response body: pass-through, observation, end-of-request accounting; `GraceEnd` (streams end cleanly when the shutdown grace is over) |
 //! | `sse` | SSE event splitting, first-content and usage detection, usage stripping |
@@ -81,6 +82,7 @@ pub mod listener;
 pub mod log_limit;
 pub mod metrics;
 pub mod models;
+pub mod pd;
 pub mod pods;
 pub mod proxy;
 pub mod reload;

@@ -155,6 +155,8 @@ pub struct Metrics {
     pub registry: Registry,
     /// `kvgate_flow_*` ([`crate::flow`]).
     pub flow: crate::flow::FlowMetrics,
+    /// `kvgate_pd_*` ([`crate::pd`]).
+    pub pd: crate::pd::PdMetrics,
 }
 
 impl Default for Metrics {
@@ -242,6 +244,7 @@ impl Metrics {
             kv_events_stale: Family::default(),
             connections: Default::default(),
             flow: Default::default(),
+            pd: Default::default(),
             cluster: Default::default(),
             registry: Registry::with_prefix("kvgate"),
         };
@@ -252,6 +255,7 @@ impl Metrics {
         let r = &mut self.registry;
         self.connections.register(r);
         self.flow.register(r);
+        self.pd.register(r);
         self.cluster.register(r);
         r.register(
             "requests",

@@ -162,6 +162,14 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
         slo: prepared.slo,
     };
     let input_tokens = prepared.input_tokens;
+    // A fleet with P/D roles: the request may be split, and its decode body is built from the
+    // JSON (a copy kept only then: the common path forwards the body as it came).
+    let split = shared
+        .pods
+        .all()
+        .iter()
+        .any(|p| p.role != kvgate_core::PodRole::Both);
+    let pd_value = split.then(|| value.clone());
     let (upstream_body, strip_usage) = completion_body(value, body, parsed.stream);
 
     let path_and_query = parts
@@ -170,6 +178,20 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
         .map(|p| p.as_str())
         .unwrap_or(path)
         .to_string();
+    let mut fwd = Forward {
+        shared: &shared,
+        cfg: &cfg,
+        parts: &parts,
+        path_and_query: &path_and_query,
+        rid: &rid,
+        deadline,
+        start,
+        queued,
+        input_tokens,
+        stream: parsed.stream,
+        strip_usage,
+        capture: &mut capture,
+    };
 
     let mut excluded: Vec<PodId> = Vec::new();
     let mut last_failure = String::new();
@@ -178,75 +200,149 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
             request_id: &rid,
             attempt,
             flow: flow_note.as_ref(),
+            split,
         };
-        let Routed {
-            pod,
-            guard,
-            policy,
-            branch,
-        } = match crate::flow::decide_outside(&shared, &request, &excluded, &closed, meta) {
-            Pick::Routed(r) => *r,
+        let pick = crate::flow::decide_outside(&shared, &request, &excluded, &closed, meta);
+        if matches!(pick, Pick::Routed(_) | Pick::Split(_)) {
+            // Routed: the session's ledger counts the request now.
+            drop(turn.take());
+            closed.clear();
+        }
+        let failed_pod = match pick {
+            Pick::Routed(r) => {
+                let Routed {
+                    pod,
+                    guard,
+                    policy,
+                    branch,
+                } = *r;
+                let sent = fwd
+                    .forward(&pod, guard, upstream_body.clone(), policy, branch, None)
+                    .await;
+                match sent {
+                    Forwarded::Answer(resp) => return resp,
+                    Forwarded::Failed(why) => {
+                        last_failure = why;
+                        pod.id
+                    }
+                }
+            }
+            Pick::Split(s) => match fwd.split(*s, pd_value.as_ref(), attempt).await {
+                Forwarded::Answer(resp) => return resp,
+                Forwarded::Failed((pod, why)) => {
+                    last_failure = why;
+                    pod
+                }
+            },
             Pick::NoHealthyPod if attempt > 0 => break,
             Pick::NoHealthyPod | Pick::NoDecision => {
                 return reject(&shared, no_healthy_pod(), &rid);
             }
         };
-        // Routed: the session's ledger counts the request now.
-        drop(turn.take());
-        closed.clear();
+        excluded.push(failed_pod);
+        if attempt < cfg.max_retries {
+            shared.metrics.retries.inc();
+        }
+    }
+    reject(&shared, upstream_failed(last_failure), &rid)
+}
+
+/// How one attempt on a pod went.
+enum Forwarded<F> {
+    /// The client's answer (the pod's response, streaming, or an error the gateway gives).
+    Answer(Response),
+    /// Failed before any byte reached the client: retry elsewhere.
+    Failed(F),
+}
+
+/// What every attempt of one completion request is sent with.
+struct Forward<'a> {
+    shared: &'a Arc<Shared>,
+    cfg: &'a crate::config::GatewayConfig,
+    parts: &'a http::request::Parts,
+    path_and_query: &'a str,
+    rid: &'a str,
+    deadline: tokio::time::Instant,
+    start: Instant,
+    queued: std::time::Duration,
+    input_tokens: u32,
+    stream: bool,
+    strip_usage: bool,
+    capture: &'a mut Option<crate::capture::Ticket>,
+}
+
+impl Forward<'_> {
+    /// Sends `body` to `pod` holding `guard`: the pod's answer streams to the client, or the
+    /// attempt failed before any byte (counted and logged, the guard returned). `prefill_pod`:
+    /// the decode stage of a P/D request (its prefill pod shown in `x-kvgate-prefill-pod`).
+    async fn forward(
+        &mut self,
+        pod: &Arc<crate::pods::Pod>,
+        guard: crate::lifecycle::TicketGuard,
+        body: Bytes,
+        policy: &'static str,
+        branch: &'static str,
+        prefill_pod: Option<&str>,
+    ) -> Forwarded<String> {
+        let (shared, cfg, rid) = (self.shared, self.cfg, self.rid);
         let up = match upstream_request(
-            &cfg,
-            &pod,
-            &parts.method,
-            &path_and_query,
-            &parts.headers,
-            &rid,
-            upstream_body.clone(),
+            cfg,
+            pod,
+            &self.parts.method,
+            self.path_and_query,
+            &self.parts.headers,
+            rid,
+            body,
         ) {
             Ok(r) => r,
-            Err(e) => return reject(&shared, upstream_failed(e), &rid),
+            Err(e) => return Forwarded::Answer(reject(shared, upstream_failed(e), rid)),
         };
-        let failure = match send(&shared, &cfg, &pod, up, deadline).await {
+        let failure = match send(shared, cfg, pod, up, self.deadline).await {
             Sent::RequestTimeout => {
                 drop(guard);
-                return request_timed_out(&shared, &cfg, &pod, &rid);
+                return Forwarded::Answer(request_timed_out(shared, cfg, pod, rid));
             }
             Sent::FirstByteTimeout(failure) => failure,
             Sent::Answer(Ok(resp)) if !resp.status().is_server_error() => {
                 let ok = resp.status().is_success();
                 let (parts_up, incoming) = resp.into_parts();
-                let stream = parsed.stream && ok;
+                let stream = self.stream && ok;
                 let tracker = Tracker {
                     shared: shared.clone(),
                     guard,
-                    start,
-                    queued,
+                    start: self.start,
+                    queued: self.queued,
                     first_token_at: None,
-                    prompt_tokens: u64::from(input_tokens),
+                    prompt_tokens: u64::from(self.input_tokens),
                     policy,
                     branch,
-                    request_id: rid.clone(),
+                    request_id: rid.to_string(),
                     trainable: ok,
                     stream,
                     error_status: !ok,
-                    capture: if ok { capture.take() } else { None },
+                    capture: if ok { self.capture.take() } else { None },
                 };
-                let headers = client_headers(
+                let mut headers = client_headers(
                     &parts_up.headers,
                     !stream,
-                    &rid,
+                    rid,
                     cfg.response_headers.then_some((pod.url.as_str(), branch)),
                 );
+                if let (true, Some(p)) = (cfg.response_headers, prefill_pod)
+                    && let Ok(v) = http::HeaderValue::from_str(p)
+                {
+                    headers.insert("x-kvgate-prefill-pod", v);
+                }
                 let mut resp = Response::new(Body::new(ObservedBody::new(
                     incoming,
                     tracker,
                     stream,
-                    strip_usage,
-                    body_timeouts(&cfg, deadline),
+                    self.strip_usage,
+                    body_timeouts(cfg, self.deadline),
                 )));
                 *resp.status_mut() = parts_up.status;
                 *resp.headers_mut() = headers;
-                return resp;
+                return Forwarded::Answer(resp);
             }
             Sent::Answer(Ok(resp)) => format!("pod {} answered {}", pod.url, resp.status()),
             Sent::Answer(Err(e)) => {
@@ -257,17 +353,85 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
             }
         };
         drop(guard);
-        attempt_failed(&shared, &pod, policy, branch);
+        attempt_failed(shared, pod, policy, branch);
         if shared.log_limit.allow("attempt_failed") {
-            tracing::warn!(request_id = %rid, %attempt, why = %failure, "attempt failed before any byte was sent; retrying elsewhere");
+            tracing::warn!(request_id = %rid, why = %failure, "attempt failed before any byte was sent; retrying elsewhere");
         }
-        excluded.push(pod.id);
-        last_failure = failure;
-        if attempt < cfg.max_retries {
-            shared.metrics.retries.inc();
+        Forwarded::Failed(failure)
+    }
+
+    /// A P/D request: the prefill call, then the client's request with its transfer
+    /// parameters to the decode pod ([`crate::pd`]). A failure names the pod to exclude.
+    async fn split(
+        &mut self,
+        s: crate::routing::SplitRouted,
+        value: Option<&serde_json::Value>,
+        attempt: u32,
+    ) -> Forwarded<(PodId, String)> {
+        let shared = self.shared;
+        let Some(value) = value else {
+            // Cannot happen: a split is asked for (`DecisionMeta::split`) only with the copy.
+            return Forwarded::Failed((s.prefill_pod.id, "no request body kept for P/D".into()));
+        };
+        let call = crate::pd::PrefillCall {
+            cfg: self.cfg,
+            method: &self.parts.method,
+            path_and_query: self.path_and_query,
+            headers: &self.parts.headers,
+            request_id: self.rid,
+            deadline: self.deadline,
+            policy: s.policy,
+            branch: s.branch,
+        };
+        let prefilled =
+            crate::pd::prefill(shared, &call, &s.prefill_pod, s.prefill_guard, value).await;
+        let params = match prefilled {
+            crate::pd::Prefilled::Params(p) => p,
+            crate::pd::Prefilled::Failed(why) => {
+                if shared.log_limit.allow("pd_prefill_failed") {
+                    tracing::warn!(request_id = %self.rid, %attempt, why = %why, "prefill failed; routing again");
+                }
+                return Forwarded::Failed((s.prefill_pod.id, why));
+            }
+            crate::pd::Prefilled::ClientError(status, headers, body) => {
+                let mut resp = Response::new(Body::from(body));
+                *resp.status_mut() = status;
+                *resp.headers_mut() = client_headers(&headers, true, self.rid, None);
+                return Forwarded::Answer(resp);
+            }
+            crate::pd::Prefilled::RequestTimeout => {
+                return Forwarded::Answer(request_timed_out(
+                    shared,
+                    self.cfg,
+                    &s.prefill_pod,
+                    self.rid,
+                ));
+            }
+        };
+        let decode = crate::pd::decode_value(value, params);
+        let bytes = Bytes::from(serde_json::to_vec(&decode).unwrap_or_default());
+        let (body, _) = completion_body(decode, bytes, self.stream);
+        let sent = self
+            .forward(
+                &s.decode_pod,
+                s.decode_guard,
+                body,
+                s.policy,
+                s.branch,
+                Some(s.prefill_pod.url.as_str()),
+            )
+            .await;
+        match sent {
+            Forwarded::Answer(resp) => {
+                shared.metrics.pd.stage("decode", "ok");
+                Forwarded::Answer(resp)
+            }
+            Forwarded::Failed(why) => {
+                shared.metrics.pd.stage("decode", "failed");
+                Forwarded::Failed((s.decode_pod.id, why))
+            }
         }
     }
-    reject(&shared, upstream_failed(last_failure), &rid)
 }
 
 /// [`read_body`], or 408 when the client has not sent the whole body by `deadline`.

@@ -17,7 +17,7 @@ use http::HeaderMap;
 use kvgate_core::policy::RequestSlo;
 use kvgate_core::request::{Endpoint, ParsedRequest, Prompt, RequestError, parse_request_value};
 use kvgate_core::tokenizer::PromptTokenizer;
-use kvgate_core::{BlockHash, BlockHasher, PodId, RouteError, RouteRequest, SizedBlocks};
+use kvgate_core::{BlockHash, BlockHasher, PodId, Route, RouteError, RouteRequest, SizedBlocks};
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -413,6 +413,10 @@ pub(crate) struct DecisionMeta<'a> {
     pub attempt: u32,
     /// The request's flow-control class and queue time (flow control on).
     pub flow: Option<&'a crate::flow::FlowNote>,
+    /// The driver can hand a request over from a prefill pod to a decode pod (the HTTP
+    /// proxy): the session routes it in two stages when the fleet has pods of a dedicated role
+    /// ([`kvgate_core::RouterSession::route_pd`]). Else (ext_proc) whole requests only.
+    pub split: bool,
 }
 
 /// A routed request: the chosen pod and the request's ticket on it.
@@ -423,9 +427,22 @@ pub(crate) struct Routed {
     pub branch: &'static str,
 }
 
+/// A request routed in two stages (P/D disaggregation): a ticket on each pod.
+pub(crate) struct SplitRouted {
+    pub prefill_pod: Arc<Pod>,
+    pub prefill_guard: TicketGuard,
+    pub decode_pod: Arc<Pod>,
+    pub decode_guard: TicketGuard,
+    pub policy: &'static str,
+    /// The prefill pick's branch.
+    pub branch: &'static str,
+}
+
 pub(crate) enum Pick {
     /// Boxed: a routed request's guard is large and the other outcomes are empty.
     Routed(Box<Routed>),
+    /// Only with [`DecisionMeta::split`].
+    Split(Box<SplitRouted>),
     /// No healthy pod (after exclusions).
     NoHealthyPod,
     /// The core found no pod to choose.
@@ -445,14 +462,26 @@ pub(crate) fn decide_for(
     let mut snaps: Vec<_> = pods.iter().map(|p| p.snapshot()).collect();
     let (routed, policy) = {
         let mut session = shared.session.lock();
-        let routed = session.route(request, &mut snaps, excluded);
+        let routed = if meta.split {
+            session.route_pd(request, &mut snaps, excluded)
+        } else {
+            session
+                .route(request, &mut snaps, excluded)
+                .map(Route::Whole)
+        };
         (routed, session.router().policy_kind().name())
     };
     let routed = match routed {
-        Ok(r) => r,
+        Ok(Route::Whole(r)) => r,
+        Ok(Route::Disaggregated(pd)) => {
+            return split_pick(shared, request, &pods, &snaps, *pd, meta, policy);
+        }
         Err(RouteError::NoHealthyPod) => return Pick::NoHealthyPod,
         Err(RouteError::NoDecision) => return Pick::NoDecision,
     };
+    if meta.split && snaps.iter().any(|s| s.role != kvgate_core::PodRole::Both) {
+        shared.metrics.pd.route("whole");
+    }
     let decision = routed.decision;
     shared.flow.observe_decision(&decision, pods.len());
     let charged_prefill_tokens = routed.ticket.prefill_tokens();
@@ -478,6 +507,30 @@ pub(crate) fn decide_for(
             .predicted_tpot_ms
             .observe(e.predicted_tpot_ms);
     }
+    record_decision(
+        shared,
+        request,
+        meta,
+        policy,
+        charged_prefill_tokens,
+        decision,
+    );
+    Pick::Routed(Box::new(Routed {
+        pod,
+        guard,
+        policy,
+        branch,
+    }))
+}
+
+fn record_decision(
+    shared: &Shared,
+    request: &RouteRequest<'_>,
+    meta: DecisionMeta<'_>,
+    policy: &'static str,
+    charged_prefill_tokens: u64,
+    decision: kvgate_core::Decision,
+) {
     shared.decisions.push(DecisionRecord {
         request_id: meta.request_id.to_string(),
         timestamp_ms: SystemTime::now()
@@ -492,9 +545,74 @@ pub(crate) fn decide_for(
         flow: meta.flow.cloned(),
         decision,
     });
-    Pick::Routed(Box::new(Routed {
-        pod,
-        guard,
+}
+
+/// A two-stage route: a guard per stage, the decision recorded (the prefill pick, with the
+/// decode pick in its `decode`).
+fn split_pick(
+    shared: &Arc<Shared>,
+    request: &RouteRequest<'_>,
+    pods: &[Arc<Pod>],
+    snaps: &[kvgate_core::PodSnapshot],
+    pd: kvgate_core::PdRouted,
+    meta: DecisionMeta<'_>,
+    policy: &'static str,
+) -> Pick {
+    let kvgate_core::PdRouted {
+        decision,
+        prefill,
+        decode,
+    } = pd;
+    shared.flow.observe_decision(&decision, pods.len());
+    let find = |id: PodId| pods.iter().find(|p| p.id == id).cloned();
+    let (Some(prefill_pod), Some(decode_pod)) = (find(prefill.pod()), find(decode.pod())) else {
+        let mut session = shared.session.lock();
+        session.finish(prefill, None);
+        session.finish(decode, None);
+        return Pick::NoDecision;
+    };
+    let blocks_of = |id: PodId| {
+        snaps
+            .iter()
+            .find(|s| s.id == id)
+            .map_or(request.blocks, |s| request.cut().blocks_for(s).0)
+    };
+    let charged_prefill_tokens = prefill.prefill_tokens();
+    shared
+        .metrics
+        .predicted_ttft_ms
+        .observe(prefill.predicted_ttft_ms());
+    shared
+        .metrics
+        .predicted_tpot_ms
+        .observe(decode.predicted_tpot_ms());
+    let prefill_guard = TicketGuard::new(
+        shared.clone(),
+        prefill_pod.clone(),
+        prefill,
+        blocks_of(prefill_pod.id),
+    );
+    let decode_guard = TicketGuard::new(
+        shared.clone(),
+        decode_pod.clone(),
+        decode,
+        blocks_of(decode_pod.id),
+    );
+    let branch = decision.branch.as_str();
+    shared.metrics.pd.route("split");
+    record_decision(
+        shared,
+        request,
+        meta,
+        policy,
+        charged_prefill_tokens,
+        decision,
+    );
+    Pick::Split(Box::new(SplitRouted {
+        prefill_pod,
+        prefill_guard,
+        decode_pod,
+        decode_guard,
         policy,
         branch,
     }))

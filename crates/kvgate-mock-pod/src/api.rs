@@ -113,6 +113,70 @@ pub struct Faults {
 pub const GARBAGE_METRICS: &str =
     "vllm:num_requests_waiting{ nonsense\n\u{0}\u{1}}}} NaN? 12 13 14\n#### \n\u{7f}garbage\n";
 
+/// The pod's part in P/D disaggregation (`--kv-role`, vLLM's `kv_role` of `NixlConnector`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum KvRole {
+    /// `kv_producer`: answers `do_remote_decode` requests with transfer parameters.
+    Producer,
+    /// `kv_consumer`: pulls the KV of `do_remote_prefill` requests.
+    Consumer,
+    /// `kv_both`.
+    Both,
+}
+
+impl KvRole {
+    fn produces(self) -> bool {
+        self != KvRole::Consumer
+    }
+
+    fn consumes(self) -> bool {
+        self != KvRole::Producer
+    }
+}
+
+/// What a request's `kv_transfer_params` ask of this pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Transfer {
+    None,
+    /// Prefill for a remote decode: answer with transfer parameters.
+    Produce,
+    /// The prompt's KV comes from a prefill pod: compute none of it.
+    Consume,
+}
+
+/// A request's `kv_transfer_params` as this pod reads them (ignored without `--kv-role`, and
+/// for a role the pod does not have, as vLLM does).
+fn transfer_of(value: &Value, role: Option<KvRole>) -> Transfer {
+    let (Some(role), Some(p)) = (role, value.get("kv_transfer_params")) else {
+        return Transfer::None;
+    };
+    let flag = |k: &str| p.get(k).and_then(Value::as_bool).unwrap_or(false);
+    if flag("do_remote_decode") && role.produces() {
+        Transfer::Produce
+    } else if flag("do_remote_prefill") && role.consumes() {
+        Transfer::Consume
+    } else {
+        Transfer::None
+    }
+}
+
+/// What a producer answers a `do_remote_decode` request with: the fields vLLM 0.32's
+/// `NixlConnector` returns (the block ids are the prompt's full-block indices here).
+fn produced_params(st: &PodState, id: &str, prompt_tokens: u32, blocks: usize) -> Value {
+    json!({
+        "do_remote_prefill": true,
+        "do_remote_decode": false,
+        "remote_block_ids": (0..blocks as u64).collect::<Vec<u64>>(),
+        "remote_engine_id": format!("mock-{}", st.addr),
+        "remote_request_id": id,
+        "remote_host": st.addr.ip().to_string(),
+        "remote_port": st.addr.port(),
+        "remote_num_tokens": prompt_tokens,
+        "transfer_mode": "pull",
+        "tp_size": 1,
+    })
+}
+
 /// What the handlers share.
 #[derive(Debug)]
 pub struct PodState {
@@ -124,6 +188,10 @@ pub struct PodState {
     pub tokenizer: PromptTokenizer,
     pub next_id: AtomicU64,
     pub faults: Faults,
+    /// `--kv-role` (P/D disaggregation).
+    pub kv_role: Option<KvRole>,
+    /// The pod's HTTP address (in the transfer parameters it produces).
+    pub addr: std::net::SocketAddr,
     /// `--enable-scale-out`: serve the render endpoints.
     pub enable_scale_out: bool,
     /// What `/kv_event_sources` answers ([`kv_event_sources`]).
@@ -540,6 +608,8 @@ struct Generation {
     prompt_tokens: u32,
     max_tokens: u32,
     include_usage: bool,
+    /// A producer's answer to a `do_remote_decode` request (non-stream answers carry it).
+    kv_transfer_params: Option<Value>,
 }
 
 async fn generate(st: &PodState, path: &str, headers: &HeaderMap, body: &[u8]) -> Response {
@@ -627,11 +697,14 @@ async fn generate(st: &PodState, path: &str, headers: &HeaderMap, body: &[u8]) -
     };
     hasher.hash_tokens(seed, &tokens, &mut blocks);
     let prompt_tokens = u32::try_from(tokens.len()).unwrap_or(u32::MAX);
+    let transfer = transfer_of(&value, st.kv_role);
+    let block_count = blocks.len();
     let (tx, mut rx) = mpsc::unbounded_channel();
     let submission = Submission {
         prompt_tokens: tokens.into(),
         blocks: blocks.into(),
         max_tokens,
+        transferred: transfer == Transfer::Consume,
         events: tx,
     };
     if !st.engine.submit(submission).await {
@@ -662,15 +735,19 @@ async fn generate(st: &PodState, path: &str, headers: &HeaderMap, body: &[u8]) -
         }
     };
     let chat = path == CHAT_COMPLETIONS_PATH;
+    let id = completion_id(st, headers, chat);
+    let kv_transfer_params = (transfer == Transfer::Produce)
+        .then(|| produced_params(st, &id, prompt_tokens, block_count));
     let generation = Generation {
         abort,
         chat,
-        id: completion_id(st, headers, chat),
+        id,
         created: unix_now(),
         model: parsed.model,
         prompt_tokens,
         max_tokens,
         include_usage,
+        kv_transfer_params,
     };
     if parsed.stream {
         stream_response(generation, rx, st.faults.fail_after_tokens)
@@ -742,6 +819,7 @@ async fn whole_response(
             "model": g.model,
             "choices": [choice],
             "usage": usage(&g, produced, cached),
+            "kv_transfer_params": g.kv_transfer_params,
         }),
     )
 }

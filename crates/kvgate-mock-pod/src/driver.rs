@@ -69,6 +69,9 @@ pub struct Submission {
     /// Chained hashes of the prompt's full blocks (of the engine's block size).
     pub blocks: Arc<[BlockHash]>,
     pub max_tokens: u32,
+    /// P/D decode stage: the prompt's KV comes from a prefill pod
+    /// ([`Engine::add_transferred_request`]).
+    pub transferred: bool,
     pub events: mpsc::UnboundedSender<RequestEvent>,
 }
 
@@ -268,7 +271,12 @@ impl Driver {
             output_tokens: s.max_tokens,
         };
         let now = self.model_now_ms();
-        if let Err(e) = self.engine.add_request(now, req) {
+        let added = if s.transferred {
+            self.engine.add_transferred_request(now, req)
+        } else {
+            self.engine.add_request(now, req)
+        };
+        if let Err(e) = added {
             let _ = s.events.send(RequestEvent::Rejected(e));
             return;
         }

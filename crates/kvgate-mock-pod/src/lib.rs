@@ -106,6 +106,13 @@ pub struct MockPodArgs {
     /// Fault injection: `/metrics` answers garbage text.
     #[arg(long)]
     pub garbage_metrics: bool,
+    /// Prefill/decode disaggregation, as vLLM's `NixlConnector` `kv_role`: `producer` (a
+    /// request with `kv_transfer_params.do_remote_decode` answers with the parameters a decode
+    /// pod pulls its KV with), `consumer` (a request with `kv_transfer_params.do_remote_prefill`
+    /// computes no prompt token), `both`. Without it, `kv_transfer_params` are ignored, as
+    /// vLLM without a KV connector does.
+    #[arg(long, value_enum)]
+    pub kv_role: Option<api::KvRole>,
 }
 
 /// Everything one pod needs (ports of the endpoints are those of pod 0; see [`PodConfig::for_pod`]).
@@ -126,6 +133,8 @@ pub struct PodConfig {
     pub kv_events_topic: String,
     /// Injected faults (`--fail-after`, `--hang`, `--garbage-metrics`); none by default.
     pub faults: api::Faults,
+    /// `--kv-role`: P/D disaggregation (none: `kv_transfer_params` ignored).
+    pub kv_role: Option<api::KvRole>,
 }
 
 impl Default for PodConfig {
@@ -143,6 +152,7 @@ impl Default for PodConfig {
             kv_events_encoding: KvEventsEncoding::Map,
             kv_events_topic: String::new(),
             faults: api::Faults::default(),
+            kv_role: None,
         }
     }
 }
@@ -172,6 +182,7 @@ impl PodConfig {
                 hang: args.hang,
                 garbage_metrics: args.garbage_metrics,
             },
+            kv_role: args.kv_role,
         };
         config.validate()?;
         Ok(config)
@@ -319,6 +330,8 @@ pub async fn spawn_pod(config: PodConfig, listener: TcpListener) -> anyhow::Resu
         tokenizer: tokenizer::PromptTokenizer::cl100k(),
         next_id: AtomicU64::new(0),
         faults: config.faults,
+        kv_role: config.kv_role,
+        addr,
         enable_scale_out: config.enable_scale_out,
         kv_event_sources: api::kv_event_sources(
             kv_events_endpoint.as_deref(),

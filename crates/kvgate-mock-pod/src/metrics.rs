@@ -8,7 +8,9 @@
 //! `vllm:num_requests_waiting`, `vllm:num_requests_waiting_by_reason{reason="capacity"|
 //! "deferred"}` (the mock's waiting requests all wait for capacity), `vllm:kv_cache_usage_perc`,
 //! `vllm:prefix_cache_queries_total` / `vllm:prefix_cache_hits_total` and
-//! `vllm:prompt_tokens_cached_total` (= the hits, in tokens: whole blocks only), and
+//! `vllm:prompt_tokens_cached_total` (= the hits, in tokens: whole blocks only),
+//! `vllm:prompt_tokens_by_source_total{source="local_compute"|"local_cache_hit"|
+//! "external_kv_transfer"}` (the last: a P/D decode stage's prompt, `--kv-role`), and
 //! `vllm:cache_config_info` (value 1, no `model_name`) whose labels carry `block_size`,
 //! `num_gpu_blocks`, `enable_prefix_caching`, `prefix_caching_hash_algo`, `sliding_window`,
 //! `kv_cache_size_tokens`, `engine` and a few more of vLLM's (not all of its ~35).
@@ -257,6 +259,35 @@ impl PodMetrics {
             "Number of cached prompt tokens (local prefix cache hits).",
             e.prefix_cache_hits_tokens,
         );
+        // Where each prompt token's KV came from (vLLM's sources; `local_cache_hit` are the
+        // prefix hits, `external_kv_transfer` a P/D decode stage's pulled prompt).
+        let local_compute = e
+            .prompt_tokens
+            .saturating_sub(e.prefix_cache_hits_tokens)
+            .saturating_sub(e.prompt_tokens_transferred);
+        let name = "vllm:prompt_tokens_by_source";
+        let help = "Number of prompt tokens by source.";
+        let _ = writeln!(
+            out,
+            "# HELP {name}_total {help}\n# TYPE {name}_total counter"
+        );
+        for (source, v) in [
+            ("local_compute", local_compute),
+            ("local_cache_hit", e.prefix_cache_hits_tokens),
+            ("external_kv_transfer", e.prompt_tokens_transferred),
+        ] {
+            let _ = writeln!(out, "{name}_total{{{labels},source=\"{source}\"}} {v}");
+        }
+        let _ = writeln!(
+            out,
+            "# HELP {name}_created {help}\n# TYPE {name}_created gauge"
+        );
+        for source in ["local_compute", "local_cache_hit", "external_kv_transfer"] {
+            let _ = writeln!(
+                out,
+                "{name}_created{{{labels},source=\"{source}\"}} {created}"
+            );
+        }
         counter(
             &mut out,
             "vllm:generation_tokens",

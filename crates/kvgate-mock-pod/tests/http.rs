@@ -389,3 +389,85 @@ async fn concurrent_requests_queue_and_raise_ttft() {
         "worst concurrent TTFT {worst:?} vs alone {alone:?}"
     );
 }
+
+/// `vllm:prompt_tokens_by_source_total{source=…}` of a pod.
+async fn prompt_tokens_by_source(url: &str, source: &str) -> f64 {
+    let text = client()
+        .get(format!("{url}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let want = format!("source=\"{source}\"}}");
+    samples(&text)
+        .into_iter()
+        .find(|(s, _)| s.starts_with("vllm:prompt_tokens_by_source_total{") && s.ends_with(&want))
+        .map(|(_, v)| v)
+        .unwrap_or_else(|| panic!("no {source} sample"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producer_hands_kv_transfer_params_to_a_consumer_that_computes_no_prompt() {
+    use kvgate_mock_pod::api::KvRole;
+    let prefill = pod(PodConfig {
+        kv_role: Some(KvRole::Producer),
+        ..PodConfig::default()
+    })
+    .await;
+    let decode = pod(PodConfig {
+        kv_role: Some(KvRole::Consumer),
+        ..PodConfig::default()
+    })
+    .await;
+    let c = client();
+    let prompt = token_prompt(11, 4000);
+    let r: Value = c
+        .post(format!("{}/v1/completions", prefill.url()))
+        .json(&json!({"model": MODEL, "prompt": prompt, "max_tokens": 1,
+            "kv_transfer_params": {"do_remote_decode": true}}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let params = r["kv_transfer_params"].clone();
+    assert_eq!(params["do_remote_prefill"], true);
+    assert_eq!(params["remote_num_tokens"], 4000);
+    assert_eq!(params["remote_block_ids"].as_array().unwrap().len(), 250);
+    assert_eq!(
+        prompt_tokens_by_source(&prefill.url(), "local_compute").await,
+        4000.0
+    );
+
+    let body = json!({"model": MODEL, "prompt": prompt, "max_tokens": 3, "stream": true,
+        "stream_options": {"include_usage": true}, "kv_transfer_params": params});
+    let (ttft, events) = stream_completion(&c, &decode.url(), body).await;
+    assert_eq!(events.last().unwrap()["usage"]["completion_tokens"], 3);
+    assert_eq!(
+        prompt_tokens_by_source(&decode.url(), "local_compute").await,
+        0.0
+    );
+    assert_eq!(
+        prompt_tokens_by_source(&decode.url(), "external_kv_transfer").await,
+        4000.0
+    );
+    // A cold 4,000-token prefill takes ~75 ms on the default profile; one decode step ~6 ms.
+    assert!(ttft < Duration::from_millis(40), "decode TTFT {ttft:?}");
+
+    // Without `--kv-role`, kv_transfer_params are ignored (vLLM without a connector).
+    let plain = pod(PodConfig::default()).await;
+    let r: Value = c
+        .post(format!("{}/v1/completions", plain.url()))
+        .json(&json!({"model": MODEL, "prompt": "hi", "max_tokens": 1,
+            "kv_transfer_params": {"do_remote_decode": true}}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(r["kv_transfer_params"].is_null());
+}

@@ -489,6 +489,7 @@ impl Exchange {
             request_id: &self.request_id,
             attempt: 0,
             flow: turn.note.as_ref(),
+            split: false,
         };
         let excluded = self.outside_subset();
         let Routed {
@@ -504,7 +505,10 @@ impl Exchange {
             meta,
         ) {
             Pick::Routed(r) => *r,
-            Pick::NoHealthyPod | Pick::NoDecision => return self.reject(self.no_pod()),
+            // Not asked for (`split: false`); its guards return the charges.
+            Pick::Split(_) | Pick::NoHealthyPod | Pick::NoDecision => {
+                return self.reject(self.no_pod());
+            }
         };
         let queued = turn.queued;
         // Routed: the session's ledger counts the request now.

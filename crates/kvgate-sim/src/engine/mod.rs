@@ -188,6 +188,9 @@ pub struct EngineMetrics {
     pub requests_rejected: u64,
     /// Requests that left through [`Engine::abort`].
     pub requests_aborted: u64,
+    /// Prompt tokens whose KV arrived from a prefill pod ([`Engine::add_transferred_request`]),
+    /// not computed here: vLLM's `prompt_tokens_by_source_total{source="external_kv_transfer"}`.
+    pub prompt_tokens_transferred: u64,
 }
 
 #[derive(Debug)]
@@ -208,6 +211,8 @@ struct Req {
     /// Tokens scheduled in the current step (0 when not scheduled).
     scheduled: u32,
     table: Vec<BlockId>,
+    /// The prompt's KV arrives from a prefill pod at the first admission (P/D decode stage).
+    transferred: bool,
 }
 
 impl Req {
@@ -291,6 +296,32 @@ impl Engine {
     /// Queues a request arriving at `now_ms`; it is considered from the next step on.
     /// Refuses requests that vLLM would reject or that could never fit in this pod's KV cache.
     pub fn add_request(&mut self, now_ms: f64, req: EngineRequest) -> Result<(), AdmitError> {
+        self.add(now_ms, req, false)
+    }
+
+    /// [`Engine::add_request`] for the decode stage of a prefill/decode disaggregated request:
+    /// the prompt's KV is pulled from the prefill pod, as vLLM's `NixlConnector` does, so at its
+    /// first admission the request computes no prompt token: its blocks are allocated (the
+    /// cached ones reused), the prompt up to its last token counts as computed, and the first
+    /// step is a decode step (vLLM recomputes only the last prompt position for its logits).
+    /// The transferred tokens (the prompt minus the prefix-cache hits) are counted in
+    /// [`EngineMetrics::prompt_tokens_transferred`]. Transfer time is the caller's to model
+    /// (the request arrives when its KV has). A preemption before the first token loses the
+    /// transferred KV: the request is then recomputed locally, as vLLM does.
+    pub fn add_transferred_request(
+        &mut self,
+        now_ms: f64,
+        req: EngineRequest,
+    ) -> Result<(), AdmitError> {
+        self.add(now_ms, req, true)
+    }
+
+    fn add(
+        &mut self,
+        now_ms: f64,
+        req: EngineRequest,
+        transferred: bool,
+    ) -> Result<(), AdmitError> {
         if let Err(e) = self.check(&req) {
             self.metrics.requests_rejected += 1;
             return Err(e);
@@ -312,6 +343,7 @@ impl Engine {
             registered: 0,
             scheduled: 0,
             table: self.spare_tables.pop().unwrap_or_default(),
+            transferred,
         });
         Ok(())
     }
@@ -536,7 +568,9 @@ impl Engine {
                 .kv
                 .find_prefix(&r.hashes[..max_hit], &mut self.scratch_hits);
             let hit_blocks = self.scratch_hits.len() as u32;
-            let computed = hit_blocks * self.block_size_tokens;
+            let cached = hit_blocks * self.block_size_tokens;
+            let transferred = r.transferred && r.emitted == 0;
+            let computed = if transferred { num_tokens - 1 } else { cached };
             let new = (num_tokens - computed).min(*budget);
             let extra = self.blocks_for(computed + new) - hit_blocks;
             if extra + free_hits > self.kv.num_free() {
@@ -556,13 +590,18 @@ impl Engine {
             }
             r.computed = computed;
             r.registered = hit_blocks;
-            r.prefill_target = num_tokens;
+            // A transferred prompt's first step is a decode step.
+            r.prefill_target = if transferred { computed } else { num_tokens };
             r.scheduled = new;
+            if transferred {
+                r.transferred = false;
+                self.metrics.prompt_tokens_transferred += u64::from(r.input_tokens - cached);
+            }
             self.metrics.prefix_cache_queries_tokens += u64::from(num_tokens);
-            self.metrics.prefix_cache_hits_tokens += u64::from(computed);
+            self.metrics.prefix_cache_hits_tokens += u64::from(cached);
             self.outcome.admitted.push(Admission {
                 request_id: r.id,
-                cached_tokens: computed,
+                cached_tokens: cached,
             });
             if r.emitted == 0 {
                 self.metrics.prompt_tokens += u64::from(r.input_tokens);

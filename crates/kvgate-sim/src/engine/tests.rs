@@ -556,3 +556,35 @@ fn a_cached_prefix_is_attended_to_but_not_recomputed() {
     assert_eq!(s.prefill_tokens, 160);
     assert_eq!(s.prefill_attention_pairs, 160 * 320 + 160 * 161 / 2);
 }
+
+#[test]
+fn a_transferred_prompt_is_not_computed_and_its_first_token_takes_one_decode_step() {
+    let mut local = Engine::new(h100(), None);
+    local.add_request(0.0, req(1, 7, 4000, 3)).unwrap();
+    let first = local.step(0.0).clone();
+    assert_eq!(first.prefill_tokens, 4000);
+    assert!(first.emissions.is_empty() || first.emissions[0].is_first());
+
+    let mut decode = Engine::new(h100(), None);
+    decode
+        .add_transferred_request(0.0, req(1, 7, 4000, 3))
+        .unwrap();
+    let step = decode.step(0.0).clone();
+    assert_eq!(step.prefill_tokens, 0);
+    assert_eq!(step.decode_seqs, 1);
+    assert_eq!(step.emissions.len(), 1);
+    assert!(step.emissions[0].is_first());
+    assert!(
+        step.duration_ms < first.duration_ms / 10.0,
+        "{} vs {}",
+        step.duration_ms,
+        first.duration_ms
+    );
+    let m = decode.metrics();
+    assert_eq!(m.prompt_tokens_transferred, 4000);
+    assert_eq!(m.prefix_cache_hits_tokens, 0);
+    // Its blocks were registered: the same prompt now hits the decode pod's cache.
+    decode.step(step.end_ms);
+    decode.step(decode.next_step_time().unwrap_or(step.end_ms));
+    assert_eq!(decode.cached_prefix_blocks(&hashes(7, 250)), 250);
+}
