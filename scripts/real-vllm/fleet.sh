@@ -10,6 +10,15 @@
 #                                     writes $run/fleet.env; fails (non-zero, with the pods' log
 #                                     tails) if either does not come up
 #   scripts/real-vllm/fleet.sh down   stops both
+# The P/D pair (prefill/decode disaggregation, crates/kvgate/tests/real_vllm_pd.rs), which
+# replaces the fleet in scripts/test's P/D phase (two CPU pods are what the machine serves):
+#   pdp  NixlConnector kv_producer (kvgate role=prefill), core 0, HTTP port+2
+#   pdd  NixlConnector kv_consumer (kvgate role=decode), core 1, HTTP port+3
+# both with kv_buffer_device cpu (UCX over loopback) and their own
+# VLLM_NIXL_SIDE_CHANNEL_PORT (port+60, port+61); replay port+52 and port+53.
+#   scripts/real-vllm/fleet.sh pd-up    installs NIXL if needed (install-nixl.sh), starts both,
+#                                       writes $run/pd.env
+#   scripts/real-vllm/fleet.sh pd-down  stops both
 # $run is ${KVGATE_VLLM_RUN:-/tmp/kvgate-vllm}; ports from ${KVGATE_VLLM_PORT:-18000}: HTTP
 # port and port+1, replay port+50 and port+51.
 set -euo pipefail
@@ -46,11 +55,41 @@ KVGATE_VLLM_P1=http://127.0.0.1:$((port + 1)),events=ipc://$run/p1-events.ipc,re
 ENV
   echo "real-vLLM fleet up: $run/fleet.env"
   ;;
+pd-up)
+  mkdir -p "$run"
+  rm -f "$run/pd.env"
+  scripts/real-vllm/install.sh "$venv"
+  scripts/real-vllm/install-nixl.sh "$venv"
+  [ -f "$model/config.json" ] || "$venv/bin/python" scripts/real-vllm/make_model.py "$model" --layers 8 --hidden 512
+  nixl() { echo "{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"$1\",\"kv_buffer_device\":\"cpu\"}"; }
+  VLLM_NIXL_SIDE_CHANNEL_PORT=$((port + 60)) scripts/real-vllm/pod.sh start pdp "$model" $((port + 2)) $((port + 52)) 0 \
+    --kv-transfer-config "$(nixl kv_producer)" &
+  pp=$!
+  VLLM_NIXL_SIDE_CHANNEL_PORT=$((port + 61)) scripts/real-vllm/pod.sh start pdd "$model" $((port + 3)) $((port + 53)) 1 \
+    --kv-transfer-config "$(nixl kv_consumer)" &
+  pd=$!
+  ok=1
+  wait $pp || ok=0
+  wait $pd || ok=0
+  if [ $ok = 0 ]; then "$0" pd-down; exit 1; fi
+  cat > "$run/pd.env" <<ENV
+KVGATE_VLLM_POD_SCRIPT=$root/scripts/real-vllm/pod.sh
+KVGATE_VLLM_PD_PREFILL=http://127.0.0.1:$((port + 2))
+KVGATE_VLLM_PD_DECODE=http://127.0.0.1:$((port + 3))
+ENV
+  echo "real-vLLM P/D pair up: $run/pd.env"
+  ;;
+pd-down)
+  scripts/real-vllm/pod.sh stop pdp &
+  scripts/real-vllm/pod.sh stop pdd &
+  wait
+  rm -f "$run/pd.env"
+  ;;
 down)
   scripts/real-vllm/pod.sh stop p0 &
   scripts/real-vllm/pod.sh stop p1 &
   wait
   rm -f "$run/fleet.env"
   ;;
-*) echo "usage: $0 up|down" >&2; exit 2 ;;
+*) echo "usage: $0 up|down|pd-up|pd-down" >&2; exit 2 ;;
 esac

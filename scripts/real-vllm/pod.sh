@@ -18,8 +18,13 @@ mkdir -p "$run"
 cmd=$1 name=$2
 case "$cmd" in
 start)
-  # Saved for `restart`, one argument per line.
+  # Saved for `restart`, one argument per line (and NIXL's side-channel port, P/D pods).
   printf '%s\n' "${@:3}" > "$run/$name.args"
+  if [ -n "${VLLM_NIXL_SIDE_CHANNEL_PORT:-}" ]; then
+    echo "$VLLM_NIXL_SIDE_CHANNEL_PORT" > "$run/$name.nixl-port"
+  else
+    rm -f "$run/$name.nixl-port"
+  fi
   model=$3 port=$4 replay=$5 core=$6; shift 6
   events="ipc://$run/$name-events.ipc"
   VLLM_TARGET_DEVICE=cpu VLLM_CPU_KVCACHE_SPACE=${KVGATE_VLLM_KV_GIB:-1} \
@@ -44,6 +49,10 @@ start)
 restart)
   [ -f "$run/$name.args" ] || { echo "pod $name was never started" >&2; exit 1; }
   mapfile -t saved < "$run/$name.args"
+  if [ -f "$run/$name.nixl-port" ]; then
+    VLLM_NIXL_SIDE_CHANNEL_PORT=$(cat "$run/$name.nixl-port")
+    export VLLM_NIXL_SIDE_CHANNEL_PORT
+  fi
   "$0" kill "$name"
   exec "$0" start "$name" "${saved[@]}"
   ;;
