@@ -83,6 +83,9 @@ impl PdRouted {
 }
 
 /// What [`RouterSession::route_pd`] decided.
+// `Whole` unboxed: it is what every request of a fleet without roles gets (as `route`'s
+// `Routed`, moved once); the rarer split is boxed.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Route {
     Whole(Routed),
