@@ -43,6 +43,19 @@
 //! loss left wrong. Deliveries are applied before each routing decision (only decisions read
 //! the state). R = 1 runs exactly as before (no extra event, no extra random draw).
 //!
+//! # Prefill/decode disaggregation (`pod_roles`, `transfer_ms_per_token`)
+//!
+//! With a pod of a dedicated role, each request is routed by the core's
+//! [`RouterSession::route_pd`], as the gateway's HTTP proxy does. A split request runs on the
+//! prefill pod as a one-token request; its token ends the prefill ticket (trained on TTFT) and
+//! starts the transfer: `transfer_ms_per_token` × prompt tokens later (default
+//! [`DEFAULT_TRANSFER_MS_PER_TOKEN`]) the request enters the decode pod's engine with its prompt
+//! already computed ([`Engine::add_transferred_request`]); its first token there is the client's
+//! first token (TTFT from arrival), its ticket trains TPOT. A decode pod down when the transfer
+//! lands (or refusing the request) is excluded and the request routed again with a fresh
+//! prefill. Not modelled: replica sharing of split routes (each replica's own ledger still
+//! holds them), and the transfer's load on either pod.
+//!
 //! Each busy pod has exactly one pending "step end" event. At a step end the step's emissions are
 //! applied at the step's end time, and the engine's next step starts immediately if it has work.
 //! An arrival at an idle pod starts a step at once.
@@ -59,7 +72,8 @@ use kvgate_core::policy::{PolicyKind, RequestSlo};
 use kvgate_core::predictor::PredictorConfig;
 use kvgate_core::session::peers::{PeerBook, PeerEvent, SnapshotEntry};
 use kvgate_core::{
-    Observed, PodId, PodSnapshot, RouteRequest, Routed, RouterConfig, RouterSession, Ticket,
+    Observed, PdRouted, PodId, PodRole, PodSnapshot, Route, RouteRequest, Routed, RouterConfig,
+    RouterSession, Ticket,
 };
 use rand::rngs::ChaCha8Rng;
 use rand::{RngExt, SeedableRng};
@@ -134,7 +148,17 @@ pub struct ClusterConfig {
     pub replicas: u32,
     /// How replicas share routing state; `None`: they do not (independent replicas).
     pub sharing: Option<Sharing>,
+    /// P/D disaggregation: pod i's role (`both` beyond the list; empty: every pod `both`, no
+    /// request split).
+    pub pod_roles: Vec<PodRole>,
+    /// P/D: time to move one prompt token's KV from the prefill pod to the decode pod, ms.
+    pub transfer_ms_per_token: f64,
 }
+
+/// P/D transfer time per prompt token (ms): an 8B Llama-3's KV is 2 × 32 layers × 8 KV heads ×
+/// 128 × 2 bytes = 128 KiB per token, over a 200 Gb/s (25 GB/s) RDMA link ≈ 5.2 µs. An
+/// assumption from the model's shape and a link speed, not a measurement.
+pub const DEFAULT_TRANSFER_MS_PER_TOKEN: f64 = 0.005;
 
 impl ClusterConfig {
     pub fn new(pods: u32, policy: PolicyKind, seed: u64) -> Self {
@@ -157,6 +181,8 @@ impl ClusterConfig {
             flow: FlowConfig::default(),
             replicas: 1,
             sharing: None,
+            pod_roles: Vec::new(),
+            transfer_ms_per_token: DEFAULT_TRANSFER_MS_PER_TOKEN,
         }
     }
 
@@ -184,6 +210,18 @@ struct InFlightRequest {
     replica: u32,
     /// Decode tokens not yet shared with the other replicas.
     unshared_tokens: u64,
+    /// P/D: on the prefill pod, the decode stage's ticket, held until the prefill's token.
+    handoff: Option<Ticket>,
+    /// When this stage was dispatched (the prefill stage's TTFT is from then).
+    dispatched_ms: f64,
+}
+
+/// A P/D request's KV on its way to the decode pod.
+#[derive(Debug)]
+struct Transfer {
+    ticket: Ticket,
+    attempt: u8,
+    replica: u32,
 }
 
 /// A shared routing event on its way from one replica to another.
@@ -269,6 +307,7 @@ enum Outcome {
 enum Next {
     StepEnd,
     Fault,
+    Transfer,
     Arrival,
 }
 
@@ -375,6 +414,11 @@ struct Cluster {
     track_flow: bool,
     flow_report: FlowRunReport,
     queue_ms_sum: f64,
+    /// P/D: some pod has a dedicated role, so requests go through `route_pd`.
+    split: bool,
+    /// P/D transfers in flight: (time key of arrival at the decode pod, request id).
+    transfer_due: BinaryHeap<Reverse<(u64, u64)>>,
+    transfers: Vec<Option<Transfer>>,
 }
 
 impl Cluster {
@@ -428,7 +472,13 @@ impl Cluster {
                 } else {
                     profile.name
                 };
-                PodSnapshot::idle(i, class, kv_blocks)
+                let mut snap = PodSnapshot::idle(i, class, kv_blocks);
+                snap.role = config
+                    .pod_roles
+                    .get(i as usize)
+                    .copied()
+                    .unwrap_or_default();
+                snap
             })
             .collect();
         let mut recorder = RunRecorder::new(pods as usize, requests);
@@ -456,6 +506,9 @@ impl Cluster {
             track_flow: config.flow.enabled,
             flow_report: FlowRunReport::default(),
             queue_ms_sum: 0.0,
+            split: config.pod_roles.iter().any(|r| *r != PodRole::Both),
+            transfer_due: BinaryHeap::new(),
+            transfers: (0..requests).map(|_| None).collect(),
             config: config.clone(),
         }
     }
@@ -484,18 +537,21 @@ impl Cluster {
         loop {
             let step = self.steps.peek().map(|Reverse((t, _))| *t);
             let arrival = requests.get(next_arrival).map(|r| time_key(arrival_ms(r)));
-            if step.is_none() && arrival.is_none() {
+            let transfer = self.transfer_due.peek().map(|Reverse((t, _))| *t);
+            if step.is_none() && arrival.is_none() && transfer.is_none() {
                 break;
             }
             let fault = self
                 .fault_events
                 .get(self.next_fault)
                 .map(|e| time_key(e.at_ms));
-            // At equal times: step ends, then faults, then scrapes, then arrivals.
+            // At equal times: step ends, then faults, then transfers, then scrapes, then
+            // arrivals.
             let mut next: Option<(u64, Next)> = None;
             for (t, kind) in [
                 (step, Next::StepEnd),
                 (fault, Next::Fault),
+                (transfer, Next::Transfer),
                 (arrival, Next::Arrival),
             ] {
                 if let Some(t) = t
@@ -531,6 +587,11 @@ impl Cluster {
                         if flow_on {
                             self.flow_release(f64::from_bits(t), requests, arrival_ms);
                         }
+                    }
+                }
+                Next::Transfer => {
+                    if let Some(Reverse((t, id))) = self.transfer_due.pop() {
+                        self.transfer_done(id, f64::from_bits(t), requests);
                     }
                 }
                 Next::Fault => {
@@ -628,6 +689,9 @@ impl Cluster {
             let Some(req) = self.in_flight.get_mut(id as usize).and_then(Option::take) else {
                 continue;
             };
+            if let Some(decode) = req.handoff {
+                self.sessions[req.replica as usize].finish(decode, None);
+            }
             self.sessions[req.replica as usize].finish(req.ticket, None);
             share(
                 &mut self.mesh,
@@ -885,9 +949,35 @@ impl Cluster {
             slo: self.config.slo,
         };
         loop {
-            let Ok(routed) = self.sessions[replica].route(&request, &mut self.snapshots, excluded)
-            else {
-                return Outcome::NoPod;
+            let route = if self.split {
+                self.sessions[replica].route_pd(&request, &mut self.snapshots, excluded)
+            } else {
+                self.sessions[replica]
+                    .route(&request, &mut self.snapshots, excluded)
+                    .map(Route::Whole)
+            };
+            let routed = match route {
+                Err(_) => return Outcome::NoPod,
+                Ok(Route::Whole(routed)) => routed,
+                Ok(Route::Disaggregated(pd)) => {
+                    let prefill = pd.prefill_pod();
+                    if !self.up[prefill.index()] {
+                        self.sessions[replica].finish(pd.prefill, None);
+                        self.sessions[replica].finish(pd.decode, None);
+                        self.snapshots[prefill.index()].healthy = false;
+                        excluded.push(prefill);
+                        if attempt >= MAX_RETRIES {
+                            return Outcome::OutOfRetries;
+                        }
+                        attempt += 1;
+                        if let Some(f) = &mut self.faults {
+                            f.retried += 1;
+                        }
+                        continue;
+                    }
+                    self.recorder.decided(&pd.decision);
+                    return self.dispatch_prefill(r, now, *pd, attempt, replica);
+                }
             };
             let pod = routed.decision.pod_id;
             if !self.up[pod.index()] {
@@ -951,6 +1041,8 @@ impl Cluster {
                 attempt,
                 replica: replica as u32,
                 unshared_tokens: 0,
+                handoff: None,
+                dispatched_ms: now,
             });
             if let Some(m) = &mut self.mesh {
                 m.live[replica].insert(r.id);
@@ -975,6 +1067,99 @@ impl Cluster {
             self.start_step(pod, now);
         }
         Outcome::Dispatched
+    }
+
+    /// A split request's prefill stage: one token on the prefill pod, the decode ticket held
+    /// until it comes.
+    fn dispatch_prefill(
+        &mut self,
+        r: &SimRequest,
+        now: f64,
+        pd: PdRouted,
+        attempt: u8,
+        replica: usize,
+    ) -> Outcome {
+        let PdRouted {
+            prefill, decode, ..
+        } = pd;
+        let pod = prefill.pod().index();
+        let req = EngineRequest {
+            output_tokens: 1,
+            ..EngineRequest::from(r)
+        };
+        let slot = self.in_flight.get_mut(r.id as usize);
+        if slot.is_none() || self.engines[pod].add_request(now, req).is_err() {
+            self.sessions[replica].finish(prefill, None);
+            self.sessions[replica].finish(decode, None);
+            return Outcome::NoPod;
+        }
+        if let Some(slot) = self.in_flight.get_mut(r.id as usize) {
+            *slot = Some(InFlightRequest {
+                ticket: prefill,
+                first_token_ms: None,
+                attempt,
+                replica: replica as u32,
+                unshared_tokens: 0,
+                handoff: Some(decode),
+                dispatched_ms: now,
+            });
+        }
+        if !self.busy[pod] {
+            self.start_step(pod, now);
+        }
+        Outcome::Dispatched
+    }
+
+    /// A P/D transfer landed at `now`: the request enters its decode pod with its prompt
+    /// computed, or (decode pod down or refusing) is routed again from a fresh prefill.
+    fn transfer_done(&mut self, id: u64, now: f64, requests: &[SimRequest]) {
+        let Some(t) = self.transfers.get_mut(id as usize).and_then(Option::take) else {
+            return;
+        };
+        let Some(r) = requests.get(id as usize) else {
+            self.sessions[t.replica as usize].finish(t.ticket, None);
+            return;
+        };
+        let pod = t.ticket.pod().index();
+        let added = self.up[pod]
+            && self.engines[pod]
+                .add_transferred_request(now, EngineRequest::from(r))
+                .is_ok();
+        if !added {
+            self.sessions[t.replica as usize].finish(t.ticket, None);
+            if !self.up[pod] {
+                self.snapshots[pod].healthy = false;
+            }
+            let arrival = self.recorder.arrival_ms(id).unwrap_or(now);
+            let routed = if t.attempt < MAX_RETRIES {
+                if let Some(f) = &mut self.faults {
+                    f.retried += 1;
+                }
+                self.route(r, now, t.attempt + 1, &mut vec![PodId(pod as u32)])
+            } else {
+                Outcome::OutOfRetries
+            };
+            if routed != Outcome::Dispatched
+                && let Some(f) = &mut self.faults
+            {
+                f.failed(arrival, false);
+            }
+            return;
+        }
+        if let Some(slot) = self.in_flight.get_mut(id as usize) {
+            *slot = Some(InFlightRequest {
+                ticket: t.ticket,
+                first_token_ms: None,
+                attempt: t.attempt,
+                replica: t.replica,
+                unshared_tokens: 0,
+                handoff: None,
+                dispatched_ms: now,
+            });
+        }
+        if !self.busy[pod] {
+            self.start_step(pod, now);
+        }
     }
 
     fn replica_of(&self, request: u64) -> usize {
@@ -1090,6 +1275,38 @@ impl Cluster {
             let Some(Some(req)) = self.in_flight.get_mut(e.request_id as usize) else {
                 continue;
             };
+            if req.ticket.pod().index() != pod {
+                continue;
+            }
+            if req.handoff.is_some() {
+                // The prefill's only token: its stage ends, the KV leaves for the decode pod.
+                let Some(mut req) = self.in_flight[e.request_id as usize].take() else {
+                    continue;
+                };
+                let Some(decode) = req.handoff.take() else {
+                    continue;
+                };
+                let due = now_ms
+                    + self.config.transfer_ms_per_token.max(0.0)
+                        * f64::from(decode.input_tokens());
+                self.sessions[req.replica as usize].finish(
+                    req.ticket,
+                    Some(Observed {
+                        ttft_ms: now_ms - req.dispatched_ms,
+                        tpot_ms: None,
+                    }),
+                );
+                if let Some(slot) = self.transfers.get_mut(e.request_id as usize) {
+                    *slot = Some(Transfer {
+                        ticket: decode,
+                        attempt: req.attempt,
+                        replica: req.replica,
+                    });
+                    self.transfer_due
+                        .push(Reverse((time_key(due), e.request_id)));
+                }
+                continue;
+            }
             let replica = req.replica;
             let sid = share_id(e.request_id, req.attempt);
             if req.first_token_ms.is_none() {

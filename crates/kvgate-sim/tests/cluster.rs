@@ -196,3 +196,44 @@ fn auto_tau_and_epsilon_run_deterministically_and_report_their_final_values() {
     b.sim_wall_s = a.sim_wall_s;
     assert_eq!(a, b);
 }
+
+#[test]
+fn a_split_request_costs_the_prefill_then_the_transfer_then_one_decode_step() {
+    use kvgate_core::PodRole;
+    let profile = Profile::default_profile();
+    let n = 4000;
+    let reqs = [request(0, 0.0, 1, n, 3)];
+    let config = ClusterConfig {
+        pod_roles: vec![PodRole::Prefill, PodRole::Decode],
+        transfer_ms_per_token: 0.01,
+        ..ClusterConfig::new(2, PolicyKind::AffinityGate, 1)
+    };
+    let m = cluster::run(&config, &reqs);
+    assert_eq!(m.completed, 1);
+    assert_eq!(m.in_flight_left, 0);
+    let prefill = profile.step_ms(u64::from(n), 0, u64::from(n), 0);
+    // Decode pod: the prompt arrives computed; its first step decodes one token over the
+    // 4,000-token context.
+    let first_decode = profile.step_ms(0, 1, u64::from(n), 0);
+    let expected = prefill + 0.01 * f64::from(n) + first_decode;
+    assert!(
+        (m.ttft_ms.mean - expected).abs() < 1e-6,
+        "{} vs {expected}",
+        m.ttft_ms.mean
+    );
+}
+
+#[test]
+fn a_split_fleet_finishes_every_request_and_returns_every_charge() {
+    use kvgate_core::PodRole;
+    let reqs = chat_workload(300);
+    for policy in [PolicyKind::AffinityGate, PolicyKind::LeastRequest] {
+        let config = ClusterConfig {
+            pod_roles: vec![PodRole::Prefill, PodRole::Decode, PodRole::Decode],
+            ..ClusterConfig::new(4, policy, 1)
+        };
+        let m = cluster::run(&config, &reqs);
+        assert_eq!(m.completed, reqs.len() as u64, "{policy:?}");
+        assert_eq!(m.in_flight_left, 0, "{policy:?}");
+    }
+}

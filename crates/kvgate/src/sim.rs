@@ -80,6 +80,15 @@ pub struct SimArgs {
     /// Ablation: give every pod the same predictor class, so one model serves a mixed fleet.
     #[arg(long)]
     class_blind_predictor: bool,
+    /// Prefill/decode disaggregation, `P:D`: the first P pods are prefill pods, the next D
+    /// decode pods, the rest `both` (e.g. `--pods 4 --pd 1:3`); requests are split as the
+    /// gateway splits them, the policy picking the prefill pod.
+    #[arg(long, value_name = "P:D")]
+    pd: Option<String>,
+    /// P/D: KV transfer time per prompt token, ms (default: 128 KiB per token of an 8B
+    /// Llama-3 over 25 GB/s).
+    #[arg(long, default_value_t = kvgate_sim::cluster::DEFAULT_TRANSFER_MS_PER_TOKEN)]
+    transfer_ms_per_token: f64,
     /// Override the profile's KV blocks per pod.
     #[arg(long)]
     kv_blocks: Option<u32>,
@@ -181,6 +190,24 @@ struct SimReport<'a> {
 }
 
 /// `name:count,...` into one profile per pod, in the order given.
+/// `--pd P:D` → the pods' roles: P prefill, D decode, the rest `both`.
+fn parse_pd(spec: &str, pods: u32) -> Result<Vec<kvgate_core::PodRole>> {
+    use kvgate_core::PodRole;
+    let parsed = spec
+        .split_once(':')
+        .and_then(|(p, d)| Some((p.trim().parse::<u32>().ok()?, d.trim().parse::<u32>().ok()?)));
+    let Some((p, d)) = parsed else {
+        bail!("--pd {spec:?}: expected P:D, e.g. 1:3");
+    };
+    if p == 0 || d == 0 || p + d > pods {
+        bail!("--pd {spec:?}: needs at least one prefill and one decode pod, {pods} pods at most");
+    }
+    let mut roles = vec![PodRole::Prefill; p as usize];
+    roles.extend(std::iter::repeat_n(PodRole::Decode, d as usize));
+    roles.resize(pods as usize, PodRole::Both);
+    Ok(roles)
+}
+
 fn parse_pod_profiles(list: &str) -> Result<Vec<&'static Profile>> {
     let mut fleet = Vec::new();
     for item in list.split(',') {
@@ -341,6 +368,13 @@ pub fn run(args: SimArgs) -> Result<()> {
         None => vec![profile; args.pods as usize],
     };
     let pods = fleet.len() as u32;
+    let pod_roles = match &args.pd {
+        Some(spec) => parse_pd(spec, pods)?,
+        None => Vec::new(),
+    };
+    if !(args.transfer_ms_per_token.is_finite() && args.transfer_ms_per_token >= 0.0) {
+        bail!("--transfer-ms-per-token must be a finite number ≥ 0");
+    }
     // The report's `profile`: the profile's name for a uniform fleet (as before), the mix else.
     let label = match &args.pod_profiles {
         Some(_) => fleet_label(&fleet),
@@ -416,6 +450,8 @@ pub fn run(args: SimArgs) -> Result<()> {
                             delay_ms: args.share_delay_ms.max(0.0),
                             loss: args.share_loss.clamp(0.0, 1.0),
                         }),
+                        pod_roles: pod_roles.clone(),
+                        transfer_ms_per_token: args.transfer_ms_per_token,
                         ..ClusterConfig::new(pods, policy, seed)
                     });
                 }
