@@ -1287,8 +1287,7 @@ impl Cluster {
                     continue;
                 };
                 let due = now_ms
-                    + self.config.transfer_ms_per_token.max(0.0)
-                        * f64::from(decode.input_tokens());
+                    + self.config.transfer_ms_per_token.max(0.0) * f64::from(decode.input_tokens());
                 self.sessions[req.replica as usize].finish(
                     req.ticket,
                     Some(Observed {

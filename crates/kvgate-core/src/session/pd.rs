@@ -159,7 +159,9 @@ impl RouterSession {
             class: snap.class.clone(),
             features: pick.features,
             input_tokens: request.input_tokens,
-            predicted_ttft_ms: 0.0,
+            // The request's predicted TTFT is the prefill pick's (the transfer not included):
+            // what a driver reports next to the TTFT its client saw.
+            predicted_ttft_ms: prefill.ticket.predicted_ttft_ms,
             predicted_tpot_ms: pick.predicted_tpot_ms,
             first_token: false,
             stage: Stage::Decode,
@@ -302,6 +304,12 @@ mod tests {
         assert_eq!(pd.prefill_pod(), PodId(1));
         assert_eq!(pd.prefill.stage(), Stage::Prefill);
         assert_eq!(pd.decode.stage(), Stage::Decode);
+        // The request's predicted TTFT rides on the decode ticket too (drivers report it).
+        assert!(pd.prefill.predicted_ttft_ms() > 0.0);
+        assert_eq!(
+            pd.decode.predicted_ttft_ms(),
+            pd.prefill.predicted_ttft_ms()
+        );
         assert_eq!(pd.decision.pod, "pod-1");
         // Only the prefill pod was a prefill candidate.
         assert_eq!(pd.decision.pods.len(), 1);
