@@ -10,7 +10,8 @@
 # Rates are in the trace's own time (as in the simulator): `--rate` 3 (overload), `--unloaded-rate`
 # 0.5 (the reference); with `--pods` 4 that is the simulator's 8 pods at 6× and 1×. The mock pods
 # run `--time-scale` X (default 2) times faster than wall time, so loadgen replays at rate × X, and
-# the queue TTL is 30 s of model time (30,000 / X ms of wall time). Requests: the first N
+# the queue TTL is 30 s of model time (30,000 / X ms of wall time) and the gateway scrapes the pods
+# every 50 ms of model time (the simulator's default; 50 / X ms of wall time). Requests: the first N
 # (default 800) of the trace (default: the Mooncake conversation trace).
 #
 # Runs (`--runs`, comma-separated, default all, each on fresh pods and a fresh gateway):
@@ -68,6 +69,7 @@ fi
 kvgate=$KVGATE_BIN
 
 ttl_ms=$(python3 -c "print(round(30000 / $time_scale))")
+scrape_ms=$(python3 -c "print(max(1, round(50 / $time_scale)))")
 cat >"$out/flow-on.toml" <<EOF
 [flow_control]
 enabled = true
@@ -101,7 +103,7 @@ run() {
   local flags=()
   for ((i = 0; i < pods; i++)); do flags+=(--pod "http://127.0.0.1:$((pod_port + i))"); done
   "$kvgate" serve --listen "127.0.0.1:$gw_port" --admin-listen "127.0.0.1:$admin_port" \
-    --config "$out/flow-$flow.toml" --seed "$seed" "${flags[@]}" \
+    --config "$out/flow-$flow.toml" --seed "$seed" --scrape-interval-ms "$scrape_ms" "${flags[@]}" \
     --max-concurrent-requests 4096 --max-queued-requests 4096 >"$out/$name-gateway.log" 2>&1 &
   pids+=($!)
   wait_http "http://127.0.0.1:$admin_port/readyz" 30 || { echo "!! gateway not ready"; cleanup; return 1; }
