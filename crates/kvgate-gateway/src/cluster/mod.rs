@@ -751,7 +751,6 @@ fn handle(shared: &Shared, cluster: &Cluster, payload: &[u8]) -> Option<u64> {
                 live,
             } => {
                 let mut entries = Vec::with_capacity(live.len());
-                let mut complete = *complete;
                 for i in live {
                     match pods.get(&i.pod) {
                         Some(&pod) => entries.push(SnapshotEntry {
@@ -762,14 +761,15 @@ fn handle(shared: &Shared, cluster: &Cluster, payload: &[u8]) -> Option<u64> {
                             first_token: i.first_token,
                             decode_tokens: i.decode_tokens,
                         }),
-                        None => {
-                            unknown += 1;
-                            // Entries left out: the rest must not be finished for that.
-                            complete = false;
-                        }
+                        // Left out, and the snapshot still complete: a request on a pod
+                        // this replica lacks was never charged here (its route was skipped
+                        // too), or was charged to a pod since removed, whose charge is void.
+                        // (Treating such a snapshot as partial kept every lost finish charged
+                        // for as long as the peer had any request on that pod.)
+                        None => unknown += 1,
                     }
                 }
-                peers.reconcile(&mut session, r, *next_request, &entries, complete);
+                peers.reconcile(&mut session, r, *next_request, &entries, *complete);
             }
             Event::SyncRequest => asked = Some(r),
             Event::Index { pod, blocks } => match pods.get(pod) {
