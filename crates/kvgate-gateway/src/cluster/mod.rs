@@ -956,7 +956,11 @@ mod tests {
             },
             "decode tokens counted once"
         );
-        assert_eq!(s.index().routed.pod_blocks(PodId(0)), 3, "the route's blocks learnt");
+        assert_eq!(
+            s.index().routed.pod_blocks(PodId(0)),
+            3,
+            "the route's blocks learnt"
+        );
         // Nothing left behind: later events follow the snapshot.
         assert!(rx.try_recv().is_err());
     }
