@@ -182,6 +182,11 @@ run_scenario() {
   done
   for h in "${lg[@]}"; do wait "$h"; done
   local hits queries shared_events="" branches
+  # Each replica's metrics and recent decisions, kept for a look after the run.
+  for ((n = 0; n < replicas; n++)); do
+    curl -fsS "http://127.0.0.1:$((gw_port + 10 + n))/metrics" >"$log_dir/replica$n.metrics" 2>/dev/null
+    curl -fsS "http://127.0.0.1:$((gw_port + 10 + n))/debug/decisions" >"$log_dir/replica$n.decisions.json" 2>/dev/null
+  done
   # The decisions' branches over the replicas (kvgate_requests_total{branch=…}): how many
   # requests the gate kept on a pod holding their prefix (exploit) vs placed cold (no_sticky).
   branches=$(for ((n = 0; n < replicas; n++)); do
