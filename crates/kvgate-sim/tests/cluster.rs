@@ -19,6 +19,7 @@ fn request(
         input_tokens,
         output_tokens,
         blocks: segments::prompt_blocks(&[segments::Segment::new(segment, input_tokens)]),
+        adapter: None,
     }
 }
 
