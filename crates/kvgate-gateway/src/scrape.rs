@@ -104,10 +104,10 @@ pub fn parse_metrics(text: &str) -> PodMetrics {
                 }
             }
             "vllm:num_requests_waiting" => add_count(&mut m.waiting, sample.value),
-            "vllm:num_requests_waiting_by_reason" => {
-                if label_value(sample.labels, "reason") == Some("deferred") {
-                    add_count(&mut m.deferred, sample.value);
-                }
+            "vllm:num_requests_waiting_by_reason"
+                if label_value(sample.labels, "reason") == Some("deferred") =>
+            {
+                add_count(&mut m.deferred, sample.value);
             }
             "vllm:lora_requests_info" => {
                 let newer = m.lora.is_none_or(|l| sample.value > l.newest);

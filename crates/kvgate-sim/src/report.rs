@@ -427,6 +427,10 @@ fn cdf_points(sorted: &[f64]) -> Vec<(f64, f64)> {
         .collect()
 }
 
+fn is_zero_u64(v: &u64) -> bool {
+    *v == 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -454,8 +458,4 @@ mod tests {
         assert_eq!(m.predictor.ttft_coverage, 0.75);
         assert!((m.predictor.ttft_mape - (0.2 + 0.0 + 0.1 + 0.5) / 4.0).abs() < 1e-12);
     }
-}
-
-fn is_zero_u64(v: &u64) -> bool {
-    *v == 0
 }

@@ -763,6 +763,11 @@ async fn lora_requests_land_on_the_pod_that_has_their_adapter_loaded() {
     };
     let (a, b) = adapters(fleet);
     let gw = engine_gateway(fleet, &[&fleet.p0, &fleet.p1]).await;
+    // Each adapter loaded on a pod first, through kvgate: one request for a, then one for b
+    // (the pod holding a idle would have to evict it, so b takes the other pod's slot).
+    let first_a = served_by(gw.base.clone(), a.to_string(), prompt(&tag(), 2), 1).await;
+    let first_b = served_by(gw.base.clone(), b.to_string(), prompt(&tag(), 2), 1).await;
+    assert_ne!(first_a, first_b, "b loaded over a's idle slot");
     // 16 concurrent requests, 8 per adapter, interleaved, distinct prompts (no prefix to
     // follow): with one adapter slot per pod, only adapter residency keeps them apart.
     let run = tag();
@@ -793,6 +798,11 @@ async fn lora_requests_land_on_the_pod_that_has_their_adapter_loaded() {
     assert!(
         (a0 >= a1) != (b0 >= b1),
         "the adapters share a main pod: a {a0}/{a1}, b {b0}/{b1}"
+    );
+    let a_main_pod = if a0 >= a1 { &fleet.p0 } else { &fleet.p1 };
+    assert_eq!(
+        first_a, a_main_pod.url,
+        "a's main pod is where it was loaded"
     );
     assert!(
         (a_main + b_main) * 10 >= 16 * 9,
