@@ -254,6 +254,34 @@ mod tests {
     }
 
     #[test]
+    fn adapters_change_no_draw_and_seed_each_adapters_chains_apart() {
+        let (_, plain) = generate(&params(5, 300)).unwrap();
+        let (_, lora) = generate(&ChatParams {
+            adapters: 3,
+            ..params(5, 300)
+        })
+        .unwrap();
+        assert_eq!(plain.len(), lora.len());
+        for (p, l) in plain.iter().zip(&lora) {
+            assert_eq!(
+                (p.arrival_ms, p.input_tokens, p.output_tokens),
+                (l.arrival_ms, l.input_tokens, l.output_tokens)
+            );
+            assert_eq!(p.adapter, None);
+            assert!(l.adapter.is_some());
+            assert_ne!(
+                p.blocks.first(),
+                l.blocks.first(),
+                "the adapter seeds the chain"
+            );
+        }
+        let names: std::collections::BTreeSet<_> = lora.iter().map(|r| r.adapter).collect();
+        assert_eq!(names.len(), 3);
+        assert_eq!(adapter_name(4, 3).as_deref(), Some("adapter-1"));
+        assert_eq!(adapter_name(4, 0), None);
+    }
+
+    #[test]
     fn same_seed_same_workload_other_seed_other_workload() {
         let (wa, a) = generate(&params(7, 500)).unwrap();
         let (_, b) = generate(&params(7, 500)).unwrap();
