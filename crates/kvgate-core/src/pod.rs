@@ -1,5 +1,6 @@
 //! What the router knows about one pod at decision time.
 
+use crate::adapters::LoraSlots;
 use serde::{Deserialize, Serialize};
 
 /// Dense pod handle (0, 1, 2, …) assigned by whoever owns the pod table. Indexes and the
@@ -50,6 +51,9 @@ pub struct PodSnapshot {
     pub in_flight: InFlight,
     /// False when the last scrape or connection failed; unhealthy pods are never chosen.
     pub healthy: bool,
+    /// LoRA adapter slots and residency (`None`: the pod reports no LoRA); see
+    /// [`crate::adapters`].
+    pub lora: Option<LoraSlots>,
 }
 
 impl PodSnapshot {
@@ -66,6 +70,7 @@ impl PodSnapshot {
             block_size_tokens: None,
             in_flight: InFlight::default(),
             healthy: true,
+            lora: None,
         }
     }
 

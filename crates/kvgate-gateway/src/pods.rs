@@ -13,7 +13,7 @@
 
 use crate::scrape::PodMetrics;
 use arc_swap::ArcSwap;
-use kvgate_core::{InFlight, PodId, PodSnapshot};
+use kvgate_core::{AdapterId, InFlight, LoraSlots, PodId, PodSnapshot};
 use parking_lot::Mutex;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -61,6 +61,8 @@ struct Scraped {
     kv_usage: f64,
     kv_blocks: u32,
     block_size: Option<u32>,
+    /// LoRA slots from the last scrape that reported `vllm:lora_requests_info`.
+    lora: Option<LoraSlots>,
 }
 
 impl Pod {
@@ -136,6 +138,20 @@ impl Pod {
         if m.block_size.is_some() {
             s.block_size = m.block_size;
         }
+        if let Some(info) = m.lora {
+            let base_model = m
+                .model_name
+                .as_deref()
+                .map(AdapterId::of)
+                .or(s.lora.and_then(|l| l.base_model));
+            s.lora = Some(LoraSlots {
+                max_loras: info.max_loras,
+                base_model,
+                running: info.running,
+                deferred: m.deferred.unwrap_or(0),
+                ..LoraSlots::default()
+            });
+        }
     }
 
     /// `block_size` of the pod's `vllm:cache_config_info`, once scraped.
@@ -165,6 +181,7 @@ impl Pod {
             block_size_tokens: s.block_size,
             in_flight: InFlight::default(),
             healthy: self.is_healthy(),
+            lora: s.lora,
         }
     }
 }

@@ -266,6 +266,7 @@ impl Driver {
             blocks: s.blocks.clone(),
             input_tokens,
             output_tokens: s.max_tokens,
+            adapter: None,
         };
         let now = self.model_now_ms();
         if let Err(e) = self.engine.add_request(now, req) {

@@ -59,7 +59,8 @@ use kvgate_core::policy::{PolicyKind, RequestSlo};
 use kvgate_core::predictor::PredictorConfig;
 use kvgate_core::session::peers::{PeerBook, PeerEvent, SnapshotEntry};
 use kvgate_core::{
-    Observed, PodId, PodSnapshot, RouteRequest, Routed, RouterConfig, RouterSession, Ticket,
+    LoraSlots, Observed, PodId, PodSnapshot, RouteRequest, Routed, RouterConfig, RouterSession,
+    Ticket,
 };
 use rand::rngs::ChaCha8Rng;
 use rand::{RngExt, SeedableRng};
@@ -71,7 +72,7 @@ use kvgate_core::flow::{
 };
 use serde::Serialize;
 
-use crate::engine::{Engine, EngineRequest};
+use crate::engine::{Engine, EngineRequest, LoraConfig};
 use crate::events::{IndexConfig, SimIndex};
 use crate::faults::{FaultPlan, FaultRecorder, MAX_RETRIES};
 use crate::profiles::Profile;
@@ -134,6 +135,10 @@ pub struct ClusterConfig {
     pub replicas: u32,
     /// How replicas share routing state; `None`: they do not (independent replicas).
     pub sharing: Option<Sharing>,
+    /// Every pod serves LoRA adapters with these slots and load time (`None`: no LoRA; requests'
+    /// adapters are ignored by the engines). The scrape then reports each pod's slots, running
+    /// adapters and deferred requests to the router, as the gateway reads them from vLLM.
+    pub lora: Option<LoraConfig>,
 }
 
 impl ClusterConfig {
@@ -157,6 +162,7 @@ impl ClusterConfig {
             flow: FlowConfig::default(),
             replicas: 1,
             sharing: None,
+            lora: None,
         }
     }
 
@@ -416,6 +422,7 @@ impl Cluster {
             .map(|profile| {
                 let mut engine = Engine::new(profile, config.kv_blocks);
                 engine.set_record_kv_events(wants_events);
+                engine.set_lora(config.lora);
                 engine
             })
             .collect();
@@ -428,7 +435,12 @@ impl Cluster {
                 } else {
                     profile.name
                 };
-                PodSnapshot::idle(i, class, kv_blocks)
+                let mut snap = PodSnapshot::idle(i, class, kv_blocks);
+                snap.lora = config.lora.map(|l| LoraSlots {
+                    max_loras: l.max_loras.max(1),
+                    ..LoraSlots::default()
+                });
+                snap
             })
             .collect();
         let mut recorder = RunRecorder::new(pods as usize, requests);
@@ -666,6 +678,10 @@ impl Cluster {
             snap.waiting = m.num_requests_waiting;
             snap.running = m.num_requests_running;
             snap.kv_usage = m.kv_cache_usage;
+            if let Some(slots) = &mut snap.lora {
+                slots.running = m.lora_running;
+                slots.deferred = m.num_requests_deferred;
+            }
         }
         self.recorder.sample_pods(now_ms, &self.snapshots);
     }
@@ -883,6 +899,7 @@ impl Cluster {
             block_size_tokens: SIM_BLOCK_SIZE_TOKENS,
             other_sizes: &[],
             slo: self.config.slo,
+            adapter: r.adapter,
         };
         loop {
             let Ok(routed) = self.sessions[replica].route(&request, &mut self.snapshots, excluded)

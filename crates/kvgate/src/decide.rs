@@ -159,6 +159,7 @@ pub fn prepare(case: &Case) -> Result<Prepared> {
             block_size_tokens: None,
             in_flight: p.in_flight,
             healthy: p.healthy,
+            lora: None,
         });
         overrides.push((p.prefix_score, p.predicted_ttft_ms, p.predicted_tpot_ms));
     }

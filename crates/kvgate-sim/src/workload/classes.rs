@@ -138,6 +138,7 @@ mod tests {
                 input_tokens: 16,
                 output_tokens: 1,
                 blocks: Vec::new(),
+                adapter: None,
             })
             .collect()
     }
