@@ -219,7 +219,7 @@ pub async fn run(args: LoadgenArgs) -> Result<LoadgenReport, LoadgenError> {
         args.max_requests,
         args.rate_scale,
     )?;
-    let class_params = args.classes.then(|| ClassParams {
+    let class_params = args.classes.then_some(ClassParams {
         seed: args.class_seed,
         high_share: args.high_share,
         high_priority: args.high_priority,
