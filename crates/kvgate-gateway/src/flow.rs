@@ -41,7 +41,8 @@
 //! Metrics (`kvgate_flow_*`): `queued{band,tenant}` (gauge), `queue_time_seconds{band,tenant}`
 //! (histogram of requests released), `dispatched_total{band,tenant,path}` (`direct` or
 //! `queued`), `shed_total{band,tenant,reason}`, `cancelled_total`. Label bound: bands ≤ 33
-//! (`-16..=16`), tenants ≤ `max_tenants` + 1 (64 + `other` by default), reasons 7.
+//! (`-16..=16`), tenants ≤ `max_tenants` + 1 (64 + `other` by default) at any time (the
+//! series of a name the queue forgot, core docs `tenant_idle_ms`, are dropped), reasons 7.
 //!
 //! Bounds: the core's (entries ≤ `max_queued_requests`, bytes ≤ `max_queued_bytes`); the
 //! predicted-TTFT table ≤ 2 × pods entries.
@@ -160,7 +161,46 @@ impl Default for FlowMetrics {
     }
 }
 
+/// Every reason `kvgate_flow_shed_total` counts.
+const SHED_REASONS: [&str; 7] = [
+    "flow_unavailable",
+    "flow_shed",
+    "flow_tenant_share",
+    "flow_queue_full",
+    "flow_evicted",
+    "flow_queue_ttl",
+    "request_timeout",
+];
+
 impl FlowMetrics {
+    /// Drops every series of a tenant the queue forgot (its place went to a newcomer), so
+    /// the label sets stay bounded by `max_tenants` + 1 names however many come and go.
+    pub fn forget_tenant(&self, tenant: &str) {
+        let tenant = tenant.to_string();
+        for band in kvgate_core::flow::MIN_PRIORITY..=kvgate_core::flow::MAX_PRIORITY {
+            let class = ClassLabels {
+                band: band_label(band),
+                tenant: tenant.clone(),
+            };
+            self.queued.remove(&class);
+            self.queue_time_seconds.remove(&class);
+            for path in ["direct", "queued"] {
+                self.dispatched.remove(&DispatchLabels {
+                    band: class.band.clone(),
+                    tenant: tenant.clone(),
+                    path: path.into(),
+                });
+            }
+            for reason in SHED_REASONS {
+                self.shed.remove(&ShedLabels {
+                    band: class.band.clone(),
+                    tenant: tenant.clone(),
+                    reason: reason.into(),
+                });
+            }
+        }
+    }
+
     pub fn register(&self, r: &mut Registry) {
         r.register(
             "flow_queued",
@@ -623,13 +663,16 @@ pub async fn wait_turn(
         deadline_ms: gate.ms_at(deadline),
     };
     let band = kvgate_core::flow::band_of(class.priority);
-    let (offer, tenant) = {
+    let (offer, tenant, forgotten) = {
         let mut q = gate.queue.lock();
-        let t = q.tenant(&cfg, &class.tenant);
+        let t = q.tenant(&cfg, &class.tenant, now);
         let tenant = q.tenant_name(t).to_string();
         let offer = q.offer(&cfg, req, sat, now, tx);
-        (offer, tenant)
+        (offer, tenant, q.take_forgotten())
     };
+    for name in forgotten {
+        shared.metrics.flow.forget_tenant(&name);
+    }
     let note = |queue_ms: f64| FlowNote {
         priority: class.priority,
         band,
@@ -930,5 +973,42 @@ mod tests {
         let turn = wait_turn(&s, &class, 10, 10, deadline).await.unwrap();
         assert!(turn.note.is_none());
         assert_eq!(turn.queued, Duration::ZERO);
+    }
+
+    /// A name the queue forgets (its place taken by a newcomer after `tenant_idle_ms`) leaves
+    /// `/metrics` with it, so per-tenant series stay bounded however many tenants come and go.
+    #[tokio::test]
+    async fn a_forgotten_tenants_series_leave_the_metrics() {
+        let mut config =
+            crate::config::GatewayConfig::resolve(&crate::serve::ServeArgs::default(), None)
+                .unwrap();
+        config.flow.enabled = true;
+        config.flow.max_tenants = 1;
+        config.flow.tenant_idle_ms = 0;
+        let s = Shared::new(config);
+        let class = |tenant: &str| FlowClass {
+            priority: 0,
+            priority_from_header: false,
+            tenant: tenant.into(),
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+        // No pod: each request is refused 503 flow_unavailable and counted for its tenant.
+        for t in ["alpha", "beta"] {
+            let Err(err) = wait_turn(&s, &class(t), 10, 10, deadline).await else {
+                panic!("{t}: no pod, so refused");
+            };
+            assert_eq!(err.status, StatusCode::SERVICE_UNAVAILABLE);
+            let text = s.metrics_text().unwrap();
+            let series = |name: &str| {
+                text.lines()
+                    .filter(|l| l.starts_with("kvgate_flow_shed_total{"))
+                    .filter(|l| l.contains(&format!("tenant=\"{name}\"")))
+                    .count()
+            };
+            assert_eq!(series(t), 1, "{t}: {text}");
+            if t == "beta" {
+                assert_eq!(series("alpha"), 0, "alpha was forgotten: {text}");
+            }
+        }
     }
 }

@@ -24,7 +24,7 @@
 //! | `discovery` | `--discovery`: static, or `kubernetes` (feature `k8s`: watch ready Pods by label, keep them in the pod table) |
 //! | `pods` | the pod table and health (in-flight counters are the session's ledger) |
 //! | `breaker` | a pod whose responses die mid-body, or that sends no response headers in time, N times in a row is avoided for a cooldown |
-//! | `scrape` | tolerant `/metrics` parser and the scrape loop |
+//! | `scrape` | tolerant `/metrics` parser (incl. LoRA slots: the newest `vllm:lora_requests_info`, deferred requests) and the scrape loop |
 //! | `state` | what all tasks share; the core's `RouterSession` behind one mutex (`Shared::session`) |
 //! | `routing` | what both data paths share: `prepare` (parse, SLO headers, blocks, `max_prompt_tokens`, `--capture` ticket), `decide_for` (one decision through the session, recorded in `/debug/decisions`), `least_loaded` |
 //! | `lifecycle` | `TicketGuard`: a request's session ticket with its pod; first token, tokens, finish, returned once in `Drop` on every ending |

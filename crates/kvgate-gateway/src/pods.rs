@@ -13,7 +13,7 @@
 
 use crate::scrape::PodMetrics;
 use arc_swap::ArcSwap;
-use kvgate_core::{InFlight, PodId, PodRole, PodSnapshot};
+use kvgate_core::{AdapterId, InFlight, LoraSlots, PodId, PodRole, PodSnapshot};
 use parking_lot::Mutex;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -88,6 +88,8 @@ struct Scraped {
     kv_usage: f64,
     kv_blocks: u32,
     block_size: Option<u32>,
+    /// LoRA slots from the last scrape that reported `vllm:lora_requests_info`.
+    lora: Option<LoraSlots>,
 }
 
 impl Pod {
@@ -164,6 +166,20 @@ impl Pod {
         if m.block_size.is_some() {
             s.block_size = m.block_size;
         }
+        if let Some(info) = m.lora {
+            let base_model = m
+                .model_name
+                .as_deref()
+                .map(AdapterId::of)
+                .or(s.lora.and_then(|l| l.base_model));
+            s.lora = Some(LoraSlots {
+                max_loras: info.max_loras,
+                base_model,
+                running: info.running,
+                deferred: m.deferred.unwrap_or(0),
+                ..LoraSlots::default()
+            });
+        }
     }
 
     /// `block_size` of the pod's `vllm:cache_config_info`, once scraped.
@@ -194,6 +210,7 @@ impl Pod {
             in_flight: InFlight::default(),
             healthy: self.is_healthy(),
             role: self.role,
+            lora: s.lora,
         }
     }
 }

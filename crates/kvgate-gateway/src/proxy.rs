@@ -160,6 +160,7 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
         block_size_tokens: prepared.block_size_tokens,
         other_sizes: &prepared.other_sizes,
         slo: prepared.slo,
+        adapter: Some(prepared.adapter),
     };
     let input_tokens = prepared.input_tokens;
     // A fleet with P/D roles: the request may be split, and its decode body is built from the

@@ -17,7 +17,9 @@ use http::HeaderMap;
 use kvgate_core::policy::RequestSlo;
 use kvgate_core::request::{Endpoint, ParsedRequest, Prompt, RequestError, parse_request_value};
 use kvgate_core::tokenizer::PromptTokenizer;
-use kvgate_core::{BlockHash, BlockHasher, PodId, Route, RouteError, RouteRequest, SizedBlocks};
+use kvgate_core::{
+    AdapterId, BlockHash, BlockHasher, PodId, Route, RouteError, RouteRequest, SizedBlocks,
+};
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -45,6 +47,9 @@ pub(crate) struct Prepared {
     pub other_sizes: Vec<SizedBlocks>,
     /// `--capture`: the request's record, written when it is served.
     pub capture: Option<crate::capture::Ticket>,
+    /// The request's `model` as a LoRA adapter id (a pod serving it as its base model counts
+    /// it as no adapter; see `kvgate_core::adapters`).
+    pub adapter: AdapterId,
 }
 
 impl Prepared {
@@ -55,6 +60,7 @@ impl Prepared {
             block_size_tokens: self.block_size_tokens,
             other_sizes: &self.other_sizes,
             slo: self.slo,
+            adapter: Some(self.adapter),
         }
     }
 }
@@ -89,6 +95,7 @@ pub(crate) async fn prepare(
         .get()
         .map(|c| c.ticket(&blocks, input_tokens, parsed.max_tokens));
     Ok(Prepared {
+        adapter: AdapterId::of(&parsed.model),
         value,
         parsed,
         slo,

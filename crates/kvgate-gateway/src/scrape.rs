@@ -4,7 +4,11 @@
 //! `vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc` (older
 //! name `vllm:gpu_cache_usage_perc`, used only when the new one is absent) and the labels
 //! `block_size` / `num_gpu_blocks` of `vllm:cache_config_info`. Several series of one metric
-//! (several engines or models) are summed for request counts and maxed for KV usage. Lines it
+//! (several engines or models) are summed for request counts and maxed for KV usage. LoRA
+//! pods: the newest series of `vllm:lora_requests_info` (highest value: it is a timestamp, and
+//! stale label sets linger) gives `max_lora` and `running_lora_adapters`, and
+//! `vllm:num_requests_waiting_by_reason{reason="deferred"}` the requests waiting for a slot
+//! (`kvgate_core::adapters`). Lines it
 //! cannot parse are skipped and counted; one bad line never fails a scrape. It never panics on
 //! any input (property test below).
 //!
@@ -25,6 +29,7 @@ use crate::pods::Pod;
 use crate::state::Shared;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
+use kvgate_core::AdapterSet;
 use kvgate_core::index::PrefixIndex;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -49,8 +54,26 @@ pub struct PodMetrics {
     pub num_gpu_blocks: Option<u32>,
     /// The `model_name` label of `vllm:num_requests_running` (the engine index's chain seed).
     pub model_name: Option<String>,
+    /// LoRA: the newest series of `vllm:lora_requests_info` (see [`LoraInfo`]).
+    pub lora: Option<LoraInfo>,
+    /// `vllm:num_requests_waiting_by_reason{reason="deferred"}`, summed over engines: requests
+    /// waiting for a LoRA slot.
+    pub deferred: Option<u32>,
     /// Lines that were neither comments, blank, nor a parseable sample.
     pub skipped_lines: u64,
+}
+
+/// The newest series of `vllm:lora_requests_info`: a gauge whose value is a timestamp and whose
+/// old label sets linger, so the series with the highest value is the current one. Its
+/// `waiting_lora_adapters` label is not read (vLLM 0.32 fills it with the running list).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LoraInfo {
+    /// `max_lora`: adapter slots.
+    pub max_loras: u32,
+    /// `running_lora_adapters` (comma-separated names; ≤ `MAX_TRACKED_ADAPTERS` kept).
+    pub running: AdapterSet,
+    /// The series' value (its timestamp), to pick the newest.
+    pub newest: f64,
 }
 
 /// One parsed sample line: name, raw label block (without braces), value.
@@ -81,6 +104,28 @@ pub fn parse_metrics(text: &str) -> PodMetrics {
                 }
             }
             "vllm:num_requests_waiting" => add_count(&mut m.waiting, sample.value),
+            "vllm:num_requests_waiting_by_reason"
+                if label_value(sample.labels, "reason") == Some("deferred") =>
+            {
+                add_count(&mut m.deferred, sample.value);
+            }
+            "vllm:lora_requests_info" => {
+                let newer = m.lora.is_none_or(|l| sample.value > l.newest);
+                let max_loras = label_value(sample.labels, "max_lora").and_then(|v| v.parse().ok());
+                if newer
+                    && sample.value.is_finite()
+                    && let Some(max_loras) = max_loras
+                {
+                    let running = label_value(sample.labels, "running_lora_adapters").unwrap_or("");
+                    m.lora = Some(LoraInfo {
+                        max_loras,
+                        running: AdapterSet::from_names(
+                            running.split(',').map(str::trim).filter(|n| !n.is_empty()),
+                        ),
+                        newest: sample.value,
+                    });
+                }
+            }
             "vllm:kv_cache_usage_perc" => max_fraction(&mut m.kv_usage, sample.value),
             "vllm:gpu_cache_usage_perc" => max_fraction(&mut legacy_kv, sample.value),
             "vllm:cache_config_info" => {
@@ -316,6 +361,44 @@ vllm:prefix_cache_queries_total{engine="0",model_name="llama"} 1000.0
         assert_eq!(m.block_size, Some(16));
         assert_eq!(m.num_gpu_blocks, Some(29000));
         assert_eq!(m.skipped_lines, 0);
+    }
+
+    #[test]
+    fn lora_info_comes_from_the_newest_series_and_deferred_from_its_reason() {
+        let text = r#"vllm:lora_requests_info{max_lora="1",running_lora_adapters="a",waiting_lora_adapters="a"} 1.7640000052e+09
+vllm:lora_requests_info{max_lora="1",running_lora_adapters="b",waiting_lora_adapters="b"} 1.7640000093e+09
+vllm:lora_requests_info{max_lora="1",running_lora_adapters="",waiting_lora_adapters=""} 1.7640000011e+09
+vllm:num_requests_waiting_by_reason{engine="0",model_name="tiny",reason="capacity"} 2.0
+vllm:num_requests_waiting_by_reason{engine="0",model_name="tiny",reason="deferred"} 3.0
+"#;
+        let m = parse_metrics(text);
+        let lora = m.lora.unwrap();
+        assert_eq!(lora.max_loras, 1);
+        assert_eq!(lora.running, AdapterSet::from_names(["b"]));
+        assert_eq!(m.deferred, Some(3));
+        let two = parse_metrics(
+            "vllm:lora_requests_info{max_lora=\"4\",running_lora_adapters=\"a, b\",waiting_lora_adapters=\"\"} 5\n",
+        );
+        assert_eq!(
+            two.lora.unwrap().running,
+            AdapterSet::from_names(["a", "b"])
+        );
+        assert_eq!(parse_metrics(VLLM_SAMPLE).lora, None, "no LoRA: none");
+    }
+
+    #[test]
+    fn a_lora_pod_snapshot_carries_its_slots_and_base_model() {
+        let pod = crate::pods::Pod::new(kvgate_core::PodId(0), "http://127.0.0.1:1", "c", 100);
+        let text = "vllm:num_requests_running{engine=\"0\",model_name=\"tiny\"} 0\nvllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"a\",waiting_lora_adapters=\"a\"} 9\n";
+        pod.apply_metrics(&parse_metrics(text));
+        let slots = pod.snapshot().lora.unwrap();
+        assert_eq!(slots.max_loras, 2);
+        assert_eq!(slots.base_model, Some(kvgate_core::AdapterId::of("tiny")));
+        assert!(slots.running.contains(kvgate_core::AdapterId::of("a")));
+        assert_eq!(
+            slots.fit(kvgate_core::AdapterId::of("tiny")),
+            kvgate_core::AdapterFit::NoAdapter
+        );
     }
 
     #[test]

@@ -479,6 +479,70 @@ async fn duplicated_messages_and_garbage_are_harmless() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_finish_is_repaired_even_while_the_peer_has_requests_on_a_pod_this_replica_lacks() {
+    let Some(nats) = Nats::start() else { return };
+    let p1 = FakePod::start(Behavior::Normal {
+        chunks: 1,
+        delay_ms: 0,
+    })
+    .await;
+    let pods = [&p1];
+    // A lease longer than the test: only the snapshot can return the charge.
+    let b = replica_with(&pods, &nats, "unknown-pod", "cluster_lease_ms = 60000\n").await;
+    joined(&[&b], 0).await;
+    let nc = async_nats::connect(nats.url()).await.unwrap();
+    let known = wire::pod_key(&p1.url);
+    let other = wire::pod_key("http://127.0.0.1:1");
+    publish(
+        &nc,
+        &Message {
+            replica: 43,
+            seq: 1,
+            events: vec![Event::Route {
+                request: 1,
+                pod: known,
+                input_tokens: 100,
+                prefill_tokens: 100,
+                blocks: vec![1, 2, 3],
+            }],
+        },
+    )
+    .await;
+    eventually("B charged request 1", || {
+        b.in_flight(&p1.url).unwrap().requests == 1
+    })
+    .await;
+    // Request 1's finish was lost; the peer's snapshot no longer lists it, but lists a
+    // request on a pod B does not have.
+    publish(
+        &nc,
+        &Message {
+            replica: 43,
+            seq: 2,
+            events: vec![Event::Snapshot {
+                next_request: 3,
+                complete: true,
+                live: vec![wire::SnapshotItem {
+                    request: 2,
+                    pod: other,
+                    input_tokens: 10,
+                    prefill_tokens: 10,
+                    first_token: false,
+                    decode_tokens: 0,
+                }],
+            }],
+        },
+    )
+    .await;
+    eventually("B returned request 1's charge", || {
+        b.in_flight(&p1.url) == Some(InFlight::default())
+    })
+    .await;
+    assert!(metric(&b, "kvgate_cluster_unknown_pod_total") >= 1.0);
+    assert_eq!(metric(&b, "kvgate_cluster_expired_requests_total"), 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_replicas_charges_expire_after_its_lease_and_a_leaving_one_is_released_at_once() {
     let Some(nats) = Nats::start() else { return };
     let slow = Behavior::Normal {

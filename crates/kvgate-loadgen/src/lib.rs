@@ -22,9 +22,15 @@
 //!   of `kvgate sim --json`'s runs where they overlap (`requests`, `completed`, `ttft_ms`,
 //!   `tpot_ms`, `e2e_ms` with `mean/p50/p90/p99`, `prefix_hit_rate`, `output_tok_per_s`).
 //!
+//! - **Classes** (`--classes`, [`classes`]): each request tagged with a flow-control priority and
+//!   tenant exactly as the simulator tags them, sent as kvgate's `x-kvgate-priority` /
+//!   `x-kvgate-tenant` headers, and the report split per group (high / normal priority, quiet /
+//!   noisy tenant) — a live overload run comparable with `kvgate-sim`'s `flow_overload`.
+//!
 //! Bounds: prompt text is built when a request is sent and freed when it ends; an SSE line is read
 //! up to 1 MiB, a non-stream body up to 16 MiB; one small result per request is kept.
 
+pub mod classes;
 pub mod plan;
 pub mod pod_metrics;
 pub mod prompt;
@@ -34,7 +40,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use kvgate_sim::cluster::SimClass;
 use kvgate_sim::report::Percentiles;
+use kvgate_sim::workload::classes::ClassParams;
 use kvgate_sim::workload::{Workload, WorkloadError};
 use plan::{GeneratedWorkload, Planned};
 use serde::Serialize;
@@ -95,6 +103,29 @@ pub struct LoadgenArgs {
     /// No progress bar and no summary.
     #[arg(long)]
     pub quiet: bool,
+    /// Tag requests with flow-control classes (priority and tenant headers) as the simulator
+    /// does, and report per group (see the `classes` module).
+    #[arg(long)]
+    pub classes: bool,
+    /// Seed of the class tags.
+    #[arg(long, default_value_t = 1, requires = "classes")]
+    pub class_seed: u64,
+    /// Share of requests sent with `x-kvgate-priority: --high-priority`.
+    #[arg(long, default_value_t = 0.2, requires = "classes")]
+    pub high_share: f64,
+    /// The high priority.
+    #[arg(long, default_value_t = 1, requires = "classes")]
+    pub high_priority: i32,
+    /// Tenants (`x-kvgate-tenant: tenant-0` … `tenant-(N-1)`); tenant 0 is the noisy one.
+    #[arg(long, default_value_t = 10, requires = "classes")]
+    pub tenants: u32,
+    /// Tenant 0 sends this many times each other tenant's share.
+    #[arg(long, default_value_t = 10.0, requires = "classes")]
+    pub noisy_factor: f64,
+    /// Keep each of tenant 0's requests with this probability (1 / --noisy-factor: it sends
+    /// only its share; the other tenants' requests are unchanged).
+    #[arg(long, default_value_t = 1.0, requires = "classes")]
+    pub noisy_keep: f64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -142,6 +173,9 @@ pub struct LoadgenReport {
     pub output_tokens: u64,
     /// How late requests were sent (waiting for a concurrency slot, or a busy client).
     pub dispatch_lag_ms: Percentiles,
+    /// Per class group, with `--classes`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub classes: Option<classes::ClassReport>,
 }
 
 /// The outcome of one request.
@@ -185,6 +219,35 @@ pub async fn run(args: LoadgenArgs) -> Result<LoadgenReport, LoadgenError> {
         args.max_requests,
         args.rate_scale,
     )?;
+    let class_params = args.classes.then_some(ClassParams {
+        seed: args.class_seed,
+        high_share: args.high_share,
+        high_priority: args.high_priority,
+        tenants: args.tenants,
+        noisy_factor: args.noisy_factor,
+    });
+    let tags: Vec<Option<SimClass>> = match &class_params {
+        Some(p) => {
+            if !(0.0..=1.0).contains(&args.high_share) || !(0.0..=1.0).contains(&args.noisy_keep) {
+                return Err(LoadgenError::InvalidArg {
+                    name: "--high-share/--noisy-keep",
+                    reason: "must be in [0, 1]".into(),
+                });
+            }
+            if args.tenants == 0 || !(args.noisy_factor.is_finite() && args.noisy_factor >= 0.0) {
+                return Err(LoadgenError::InvalidArg {
+                    name: "--tenants/--noisy-factor",
+                    reason: "at least 1 tenant and a finite factor ≥ 0".into(),
+                });
+            }
+            let tagged = classes::tag_and_thin(std::mem::take(&mut requests), p, args.noisy_keep);
+            workload.request_count = tagged.len();
+            let (r, c): (Vec<_>, Vec<_>) = tagged.into_iter().map(|(r, c)| (r, Some(c))).unzip();
+            requests = r;
+            c
+        }
+        None => vec![None; requests.len()],
+    };
     let target = args.target.trim_end_matches('/').to_owned();
     let client = reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(5))
@@ -227,7 +290,7 @@ pub async fn run(args: LoadgenArgs) -> Result<LoadgenReport, LoadgenError> {
     });
     let run_unix_ms = unix_ms_now();
     let (outcomes, lags, makespan_s, input_tokens_sent) =
-        replay(&ctx, &requests, args.max_concurrency, &bar).await;
+        replay(&ctx, &requests, &tags, args.max_concurrency, &bar).await;
     bar.finish_and_clear();
 
     let after = pod_metrics::scrape_all(&client, &metrics_urls).await;
@@ -235,7 +298,7 @@ pub async fn run(args: LoadgenArgs) -> Result<LoadgenReport, LoadgenError> {
         (Some(b), Some(a)) => a.hit_rate_since(&b),
         _ => None,
     };
-    let report = summarize(
+    let mut report = summarize(
         &outcomes,
         lags,
         makespan_s,
@@ -249,11 +312,15 @@ pub async fn run(args: LoadgenArgs) -> Result<LoadgenReport, LoadgenError> {
             workload,
         },
     );
+    if let Some(p) = &class_params {
+        let tags: Vec<SimClass> = tags.iter().map(|c| c.unwrap_or_default()).collect();
+        report.classes = Some(classes::report(&outcomes, &tags, p, args.noisy_keep));
+    }
     if !args.quiet {
         print_summary(&report);
     }
     if let Some(path) = &args.requests_jsonl {
-        write_requests_jsonl(path, &requests, &outcomes, run_unix_ms)?;
+        write_requests_jsonl(path, &requests, &tags, &outcomes, run_unix_ms)?;
     }
     if let Some(path) = &args.json {
         let text = serde_json::to_string_pretty(&report).unwrap_or_else(|_| "{}".into());
@@ -273,11 +340,17 @@ fn unix_ms_now() -> f64 {
 }
 
 /// One JSON line per request (`--requests-jsonl`), for time-resolved analysis (e.g. p99 TTFT
-/// inside and outside fault windows in `scripts/soak.sh`).
-pub fn requests_jsonl(requests: &[Planned], outcomes: &[Outcome], run_unix_ms: f64) -> String {
+/// inside and outside fault windows in `scripts/soak.sh`); with `--classes`, also its
+/// `priority` and `tenant`.
+pub fn requests_jsonl(
+    requests: &[Planned],
+    tags: &[Option<SimClass>],
+    outcomes: &[Outcome],
+    run_unix_ms: f64,
+) -> String {
     let mut out = String::new();
-    for (r, o) in requests.iter().zip(outcomes) {
-        let line = json!({
+    for (i, (r, o)) in requests.iter().zip(outcomes).enumerate() {
+        let mut line = json!({
             "id": r.id,
             "sent_unix_ms": (run_unix_ms + o.sent_ms).round(),
             "ttft_ms": o.ttft_ms,
@@ -285,6 +358,10 @@ pub fn requests_jsonl(requests: &[Planned], outcomes: &[Outcome], run_unix_ms: f
             "output_tokens": o.output_tokens,
             "error": o.error,
         });
+        if let (Some(Some(c)), Some(m)) = (tags.get(i), line.as_object_mut()) {
+            m.insert("priority".into(), json!(c.priority));
+            m.insert("tenant".into(), json!(c.tenant));
+        }
         out.push_str(&line.to_string());
         out.push('\n');
     }
@@ -294,10 +371,11 @@ pub fn requests_jsonl(requests: &[Planned], outcomes: &[Outcome], run_unix_ms: f
 fn write_requests_jsonl(
     path: &std::path::Path,
     requests: &[Planned],
+    tags: &[Option<SimClass>],
     outcomes: &[Outcome],
     run_unix_ms: f64,
 ) -> Result<(), LoadgenError> {
-    std::fs::write(path, requests_jsonl(requests, outcomes, run_unix_ms)).map_err(|source| {
+    std::fs::write(path, requests_jsonl(requests, tags, outcomes, run_unix_ms)).map_err(|source| {
         LoadgenError::Write {
             path: path.display().to_string(),
             source,
@@ -340,6 +418,7 @@ struct SendContext {
 async fn replay(
     ctx: &Arc<SendContext>,
     requests: &[Planned],
+    tags: &[Option<SimClass>],
     max_concurrency: usize,
     bar: &indicatif::ProgressBar,
 ) -> (Vec<Outcome>, Vec<f64>, f64, u64) {
@@ -357,9 +436,10 @@ async fn replay(
         lags.push(due.elapsed().as_secs_f64() * 1e3);
         input_tokens += u64::from(r.input_tokens);
         let (ctx, r, bar) = (ctx.clone(), r.clone(), bar.clone());
+        let class = tags.get(i).copied().flatten();
         let sent_ms = start.elapsed().as_secs_f64() * 1e3;
         tasks.spawn(async move {
-            let mut out = send_one(&ctx, &r).await;
+            let mut out = send_one(&ctx, &r, class).await;
             out.sent_ms = sent_ms;
             drop(permit);
             bar.inc(1);
@@ -421,7 +501,7 @@ pub fn request_body(model: &str, prompt: Value, max_tokens: u32, stream: bool) -
     body
 }
 
-async fn send_one(ctx: &SendContext, r: &Planned) -> Outcome {
+async fn send_one(ctx: &SendContext, r: &Planned, class: Option<SimClass>) -> Outcome {
     let text = r.prompt();
     let prompt = if ctx.token_prompts {
         json!(prompt::token_ids(&text))
@@ -437,14 +517,14 @@ async fn send_one(ctx: &SendContext, r: &Planned) -> Outcome {
         output_tokens: 0,
         error: Some(kind),
     };
-    let resp = match ctx
-        .client
-        .post(&ctx.url)
-        .timeout(ctx.timeout)
-        .json(&body)
-        .send()
-        .await
-    {
+    let mut req = ctx.client.post(&ctx.url).timeout(ctx.timeout).json(&body);
+    if let Some(c) = class {
+        if c.priority != 0 {
+            req = req.header(classes::PRIORITY_HEADER, c.priority.to_string());
+        }
+        req = req.header(classes::TENANT_HEADER, classes::tenant_name(c.tenant));
+    }
+    let resp = match req.send().await {
         Ok(r) => r,
         Err(e) => return fail(error_kind(&e), start),
     };
@@ -613,6 +693,7 @@ fn summarize(
         input_tokens_sent,
         output_tokens,
         dispatch_lag_ms: Percentiles::of(&mut lags),
+        classes: None,
     }
 }
 
@@ -657,5 +738,29 @@ pub fn print_summary(r: &LoadgenReport) {
     } else {
         let list: Vec<String> = r.errors.iter().map(|(k, n)| format!("{k} {n}")).collect();
         println!("errors: {}", list.join(", "));
+    }
+    if let Some(c) = &r.classes {
+        println!(
+            "{:<14} {:>7} {:>7} {:>9} {:>9} {:>9}  errors",
+            "class", "asked", "served", "ttft p50", "ttft p99", "mean"
+        );
+        for (name, g) in [
+            ("high", &c.high),
+            ("normal", &c.normal),
+            ("quiet tenants", &c.quiet_tenants),
+            ("noisy tenant", &c.noisy_tenant),
+        ] {
+            let errs: Vec<String> = g.errors.iter().map(|(k, n)| format!("{k} {n}")).collect();
+            println!(
+                "{:<14} {:>7} {:>7} {:>9.1} {:>9.1} {:>9.1}  {}",
+                name,
+                g.requests,
+                g.served,
+                g.ttft_ms.p50,
+                g.ttft_ms.p99,
+                g.ttft_ms.mean,
+                errs.join(", ")
+            );
+        }
     }
 }

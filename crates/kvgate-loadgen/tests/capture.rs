@@ -82,3 +82,83 @@ async fn captured_traffic_replays_with_the_same_count_and_sharing_structure() {
     let _ = std::fs::remove_file(trace);
     let _ = std::fs::remove_file(captured);
 }
+
+/// `--classes`: every request reaches kvgate's flow control with the simulator's tags — the
+/// gateway's per-tenant / per-band dispatch counters equal the report's groups, and the
+/// per-request lines carry the same priority and tenant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn class_tags_reach_the_gateways_flow_control_as_headers() {
+    let config = PodConfig {
+        time_scale: 20.0,
+        ..PodConfig::default()
+    };
+    let pods = spawn_pods(&config, "127.0.0.1:0".parse().unwrap(), 2)
+        .await
+        .unwrap();
+    let dir = std::env::temp_dir().join(format!("kvgate-loadgen-classes-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config_file = dir.join("kvgate.toml");
+    std::fs::write(&config_file, "[flow_control]\nenabled = true\n").unwrap();
+    let gw = Gateway::start(ServeArgs {
+        listen: Some("127.0.0.1:0".parse().unwrap()),
+        admin_listen: Some("127.0.0.1:0".parse().unwrap()),
+        pod: pods.iter().map(|p| p.url()).collect(),
+        scrape_interval_ms: Some(20),
+        config: Some(config_file),
+        ..ServeArgs::default()
+    })
+    .await
+    .unwrap();
+    let trace = mooncake_trace("classes");
+    let per_request = trace.with_extension("classes.jsonl");
+    let mut a = args(format!("http://{}", gw.traffic_addr), trace.clone());
+    a.classes = true;
+    a.class_seed = 5;
+    a.high_share = 0.5;
+    a.high_priority = 3;
+    a.tenants = 3;
+    a.noisy_factor = 2.0;
+    a.noisy_keep = 1.0;
+    a.requests_jsonl = Some(per_request.clone());
+    let report = kvgate_loadgen::run(a).await.unwrap();
+    assert_eq!(report.completed, 12, "errors: {:?}", report.errors);
+    let c = report.classes.expect("--classes reports per group");
+    assert_eq!(c.high.requests + c.normal.requests, 12);
+    assert_eq!(c.quiet_tenants.requests + c.noisy_tenant.requests, 12);
+    assert!(c.high.requests > 0 && c.normal.requests > 0, "{c:?}");
+
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&per_request)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let _ = std::fs::remove_file(&per_request);
+    let metrics = gw.shared().metrics_text().unwrap();
+    let dispatched = |band: i64, tenant: u64| -> f64 {
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("kvgate_flow_dispatched_total{"))
+            .filter(|l| l.contains(&format!("band=\"{band}\"")))
+            .filter(|l| l.contains(&format!("tenant=\"tenant-{tenant}\"")))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    for band in [0, 3] {
+        for tenant in 0..3 {
+            let sent = lines
+                .iter()
+                .filter(|l| l["priority"] == band && l["tenant"] == tenant)
+                .count();
+            assert_eq!(
+                dispatched(band, tenant as u64),
+                sent as f64,
+                "band {band} tenant {tenant}"
+            );
+        }
+    }
+    assert_eq!(
+        lines.iter().filter(|l| l["priority"] == 3).count() as u64,
+        c.high.requests
+    );
+    let _ = std::fs::remove_file(trace);
+}

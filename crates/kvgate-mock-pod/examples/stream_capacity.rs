@@ -39,6 +39,7 @@ fn model_schedule(config: &PodConfig, n: u32) -> Vec<(f64, f64)> {
             blocks: blocks.into(),
             input_tokens: PROMPT_TOKENS,
             output_tokens: OUTPUT_TOKENS,
+            adapter: None,
         };
         if engine.add_request(0.0, r).is_err() {
             panic!("engine refused request {id}");

@@ -269,6 +269,7 @@ impl Driver {
             blocks: s.blocks.clone(),
             input_tokens,
             output_tokens: s.max_tokens,
+            adapter: None,
         };
         let now = self.model_now_ms();
         let added = if s.transferred {

@@ -47,6 +47,7 @@ fn main() -> Result<(), String> {
                 blocks,
                 input_tokens: l.input_length,
                 output_tokens: l.output_length.max(1),
+                adapter: None,
             },
         ));
     }

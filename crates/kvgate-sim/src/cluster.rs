@@ -72,8 +72,8 @@ use kvgate_core::policy::{PolicyKind, RequestSlo};
 use kvgate_core::predictor::PredictorConfig;
 use kvgate_core::session::peers::{PeerBook, PeerEvent, SnapshotEntry};
 use kvgate_core::{
-    Observed, PdRouted, PodId, PodRole, PodSnapshot, Route, RouteRequest, Routed, RouterConfig,
-    RouterSession, Ticket,
+    LoraSlots, Observed, PdRouted, PodId, PodRole, PodSnapshot, Route, RouteRequest, Routed,
+    RouterConfig, RouterSession, Ticket,
 };
 use rand::rngs::ChaCha8Rng;
 use rand::{RngExt, SeedableRng};
@@ -85,7 +85,7 @@ use kvgate_core::flow::{
 };
 use serde::Serialize;
 
-use crate::engine::{Engine, EngineRequest};
+use crate::engine::{Engine, EngineRequest, LoraConfig};
 use crate::events::{IndexConfig, SimIndex};
 use crate::faults::{FaultPlan, FaultRecorder, MAX_RETRIES};
 use crate::profiles::Profile;
@@ -153,6 +153,10 @@ pub struct ClusterConfig {
     pub pod_roles: Vec<PodRole>,
     /// P/D: time to move one prompt token's KV from the prefill pod to the decode pod, ms.
     pub transfer_ms_per_token: f64,
+    /// Every pod serves LoRA adapters with these slots and load time (`None`: no LoRA; requests'
+    /// adapters are ignored by the engines). The scrape then reports each pod's slots, running
+    /// adapters and deferred requests to the router, as the gateway reads them from vLLM.
+    pub lora: Option<LoraConfig>,
 }
 
 /// P/D transfer time per prompt token (ms): an 8B Llama-3's KV is 2 × 32 layers × 8 KV heads ×
@@ -183,6 +187,7 @@ impl ClusterConfig {
             sharing: None,
             pod_roles: Vec::new(),
             transfer_ms_per_token: DEFAULT_TRANSFER_MS_PER_TOKEN,
+            lora: None,
         }
     }
 
@@ -460,6 +465,7 @@ impl Cluster {
             .map(|profile| {
                 let mut engine = Engine::new(profile, config.kv_blocks);
                 engine.set_record_kv_events(wants_events);
+                engine.set_lora(config.lora);
                 engine
             })
             .collect();
@@ -478,6 +484,10 @@ impl Cluster {
                     .get(i as usize)
                     .copied()
                     .unwrap_or_default();
+                snap.lora = config.lora.map(|l| LoraSlots {
+                    max_loras: l.max_loras.max(1),
+                    ..LoraSlots::default()
+                });
                 snap
             })
             .collect();
@@ -730,6 +740,10 @@ impl Cluster {
             snap.waiting = m.num_requests_waiting;
             snap.running = m.num_requests_running;
             snap.kv_usage = m.kv_cache_usage;
+            if let Some(slots) = &mut snap.lora {
+                slots.running = m.lora_running;
+                slots.deferred = m.num_requests_deferred;
+            }
         }
         self.recorder.sample_pods(now_ms, &self.snapshots);
     }
@@ -947,6 +961,7 @@ impl Cluster {
             block_size_tokens: SIM_BLOCK_SIZE_TOKENS,
             other_sizes: &[],
             slo: self.config.slo,
+            adapter: r.adapter,
         };
         loop {
             let route = if self.split {

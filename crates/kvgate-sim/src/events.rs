@@ -485,6 +485,7 @@ mod tests {
                 blocks: Arc::from(blocks.as_slice()),
                 input_tokens: blocks.len() as u32 * 16 + 5,
                 output_tokens: 3,
+                adapter: None,
             };
             engines[pod].add_request(now, req).unwrap();
             while let Some(t) = engines[pod].next_step_time() {

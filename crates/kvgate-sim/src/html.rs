@@ -675,6 +675,7 @@ mod tests {
             requests: 300,
             completed: 300,
             preemptions: 0,
+            lora_loads: 0,
             ttft_ms: Percentiles {
                 mean: base * 2.0,
                 p50: base * 1.8,

@@ -16,7 +16,7 @@ pub mod profiles;
 pub mod report;
 pub mod workload;
 
-use kvgate_core::BlockHash;
+use kvgate_core::{AdapterId, BlockHash};
 
 /// Tokens per KV block in the simulated engines (vLLM's CUDA default).
 pub const SIM_BLOCK_SIZE_TOKENS: u32 = 16;
@@ -38,4 +38,7 @@ pub struct SimRequest {
     pub output_tokens: u32,
     /// Chained hashes of the prompt's full 16-token blocks; `blocks.len() == input_tokens / 16`.
     pub blocks: Vec<BlockHash>,
+    /// The LoRA adapter the request names (`None`: the base model). A workload with adapters
+    /// seeds each adapter's block chains apart, as vLLM's per-adapter prefix cache does.
+    pub adapter: Option<AdapterId>,
 }

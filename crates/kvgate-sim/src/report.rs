@@ -126,6 +126,10 @@ pub struct RunMetrics {
     /// What pod outages did (runs with `--faults` only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub faults: Option<crate::faults::FaultReport>,
+    /// LoRA adapter loads over every pod (runs with `--max-loras` only): each one a slot
+    /// changing adapter, so fewer loads is steadier residency.
+    #[serde(skip_serializing_if = "is_zero_u64")]
+    pub lora_loads: u64,
     /// The prefix index's mode, KV-event counts and accuracy ([`crate::events`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kv_index: Option<crate::events::IndexReport>,
@@ -345,6 +349,7 @@ impl RunRecorder {
             requests: self.requests,
             completed,
             preemptions: engines.iter().map(|m| m.preemptions).sum(),
+            lora_loads: engines.iter().map(|m| m.lora_loads).sum(),
             ttft_ms: ttft,
             tpot_ms: Percentiles::of(&mut self.tpot),
             e2e_ms: Percentiles::of(&mut self.e2e),
@@ -420,6 +425,10 @@ fn cdf_points(sorted: &[f64]) -> Vec<(f64, f64)> {
             (nearest_rank(sorted, q), q)
         })
         .collect()
+}
+
+fn is_zero_u64(v: &u64) -> bool {
+    *v == 0
 }
 
 #[cfg(test)]

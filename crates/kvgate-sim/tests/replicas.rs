@@ -15,6 +15,7 @@ fn repeated_prompt() -> Vec<SimRequest> {
             input_tokens: 2_000,
             output_tokens: 8,
             blocks: segments::prompt_blocks(&[segments::Segment::new(9, 2_000)]),
+            adapter: None,
         })
         .collect()
 }

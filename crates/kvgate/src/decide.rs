@@ -160,6 +160,7 @@ pub fn prepare(case: &Case) -> Result<Prepared> {
             in_flight: p.in_flight,
             healthy: p.healthy,
             role: kvgate_core::PodRole::Both,
+            lora: None,
         });
         overrides.push((p.prefix_score, p.predicted_ttft_ms, p.predicted_tpot_ms));
     }

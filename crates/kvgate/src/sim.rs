@@ -165,6 +165,19 @@ pub struct SimArgs {
     /// With --share: probability that one shared event is lost on its way to one replica.
     #[arg(long, default_value_t = 0.0)]
     share_loss: f64,
+    /// Chat workload: LoRA adapters (tenant t's requests name `adapter-{t mod N}`; their
+    /// prefix chains are per adapter). 0: the base model.
+    #[arg(long, default_value_t = 0)]
+    chat_adapters: u32,
+    /// Tenants of the chat workload (default 8).
+    #[arg(long)]
+    chat_tenants: Option<u32>,
+    /// Every pod serves LoRA adapters with this many slots (vLLM `--max-loras`); unset: no LoRA.
+    #[arg(long)]
+    max_loras: Option<u32>,
+    /// With --max-loras: ms a step that loads an adapter into a slot takes longer.
+    #[arg(long, default_value_t = 25.0)]
+    lora_load_ms: f64,
     /// Worker threads (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -332,6 +345,10 @@ fn load_workload(args: &SimArgs) -> Result<(Workload, Vec<SimRequest>)> {
         (None, Some(GeneratedWorkload::Chat)) => chat::generate(&chat::ChatParams {
             seed: args.workload_seed,
             max_requests: max.unwrap_or(chat::ChatParams::default().max_requests),
+            adapters: args.chat_adapters,
+            tenants: args
+                .chat_tenants
+                .unwrap_or(chat::ChatParams::default().tenants),
             ..chat::ChatParams::default()
         })?,
         (None, Some(GeneratedWorkload::SharedPrefix)) => {
@@ -452,6 +469,12 @@ pub fn run(args: SimArgs) -> Result<()> {
                         }),
                         pod_roles: pod_roles.clone(),
                         transfer_ms_per_token: args.transfer_ms_per_token,
+                        lora: args
+                            .max_loras
+                            .map(|max_loras| kvgate_sim::engine::LoraConfig {
+                                max_loras,
+                                load_ms: args.lora_load_ms.max(0.0),
+                            }),
                         ..ClusterConfig::new(pods, policy, seed)
                     });
                 }

@@ -83,6 +83,20 @@ async fn chat(
     tag: String,
     t0: Instant,
 ) -> Answer {
+    let content = format!("request {tag}: say something");
+    chat_saying(base, tenant, priority, max_tokens, tag, content, t0).await
+}
+
+/// [`chat`] with the user message given.
+async fn chat_saying(
+    base: String,
+    tenant: &'static str,
+    priority: Option<i32>,
+    max_tokens: u32,
+    tag: String,
+    content: String,
+    t0: Instant,
+) -> Answer {
     let client = reqwest::Client::new();
     let mut req = client
         .post(format!("{base}/v1/chat/completions"))
@@ -93,7 +107,7 @@ async fn chat(
             "stream": true,
             "max_tokens": max_tokens,
             "ignore_eos": true,
-            "messages": [{"role": "user", "content": format!("request {tag}: say something")}],
+            "messages": [{"role": "user", "content": content}],
         }));
     if let Some(p) = priority {
         req = req.header("x-kvgate-priority", p.to_string());
@@ -248,6 +262,92 @@ async fn high_priority_is_served_before_low_priority_queued_earlier() {
     );
     in_flight_back_to_zero(&gw, &pods).await;
     assert_eq!(flow_queued(&gw), 0);
+}
+
+/// Dispatch by headroom: a request released from the queue goes to a pod with room, even when
+/// the pod holding its whole prefix is still full (the affinity gate alone would send it there,
+/// to wait behind that pod's running work).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_request_goes_to_the_pod_with_room_not_to_its_full_sticky_pod() {
+    let (pods, gw) = fleet(
+        "headroom",
+        2,
+        "enabled = true\n[flow_control.saturation]\nmax_in_flight_per_pod = 1",
+    )
+    .await;
+    let base = format!("http://{}", gw.traffic_addr);
+    let t0 = Instant::now();
+    let in_flight = |gw: &Gateway| -> Vec<u32> {
+        pods.iter()
+            .map(|p| gw.in_flight(&p.url()).map_or(0, |f| f.requests))
+            .collect()
+    };
+    let context = "the shared context of this long conversation ".repeat(40);
+    // A long request with the context fills one pod (X) ...
+    let long = tokio::spawn(chat_saying(
+        base.clone(),
+        "a",
+        None,
+        400,
+        "long".into(),
+        context.clone(),
+        t0,
+    ));
+    wait_until("the long one in flight", || {
+        in_flight(&gw).iter().sum::<u32>() == 1
+    })
+    .await;
+    // ... a short unrelated one the other (Y) ...
+    let short = tokio::spawn(chat_saying(
+        base.clone(),
+        "b",
+        None,
+        30,
+        "short".into(),
+        "something unrelated".into(),
+        t0,
+    ));
+    wait_until("both in flight", || in_flight(&gw).iter().sum::<u32>() == 2).await;
+    assert_eq!(in_flight(&gw), vec![1, 1], "one request per pod");
+    // ... so a request with the same context waits in kvgate's queue, and leaves when the
+    // short one ends and Y has room, while X is still busy with the long one.
+    let released = tokio::spawn(chat_saying(
+        base,
+        "c",
+        None,
+        5,
+        "released".into(),
+        context,
+        t0,
+    ));
+    wait_until("the third one queued", || flow_queued(&gw) == 1).await;
+    let released = released.await.unwrap();
+    assert!(released.complete_stream(), "{released:?}");
+    let short = short.await.unwrap();
+    let long = long.await.unwrap();
+    assert!(short.complete_stream() && long.complete_stream());
+    assert!(
+        released.done_ms < long.done_ms,
+        "released {} ms, long {} ms",
+        released.done_ms,
+        long.done_ms
+    );
+    let decisions = gw.shared().decisions.snapshot();
+    let pod_of = |id: &str| {
+        decisions
+            .iter()
+            .find(|d| d.request_id == id)
+            .map(|d| d.decision.clone())
+            .unwrap_or_else(|| panic!("no decision for {id}"))
+    };
+    let (x, y, r) = (pod_of("long"), pod_of("short"), pod_of("released"));
+    assert_ne!(x.pod, y.pod);
+    assert_eq!(r.pod, y.pod, "released to the pod with room: {r:?}");
+    // It went there without its prefix: on Y it matched nothing.
+    let on_y = r.pods.iter().find(|p| p.id == y.pod).expect("Y explained");
+    assert_eq!(on_y.prefix_score, 0.0, "{r:?}");
+    assert!(flow_queued(&gw) == 0);
+    in_flight_back_to_zero(&gw, &pods).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

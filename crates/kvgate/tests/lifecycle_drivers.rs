@@ -89,6 +89,7 @@ fn through_the_core(bodies: &[Value], router: RouterConfig, kv_blocks: u32) -> R
                 block_size_tokens: router.block_size_tokens,
                 other_sizes: &[],
                 slo: RequestSlo::default(),
+                adapter: None,
             };
             let routed = session.route(&request, &mut pods, &[]).unwrap();
             let route = (
@@ -121,6 +122,7 @@ fn through_the_simulator(
                 input_tokens,
                 output_tokens: 3,
                 blocks,
+                adapter: None,
             }
         })
         .collect();

@@ -48,6 +48,8 @@ struct Fleet {
     pod_script: PathBuf,
     p0: RealPod,
     p1: RealPod,
+    /// LoRA adapters both pods serve (`KVGATE_VLLM_LORA`, `a,b`), one slot each.
+    lora: Vec<String>,
 }
 
 fn run_dir() -> PathBuf {
@@ -86,6 +88,10 @@ fn load_fleet() -> Option<Fleet> {
         pod_script: vars.get("KVGATE_VLLM_POD_SCRIPT")?.into(),
         p0: parse_pod("p0", vars.get("KVGATE_VLLM_P0")?),
         p1: parse_pod("p1", vars.get("KVGATE_VLLM_P1")?),
+        lora: vars
+            .get("KVGATE_VLLM_LORA")
+            .map(|v| v.split(',').map(str::to_string).collect())
+            .unwrap_or_default(),
     })
 }
 
@@ -714,4 +720,136 @@ async fn the_pod_conformance_suite_passes_on_real_vllm() {
             stdout.lines().last().unwrap_or_default()
         );
     }
+}
+
+/// The fleet's two LoRA adapters, or a failure naming the fleet script (a fleet without them is
+/// from before they were added: `scripts/test` restarts such a fleet).
+fn adapters(fleet: &Fleet) -> (&str, &str) {
+    match fleet.lora.as_slice() {
+        [a, b, ..] => (a.as_str(), b.as_str()),
+        _ => panic!(
+            "the real-vLLM fleet serves no LoRA adapters (fleet.env has no KVGATE_VLLM_LORA): restart it with scripts/real-vllm/fleet.sh"
+        ),
+    }
+}
+
+/// Sends a completion for `model` through kvgate; returns the pod that served it
+/// (`x-kvgate-pod`).
+async fn served_by(base: String, model: String, prompt: String, max_tokens: u32) -> String {
+    let body = json!({"model": model, "prompt": prompt, "max_tokens": max_tokens,
+                      "ignore_eos": true});
+    let r = client()
+        .post(format!("{base}/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let pod = r
+        .headers()
+        .get("x-kvgate-pod")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let status = r.status();
+    let text = r.text().await.unwrap();
+    assert!(status.is_success(), "{model}: {status} {text}");
+    pod
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lora_requests_land_on_the_pod_that_has_their_adapter_loaded() {
+    let Some((fleet, _lock)) = fleet("lora_requests_land_on_their_adapters_pod").await else {
+        return;
+    };
+    let (a, b) = adapters(fleet);
+    let gw = engine_gateway(fleet, &[&fleet.p0, &fleet.p1]).await;
+    // Each adapter loaded on a pod first, through kvgate: one request for a, then one for b
+    // (the pod holding a idle would have to evict it, so b takes the other pod's slot).
+    let first_a = served_by(gw.base.clone(), a.to_string(), prompt(&tag(), 2), 1).await;
+    let first_b = served_by(gw.base.clone(), b.to_string(), prompt(&tag(), 2), 1).await;
+    assert_ne!(first_a, first_b, "b loaded over a's idle slot");
+    // 16 concurrent requests, 8 per adapter, interleaved, distinct prompts (no prefix to
+    // follow): with one adapter slot per pod, only adapter residency keeps them apart.
+    let run = tag();
+    let mut jobs = Vec::new();
+    for i in 0..16 {
+        let model = if i % 2 == 0 { a } else { b };
+        let text = prompt(&format!("{run}r{i}"), 10);
+        jobs.push((
+            model,
+            tokio::spawn(served_by(gw.base.clone(), model.to_string(), text, 24)),
+        ));
+    }
+    let mut served = Vec::new();
+    for (model, job) in jobs {
+        served.push((model, job.await.unwrap()));
+    }
+    let on = |model: &str, pod: &RealPod| {
+        served
+            .iter()
+            .filter(|(m, p)| *m == model && *p == pod.url)
+            .count()
+    };
+    let (a0, a1) = (on(a, &fleet.p0), on(a, &fleet.p1));
+    let (b0, b1) = (on(b, &fleet.p0), on(b, &fleet.p1));
+    eprintln!("adapter {a}: p0 {a0}, p1 {a1}; adapter {b}: p0 {b0}, p1 {b1}");
+    let a_main = a0.max(a1);
+    let b_main = b0.max(b1);
+    assert!(
+        (a0 >= a1) != (b0 >= b1),
+        "the adapters share a main pod: a {a0}/{a1}, b {b0}/{b1}"
+    );
+    let a_main_pod = if a0 >= a1 { &fleet.p0 } else { &fleet.p1 };
+    assert_eq!(
+        first_a, a_main_pod.url,
+        "a's main pod is where it was loaded"
+    );
+    assert!(
+        (a_main + b_main) * 10 >= 16 * 9,
+        "only {} of 16 on their adapter's pod (a {a0}/{a1}, b {b0}/{b1})",
+        a_main + b_main
+    );
+    // kvgate saw the residency: a later request for a goes to a's pod with the adapter resident.
+    let a_pod = if a0 >= a1 { &fleet.p0 } else { &fleet.p1 };
+    let again = served_by(gw.base.clone(), a.to_string(), prompt(&tag(), 10), 1).await;
+    assert_eq!(again, a_pod.url);
+    let decision = last_decision(&gw).await;
+    let mine = decision["pods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == a_pod.url.as_str())
+        .cloned()
+        .unwrap();
+    assert_eq!(mine["adapter"], "resident", "{decision}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_cached_for_one_adapter_scores_nothing_for_another_in_engine_mode() {
+    let Some((fleet, _lock)) = fleet("a_prompt_cached_for_one_adapter_scores_nothing").await else {
+        return;
+    };
+    let (a, b) = adapters(fleet);
+    let pod = &fleet.p0;
+    let gw = engine_gateway(fleet, &[pod]).await;
+    let text = prompt(&tag(), 40);
+    // Cached under adapter a straight on the pod: kvgate learns it from the KV events only
+    // (BlockStored with lora_name = a).
+    let body = |model: &str| json!({"model": model, "prompt": text, "max_tokens": 1});
+    post(&format!("{}/v1/completions", pod.url), &body(a)).await;
+    let path = "/v1/completions";
+    wait_for("a's blocks are known", Duration::from_secs(5), || async {
+        score_body(&gw, path, &body(a), pod).await > 0.8
+    })
+    .await;
+    assert_eq!(
+        score_body(&gw, path, &body(b), pod).await,
+        0.0,
+        "b on a's blocks"
+    );
+    assert_eq!(
+        score_body(&gw, path, &body("tiny"), pod).await,
+        0.0,
+        "the base model on a's blocks"
+    );
 }

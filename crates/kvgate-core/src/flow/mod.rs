@@ -13,9 +13,13 @@
 //!   convention). Clamped to `[MIN_PRIORITY, MAX_PRIORITY]` = `[-16, 16]`, so there are at most
 //!   33 bands. (vLLM's `priority` body field is the other way round, lower first: the gateway
 //!   negates when it reads or writes it.)
-//! - **tenant**: a name (API key or header, chosen by the driver). The first `max_tenants`
-//!   distinct names (default 64) are tracked each on their own; later ones share the tenant
-//!   [`OTHER_TENANT`]. This bounds the fairness state and every per-tenant metric label.
+//! - **tenant**: a name (API key or header, chosen by the driver). At most `max_tenants`
+//!   names (default 64) are tracked each on their own; a new name takes the place of a tracked
+//!   tenant that has nothing queued and was last seen `tenant_idle_ms` (default 300,000) ago
+//!   or more (the longest idle first: its fairness state is only its attained service, which
+//!   a backlogged newcomer would start at the virtual time anyway), else it shares the tenant
+//!   [`OTHER_TENANT`]. This bounds the fairness state and every per-tenant metric label; the
+//!   driver drops a forgotten name's series ([`FlowQueue::take_forgotten`]).
 //!
 //! # Discipline: strict priority bands, least attained service across tenants within a band
 //!
@@ -82,6 +86,8 @@
 //! `enabled` **false** (off: today's behaviour); `max_queued_requests` **1024** (the gateway's
 //! admission queue size); `max_queued_bytes` **256 MiB** of request bodies; `queue_ttl_ms`
 //! **30,000** (llm-d's default request TTL); `tenant_max_share` **0.5**; `max_tenants` **64**;
+//! `tenant_idle_ms` **300,000** (five minutes: a tenant's metric series stay continuous across
+//! pauses shorter than a typical scrape-and-alert window);
 //! `saturation.bulk_kv_reserve` **0.3** (in `[0, kv_cache_util_threshold)`; 0 turns bulk
 //! requests off); `forward_priority` **false** (write the priority into the body sent to vLLM: vLLM's default
 //! `fcfs` scheduler refuses any non-zero `priority`, so only with `--scheduling-policy
@@ -123,6 +129,7 @@ pub struct FlowConfig {
     pub queue_ttl_ms: u64,
     pub tenant_max_share: f64,
     pub max_tenants: usize,
+    pub tenant_idle_ms: u64,
     pub forward_priority: bool,
     pub saturation: SaturationConfig,
 }
@@ -136,6 +143,7 @@ impl Default for FlowConfig {
             queue_ttl_ms: 30_000,
             tenant_max_share: 0.5,
             max_tenants: 64,
+            tenant_idle_ms: 300_000,
             forward_priority: false,
             saturation: SaturationConfig::default(),
         }
@@ -308,6 +316,8 @@ struct Tenant {
     /// Tokens released from the queue (see the module docs).
     attained: f64,
     queued: usize,
+    /// When [`FlowQueue::tenant`] last looked it up.
+    last_seen_ms: f64,
 }
 
 /// The queue; see the module docs. `T` is the driver's handle of a waiting request.
@@ -324,7 +334,12 @@ pub struct FlowQueue<T> {
     next_id: u64,
     virtual_time: f64,
     earliest_expiry_ms: f64,
+    /// Names that lost their place to a newcomer, for the driver ([`Self::take_forgotten`]).
+    forgotten: Vec<String>,
 }
+
+/// Most forgotten names kept for the driver between two [`FlowQueue::take_forgotten`] calls.
+const MAX_FORGOTTEN: usize = 4096;
 
 impl<T> Default for FlowQueue<T> {
     fn default() -> Self {
@@ -338,6 +353,7 @@ impl<T> Default for FlowQueue<T> {
             next_id: 0,
             virtual_time: 0.0,
             earliest_expiry_ms: f64::INFINITY,
+            forgotten: Vec::new(),
         }
     }
 }
@@ -373,18 +389,35 @@ impl<T> FlowQueue<T> {
         self.tenants.get(t.0 as usize).map_or(0.0, |t| t.attained)
     }
 
-    /// The tenant `name` is counted as (tracking it if there is room, else [`OTHER_TENANT`]).
-    pub fn tenant(&mut self, cfg: &FlowConfig, name: &str) -> TenantId {
+    /// The tenant `name` is counted as at `now_ms`: tracked if there is room or an idle
+    /// tenant's place to take (module docs), else [`OTHER_TENANT`].
+    pub fn tenant(&mut self, cfg: &FlowConfig, name: &str, now_ms: f64) -> TenantId {
         if let Some(&id) = self.by_name.get(name) {
+            self.seen(id, now_ms);
             return id;
         }
         let max = cfg.max_tenants.clamp(1, MAX_TENANTS_LIMIT);
+        if self.tenants.len() >= max
+            && let Some(id) = self.longest_idle(cfg, now_ms)
+        {
+            let t = &mut self.tenants[id.0 as usize];
+            let old = std::mem::replace(&mut t.name, name.to_string());
+            t.attained = self.virtual_time;
+            t.last_seen_ms = now_ms;
+            self.by_name.remove(&old);
+            self.by_name.insert(name.to_string(), id);
+            if self.forgotten.len() < MAX_FORGOTTEN {
+                self.forgotten.push(old);
+            }
+            return id;
+        }
         let name = if self.tenants.len() < max {
             name
         } else {
             OTHER_TENANT
         };
         if let Some(&id) = self.by_name.get(name) {
+            self.seen(id, now_ms);
             return id;
         }
         let id = TenantId(self.tenants.len() as u32);
@@ -392,9 +425,34 @@ impl<T> FlowQueue<T> {
             name: name.to_string(),
             attained: self.virtual_time,
             queued: 0,
+            last_seen_ms: now_ms,
         });
         self.by_name.insert(name.to_string(), id);
         id
+    }
+
+    fn seen(&mut self, id: TenantId, now_ms: f64) {
+        if let Some(t) = self.tenants.get_mut(id.0 as usize) {
+            t.last_seen_ms = t.last_seen_ms.max(now_ms);
+        }
+    }
+
+    /// The tracked tenant (not [`OTHER_TENANT`]) with nothing queued that was seen longest
+    /// ago, if that is at least `tenant_idle_ms` before `now_ms`.
+    fn longest_idle(&self, cfg: &FlowConfig, now_ms: f64) -> Option<TenantId> {
+        let cutoff = now_ms - cfg.tenant_idle_ms as f64;
+        self.tenants
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.queued == 0 && t.last_seen_ms <= cutoff && t.name != OTHER_TENANT)
+            .min_by(|(_, a), (_, b)| a.last_seen_ms.total_cmp(&b.last_seen_ms))
+            .map(|(i, _)| TenantId(i as u32))
+    }
+
+    /// The names that lost their place to newcomers since the last call (at most 4,096; the
+    /// driver drops their metric series).
+    pub fn take_forgotten(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.forgotten)
     }
 
     /// Requests queued per (band, tenant), highest band first.
@@ -432,7 +490,7 @@ impl<T> FlowQueue<T> {
         if band < 0 {
             return Offer::Rejected(Rejection::Sheddable, payload);
         }
-        let tenant = self.tenant(cfg, req.tenant);
+        let tenant = self.tenant(cfg, req.tenant, now_ms);
         if self.tenants[tenant.0 as usize].queued >= cfg.tenant_cap() {
             return Offer::Rejected(Rejection::TenantShare, payload);
         }

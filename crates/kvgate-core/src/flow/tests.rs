@@ -150,7 +150,7 @@ fn an_idle_tenant_cannot_bank_credit() {
     for _ in 0..4 {
         q.pop(0.0);
     }
-    let late = q.tenant(&cfg, "late");
+    let late = q.tenant(&cfg, "late", 0.0);
     // It starts at the virtual time (a's attained when last served), not at zero.
     assert_eq!(q.attained_tokens(late), 300.0);
     queued(q.offer(&cfg, req(0, "late"), FULL, 1.0, 50));
@@ -289,14 +289,62 @@ fn tenants_beyond_max_tenants_share_other() {
         max_tenants: 2,
         ..on()
     };
-    let a = q.tenant(&cfg, "a");
-    let b = q.tenant(&cfg, "b");
-    let c = q.tenant(&cfg, "c");
-    let d = q.tenant(&cfg, "d");
+    let a = q.tenant(&cfg, "a", 0.0);
+    let b = q.tenant(&cfg, "b", 0.0);
+    let c = q.tenant(&cfg, "c", 0.0);
+    let d = q.tenant(&cfg, "d", 0.0);
     assert_ne!(a, b);
     assert_eq!(c, d);
     assert_eq!(q.tenant_name(c), OTHER_TENANT);
-    assert_eq!(q.tenant(&cfg, "a"), a);
+    assert_eq!(q.tenant(&cfg, "a", 0.0), a);
+    assert!(q.take_forgotten().is_empty());
+}
+
+#[test]
+fn a_new_tenant_takes_the_place_of_the_longest_idle_one_with_nothing_queued() {
+    let mut q: FlowQueue<u32> = FlowQueue::new();
+    let cfg = FlowConfig {
+        max_tenants: 2,
+        tenant_idle_ms: 1_000,
+        ..on()
+    };
+    // "a" is seen at 0 and has a request queued; "b" is seen at 100, nothing queued.
+    queued(q.offer(&cfg, req(0, "a"), FULL, 0.0, 1));
+    let b = q.tenant(&cfg, "b", 100.0);
+    // Before b has been idle for tenant_idle_ms, a newcomer shares "other".
+    let early = q.tenant(&cfg, "c", 1_050.0);
+    assert_eq!(q.tenant_name(early), OTHER_TENANT);
+    // Once it has, "c" takes b's place (a is older but holds a queued request).
+    let c = q.tenant(&cfg, "c", 1_100.0);
+    assert_eq!(c, b);
+    assert_eq!(q.tenant_name(c), "c");
+    assert_eq!(q.take_forgotten(), vec!["b".to_string()]);
+    assert!(q.take_forgotten().is_empty());
+    // "b" comes back: no idle place (c was just seen, a still queued, "other" never given).
+    let b_again = q.tenant(&cfg, "b", 1_200.0);
+    assert_eq!(q.tenant_name(b_again), OTHER_TENANT);
+    // a's request leaves; once a is idle long enough, b gets a's place.
+    assert_eq!(q.pop(1_300.0).map(|l| l.payload), Some(1));
+    let b_back = q.tenant(&cfg, "b", 1_300.0 + 1_000.0);
+    assert_eq!(q.tenant_name(b_back), "b");
+    assert_eq!(q.take_forgotten(), vec!["a".to_string()]);
+}
+
+#[test]
+fn a_tenant_seen_again_keeps_its_place() {
+    let mut q: FlowQueue<u32> = FlowQueue::new();
+    let cfg = FlowConfig {
+        max_tenants: 1,
+        tenant_idle_ms: 1_000,
+        ..on()
+    };
+    let a = q.tenant(&cfg, "a", 0.0);
+    assert_eq!(q.tenant(&cfg, "a", 900.0), a);
+    // Seen at 900: at 1,500 it is idle for 600 ms only.
+    let z = q.tenant(&cfg, "z", 1_500.0);
+    assert_eq!(q.tenant_name(z), OTHER_TENANT);
+    let z = q.tenant(&cfg, "z", 1_900.0);
+    assert_eq!(q.tenant_name(z), "z");
 }
 
 #[test]

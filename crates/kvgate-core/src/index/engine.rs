@@ -668,6 +668,30 @@ mod tests {
     }
 
     #[test]
+    fn a_request_for_adapter_b_never_scores_on_blocks_stored_for_adapter_a() {
+        let mut index = index_with_pods(1);
+        let tokens: Vec<u32> = (0..8).collect();
+        let mut ev = stored(&[1, 2], None, &tokens);
+        if let KvEvent::BlockStored { lora_name, .. } = &mut ev {
+            *lora_name = Some("a".into());
+        }
+        index.apply(PodId(0), &ev);
+        let hasher = BlockHasher {
+            block_size_tokens: BS,
+            ..BlockHasher::default()
+        };
+        let chain = |name: &str| {
+            let mut out = Vec::new();
+            hasher.hash_tokens(BlockHasher::chain_seed(name, None), &tokens, &mut out);
+            out
+        };
+        assert_eq!(matched(&index, &chain("a")), vec![2]);
+        assert_eq!(matched(&index, &chain("b")), vec![0]);
+        // The base model's chain (the pod's model seed) does not match a's blocks either.
+        assert_eq!(matched(&index, &prompt(&tokens)), vec![0]);
+    }
+
+    #[test]
     fn engine_map_stops_growing_at_its_bound() {
         let mut index = index_with_pods(1);
         index.set_capacity(PodId(0), 10);

@@ -12,6 +12,7 @@ pub mod latency;
 pub mod least_kv;
 pub mod least_request;
 pub mod llmd_chain;
+pub mod lora_affinity;
 pub mod prefix;
 pub mod random;
 pub mod round_robin;
@@ -19,6 +20,7 @@ pub mod sglang_cache_aware;
 pub mod weighted;
 
 use crate::DecisionRng;
+use crate::adapters::{AdapterFit, AdapterId};
 use crate::config::RouterConfig;
 use crate::decision::{Branch, GateState};
 use crate::pod::PodSnapshot;
@@ -36,8 +38,14 @@ pub struct Candidate<'a> {
     pub block_size_tokens: u32,
     /// matched_blocks / prompt blocks, in [0, 1].
     pub prefix_score: f64,
+    /// Predicted TTFT, the adapter cost included (`adapter_cost_ms`).
     pub predicted_ttft_ms: f64,
     pub predicted_tpot_ms: f64,
+    /// Where the request's LoRA adapter stands on this pod ([`crate::adapters`]).
+    pub adapter_fit: AdapterFit,
+    /// Milliseconds of adapter load / deferral in `predicted_ttft_ms` (0 with `lora_aware`
+    /// off, or when the adapter is resident).
+    pub adapter_cost_ms: f64,
 }
 
 /// The request as a policy sees it.
@@ -57,6 +65,8 @@ pub struct RequestFacts {
     /// [`crate::router::PREDICTOR_ERROR_REFRESH`] decisions; read by `epsilon_explore_sticky =
     /// "auto"`.
     pub predictor_ttft_mape: Option<f64>,
+    /// The LoRA adapter the request names (its `model`), if the driver knows it.
+    pub adapter: Option<AdapterId>,
 }
 
 /// Latency objectives a request may carry; see [`crate::Router::decide_with_slo`]. Values that
@@ -132,10 +142,11 @@ pub enum PolicyKind {
     Latency,
     AffinityGate,
     LlmdChain,
+    LoraAffinity,
 }
 
 impl PolicyKind {
-    pub const ALL: [PolicyKind; 11] = [
+    pub const ALL: [PolicyKind; 12] = [
         PolicyKind::RoundRobin,
         PolicyKind::Random,
         PolicyKind::LeastRequest,
@@ -147,6 +158,7 @@ impl PolicyKind {
         PolicyKind::Latency,
         PolicyKind::AffinityGate,
         PolicyKind::LlmdChain,
+        PolicyKind::LoraAffinity,
     ];
 
     pub fn name(self) -> &'static str {
@@ -162,6 +174,7 @@ impl PolicyKind {
             PolicyKind::Latency => "latency",
             PolicyKind::AffinityGate => "affinity-gate",
             PolicyKind::LlmdChain => "llmd-chain",
+            PolicyKind::LoraAffinity => "lora-affinity",
         }
     }
 
@@ -187,6 +200,7 @@ impl PolicyKind {
             PolicyKind::LlmdChain => Box::new(llmd_chain::LlmdChain::new(
                 llmd_chain::LlmdChainParams::default(),
             )),
+            PolicyKind::LoraAffinity => Box::new(lora_affinity::LoraAffinity::new(config)),
         }
     }
 }
@@ -251,6 +265,8 @@ pub(crate) mod testutil {
             prefix_score: crate::index::prefix_score(matched_blocks, prompt_blocks as usize),
             predicted_ttft_ms: ttft,
             predicted_tpot_ms: 10.0,
+            adapter_fit: crate::adapters::AdapterFit::NoAdapter,
+            adapter_cost_ms: 0.0,
         }
     }
 
@@ -262,6 +278,7 @@ pub(crate) mod testutil {
             slo_ttft_ms: None,
             slo_tpot_ms: None,
             predictor_ttft_mape: None,
+            adapter: None,
         }
     }
 

@@ -32,6 +32,7 @@ pub mod pd;
 pub mod peers;
 
 use crate::DecisionRng;
+use crate::adapters::{AdapterBook, AdapterId};
 use crate::blocks::{BlockHash, SizedBlocks};
 use crate::config::RouterConfig;
 use crate::decision::Decision;
@@ -58,6 +59,9 @@ pub struct RouteRequest<'a> {
     pub other_sizes: &'a [SizedBlocks],
     /// The request's latency objectives (used only with `slo_routing`).
     pub slo: RequestSlo,
+    /// The LoRA adapter the request names: [`AdapterId::of`] its `model` (a pod whose base
+    /// model that is counts it as no adapter). `None`: adapter-blind for this request.
+    pub adapter: Option<AdapterId>,
 }
 
 impl<'a> RouteRequest<'a> {
@@ -67,6 +71,7 @@ impl<'a> RouteRequest<'a> {
             blocks: self.blocks,
             block_size_tokens: self.block_size_tokens,
             other_sizes: self.other_sizes,
+            adapter: self.adapter,
         }
     }
 }
@@ -107,6 +112,8 @@ pub struct Routed {
 #[derive(Debug)]
 pub struct Ticket {
     share: Share,
+    /// The adapter recorded in the session's [`AdapterBook`] for this request, if any.
+    adapter: Option<AdapterId>,
     class: String,
     features: Features,
     input_tokens: u32,
@@ -176,6 +183,8 @@ pub struct RouterSession {
     predictor: LatencyPredictor,
     rng: DecisionRng,
     ledger: Ledger,
+    /// LoRA adapters routed per pod: in flight and most recent ([`crate::adapters`]).
+    adapters: AdapterBook,
     /// Scratch: the pods' health before exclusions, and the excluded ids as a dense bitmap.
     health: Vec<bool>,
     excluded: Vec<bool>,
@@ -194,6 +203,7 @@ impl RouterSession {
             predictor: LatencyPredictor::new(predictor),
             rng: DecisionRng::seed_from_u64(seed),
             ledger: Ledger::default(),
+            adapters: AdapterBook::default(),
             health: Vec::new(),
             excluded: Vec::new(),
         }
@@ -240,17 +250,27 @@ impl RouterSession {
         self.ledger.total()
     }
 
-    /// Sets each snapshot's `in_flight` to the ledger's counters.
+    /// Sets each snapshot's `in_flight` to the ledger's counters, and adds the adapters the
+    /// session routed to each LoRA pod to its `lora` slots ([`AdapterBook::fill`]).
     pub fn fill_in_flight(&self, pods: &mut [PodSnapshot]) {
         for s in pods {
             s.in_flight = self.ledger.in_flight(s.id);
+            if let Some(slots) = &mut s.lora {
+                self.adapters.fill(s.id, slots);
+            }
         }
+    }
+
+    /// Requests for `adapter` in flight on `pod`, as the session routed them.
+    pub fn adapter_in_flight(&self, pod: PodId, adapter: AdapterId) -> u32 {
+        self.adapters.in_flight(pod, adapter)
     }
 
     /// The pod left the fleet: its index entries and its ledger go (see [`ledger`]).
     pub fn remove_pod(&mut self, pod: PodId) {
         self.index.remove_pod(pod);
         self.ledger.remove_pod(pod);
+        self.adapters.remove_pod(pod);
     }
 
     /// Each healthy pod's prefix score and predictions for `request`, as a decision would see
@@ -348,7 +368,13 @@ impl RouterSession {
         let matched = self.router.matched_blocks(decision.pod_id);
         let charge = prefill_charge_tokens(request.input_tokens, matched, pod_block_size);
         let share = self.ledger.charge(decision.pod_id, charge);
+        // Only adapters (not the pod's base model) on LoRA pods are booked.
+        let adapter = request.adapter.filter(|&a| {
+            snap.lora.is_some_and(|l| l.base_model != Some(a))
+                && self.adapters.routed(decision.pod_id, a)
+        });
         let ticket = Ticket {
+            adapter,
             share,
             class: snap.class.clone(),
             features,
@@ -378,6 +404,7 @@ impl RouterSession {
     /// on `pod`, no tokens.
     pub fn charge_unrouted(&mut self, pod: &PodSnapshot) -> Ticket {
         Ticket {
+            adapter: None,
             share: self.ledger.charge(pod.id, 0),
             class: pod.class.clone(),
             features: Features::default(),
@@ -407,6 +434,7 @@ impl RouterSession {
             self.index.record_routed(pod, blocks);
         }
         Ticket {
+            adapter: None,
             share: self.ledger.charge(pod, prefill_tokens),
             class: String::new(),
             features: Features::default(),
@@ -438,6 +466,9 @@ impl RouterSession {
     /// predictor learns from it (features at dispatch, the pod's class): a whole request TTFT
     /// and TPOT, a P/D prefill stage TTFT only, a P/D decode stage TPOT only.
     pub fn finish(&mut self, ticket: Ticket, observed: Option<Observed>) {
+        if let Some(a) = ticket.adapter {
+            self.adapters.finished(ticket.share.pod, a);
+        }
         self.ledger.release(ticket.share);
         if let Some(o) = observed {
             let (ttft, tpot) = match ticket.stage {

@@ -154,7 +154,12 @@ impl RouterSession {
         let snap = &pods[pick.index];
         let (blocks, _) = request.cut().blocks_for(snap);
         self.index.record_routed(snap.id, blocks);
+        // The decode pod runs the adapter too: booked as on a whole request's pod.
+        let adapter = request.adapter.filter(|&a| {
+            snap.lora.is_some_and(|l| l.base_model != Some(a)) && self.adapters.routed(snap.id, a)
+        });
         let decode = Ticket {
+            adapter,
             share: self.ledger.charge(snap.id, 0),
             class: snap.class.clone(),
             features: pick.features,
@@ -261,6 +266,7 @@ mod tests {
             block_size_tokens: 16,
             other_sizes: &[],
             slo: RequestSlo::default(),
+            adapter: None,
         }
     }
 

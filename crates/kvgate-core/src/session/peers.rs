@@ -24,7 +24,9 @@
 //!   (with their first-token state and decode tokens) are charged if missing and aligned if
 //!   behind, and this book's requests of that peer that the snapshot no longer lists (and that
 //!   are older than the snapshot's `next_request`) are finished. Each such correction is counted
-//!   in [`PeerStats::repairs`]: the divergence found.
+//!   in [`PeerStats::repairs`]: the divergence found. A snapshot carries no block hashes, so a
+//!   request it charged before its route arrived is marked unrouted; the late route then
+//!   records its blocks in the routed index without charging it a second time.
 //! - **A replica that dies**: each message renews the peer's lease; [`PeerBook::expire`] finishes
 //!   every request of a peer not heard from for `lease_ms` and forgets the peer
 //!   ([`PeerStats::expired_peers`], [`PeerStats::expired_requests`]). A peer that says goodbye
@@ -48,6 +50,7 @@
 
 use super::{RouterSession, Ticket};
 use crate::blocks::BlockHash;
+use crate::index::PrefixIndex;
 use crate::pod::PodId;
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::collections::VecDeque;
@@ -131,6 +134,15 @@ pub struct PeerStats {
     pub requests: usize,
 }
 
+/// A peer's request charged here.
+#[derive(Debug)]
+struct Remote {
+    ticket: Ticket,
+    /// False while only a snapshot has charged it: its route (with the prompt's blocks) has
+    /// not been applied, and when it arrives its blocks are recorded (not charged again).
+    routed: bool,
+}
+
 #[derive(Debug, Default)]
 struct Peer {
     last_heard_ms: u64,
@@ -138,7 +150,7 @@ struct Peer {
     /// `highest - 1 - i` seen).
     highest: Option<u64>,
     window: u64,
-    requests: FxHashMap<u64, Ticket>,
+    requests: FxHashMap<u64, Remote>,
     finished: FxHashSet<u64>,
     finished_order: VecDeque<u64>,
 }
@@ -256,37 +268,55 @@ impl PeerBook {
                 prefill_tokens,
                 blocks,
             } => {
-                if peer.requests.contains_key(&request) || peer.finished.contains(&request) {
+                if peer.finished.contains(&request) {
                     false
+                } else if let Some(r) = peer.requests.get_mut(&request) {
+                    // Charged by a snapshot that overtook the route: the charge stands, the
+                    // route's blocks are still to be learnt.
+                    if r.routed {
+                        false
+                    } else {
+                        r.routed = true;
+                        if !blocks.is_empty() {
+                            session.index_mut().record_routed(pod, blocks);
+                        }
+                        true
+                    }
                 } else if peer.requests.len() >= max_requests {
                     self.stats.over_bound += 1;
                     false
                 } else {
-                    let t = session.route_remote(pod, blocks, input_tokens, prefill_tokens);
-                    peer.requests.insert(request, t);
+                    let ticket = session.route_remote(pod, blocks, input_tokens, prefill_tokens);
+                    peer.requests.insert(
+                        request,
+                        Remote {
+                            ticket,
+                            routed: true,
+                        },
+                    );
                     true
                 }
             }
             PeerEvent::FirstToken { request } => match peer.requests.get_mut(&request) {
-                Some(t) if !t.has_first_token() => {
-                    session.first_token(t);
+                Some(r) if !r.ticket.has_first_token() => {
+                    session.first_token(&mut r.ticket);
                     true
                 }
                 _ => false,
             },
             PeerEvent::Tokens { request, tokens } => match peer.requests.get_mut(&request) {
-                Some(t) if tokens > 0 => {
-                    session.tokens_generated(t, tokens);
+                Some(r) if tokens > 0 => {
+                    session.tokens_generated(&mut r.ticket, tokens);
                     true
                 }
                 _ => false,
             },
             PeerEvent::Finish { request } => {
-                let t = peer.requests.remove(&request);
+                let r = peer.requests.remove(&request);
                 peer.remember_finished(request, memory);
-                match t {
-                    Some(t) => {
-                        session.finish(t, None);
+                match r {
+                    Some(r) => {
+                        session.finish(r.ticket, None);
                         true
                     }
                     None => false,
@@ -322,15 +352,22 @@ impl PeerBook {
                 continue;
             }
             let t = match peer.requests.get_mut(&e.request) {
-                Some(t) => t,
+                Some(r) => &mut r.ticket,
                 None => {
                     if peer.requests.len() >= max_requests {
                         self.stats.over_bound += 1;
                         continue;
                     }
-                    let t = session.route_remote(e.pod, &[], e.input_tokens, e.prefill_tokens);
+                    let ticket = session.route_remote(e.pod, &[], e.input_tokens, e.prefill_tokens);
                     repairs += 1;
-                    peer.requests.entry(e.request).or_insert(t)
+                    &mut peer
+                        .requests
+                        .entry(e.request)
+                        .or_insert(Remote {
+                            ticket,
+                            routed: false,
+                        })
+                        .ticket
                 }
             };
             if e.first_token && !t.has_first_token() {
@@ -352,7 +389,7 @@ impl PeerBook {
                 .collect();
             for r in gone {
                 if let Some(t) = peer.requests.remove(&r) {
-                    session.finish(t, None);
+                    session.finish(t.ticket, None);
                     repairs += 1;
                 }
             }
@@ -389,8 +426,8 @@ impl PeerBook {
             return 0;
         };
         let n = peer.requests.len();
-        for (_, t) in peer.requests {
-            session.finish(t, None);
+        for (_, r) in peer.requests {
+            session.finish(r.ticket, None);
         }
         n
     }
@@ -545,6 +582,39 @@ mod tests {
         assert_eq!(book.stats().requests, 3);
         // An empty complete snapshot later finishes everything.
         book.reconcile(&mut s, 5, 5, &[], true);
+        assert_eq!(s.in_flight_total(), 0);
+    }
+
+    #[test]
+    fn a_route_overtaken_by_a_snapshot_still_teaches_the_index_and_is_not_charged_twice() {
+        let mut s = session();
+        let mut book = PeerBook::default();
+        book.accept(5, 0, 0);
+        let live = [SnapshotEntry {
+            request: 1,
+            pod: PodId(1),
+            input_tokens: 100,
+            prefill_tokens: 60,
+            first_token: false,
+            decode_tokens: 0,
+        }];
+        assert_eq!(book.reconcile(&mut s, 5, 2, &live, true), 1);
+        assert_eq!(s.index().routed.pod_blocks(PodId(1)), 0);
+        book.apply(&mut s, 5, route(1, &[11, 12, 13]));
+        assert_eq!(s.index().routed.pod_blocks(PodId(1)), 3);
+        assert_eq!(
+            s.in_flight(PodId(1)),
+            InFlight {
+                requests: 1,
+                prefill_tokens: 60,
+                decode_tokens: 0
+            }
+        );
+        // A second copy of the route changes nothing.
+        book.apply(&mut s, 5, route(1, &[11, 12, 13, 14]));
+        assert_eq!(s.index().routed.pod_blocks(PodId(1)), 3);
+        assert_eq!(book.stats().applied, 1);
+        book.apply(&mut s, 5, PeerEvent::Finish { request: 1 });
         assert_eq!(s.in_flight_total(), 0);
     }
 

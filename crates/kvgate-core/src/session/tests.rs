@@ -21,6 +21,7 @@ fn request(blocks: &[BlockHash], input_tokens: u32) -> RouteRequest<'_> {
         block_size_tokens: 16,
         other_sizes: &[],
         slo: RequestSlo::default(),
+        adapter: None,
     }
 }
 
@@ -256,4 +257,141 @@ fn pods_of_different_block_sizes_are_scored_by_the_tokens_they_hold() {
         (scores[1].matched_blocks, scores[1].block_size_tokens),
         (1, 128)
     );
+}
+
+/// A LoRA pod (`max_loras` slots, base model `base`) with `running` adapters in its metrics.
+fn lora_pod(id: u32, max_loras: u32, running: &[&str]) -> PodSnapshot {
+    let mut p = PodSnapshot::idle(id, "c", 1_000);
+    p.lora = Some(crate::adapters::LoraSlots {
+        max_loras,
+        base_model: Some(AdapterId::of("base")),
+        running: crate::adapters::AdapterSet::from_names(running.iter().copied()),
+        ..Default::default()
+    });
+    p
+}
+
+fn no_explore() -> RouterConfig {
+    RouterConfig {
+        epsilon_explore_sticky: crate::config::GateSetting::Fixed(0.0),
+        ..RouterConfig::seed()
+    }
+}
+
+/// A prompt of its own (four blocks), as one seeded by its adapter and numbered `n`.
+fn prompt(name: &str, n: u64) -> Vec<BlockHash> {
+    (0..4)
+        .map(|i| AdapterId::of(name).0 ^ (n << 8) ^ i)
+        .collect()
+}
+
+fn for_adapter<'a>(blocks: &'a [BlockHash], name: &str) -> RouteRequest<'a> {
+    RouteRequest {
+        adapter: Some(AdapterId::of(name)),
+        ..request(blocks, 64)
+    }
+}
+
+#[test]
+fn adapter_requests_prefer_a_resident_pod_then_a_free_slot_then_a_full_pod() {
+    let mut s = session(no_explore());
+    let mut snaps = vec![
+        lora_pod(0, 1, &["a"]),
+        lora_pod(1, 1, &["b"]),
+        lora_pod(2, 2, &["b"]),
+    ];
+    let routed = s
+        .route(&for_adapter(&prompt("a", 0), "a"), &mut snaps, &[])
+        .unwrap();
+    assert_eq!(routed.decision.pod_id, PodId(0), "a is resident on pod 0");
+    let p = &routed.decision.pods;
+    assert_eq!(p[0].adapter, crate::adapters::AdapterFit::Resident);
+    assert_eq!(p[1].adapter, crate::adapters::AdapterFit::Full);
+    assert_eq!(p[2].adapter, crate::adapters::AdapterFit::FreeSlot);
+    assert_eq!(p[1].adapter_cost_ms, 1025.0);
+    assert_eq!(p[2].adapter_cost_ms, 25.0);
+    assert_eq!(p[1].predicted_ttft_ms - p[0].predicted_ttft_ms, 1025.0);
+    s.finish(routed.ticket, None);
+    // c is resident nowhere: pod 2 has a free slot, pods 0 and 1 are full.
+    let c = s
+        .route(&for_adapter(&prompt("c", 0), "c"), &mut snaps, &[])
+        .unwrap();
+    assert_eq!(c.decision.pod_id, PodId(2));
+    // The base model needs no adapter anywhere: no cost on any pod.
+    let base = s
+        .route(&for_adapter(&prompt("base", 0), "base"), &mut snaps, &[])
+        .unwrap();
+    assert!(base.decision.pods.iter().all(|p| p.adapter_cost_ms == 0.0));
+}
+
+#[test]
+fn the_session_books_its_own_adapter_routes_before_the_metrics_show_them() {
+    let mut s = session(no_explore());
+    let mut snaps = vec![lora_pod(0, 1, &[]), lora_pod(1, 1, &[])];
+    let a = s
+        .route(&for_adapter(&prompt("a", 0), "a"), &mut snaps, &[])
+        .unwrap();
+    assert_eq!(a.decision.pod_id, PodId(0), "both free: the lower index");
+    // Pod 0's only slot is held by a's request in flight: b goes to pod 1.
+    let b = s
+        .route(&for_adapter(&prompt("b", 0), "b"), &mut snaps, &[])
+        .unwrap();
+    assert_eq!(b.decision.pod_id, PodId(1));
+    assert_eq!(s.adapter_in_flight(PodId(1), AdapterId::of("b")), 1);
+    let a2 = s
+        .route(&for_adapter(&prompt("a", 1), "a"), &mut snaps, &[])
+        .unwrap();
+    assert_eq!(a2.decision.pod_id, PodId(0));
+    for t in [a.ticket, b.ticket, a2.ticket] {
+        s.finish(t, None);
+    }
+    assert_eq!(s.adapter_in_flight(PodId(0), AdapterId::of("a")), 0);
+    // Nothing in flight: b is still loaded on pod 1 (last routed there), a on pod 0.
+    let b2 = s
+        .route(&for_adapter(&prompt("b", 1), "b"), &mut snaps, &[])
+        .unwrap();
+    assert_eq!(b2.decision.pod_id, PodId(1));
+    let fits: Vec<_> = b2.decision.pods.iter().map(|p| p.adapter).collect();
+    use crate::adapters::AdapterFit::{Evict, Resident};
+    assert_eq!(fits, vec![Evict, Resident]);
+}
+
+#[test]
+fn lora_aware_off_charges_no_adapter_cost() {
+    let mut s = session(RouterConfig {
+        lora_aware: false,
+        ..no_explore()
+    });
+    let mut snaps = vec![lora_pod(0, 1, &["b"]), lora_pod(1, 1, &["a"])];
+    snaps[1].running = 3;
+    let r = s
+        .route(&for_adapter(&prompt("a", 0), "a"), &mut snaps, &[])
+        .unwrap();
+    assert!(r.decision.pods.iter().all(|p| p.adapter_cost_ms == 0.0));
+    assert_eq!(
+        r.decision.pod_id,
+        PodId(0),
+        "blind: the idler pod, adapter or not"
+    );
+}
+
+#[test]
+fn the_same_prompt_under_two_adapters_never_scores_on_the_others_blocks() {
+    let mut s = session(no_explore());
+    let body = |model: &str| {
+        serde_json::json!({"model": model, "prompt": "word ".repeat(400)}).to_string()
+    };
+    let parse = |model: &str| {
+        crate::request::parse_request("/v1/completions", body(model).as_bytes()).unwrap()
+    };
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    s.router().hash_request(&parse("a"), &mut a);
+    s.router().hash_request(&parse("b"), &mut b);
+    assert!(!a.is_empty());
+    s.index_mut().record_routed(PodId(0), &a);
+    let mut snaps = pods(2);
+    let scores = s.score(&for_adapter(&b, "b"), &mut snaps);
+    assert_eq!(scores[0].prefix_score, 0.0, "b on a's blocks");
+    let scores = s.score(&for_adapter(&a, "a"), &mut snaps);
+    assert_eq!(scores[0].prefix_score, 1.0);
 }

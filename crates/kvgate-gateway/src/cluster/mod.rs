@@ -296,7 +296,10 @@ impl Cluster {
         self.link.connected.load(Ordering::Acquire)
     }
 
-    fn push(&self, shared: &Shared, e: Event) {
+    /// Queues `e`; the caller holds `live` (already updated for `e`), so a snapshot (built
+    /// under the same lock, after draining the queue) never shows a transition whose event is
+    /// still to be sent after it.
+    fn push(&self, shared: &Shared, _live: &FxHashMap<u64, Live>, e: Event) {
         if self.queue.try_send(e).is_err() {
             self.metrics(shared)
                 .events_dropped
@@ -316,9 +319,26 @@ impl Cluster {
         input_tokens: u32,
         prefill_tokens: u64,
     ) -> u64 {
+        self.route_event(
+            shared,
+            wire::pod_key(&pod.url),
+            blocks,
+            input_tokens,
+            prefill_tokens,
+        )
+    }
+
+    fn route_event(
+        &self,
+        shared: &Shared,
+        key: u64,
+        blocks: &[BlockHash],
+        input_tokens: u32,
+        prefill_tokens: u64,
+    ) -> u64 {
+        let mut live = self.live.lock();
         let request = self.next_request.fetch_add(1, Ordering::Relaxed);
-        let key = wire::pod_key(&pod.url);
-        self.live.lock().insert(
+        live.insert(
             request,
             Live {
                 pod: key,
@@ -330,6 +350,7 @@ impl Cluster {
         );
         self.push(
             shared,
+            &live,
             Event::Route {
                 request,
                 pod: key,
@@ -342,25 +363,28 @@ impl Cluster {
     }
 
     pub fn first_token(&self, shared: &Shared, request: u64, decode_tokens: u64) {
-        if let Some(l) = self.live.lock().get_mut(&request) {
+        let mut live = self.live.lock();
+        if let Some(l) = live.get_mut(&request) {
             l.first_token = true;
             l.prefill_tokens = 0;
             l.decode_tokens = decode_tokens;
         }
-        self.push(shared, Event::FirstToken { request });
+        self.push(shared, &live, Event::FirstToken { request });
     }
 
     /// `tokens` more decode tokens (the guard batches them by [`TOKENS_PER_EVENT`]).
     pub fn tokens(&self, shared: &Shared, request: u64, tokens: u64) {
-        if let Some(l) = self.live.lock().get_mut(&request) {
+        let mut live = self.live.lock();
+        if let Some(l) = live.get_mut(&request) {
             l.decode_tokens = l.decode_tokens.saturating_add(tokens);
         }
-        self.push(shared, Event::Tokens { request, tokens });
+        self.push(shared, &live, Event::Tokens { request, tokens });
     }
 
     pub fn finish(&self, shared: &Shared, request: u64) {
-        self.live.lock().remove(&request);
-        self.push(shared, Event::Finish { request });
+        let mut live = self.live.lock();
+        live.remove(&request);
+        self.push(shared, &live, Event::Finish { request });
     }
 
     /// Seconds the view of the other replicas may be behind (the divergence gauge).
@@ -388,9 +412,23 @@ impl Cluster {
         m.divergence_seconds.set(self.divergence_seconds());
     }
 
-    fn snapshot(&self) -> Event {
-        let next_request = self.next_request.load(Ordering::Relaxed);
+    /// Appends to `out` every event still queued, then a snapshot of the live requests, both
+    /// taken under the `live` lock: the events a snapshot reflects are all ahead of it on the
+    /// wire. (A snapshot sent ahead of queued events made peers apply those events on top of
+    /// it: decode tokens counted twice, routes ignored as known and their blocks never
+    /// recorded.)
+    fn pending_then_snapshot(&self, rx: &mut mpsc::Receiver<Event>, out: &mut Vec<Event>) {
         let live = self.live.lock();
+        while let Ok(e) = rx.try_recv() {
+            out.push(e);
+        }
+        out.push(Self::snapshot_of(
+            self.next_request.load(Ordering::Relaxed),
+            &live,
+        ));
+    }
+
+    fn snapshot_of(next_request: u64, live: &FxHashMap<u64, Live>) -> Event {
         Event::Snapshot {
             next_request,
             complete: true,
@@ -573,11 +611,16 @@ async fn publisher(
                 batch.clear();
             }
             _ = tick.tick() => {
-                send(&shared, &cluster, &client, &subject, &[cluster.snapshot()]).await;
+                cluster.pending_then_snapshot(&mut rx, &mut batch);
+                send(&shared, &cluster, &client, &subject, &batch).await;
+                batch.clear();
             }
             _ = cluster.link.reconnected.notified() => {
                 // After a (re)connect: say what is live now, and ask for the routes missed.
-                send(&shared, &cluster, &client, &subject, &[cluster.snapshot(), Event::SyncRequest]).await;
+                cluster.pending_then_snapshot(&mut rx, &mut batch);
+                batch.push(Event::SyncRequest);
+                send(&shared, &cluster, &client, &subject, &batch).await;
+                batch.clear();
             }
         }
     }
@@ -708,7 +751,6 @@ fn handle(shared: &Shared, cluster: &Cluster, payload: &[u8]) -> Option<u64> {
                 live,
             } => {
                 let mut entries = Vec::with_capacity(live.len());
-                let mut complete = *complete;
                 for i in live {
                     match pods.get(&i.pod) {
                         Some(&pod) => entries.push(SnapshotEntry {
@@ -719,14 +761,15 @@ fn handle(shared: &Shared, cluster: &Cluster, payload: &[u8]) -> Option<u64> {
                             first_token: i.first_token,
                             decode_tokens: i.decode_tokens,
                         }),
-                        None => {
-                            unknown += 1;
-                            // Entries left out: the rest must not be finished for that.
-                            complete = false;
-                        }
+                        // Left out, and the snapshot still complete: a request on a pod
+                        // this replica lacks was never charged here (its route was skipped
+                        // too), or was charged to a pod since removed, whose charge is void.
+                        // (Treating such a snapshot as partial kept every lost finish charged
+                        // for as long as the peer had any request on that pod.)
+                        None => unknown += 1,
                     }
                 }
-                peers.reconcile(&mut session, r, *next_request, &entries, complete);
+                peers.reconcile(&mut session, r, *next_request, &entries, *complete);
             }
             Event::SyncRequest => asked = Some(r),
             Event::Index { pod, blocks } => match pods.get(pod) {
@@ -784,4 +827,141 @@ pub async fn leave(shared: &Shared, wait: Duration) {
     let _ = tokio::time::timeout(wait, cluster.queue.send(Event::Bye)).await;
     // Let the publisher put it on the wire.
     tokio::time::sleep(Duration::from_millis(20)).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvgate_core::config::RouterConfig;
+    use kvgate_core::policy::PolicyKind;
+    use kvgate_core::predictor::PredictorConfig;
+    use kvgate_core::{InFlight, RouterSession};
+
+    fn cluster() -> (Cluster, mpsc::Receiver<Event>) {
+        let (tx, rx) = mpsc::channel(QUEUE_EVENTS);
+        let c = Cluster {
+            config: ClusterConfig {
+                url: "nats://127.0.0.1:1".into(),
+                name: "t".into(),
+                lease: Duration::from_millis(DEFAULT_LEASE_MS),
+            },
+            replica: 1,
+            next_request: AtomicU64::new(0),
+            seq: AtomicU64::new(0),
+            queue: tx,
+            live: Mutex::new(FxHashMap::default()),
+            peers: Mutex::new(PeerBook::default()),
+            link: Arc::new(Link {
+                connected: AtomicBool::new(false),
+                down_since: Mutex::new(None),
+                connects: AtomicU64::new(0),
+                reconnected: tokio::sync::Notify::new(),
+            }),
+            epoch: Instant::now(),
+        };
+        (c, rx)
+    }
+
+    /// Applies `events` (as a peer would receive them, in order) to a fresh session.
+    fn apply(events: &[Event]) -> RouterSession {
+        let mut s = RouterSession::new(
+            RouterConfig::default(),
+            PolicyKind::AffinityGate,
+            PredictorConfig::default(),
+            1,
+        );
+        let mut book = PeerBook::default();
+        assert!(book.accept(1, 0, 0));
+        let pod = PodId(0);
+        for e in events {
+            match e {
+                Event::Route {
+                    request,
+                    input_tokens,
+                    prefill_tokens,
+                    blocks,
+                    ..
+                } => book.apply(
+                    &mut s,
+                    1,
+                    PeerEvent::Route {
+                        request: *request,
+                        pod,
+                        input_tokens: *input_tokens,
+                        prefill_tokens: *prefill_tokens,
+                        blocks,
+                    },
+                ),
+                Event::FirstToken { request } => {
+                    book.apply(&mut s, 1, PeerEvent::FirstToken { request: *request })
+                }
+                Event::Tokens { request, tokens } => book.apply(
+                    &mut s,
+                    1,
+                    PeerEvent::Tokens {
+                        request: *request,
+                        tokens: *tokens,
+                    },
+                ),
+                Event::Finish { request } => {
+                    book.apply(&mut s, 1, PeerEvent::Finish { request: *request })
+                }
+                Event::Snapshot {
+                    next_request,
+                    complete,
+                    live,
+                } => {
+                    let entries: Vec<_> = live
+                        .iter()
+                        .map(|i| SnapshotEntry {
+                            request: i.request,
+                            pod,
+                            input_tokens: i.input_tokens,
+                            prefill_tokens: i.prefill_tokens,
+                            first_token: i.first_token,
+                            decode_tokens: i.decode_tokens,
+                        })
+                        .collect();
+                    book.reconcile(&mut s, 1, *next_request, &entries, *complete);
+                }
+                _ => {}
+            }
+        }
+        s
+    }
+
+    #[tokio::test]
+    async fn a_snapshot_goes_out_after_the_queued_events_it_reflects_so_peers_count_them_once() {
+        let shared = Shared::new(
+            crate::config::GatewayConfig::resolve(&crate::serve::ServeArgs::default(), None)
+                .unwrap(),
+        );
+        let (c, mut rx) = cluster();
+        // Routed, first token (100 + 1 decode tokens), 32 more: all still queued when the
+        // snapshot tick comes.
+        let r = c.route_event(&shared, 7, &[11, 12, 13], 100, 60);
+        c.first_token(&shared, r, 101);
+        c.tokens(&shared, r, 32);
+        let mut out = Vec::new();
+        c.pending_then_snapshot(&mut rx, &mut out);
+        assert_eq!(out.len(), 4);
+        assert!(matches!(out[3], Event::Snapshot { .. }), "snapshot last");
+        let s = apply(&out);
+        assert_eq!(
+            s.in_flight(PodId(0)),
+            InFlight {
+                requests: 1,
+                prefill_tokens: 0,
+                decode_tokens: 133
+            },
+            "decode tokens counted once"
+        );
+        assert_eq!(
+            s.index().routed.pod_blocks(PodId(0)),
+            3,
+            "the route's blocks learnt"
+        );
+        // Nothing left behind: later events follow the snapshot.
+        assert!(rx.try_recv().is_err());
+    }
 }

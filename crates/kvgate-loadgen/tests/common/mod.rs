@@ -52,5 +52,12 @@ pub fn args(target: String, trace: PathBuf) -> LoadgenArgs {
         json: None,
         requests_jsonl: None,
         quiet: true,
+        classes: false,
+        class_seed: 1,
+        high_share: 0.2,
+        high_priority: 1,
+        tenants: 10,
+        noisy_factor: 10.0,
+        noisy_keep: 1.0,
     }
 }

@@ -60,7 +60,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use kv_cache::{BlockId, KvCache};
-use kvgate_core::BlockHash;
+use kvgate_core::{AdapterId, AdapterSet, BlockHash};
 
 use crate::profiles::Profile;
 use crate::{SIM_BLOCK_SIZE_TOKENS, SimRequest};
@@ -76,6 +76,8 @@ pub struct EngineRequest {
     pub input_tokens: u32,
     /// Tokens to generate.
     pub output_tokens: u32,
+    /// The LoRA adapter the request runs with (`None`: the base model); see [`LoraConfig`].
+    pub adapter: Option<AdapterId>,
 }
 
 impl From<&SimRequest> for EngineRequest {
@@ -85,8 +87,30 @@ impl From<&SimRequest> for EngineRequest {
             blocks: r.blocks.as_slice().into(),
             input_tokens: r.input_tokens,
             output_tokens: r.output_tokens,
+            adapter: r.adapter,
         }
     }
+}
+
+/// LoRA serving (vLLM `--enable-lora --max-loras N`): at most `max_loras` adapters in the
+/// running batch; a waiting request whose adapter would be one too many is skipped (deferred,
+/// `vllm:num_requests_waiting_by_reason{reason="deferred"}`) while the requests behind it are
+/// considered, as vLLM v1's scheduler does. An adapter not among the `max_loras` loaded ones
+/// (least recently used evicted, never one with running requests) is loaded when its first
+/// request is admitted: the step that admits it lasts `load_ms` longer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LoraConfig {
+    pub max_loras: u32,
+    pub load_ms: f64,
+}
+
+#[derive(Debug, Clone)]
+struct LoraState {
+    config: LoraConfig,
+    /// Loaded adapters with the step they were last scheduled in (LRU).
+    loaded: Vec<(AdapterId, u64)>,
+    /// Waiting requests skipped for want of a slot in the last step.
+    deferred: u32,
 }
 
 /// Why a request was refused by [`Engine::add_request`].
@@ -191,11 +215,18 @@ pub struct EngineMetrics {
     /// Prompt tokens whose KV arrived from a prefill pod ([`Engine::add_transferred_request`]),
     /// not computed here: vLLM's `prompt_tokens_by_source_total{source="external_kv_transfer"}`.
     pub prompt_tokens_transferred: u64,
+    /// LoRA ([`Engine::set_lora`]): `max_lora` (0 without LoRA), the adapters of running
+    /// requests, the requests deferred for a slot in the last step, and adapter loads so far.
+    pub max_loras: u32,
+    pub lora_running: AdapterSet,
+    pub num_requests_deferred: u32,
+    pub lora_loads: u64,
 }
 
 #[derive(Debug)]
 struct Req {
     id: u64,
+    adapter: Option<AdapterId>,
     hashes: Arc<[BlockHash]>,
     input_tokens: u32,
     output_tokens: u32,
@@ -236,6 +267,9 @@ pub struct Engine {
     spare_tables: Vec<Vec<BlockId>>,
     /// Tokens per KV block (16 by default, vLLM's CUDA default; vLLM CPU uses 128).
     block_size_tokens: u32,
+    lora: Option<LoraState>,
+    /// Adapter load time to add to the step being scheduled.
+    load_penalty_ms: f64,
 }
 
 impl Engine {
@@ -269,7 +303,22 @@ impl Engine {
             },
             scratch_hits: Vec::new(),
             spare_tables: Vec::new(),
+            lora: None,
+            load_penalty_ms: 0.0,
         }
+    }
+
+    /// Serves LoRA adapters with `config` (see [`LoraConfig`]); `None` (the default): every
+    /// request runs as the base model, whatever its adapter.
+    pub fn set_lora(&mut self, config: Option<LoraConfig>) {
+        self.lora = config.map(|config| LoraState {
+            config: LoraConfig {
+                max_loras: config.max_loras.max(1),
+                ..config
+            },
+            loaded: Vec::new(),
+            deferred: 0,
+        });
     }
 
     pub fn profile(&self) -> &Profile {
@@ -333,6 +382,7 @@ impl Engine {
             (req.blocks.len() as u32).min(req.input_tokens / self.block_size_tokens);
         self.waiting.push_back(Req {
             id: req.id,
+            adapter: req.adapter,
             hashes: req.blocks,
             input_tokens: req.input_tokens,
             output_tokens: req.output_tokens,
@@ -436,8 +486,22 @@ impl Engine {
             kv_cache_usage: f64::from(self.kv.num_used()) / f64::from(self.kv.num_blocks().max(1)),
             kv_blocks_used: self.kv.num_used(),
             kv_blocks_cached: self.kv.num_cached() as u32,
+            max_loras: self.lora.as_ref().map_or(0, |l| l.config.max_loras),
+            lora_running: self.running_adapters(),
+            num_requests_deferred: self.lora.as_ref().map_or(0, |l| l.deferred),
             ..self.metrics.clone()
         }
+    }
+
+    /// Adapters of the running requests (with LoRA on).
+    fn running_adapters(&self) -> AdapterSet {
+        let mut set = AdapterSet::default();
+        if self.lora.is_some() {
+            for a in self.running.iter().filter_map(|r| r.adapter) {
+                set.insert(a);
+            }
+        }
+        set
     }
 
     /// How many leading `hashes` are cached now (free or in use), without touching anything.
@@ -478,6 +542,10 @@ impl Engine {
                 o.prefill_attention_pairs,
             )
         };
+        if o.scheduled_seqs > 0 {
+            o.duration_ms += self.load_penalty_ms;
+        }
+        self.load_penalty_ms = 0.0;
         o.end_ms = start_ms + o.duration_ms;
         std::mem::swap(&mut o.kv_events, &mut self.kv.events);
         self.free_at_ms = o.end_ms;
@@ -556,10 +624,24 @@ impl Engine {
 
     /// Phase 2: admit waiting requests FCFS while budget, `max_num_seqs` and blocks allow.
     fn schedule_waiting(&mut self, budget: &mut u32) {
+        let mut active = self.running_adapters();
+        let mut at = 0;
+        if let Some(l) = &mut self.lora {
+            l.deferred = 0;
+        }
         while *budget > 0 && (self.running.len() as u32) < self.profile.max_num_seqs {
-            let Some(r) = self.waiting.front() else {
+            let Some(r) = self.waiting.get(at) else {
                 break;
             };
+            if let (Some(l), Some(a)) = (&mut self.lora, r.adapter)
+                && !active.contains(a)
+                && active.len() as u32 >= l.config.max_loras
+            {
+                // One adapter too many for the batch: deferred, the next request considered.
+                l.deferred += 1;
+                at += 1;
+                continue;
+            }
             let num_tokens = r.num_tokens();
             let max_hit = r
                 .cacheable_blocks
@@ -576,9 +658,15 @@ impl Engine {
             if extra + free_hits > self.kv.num_free() {
                 break;
             }
-            let Some(mut r) = self.waiting.pop_front() else {
+            let Some(mut r) = self.waiting.remove(at) else {
                 break;
             };
+            if let Some(a) = r.adapter
+                && self.lora.is_some()
+            {
+                active.insert(a);
+                self.activate_adapter(a);
+            }
             for &id in &self.scratch_hits {
                 self.kv.touch(id);
                 r.table.push(id);
@@ -609,6 +697,34 @@ impl Engine {
             *budget -= new;
             self.running.push(r);
         }
+    }
+
+    /// Marks adapter `a` used in this step; loads it (evicting the least recently used loaded
+    /// adapter without running requests) when it is not loaded.
+    fn activate_adapter(&mut self, a: AdapterId) {
+        let step = self.metrics.steps;
+        let running = self.running_adapters();
+        let Some(l) = &mut self.lora else {
+            return;
+        };
+        if let Some(e) = l.loaded.iter_mut().find(|(id, _)| *id == a) {
+            e.1 = step;
+            return;
+        }
+        if l.loaded.len() as u32 >= l.config.max_loras
+            && let Some(i) = l
+                .loaded
+                .iter()
+                .enumerate()
+                .filter(|(_, (id, _))| !running.contains(*id))
+                .min_by_key(|(_, (_, used))| *used)
+                .map(|(i, _)| i)
+        {
+            l.loaded.swap_remove(i);
+        }
+        l.loaded.push((a, step));
+        self.load_penalty_ms += l.config.load_ms;
+        self.metrics.lora_loads += 1;
     }
 
     /// Applies the scheduled tokens: step-time inputs, block hashes, token emissions.

@@ -17,6 +17,7 @@ fn req(id: u64, doc: u64, input_tokens: u32, output_tokens: u32) -> EngineReques
         blocks: hashes(doc, input_tokens / 16),
         input_tokens,
         output_tokens,
+        adapter: None,
     }
 }
 
@@ -285,6 +286,7 @@ fn workload(seed_reqs: &[(u8, u8, u8, u8, u8)]) -> Vec<(f64, EngineRequest)> {
                     blocks: h.into(),
                     input_tokens: input,
                     output_tokens: u32::from(out % 40) + 1,
+                    adapter: None,
                 },
             )
         })
@@ -461,6 +463,7 @@ fn block_size_128_counts_hits_in_whole_128_token_blocks() {
         blocks: hashes(3, 981 / 128),
         input_tokens: 981,
         output_tokens: 2,
+        adapter: None,
     };
     run(&mut e, &[(0.0, r(1))], 100);
     assert_eq!(e.metrics().prefix_cache_hits_tokens, 0);
@@ -587,4 +590,74 @@ fn a_transferred_prompt_is_not_computed_and_its_first_token_takes_one_decode_ste
     decode.step(step.end_ms);
     decode.step(decode.next_step_time().unwrap_or(step.end_ms));
     assert_eq!(decode.cached_prefix_blocks(&hashes(7, 250)), 250);
+}
+
+fn lora_req(id: u64, adapter: &str, input_tokens: u32, output_tokens: u32) -> EngineRequest {
+    EngineRequest {
+        adapter: Some(AdapterId::of(adapter)),
+        ..req(id, id + 100, input_tokens, output_tokens)
+    }
+}
+
+fn lora_engine(max_loras: u32, load_ms: f64) -> Engine {
+    let mut e = Engine::new(h100(), None);
+    e.set_lora(Some(LoraConfig { max_loras, load_ms }));
+    e
+}
+
+#[test]
+fn a_request_for_another_adapter_is_deferred_while_the_slot_runs_and_those_behind_it_go_ahead() {
+    let mut e = lora_engine(1, 0.0);
+    e.add_request(0.0, lora_req(1, "a", 64, 5)).unwrap();
+    e.add_request(0.0, lora_req(2, "b", 64, 5)).unwrap();
+    e.add_request(0.0, lora_req(3, "a", 64, 5)).unwrap();
+    let admitted: Vec<u64> = e.step(0.0).admitted.iter().map(|a| a.request_id).collect();
+    assert_eq!(admitted, vec![1, 3], "b skipped, the a behind it admitted");
+    let m = e.metrics();
+    assert_eq!(m.num_requests_deferred, 1);
+    assert_eq!(m.num_requests_waiting, 1);
+    assert_eq!(m.lora_running, AdapterSet::from_names(["a"]));
+    assert_eq!(m.max_loras, 1);
+    // b runs once a's requests have finished.
+    let mut b_admitted_at = None;
+    for _ in 0..20 {
+        let o = e.step(0.0);
+        if o.admitted.iter().any(|a| a.request_id == 2) {
+            b_admitted_at = Some(o.start_ms);
+            break;
+        }
+    }
+    assert!(b_admitted_at.is_some());
+    assert_eq!(e.metrics().lora_running, AdapterSet::from_names(["b"]));
+    assert_eq!(e.metrics().lora_loads, 2);
+}
+
+#[test]
+fn loading_an_adapter_lengthens_the_admitting_step_by_the_load_time_once() {
+    let mut plain = Engine::new(h100(), None);
+    plain.add_request(0.0, req(1, 101, 64, 3)).unwrap();
+    let base_ms = plain.step(0.0).duration_ms;
+    let mut e = lora_engine(2, 40.0);
+    e.add_request(0.0, lora_req(1, "a", 64, 3)).unwrap();
+    assert_eq!(e.step(0.0).duration_ms, base_ms + 40.0);
+    // Loaded now: the next request for a costs no load.
+    e.add_request(0.0, lora_req(2, "a", 64, 3)).unwrap();
+    let o = e.step(0.0);
+    assert!(o.duration_ms < base_ms + 40.0, "{}", o.duration_ms);
+    assert_eq!(e.metrics().lora_loads, 1);
+}
+
+#[test]
+fn without_lora_adapters_are_ignored() {
+    let mut e = Engine::new(h100(), None);
+    for (id, a) in [(1, "a"), (2, "b"), (3, "c")] {
+        e.add_request(0.0, lora_req(id, a, 64, 3)).unwrap();
+    }
+    assert_eq!(e.step(0.0).admitted.len(), 3);
+    let m = e.metrics();
+    assert_eq!(
+        (m.max_loras, m.num_requests_deferred, m.lora_loads),
+        (0, 0, 0)
+    );
+    assert!(m.lora_running.is_empty());
 }

@@ -117,6 +117,7 @@ pub fn parse(source_name: &str, text: &str) -> Result<Vec<SimRequest>, WorkloadE
             input_tokens,
             output_tokens,
             blocks,
+            adapter: None,
         });
     }
     Ok(requests)

@@ -31,6 +31,7 @@ use serde::{Deserialize, Serialize};
 use super::segments::{Segment, prompt_blocks, segment_id, segments_tokens};
 use super::{Workload, WorkloadError, WorkloadParams, finish, positive, token_count};
 use crate::SimRequest;
+use kvgate_core::AdapterId;
 
 const NS_SYSTEM: u64 = 0x4368_5379; // "ChSy"
 const NS_USER: u64 = 0x4368_5573; // "ChUs"
@@ -58,6 +59,21 @@ pub struct ChatParams {
     pub max_context_tokens: u32,
     pub est_prefill_ms_per_token: f64,
     pub est_ms_per_output_token: f64,
+    /// LoRA adapters (0: every request uses the base model). With N > 0 tenant t's requests
+    /// name adapter `adapter-{t mod N}`, and their block chains are seeded by it (vLLM's prefix
+    /// cache is per adapter). No random draw depends on it: the same seed gives the same
+    /// arrivals and lengths with or without adapters.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub adapters: u32,
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
+}
+
+/// The adapter name of tenant `tenant` with `adapters` adapters (`None` with 0).
+pub fn adapter_name(tenant: u32, adapters: u32) -> Option<String> {
+    (adapters > 0).then(|| format!("adapter-{}", tenant % adapters))
 }
 
 impl Default for ChatParams {
@@ -81,6 +97,7 @@ impl Default for ChatParams {
             max_context_tokens: 32_768,
             est_prefill_ms_per_token: 0.02,
             est_ms_per_output_token: 25.0,
+            adapters: 0,
         }
     }
 }
@@ -177,9 +194,11 @@ pub fn generate(params: &ChatParams) -> Result<(Workload, Vec<SimRequest>), Work
         }
         let tenant = rng.random_range(0..p.tenants);
         let turns = rng.random_range(p.turns_min..=p.turns_max);
+        let adapter = adapter_name(tenant, p.adapters).map(|n| AdapterId::of(&n));
         segments.clear();
         segments.push(Segment::new(
-            segment_id(NS_SYSTEM, u64::from(tenant), 0),
+            // The adapter seeds the chain: its first segment differs per adapter.
+            segment_id(NS_SYSTEM, u64::from(tenant), adapter.map_or(0, |a| a.0)),
             system_tokens
                 .get(tenant as usize)
                 .copied()
@@ -201,6 +220,7 @@ pub fn generate(params: &ChatParams) -> Result<(Workload, Vec<SimRequest>), Work
                 input_tokens,
                 output_tokens,
                 blocks: prompt_blocks(&segments),
+                adapter,
             });
             segments.push(Segment::new(
                 segment_id(NS_ANSWER, session, turn),
@@ -231,6 +251,34 @@ mod tests {
             max_requests,
             ..ChatParams::default()
         }
+    }
+
+    #[test]
+    fn adapters_change_no_draw_and_seed_each_adapters_chains_apart() {
+        let (_, plain) = generate(&params(5, 300)).unwrap();
+        let (_, lora) = generate(&ChatParams {
+            adapters: 3,
+            ..params(5, 300)
+        })
+        .unwrap();
+        assert_eq!(plain.len(), lora.len());
+        for (p, l) in plain.iter().zip(&lora) {
+            assert_eq!(
+                (p.arrival_ms, p.input_tokens, p.output_tokens),
+                (l.arrival_ms, l.input_tokens, l.output_tokens)
+            );
+            assert_eq!(p.adapter, None);
+            assert!(l.adapter.is_some());
+            assert_ne!(
+                p.blocks.first(),
+                l.blocks.first(),
+                "the adapter seeds the chain"
+            );
+        }
+        let names: std::collections::BTreeSet<_> = lora.iter().map(|r| r.adapter).collect();
+        assert_eq!(names.len(), 3);
+        assert_eq!(adapter_name(4, 3).as_deref(), Some("adapter-1"));
+        assert_eq!(adapter_name(4, 0), None);
     }
 
     #[test]

@@ -55,28 +55,34 @@ fn unit(seed: u64, id: u64, purpose: u64) -> f64 {
     (h >> 11) as f64 / (1u64 << 53) as f64
 }
 
-/// The class of each request (by position).
-pub fn tag(requests: &[SimRequest], p: &ClassParams) -> Vec<SimClass> {
+/// The class of the request with id `id` (its tags depend on nothing else).
+pub fn class_of(id: u64, p: &ClassParams) -> SimClass {
     let tenants = p.tenants.max(1);
     let noisy = p.noisy_factor.max(0.0);
     let total = noisy + f64::from(tenants - 1);
-    requests
-        .iter()
-        .map(|r| {
-            let priority = if unit(p.seed, r.id, 1) < p.high_share {
-                p.high_priority
-            } else {
-                0
-            };
-            let x = unit(p.seed, r.id, 2) * total;
-            let tenant = if x < noisy || tenants == 1 {
-                0
-            } else {
-                (1 + ((x - noisy) as u32)).min(tenants - 1)
-            };
-            SimClass { priority, tenant }
-        })
-        .collect()
+    let priority = if unit(p.seed, id, 1) < p.high_share {
+        p.high_priority
+    } else {
+        0
+    };
+    let x = unit(p.seed, id, 2) * total;
+    let tenant = if x < noisy || tenants == 1 {
+        0
+    } else {
+        (1 + ((x - noisy) as u32)).min(tenants - 1)
+    };
+    SimClass { priority, tenant }
+}
+
+/// The class of each request (by position).
+pub fn tag(requests: &[SimRequest], p: &ClassParams) -> Vec<SimClass> {
+    requests.iter().map(|r| class_of(r.id, p)).collect()
+}
+
+/// Whether thinning with probability `keep` keeps the request with id `id` ([`thin_tenant`]'s
+/// draw, for drivers that thin their own request lists).
+pub fn kept(seed: u64, id: u64, keep: f64) -> bool {
+    unit(seed, id, 3) < keep
 }
 
 /// Keeps `tenant`'s requests with probability `keep` (all others always), renumbered from 0.
@@ -90,7 +96,7 @@ pub fn thin_tenant(
     let mut out = Vec::new();
     let mut out_classes = Vec::new();
     for (r, c) in requests.iter().zip(classes) {
-        if c.tenant == tenant && unit(seed, r.id, 3) >= keep {
+        if c.tenant == tenant && !kept(seed, r.id, keep) {
             continue;
         }
         let mut r = r.clone();
@@ -132,6 +138,7 @@ mod tests {
                 input_tokens: 16,
                 output_tokens: 1,
                 blocks: Vec::new(),
+                adapter: None,
             })
             .collect()
     }

@@ -241,6 +241,7 @@ mod tests {
             input_tokens: 16,
             output_tokens: 1,
             blocks: vec![1],
+            adapter: None,
         }
     }
 

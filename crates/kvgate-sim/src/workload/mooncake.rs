@@ -132,6 +132,7 @@ pub fn parse(
             input_tokens,
             output_tokens,
             blocks,
+            adapter: None,
         });
     }
     spread_buckets(&timestamps, bucket_ms, &mut requests);

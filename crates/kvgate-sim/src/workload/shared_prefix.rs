@@ -217,6 +217,7 @@ pub fn generate(params: &SharedPrefixParams) -> Result<(Workload, Vec<SimRequest
             input_tokens,
             output_tokens,
             blocks: prompt_blocks(&segments),
+            adapter: None,
         });
     }
     let workload = Workload {
