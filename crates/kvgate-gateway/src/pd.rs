@@ -1,5 +1,6 @@
-//! Prefill/decode (P/D) disaggregation on the HTTP proxy: the handoff between the two pods the
-//! core picked ([`kvgate_core::RouterSession::route_pd`]).
+//! Prefill/decode (P/D) disaggregation: the handoff between the two pods the core picked
+//! ([`kvgate_core::RouterSession::route_pd`]), on the HTTP proxy and on the ext_proc picker
+//! (which makes the prefill call itself and hands Envoy the decode body, `crate::ext_proc`).
 //!
 //! The protocol is vLLM's (`NixlConnector`, observed on vLLM 0.32; its `toy_proxy_server.py`
 //! does the same):

@@ -420,9 +420,9 @@ pub(crate) struct DecisionMeta<'a> {
     pub attempt: u32,
     /// The request's flow-control class and queue time (flow control on).
     pub flow: Option<&'a crate::flow::FlowNote>,
-    /// The driver can hand a request over from a prefill pod to a decode pod (the HTTP
-    /// proxy): the session routes it in two stages when the fleet has pods of a dedicated role
-    /// ([`kvgate_core::RouterSession::route_pd`]). Else (ext_proc) whole requests only.
+    /// The driver can hand a request over from a prefill pod to a decode pod (the HTTP proxy
+    /// and the ext_proc picker): the session routes it in two stages when the fleet has pods of
+    /// a dedicated role ([`kvgate_core::RouterSession::route_pd`]). Else whole requests only.
     pub split: bool,
 }
 

@@ -180,3 +180,141 @@ async fn envoy_routes_every_request_to_the_pod_kvgate_chose() {
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["error"]["code"], "no_healthy_pod", "{v}");
 }
+
+/// P/D through Envoy: kvgate's ext_proc makes the prefill call on the prefill pod and sends the
+/// client's request, with the prefill's `kv_transfer_params` in its (replaced) body, to the
+/// decode pod through Envoy; the decode pod computes no prompt token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_p_d_requests_are_prefilled_by_kvgate_and_decoded_where_it_chose() {
+    use kvgate_mock_pod::api::KvRole;
+    let Some(envoy_bin) = envoy_binary().filter(|p| p.exists()) else {
+        eprintln!(
+            "\n\n!!!!!!!! SKIPPED envoy_p_d_requests_are_prefilled_by_kvgate_and_decoded_where_it_chose: \
+             no Envoy binary (set KVGATE_ENVOY, or run scripts/test) !!!!!!!!\n\n"
+        );
+        return;
+    };
+    let pod = |role| async move {
+        let config = PodConfig {
+            time_scale: 10.0,
+            kv_role: Some(role),
+            ..PodConfig::default()
+        };
+        kvgate_mock_pod::spawn_pods(&config, "127.0.0.1:0".parse().unwrap(), 1)
+            .await
+            .unwrap()
+            .remove(0)
+    };
+    let p = pod(KvRole::Producer).await;
+    let d = pod(KvRole::Consumer).await;
+    let gw = Gateway::start(ServeArgs {
+        listen: Some("127.0.0.1:0".parse().unwrap()),
+        admin_listen: Some("127.0.0.1:0".parse().unwrap()),
+        ext_proc_listen: Some("127.0.0.1:0".parse().unwrap()),
+        pod: vec![
+            format!("{},role=prefill", p.url()),
+            format!("{},role=decode", d.url()),
+        ],
+        ..ServeArgs::default()
+    })
+    .await
+    .unwrap();
+    wait_until("both pods healthy", || {
+        [p.url(), d.url()]
+            .iter()
+            .all(|u| gw.pod_healthy(u) == Some(true))
+    })
+    .await;
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let mut envoy = Envoy::start(&envoy_bin, gw.ext_proc_addr.unwrap().port());
+    envoy.wait_ready(&client).await;
+    let base = format!("http://127.0.0.1:{}", envoy.listen);
+    let prompt: String = (0..100).map(|i| format!("envoy w{i} ")).collect();
+    for (path, stream) in [
+        ("/v1/completions", false),
+        ("/v1/completions", true),
+        ("/v1/chat/completions", true),
+    ] {
+        let body = if path.contains("chat") {
+            serde_json::json!({"model": DEFAULT_MODEL, "max_tokens": 5, "stream": stream,
+                "messages": [{"role": "user", "content": prompt}]})
+        } else {
+            serde_json::json!({"model": DEFAULT_MODEL, "max_tokens": 5, "stream": stream,
+                "prompt": prompt})
+        };
+        let r = client
+            .post(format!("{base}{path}"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let served_by = r
+            .headers()
+            .get("x-mock-pod")
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default();
+        let text = r.text().await.unwrap();
+        assert_eq!(
+            status,
+            200,
+            "{path} stream {stream}: {text}\n{}",
+            envoy.log_text()
+        );
+        assert_eq!(
+            served_by,
+            d.url().trim_start_matches("http://"),
+            "decoded on the decode pod"
+        );
+        assert!(text.contains("quick"), "{text}");
+    }
+    let pod_metric = |url: String, series: &'static str| async move {
+        reqwest::get(format!("{url}/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+            .lines()
+            .filter(|l| l.starts_with(series))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    let by_source = "vllm:prompt_tokens_by_source_total";
+    let local = |url: String| async move {
+        reqwest::get(format!("{url}/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+            .lines()
+            .filter(|l| l.starts_with(by_source) && l.contains("source=\"local_compute\""))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    assert_eq!(
+        local(d.url()).await,
+        0.0,
+        "the decode pod computed no prompt"
+    );
+    assert!(
+        local(p.url()).await > 100.0,
+        "the prefill pod computed them"
+    );
+    assert_eq!(
+        pod_metric(p.url(), "vllm:generation_tokens_total").await,
+        3.0,
+        "one token per prefill call"
+    );
+    let text = gw.shared().metrics_text().unwrap();
+    let split: f64 = text
+        .lines()
+        .filter(|l| l.starts_with("kvgate_pd_requests_total{route=\"split\"}"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(split, 3.0);
+}

@@ -14,6 +14,12 @@
 //!    `x-gateway-destination-endpoint` (a header mutation, `clear_route_cache: true`) and in
 //!    dynamic metadata `envoy.lb` / `x-gateway-destination-endpoint`. 503 (immediate response)
 //!    when no pod is healthy.
+//!    - **P/D** (a fleet with `prefill` / `decode` pods, [`crate::pd`]): kvgate makes the
+//!      prefill call itself (a failed one excludes its pod and routes again, up to
+//!      `max_retries`; a prefill 4xx is the client's answer), then names the decode pod and
+//!      replaces the body with the client's request carrying the prefill's
+//!      `kv_transfer_params`, `content-length` set to its length (in BUFFERED mode that is the
+//!      processor's job). A decode pod's failure is Envoy's (no fresh prefill here).
 //!    - `BUFFERED` body mode (what `deploy/envoy/envoy.yaml` uses): Envoy waits for the headers
 //!      answer before it sends the body, so the headers get an empty `CONTINUE` and the body
 //!      answer carries the mutation (Envoy has not forwarded the headers yet).
@@ -91,7 +97,8 @@ use http::{HeaderMap, HeaderName, StatusCode};
 use kvgate_core::PodId;
 use kvgate_core::request::RequestError;
 use protocol::{
-    answer, immediate, raw_value, response_head, routed_body, routed_headers, streamed_body,
+    answer, immediate, raw_value, response_head, routed_body, routed_body_replaced, routed_headers,
+    routed_headers_with_length, streamed_body,
 };
 use std::pin::Pin;
 use std::sync::Arc;
@@ -485,31 +492,100 @@ impl Exchange {
             Ok(t) => t,
             Err(e) => return self.reject(e),
         };
-        let meta = DecisionMeta {
-            request_id: &self.request_id,
-            attempt: 0,
-            flow: turn.note.as_ref(),
-            split: false,
+        // P/D (a fleet with prefill / decode pods): the prefill call is made here, then the
+        // client's request, with the prefill's transfer parameters, goes to the decode pod
+        // through Envoy (the body replaced). A failed prefill excludes its pod and routes again
+        // (another prefill pod, or the request whole on a `both` pod), up to `max_retries`.
+        let mut excluded = self.outside_subset();
+        let mut replaced: Option<Vec<u8>> = None;
+        let mut attempt = 0u32;
+        let routed = loop {
+            let meta = DecisionMeta {
+                request_id: &self.request_id,
+                attempt,
+                flow: turn.note.as_ref(),
+                split: true,
+            };
+            let pick = crate::flow::decide_outside(
+                &self.shared,
+                &prepared.route_request(),
+                &excluded,
+                &turn.closed,
+                meta,
+            );
+            let s = match pick {
+                Pick::Routed(r) => break *r,
+                Pick::Split(s) => *s,
+                Pick::NoHealthyPod | Pick::NoDecision => return self.reject(self.no_pod()),
+            };
+            let method =
+                http::Method::from_bytes(self.method.as_bytes()).unwrap_or(http::Method::POST);
+            let call = crate::pd::PrefillCall {
+                cfg: &cfg,
+                method: &method,
+                path_and_query: &self.path,
+                headers: &self.headers,
+                request_id: &self.request_id,
+                deadline,
+                policy: s.policy,
+                branch: s.branch,
+            };
+            let prefilled = crate::pd::prefill(
+                &self.shared,
+                &call,
+                &s.prefill_pod,
+                s.prefill_guard,
+                &prepared.value,
+            )
+            .await;
+            match prefilled {
+                crate::pd::Prefilled::Params(params) => {
+                    let decode = crate::pd::decode_value(&prepared.value, params);
+                    replaced = Some(serde_json::to_vec(&decode).unwrap_or_default());
+                    break Routed {
+                        pod: s.decode_pod,
+                        guard: s.decode_guard,
+                        policy: s.policy,
+                        branch: s.branch,
+                    };
+                }
+                crate::pd::Prefilled::Failed(why) => {
+                    if self.shared.log_limit.allow("pd_prefill_failed") {
+                        tracing::warn!(request_id = %self.request_id, %attempt, why = %why, "ext_proc: prefill failed; routing again");
+                    }
+                    excluded.push(s.prefill_pod.id);
+                    attempt += 1;
+                    if attempt > cfg.max_retries {
+                        return self.reject(ApiError {
+                            status: StatusCode::BAD_GATEWAY,
+                            kind: "upstream_error",
+                            code: "upstream_failed",
+                            message: why,
+                            param: None,
+                        });
+                    }
+                }
+                crate::pd::Prefilled::ClientError(status, _, body) => {
+                    return self.reject(ApiError {
+                        status,
+                        kind: "invalid_request_error",
+                        code: "prefill_rejected",
+                        message: String::from_utf8_lossy(&body[..body.len().min(2048)])
+                            .into_owned(),
+                        param: None,
+                    });
+                }
+                crate::pd::Prefilled::RequestTimeout => {
+                    return self.reject(crate::errors::request_timeout(cfg.request_timeout));
+                }
+            }
         };
-        let excluded = self.outside_subset();
         let Routed {
             pod,
             guard,
             policy,
             branch,
-        } = match crate::flow::decide_outside(
-            &self.shared,
-            &prepared.route_request(),
-            &excluded,
-            &turn.closed,
-            meta,
-        ) {
-            Pick::Routed(r) => *r,
-            // Not asked for (`split: false`); its guards return the charges.
-            Pick::Split(_) | Pick::NoHealthyPod | Pick::NoDecision => {
-                return self.reject(self.no_pod());
-            }
-        };
+        } = routed;
         let queued = turn.queued;
         // Routed: the session's ledger counts the request now.
         drop(turn);
@@ -529,12 +605,19 @@ impl Exchange {
         self.stream = prepared.parsed.stream;
         self.tracker = Some(tracker);
         tracing::debug!(request_id = %self.request_id, pod = %pod.url, %dest, "ext_proc: routed");
-        if self.duplex {
-            let mut out = vec![routed_headers(&dest)];
-            out.extend(streamed_body(&body));
-            Outcome::Send(out)
-        } else {
-            Outcome::Send(vec![routed_body(&dest)])
+        match (self.duplex, replaced) {
+            (true, None) => {
+                let mut out = vec![routed_headers(&dest)];
+                out.extend(streamed_body(&body));
+                Outcome::Send(out)
+            }
+            (true, Some(new_body)) => {
+                let mut out = vec![routed_headers_with_length(&dest, new_body.len())];
+                out.extend(streamed_body(&new_body));
+                Outcome::Send(out)
+            }
+            (false, None) => Outcome::Send(vec![routed_body(&dest)]),
+            (false, Some(new_body)) => Outcome::Send(vec![routed_body_replaced(&dest, &new_body)]),
         }
     }
 

@@ -152,6 +152,38 @@ pub fn routed_body(dest: &str) -> ProcessingResponse {
     resp
 }
 
+/// The request-body answer that routes a BUFFERED request to `dest` with its body replaced by
+/// `body` (a P/D decode stage: the client's request with the prefill's transfer parameters).
+/// In this mode `content-length` is the processor's to set (Envoy's `BodySendMode` docs).
+pub fn routed_body_replaced(dest: &str, body: &[u8]) -> ProcessingResponse {
+    let mut common = routing_response(dest);
+    if let Some(m) = &mut common.header_mutation {
+        m.set_headers
+            .push(header("content-length", &body.len().to_string()));
+    }
+    common.body_mutation = Some(BodyMutation {
+        mutation: Some(body_mutation::Mutation::Body(body.to_vec())),
+    });
+    let mut resp = answer(processing_response::Response::RequestBody(BodyResponse {
+        response: Some(common),
+    }));
+    resp.dynamic_metadata = Some(lb_metadata(dest));
+    resp
+}
+
+/// The request-headers answer of a FULL_DUPLEX_STREAMED request routed to `dest` whose body
+/// (echoed after it, [`streamed_body`]) is `body_len` bytes long.
+pub fn routed_headers_with_length(dest: &str, body_len: usize) -> ProcessingResponse {
+    let mut resp = routed_headers(dest);
+    if let Some(processing_response::Response::RequestHeaders(h)) = &mut resp.response
+        && let Some(m) = h.response.as_mut().and_then(|c| c.header_mutation.as_mut())
+    {
+        m.set_headers
+            .push(header("content-length", &body_len.to_string()));
+    }
+    resp
+}
+
 /// The answer that routes the request to `dest`.
 fn routing_response(dest: &str) -> CommonResponse {
     CommonResponse {
