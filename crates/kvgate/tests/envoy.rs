@@ -318,3 +318,88 @@ async fn envoy_p_d_requests_are_prefilled_by_kvgate_and_decoded_where_it_chose()
         .sum();
     assert_eq!(split, 3.0);
 }
+
+/// P/D through Envoy, a prefill pod without a KV connector (it answers without
+/// `kv_transfer_params`): kvgate excludes it and prefills on the other one, and every request
+/// is still decoded on the decode pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_p_d_survives_a_prefill_pod_that_hands_over_nothing() {
+    use kvgate_mock_pod::api::KvRole;
+    let Some(envoy_bin) = envoy_binary().filter(|p| p.exists()) else {
+        eprintln!(
+            "\n\n!!!!!!!! SKIPPED envoy_p_d_survives_a_prefill_pod_that_hands_over_nothing: \
+             no Envoy binary (set KVGATE_ENVOY, or run scripts/test) !!!!!!!!\n\n"
+        );
+        return;
+    };
+    let pod = |role| async move {
+        let config = PodConfig {
+            time_scale: 10.0,
+            kv_role: role,
+            ..PodConfig::default()
+        };
+        kvgate_mock_pod::spawn_pods(&config, "127.0.0.1:0".parse().unwrap(), 1)
+            .await
+            .unwrap()
+            .remove(0)
+    };
+    let bad = pod(None).await;
+    let p = pod(Some(KvRole::Producer)).await;
+    let d = pod(Some(KvRole::Consumer)).await;
+    let gw = Gateway::start(ServeArgs {
+        listen: Some("127.0.0.1:0".parse().unwrap()),
+        admin_listen: Some("127.0.0.1:0".parse().unwrap()),
+        ext_proc_listen: Some("127.0.0.1:0".parse().unwrap()),
+        // Round robin over the two prefill pods: some first attempts go to the bad one.
+        policy: Some("round-robin".into()),
+        pod: vec![
+            format!("{},role=prefill", bad.url()),
+            format!("{},role=prefill", p.url()),
+            format!("{},role=decode", d.url()),
+        ],
+        ..ServeArgs::default()
+    })
+    .await
+    .unwrap();
+    wait_until("the pods healthy", || {
+        [bad.url(), p.url(), d.url()]
+            .iter()
+            .all(|u| gw.pod_healthy(u) == Some(true))
+    })
+    .await;
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let mut envoy = Envoy::start(&envoy_bin, gw.ext_proc_addr.unwrap().port());
+    envoy.wait_ready(&client).await;
+    let base = format!("http://127.0.0.1:{}", envoy.listen);
+    for i in 0..4 {
+        let r = client
+            .post(format!("{base}/v1/completions"))
+            .json(&serde_json::json!({"model": DEFAULT_MODEL, "max_tokens": 5,
+                "stream": i % 2 == 0, "prompt": format!("request {i}: say something")}))
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let served_by = r
+            .headers()
+            .get("x-mock-pod")
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default();
+        let text = r.text().await.unwrap();
+        assert_eq!(status, 200, "{text}\n{}", envoy.log_text());
+        assert_eq!(served_by, d.url().trim_start_matches("http://"));
+    }
+    let text = gw.shared().metrics_text().unwrap();
+    let stage = |outcome: &str| -> f64 {
+        let series = format!("kvgate_pd_stage_total{{stage=\"prefill\",outcome=\"{outcome}\"}}");
+        text.lines()
+            .filter(|l| l.starts_with(&series))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    assert!(stage("no_transfer_params") >= 1.0, "{text}");
+    assert_eq!(stage("ok"), 4.0);
+}
