@@ -181,48 +181,59 @@ async fn envoy_routes_every_request_to_the_pod_kvgate_chose() {
     assert_eq!(v["error"]["code"], "no_healthy_pod", "{v}");
 }
 
-/// P/D through Envoy: kvgate's ext_proc makes the prefill call on the prefill pod and sends the
-/// client's request, with the prefill's `kv_transfer_params` in its (replaced) body, to the
-/// decode pod through Envoy; the decode pod computes no prompt token.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn envoy_p_d_requests_are_prefilled_by_kvgate_and_decoded_where_it_chose() {
-    use kvgate_mock_pod::api::KvRole;
+/// A P/D fleet of mock pods (`(kv_role, role)` each) behind kvgate's ext_proc picker and a real
+/// Envoy; `None` when there is no Envoy binary (the test is skipped loudly).
+struct PdBehindEnvoy {
+    pods: Vec<RunningPod>,
+    gw: Gateway,
+    envoy: Envoy,
+    client: reqwest::Client,
+    base: String,
+}
+
+async fn pd_behind_envoy(
+    test: &str,
+    pods: &[(Option<kvgate_mock_pod::api::KvRole>, &str)],
+    policy: Option<&str>,
+) -> Option<PdBehindEnvoy> {
     let Some(envoy_bin) = envoy_binary().filter(|p| p.exists()) else {
         eprintln!(
-            "\n\n!!!!!!!! SKIPPED envoy_p_d_requests_are_prefilled_by_kvgate_and_decoded_where_it_chose: \
-             no Envoy binary (set KVGATE_ENVOY, or run scripts/test) !!!!!!!!\n\n"
+            "\n\n!!!!!!!! SKIPPED {test}: no Envoy binary (set KVGATE_ENVOY, or run scripts/test) !!!!!!!!\n\n"
         );
-        return;
+        return None;
     };
-    let pod = |role| async move {
+    let mut running = Vec::new();
+    for (kv_role, _) in pods {
         let config = PodConfig {
             time_scale: 10.0,
-            kv_role: Some(role),
+            kv_role: *kv_role,
             ..PodConfig::default()
         };
-        kvgate_mock_pod::spawn_pods(&config, "127.0.0.1:0".parse().unwrap(), 1)
-            .await
-            .unwrap()
-            .remove(0)
-    };
-    let p = pod(KvRole::Producer).await;
-    let d = pod(KvRole::Consumer).await;
+        running.push(
+            kvgate_mock_pod::spawn_pods(&config, "127.0.0.1:0".parse().unwrap(), 1)
+                .await
+                .unwrap()
+                .remove(0),
+        );
+    }
     let gw = Gateway::start(ServeArgs {
         listen: Some("127.0.0.1:0".parse().unwrap()),
         admin_listen: Some("127.0.0.1:0".parse().unwrap()),
         ext_proc_listen: Some("127.0.0.1:0".parse().unwrap()),
-        pod: vec![
-            format!("{},role=prefill", p.url()),
-            format!("{},role=decode", d.url()),
-        ],
+        policy: policy.map(str::to_string),
+        pod: running
+            .iter()
+            .zip(pods)
+            .map(|(p, (_, role))| format!("{},role={role}", p.url()))
+            .collect(),
         ..ServeArgs::default()
     })
     .await
     .unwrap();
-    wait_until("both pods healthy", || {
-        [p.url(), d.url()]
+    wait_until("the pods healthy", || {
+        running
             .iter()
-            .all(|u| gw.pod_healthy(u) == Some(true))
+            .all(|p| gw.pod_healthy(&p.url()) == Some(true))
     })
     .await;
     let client = reqwest::Client::builder()
@@ -232,6 +243,80 @@ async fn envoy_p_d_requests_are_prefilled_by_kvgate_and_decoded_where_it_chose()
     let mut envoy = Envoy::start(&envoy_bin, gw.ext_proc_addr.unwrap().port());
     envoy.wait_ready(&client).await;
     let base = format!("http://127.0.0.1:{}", envoy.listen);
+    Some(PdBehindEnvoy {
+        pods: running,
+        gw,
+        envoy,
+        client,
+        base,
+    })
+}
+
+impl PdBehindEnvoy {
+    /// One request through Envoy: (status, the mock pod that served it, body).
+    async fn send(&self, path: &str, body: Value) -> (u16, String, String) {
+        let r = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let served_by = r
+            .headers()
+            .get("x-mock-pod")
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default();
+        (status, served_by, r.text().await.unwrap())
+    }
+
+    /// Σ of the gateway's series starting with `series`.
+    fn gateway_metric(&self, series: &str) -> f64 {
+        sum_of(&self.gw.shared().metrics_text().unwrap(), |l| {
+            l.starts_with(series)
+        })
+    }
+}
+
+/// Σ of the values of the exposition lines `keep` accepts.
+fn sum_of(text: &str, keep: impl Fn(&str) -> bool) -> f64 {
+    text.lines()
+        .filter(|l| keep(l))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Σ of a mock pod's series starting with `series` and containing `with`.
+async fn pod_metric(pod: &RunningPod, series: &str, with: &str) -> f64 {
+    let text = reqwest::get(format!("{}/metrics", pod.url()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    sum_of(&text, |l| l.starts_with(series) && l.contains(with))
+}
+
+/// P/D through Envoy: kvgate's ext_proc makes the prefill call on the prefill pod and sends the
+/// client's request, with the prefill's `kv_transfer_params` in its (replaced) body, to the
+/// decode pod through Envoy; the decode pod computes no prompt token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_p_d_requests_are_prefilled_by_kvgate_and_decoded_where_it_chose() {
+    use kvgate_mock_pod::api::KvRole;
+    let Some(f) = pd_behind_envoy(
+        "envoy_p_d_requests_are_prefilled_by_kvgate_and_decoded_where_it_chose",
+        &[
+            (Some(KvRole::Producer), "prefill"),
+            (Some(KvRole::Consumer), "decode"),
+        ],
+        None,
+    )
+    .await
+    else {
+        return;
+    };
+    let (p, d) = (&f.pods[0], &f.pods[1]);
     let prompt: String = (0..100).map(|i| format!("envoy w{i} ")).collect();
     for (path, stream) in [
         ("/v1/completions", false),
@@ -245,24 +330,12 @@ async fn envoy_p_d_requests_are_prefilled_by_kvgate_and_decoded_where_it_chose()
             serde_json::json!({"model": DEFAULT_MODEL, "max_tokens": 5, "stream": stream,
                 "prompt": prompt})
         };
-        let r = client
-            .post(format!("{base}{path}"))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        let status = r.status().as_u16();
-        let served_by = r
-            .headers()
-            .get("x-mock-pod")
-            .map(|v| v.to_str().unwrap().to_string())
-            .unwrap_or_default();
-        let text = r.text().await.unwrap();
+        let (status, served_by, text) = f.send(path, body).await;
         assert_eq!(
             status,
             200,
             "{path} stream {stream}: {text}\n{}",
-            envoy.log_text()
+            f.envoy.log_text()
         );
         assert_eq!(
             served_by,
@@ -271,52 +344,27 @@ async fn envoy_p_d_requests_are_prefilled_by_kvgate_and_decoded_where_it_chose()
         );
         assert!(text.contains("quick"), "{text}");
     }
-    let pod_metric = |url: String, series: &'static str| async move {
-        reqwest::get(format!("{url}/metrics"))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
-            .lines()
-            .filter(|l| l.starts_with(series))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>()
-    };
     let by_source = "vllm:prompt_tokens_by_source_total";
-    let local = |url: String| async move {
-        reqwest::get(format!("{url}/metrics"))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
-            .lines()
-            .filter(|l| l.starts_with(by_source) && l.contains("source=\"local_compute\""))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>()
-    };
+    let local = "source=\"local_compute\"";
     assert_eq!(
-        local(d.url()).await,
+        pod_metric(d, by_source, local).await,
         0.0,
         "the decode pod computed no prompt"
     );
+    // The same prompt three times: the prefill pod's cache serves the later ones.
     assert!(
-        local(p.url()).await > 100.0,
+        pod_metric(p, by_source, local).await > 100.0,
         "the prefill pod computed them"
     );
     assert_eq!(
-        pod_metric(p.url(), "vllm:generation_tokens_total").await,
+        pod_metric(p, "vllm:generation_tokens_total", "").await,
         3.0,
         "one token per prefill call"
     );
-    let text = gw.shared().metrics_text().unwrap();
-    let split: f64 = text
-        .lines()
-        .filter(|l| l.starts_with("kvgate_pd_requests_total{route=\"split\"}"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
-    assert_eq!(split, 3.0);
+    assert_eq!(
+        f.gateway_metric("kvgate_pd_requests_total{route=\"split\"}"),
+        3.0
+    );
 }
 
 /// P/D through Envoy, a prefill pod without a KV connector (it answers without
@@ -325,81 +373,33 @@ async fn envoy_p_d_requests_are_prefilled_by_kvgate_and_decoded_where_it_chose()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_p_d_survives_a_prefill_pod_that_hands_over_nothing() {
     use kvgate_mock_pod::api::KvRole;
-    let Some(envoy_bin) = envoy_binary().filter(|p| p.exists()) else {
-        eprintln!(
-            "\n\n!!!!!!!! SKIPPED envoy_p_d_survives_a_prefill_pod_that_hands_over_nothing: \
-             no Envoy binary (set KVGATE_ENVOY, or run scripts/test) !!!!!!!!\n\n"
-        );
+    // Round robin over the two prefill pods: some first attempts go to the bad one.
+    let Some(f) = pd_behind_envoy(
+        "envoy_p_d_survives_a_prefill_pod_that_hands_over_nothing",
+        &[
+            (None, "prefill"),
+            (Some(KvRole::Producer), "prefill"),
+            (Some(KvRole::Consumer), "decode"),
+        ],
+        Some("round-robin"),
+    )
+    .await
+    else {
         return;
     };
-    let pod = |role| async move {
-        let config = PodConfig {
-            time_scale: 10.0,
-            kv_role: role,
-            ..PodConfig::default()
-        };
-        kvgate_mock_pod::spawn_pods(&config, "127.0.0.1:0".parse().unwrap(), 1)
-            .await
-            .unwrap()
-            .remove(0)
-    };
-    let bad = pod(None).await;
-    let p = pod(Some(KvRole::Producer)).await;
-    let d = pod(Some(KvRole::Consumer)).await;
-    let gw = Gateway::start(ServeArgs {
-        listen: Some("127.0.0.1:0".parse().unwrap()),
-        admin_listen: Some("127.0.0.1:0".parse().unwrap()),
-        ext_proc_listen: Some("127.0.0.1:0".parse().unwrap()),
-        // Round robin over the two prefill pods: some first attempts go to the bad one.
-        policy: Some("round-robin".into()),
-        pod: vec![
-            format!("{},role=prefill", bad.url()),
-            format!("{},role=prefill", p.url()),
-            format!("{},role=decode", d.url()),
-        ],
-        ..ServeArgs::default()
-    })
-    .await
-    .unwrap();
-    wait_until("the pods healthy", || {
-        [bad.url(), p.url(), d.url()]
-            .iter()
-            .all(|u| gw.pod_healthy(u) == Some(true))
-    })
-    .await;
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(60))
-        .build()
-        .unwrap();
-    let mut envoy = Envoy::start(&envoy_bin, gw.ext_proc_addr.unwrap().port());
-    envoy.wait_ready(&client).await;
-    let base = format!("http://127.0.0.1:{}", envoy.listen);
+    let d = &f.pods[2];
     for i in 0..4 {
-        let r = client
-            .post(format!("{base}/v1/completions"))
-            .json(&serde_json::json!({"model": DEFAULT_MODEL, "max_tokens": 5,
-                "stream": i % 2 == 0, "prompt": format!("request {i}: say something")}))
-            .send()
-            .await
-            .unwrap();
-        let status = r.status().as_u16();
-        let served_by = r
-            .headers()
-            .get("x-mock-pod")
-            .map(|v| v.to_str().unwrap().to_string())
-            .unwrap_or_default();
-        let text = r.text().await.unwrap();
-        assert_eq!(status, 200, "{text}\n{}", envoy.log_text());
+        let body = serde_json::json!({"model": DEFAULT_MODEL, "max_tokens": 5,
+            "stream": i % 2 == 0, "prompt": format!("request {i}: say something")});
+        let (status, served_by, text) = f.send("/v1/completions", body).await;
+        assert_eq!(status, 200, "{text}\n{}", f.envoy.log_text());
         assert_eq!(served_by, d.url().trim_start_matches("http://"));
     }
-    let text = gw.shared().metrics_text().unwrap();
-    let stage = |outcome: &str| -> f64 {
-        let series = format!("kvgate_pd_stage_total{{stage=\"prefill\",outcome=\"{outcome}\"}}");
-        text.lines()
-            .filter(|l| l.starts_with(&series))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+    let stage = |outcome: &str| {
+        f.gateway_metric(&format!(
+            "kvgate_pd_stage_total{{stage=\"prefill\",outcome=\"{outcome}\"}}"
+        ))
     };
-    assert!(stage("no_transfer_params") >= 1.0, "{text}");
+    assert!(stage("no_transfer_params") >= 1.0);
     assert_eq!(stage("ok"), 4.0);
 }
