@@ -274,26 +274,28 @@ async fn real_vllm_pd_a_killed_prefill_pod_fails_requests_cleanly_and_is_used_ag
     let (status, _, prefill, body) = send(&gw, false, false, &prompt(&tag(), 5)).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(prefill.as_deref(), Some(pair.prefill.as_str()));
-    let run_script = |cmd: &str| {
+    let run_script = |cmd: &str, pod: &str| {
         std::process::Command::new("bash")
             .arg(&pair.pod_script)
-            .args([cmd, "pdp"])
+            .args([cmd, pod])
             .status()
             .expect("pod.sh runs")
             .success()
     };
-    let script = |cmd: &str| assert!(run_script(cmd), "pod.sh {cmd} pdp");
+    let script = |cmd: &str| assert!(run_script(cmd, "pdp"), "pod.sh {cmd} pdp");
     script("kill");
     // No prefill-capable pod is left and no `both` pod: a clean 5xx, quickly, never a hang.
     let started = Instant::now();
     let (status, _, _, body) = send(&gw, false, true, &prompt(&tag(), 5)).await;
     assert!(matches!(status, 502 | 503), "{status}: {body}");
     assert!(started.elapsed() < Duration::from_secs(30));
-    // A vLLM CPU pod restarted right after a SIGKILL has once (1 CI run of 3) printed nothing
-    // for 240 s and not come up; that is the engine's start, not what this test checks, so a
-    // second restart is allowed.
-    if !run_script("restart") {
-        eprintln!("pod.sh restart pdp failed once; restarting again");
+    // A vLLM CPU prefill pod restarted after a SIGKILL sometimes never finishes starting (its
+    // engine process waits at 0 % CPU while the decode pod's worker spins at ~90 %, seen in 2
+    // CI runs of 5): vLLM's NIXL side, not what this test checks. Then the decode pod is
+    // restarted too, and the prefill pod once more.
+    if !run_script("restart", "pdp") {
+        eprintln!("pod.sh restart pdp failed; restarting the decode pod, then the prefill pod");
+        assert!(run_script("restart", "pdd"), "pod.sh restart pdd");
         script("restart");
     }
     let deadline = Instant::now() + Duration::from_secs(60);
