@@ -69,18 +69,8 @@ fi
 [ $have_sglang = 1 ] || echo "!! sglang-router could not be installed (see $log/pip-sglang.log); skipped"
 [ $have_vllm = 1 ] || echo "!! vllm-router could not be installed (see $log/pip-vllm.log); skipped"
 
-pids=()
-cleanup() { for p in "${pids[@]:-}"; do [ -n "$p" ] && kill "$p" 2>/dev/null; done; wait 2>/dev/null; pids=(); }
-trap cleanup EXIT
+. bench/lib.sh  # pids, cleanup (on exit too), wait_http (the script has cd-ed to the repo root)
 
-wait_http() { # url, seconds
-  local i
-  for ((i = 0; i < $2 * 10; i++)); do
-    curl -fsS -o /dev/null "$1" 2>/dev/null && return 0
-    sleep 0.1
-  done
-  return 1
-}
 
 active_pods=$pods
 start_pods() { # time_scale [count]

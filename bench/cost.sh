@@ -66,10 +66,7 @@ fi
 tok_flag=()
 if [ -f "$tokenizer" ]; then tok_flag=(--tokenizer "$tokenizer"); else tokenizer="built-in cl100k"; fi
 
-pids=()
-cleanup() { for p in "${pids[@]:-}"; do [ -n "$p" ] && kill "$p" 2>/dev/null; done; wait 2>/dev/null; pids=(); }
-trap cleanup EXIT
-wait_http() { local i; for ((i = 0; i < $2 * 10; i++)); do curl -fsS -o /dev/null "$1" 2>/dev/null && return 0; sleep 0.1; done; return 1; }
+. bench/lib.sh  # pids, cleanup (on exit too), wait_http (the script has cd-ed to the repo root)
 
 pod_ports=$(seq "$base" $((base + 3)))
 "$bench" pod $pod_ports >"$out/log/pods.log" 2>&1 &

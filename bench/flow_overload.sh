@@ -77,18 +77,8 @@ queue_ttl_ms = $ttl_ms
 EOF
 : >"$out/flow-off.toml"
 
-pids=()
-cleanup() { for p in "${pids[@]:-}"; do [ -n "$p" ] && kill "$p" 2>/dev/null; done; wait 2>/dev/null; pids=(); }
-trap cleanup EXIT
+. bench/lib.sh  # pids, cleanup (on exit too), wait_http (the script has cd-ed to the repo root)
 
-wait_http() { # url, seconds
-  local i
-  for ((i = 0; i < $2 * 10; i++)); do
-    curl -fsS -o /dev/null "$1" 2>/dev/null && return 0
-    sleep 0.1
-  done
-  return 1
-}
 
 # run NAME RATE FLOW(on|off) NOISY_KEEP
 run() {

@@ -97,18 +97,8 @@ nats_bin=${KVGATE_NATS_SERVER:-}
 [ -z "$nats_bin" ] && [ -x "$root/.venv/bin/nats-server" ] && nats_bin="$root/.venv/bin/nats-server"
 [ -z "$nats_bin" ] && nats_bin=$(command -v nats-server || true)
 
-pids=()
-cleanup() { for p in "${pids[@]:-}"; do [ -n "$p" ] && kill "$p" 2>/dev/null; done; wait 2>/dev/null; pids=(); }
-trap cleanup EXIT
+. bench/lib.sh  # pids, cleanup (on exit too), wait_http (the script has cd-ed to the repo root)
 
-wait_http() { # url, seconds
-  local i
-  for ((i = 0; i < $2 * 10; i++)); do
-    curl -fsS -o /dev/null "$1" 2>/dev/null && return 0
-    sleep 0.1
-  done
-  return 1
-}
 
 start_pods() {
   local extra=()

@@ -24,11 +24,10 @@
 //! `lora_affinity.go`.
 
 use super::weighted::Weighted;
-use super::{Candidate, Pick, Policy, PolicyError, PolicyKind, RequestFacts, argmin_by};
+use super::{Candidate, Pick, Policy, PolicyError, PolicyKind, RequestFacts};
 use crate::DecisionRng;
 use crate::adapters::AdapterFit;
 use crate::config::RouterConfig;
-use crate::decision::Branch;
 
 /// Weight of the lora-affinity scorer (KServe's llm-d scheduler config).
 pub const LORA_AFFINITY_WEIGHT: f64 = 4.0;
@@ -77,15 +76,12 @@ impl Policy for LoraAffinity {
         eligible: &mut [bool],
         _rng: &mut DecisionRng,
     ) -> Result<Pick, PolicyError> {
-        let loads = candidates.iter().map(|c| c.pod.load_requests());
-        let min_q = loads.clone().min().ok_or(PolicyError::NoCandidates)?;
-        let max_q = loads.max().ok_or(PolicyError::NoCandidates)?;
-        let index = argmin_by(candidates, eligible, |c| -self.score(c, min_q, max_q))
-            .ok_or(PolicyError::NoCandidates)?;
-        Ok(Pick {
-            index,
-            branch: Branch::Reason("max_lora_affinity_score"),
-        })
+        super::weighted::pick_max_score(
+            candidates,
+            eligible,
+            |c, min_q, max_q| self.score(c, min_q, max_q),
+            "max_lora_affinity_score",
+        )
     }
 }
 

@@ -63,16 +63,32 @@ impl Policy for Weighted {
         eligible: &mut [bool],
         _rng: &mut DecisionRng,
     ) -> Result<Pick, PolicyError> {
-        let loads = candidates.iter().map(|c| c.pod.load_requests());
-        let min_q = loads.clone().min().ok_or(PolicyError::NoCandidates)?;
-        let max_q = loads.max().ok_or(PolicyError::NoCandidates)?;
-        let index = argmin_by(candidates, eligible, |c| -self.score(c, min_q, max_q))
-            .ok_or(PolicyError::NoCandidates)?;
-        Ok(Pick {
-            index,
-            branch: Branch::Reason("max_weighted_score"),
-        })
+        pick_max_score(
+            candidates,
+            eligible,
+            |c, min_q, max_q| self.score(c, min_q, max_q),
+            "max_weighted_score",
+        )
     }
+}
+
+/// The eligible candidate with the highest `score(c, min load, max load)` (loads in requests,
+/// over every candidate), explained as `reason`: the pick of the weighted-scorer policies.
+pub(crate) fn pick_max_score(
+    candidates: &[Candidate<'_>],
+    eligible: &mut [bool],
+    score: impl Fn(&Candidate<'_>, u32, u32) -> f64,
+    reason: &'static str,
+) -> Result<Pick, PolicyError> {
+    let loads = candidates.iter().map(|c| c.pod.load_requests());
+    let min_q = loads.clone().min().ok_or(PolicyError::NoCandidates)?;
+    let max_q = loads.max().ok_or(PolicyError::NoCandidates)?;
+    let index = argmin_by(candidates, eligible, |c| -score(c, min_q, max_q))
+        .ok_or(PolicyError::NoCandidates)?;
+    Ok(Pick {
+        index,
+        branch: Branch::Reason(reason),
+    })
 }
 
 #[cfg(test)]
