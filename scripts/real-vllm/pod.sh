@@ -2,7 +2,8 @@
 # Starts or stops one real vLLM CPU pod (facts in ../shared/reference/real-vllm.md).
 #   scripts/real-vllm/pod.sh start NAME MODEL_DIR PORT REPLAY_PORT CORE [vllm args…]
 #   scripts/real-vllm/pod.sh stop NAME        (SIGTERM to its process group, SIGKILL after 20 s)
-#   scripts/real-vllm/pod.sh kill NAME        (SIGKILL to its process group: a crash)
+#   scripts/real-vllm/pod.sh kill NAME        (SIGKILL to its process group: a crash; both wait
+#                                             until the group's processes are gone, ≤ 30 s)
 #   scripts/real-vllm/pod.sh restart NAME     (kill, then start again with the same arguments)
 # The pod runs in its own session (setsid), pinned to CORE, with prefix caching, KV events
 # published on ipc://$run/NAME-events.ipc (vLLM binds a PUB endpoint only when it is a wildcard
@@ -66,6 +67,9 @@ stop|kill)
     for _ in $(seq 20); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
     kill -KILL -- "-$pid" 2>/dev/null || true
   fi
+  # Until every process of the group is gone (its ports, NIXL side channel and shared memory
+  # are released then), at most 30 s: a start right after a kill must not meet the old engine.
+  for _ in $(seq 60); do pgrep -g "$pid" > /dev/null 2>&1 || break; sleep 0.5; done
   rm -f "$run/$name.pid"
   ;;
 *) echo "usage: $0 start|stop|kill NAME …" >&2; exit 2 ;;

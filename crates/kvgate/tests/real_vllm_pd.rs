@@ -278,6 +278,9 @@ async fn real_vllm_pd_a_killed_prefill_pod_fails_requests_cleanly_and_is_used_ag
         std::process::Command::new("bash")
             .arg(&pair.pod_script)
             .args([cmd, pod])
+            // A healthy restart takes 40-70 s here; one that has not answered /health in
+            // 150 s is the stuck case below, and the fallback starts sooner.
+            .env("KVGATE_VLLM_START_S", "150")
             .status()
             .expect("pod.sh runs")
             .success()
