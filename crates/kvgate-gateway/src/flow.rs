@@ -53,8 +53,8 @@ use http::{HeaderMap, StatusCode};
 use kvgate_core::PodId;
 use kvgate_core::flow::saturation::pod_headroom;
 use kvgate_core::flow::{
-    Expiry, FlowConfig, FlowQueue, FlowRequest, Offer, Rejection, Saturation, fleet_bulk_headroom,
-    fleet_saturation,
+    Expiry, FlowConfig, FlowQueue, FlowRequest, Offer, Rejection, Room, Saturation,
+    fleet_bulk_headroom, fleet_saturation,
 };
 use parking_lot::Mutex;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -340,11 +340,6 @@ impl FlowGate {
                 .set(i64::try_from(n).unwrap_or(i64::MAX));
         }
     }
-}
-
-/// The fleet's saturation now, less the requests let go and not yet routed.
-fn saturation(shared: &Shared, cfg: &FlowConfig) -> Saturation {
-    view(shared, cfg).saturation
 }
 
 /// What the driver needs of the fleet at a release: the saturation, the bulk headroom, and
@@ -652,7 +647,11 @@ pub async fn wait_turn(
         return Ok(Turn::free());
     }
     let gate = &shared.flow;
-    let sat = saturation(shared, &cfg);
+    let v = view(shared, &cfg);
+    let room = Room {
+        saturation: v.saturation,
+        bulk_headroom: v.bulk_room,
+    };
     let now = gate.now_ms();
     let (tx, rx) = oneshot::channel();
     let req = FlowRequest {
@@ -667,7 +666,7 @@ pub async fn wait_turn(
         let mut q = gate.queue.lock();
         let t = q.tenant(&cfg, &class.tenant, now);
         let tenant = q.tenant_name(t).to_string();
-        let offer = q.offer(&cfg, req, sat, now, tx);
+        let offer = q.offer(&cfg, req, room, now, tx);
         (offer, tenant, q.take_forgotten())
     };
     for name in forgotten {
@@ -800,9 +799,9 @@ fn pump(shared: &Shared) -> bool {
             let mut q = gate.queue.lock();
             // A bulk request (core docs) leaves only into bulk headroom; without it, the next
             // request that is not bulk goes.
-            let (l, bulk) = match q.next_is_bulk() {
+            let (l, bulk) = match q.next_is_bulk(&cfg, now) {
                 None => break,
-                Some(true) if bulk_room == 0 => (q.pop_non_bulk(now), false),
+                Some(true) if bulk_room == 0 => (q.pop_non_bulk(&cfg, now), false),
                 Some(b) => (q.pop(now), b),
             };
             let Some(l) = l else { break };

@@ -5,7 +5,7 @@
 //! cargo run --release -p kvgate-sim --example flow_overload -- \
 //!     TRACE [--pods 16] [--rate-scale 6] [--unloaded-rate-scale 1] [--seed 1] \
 //!     [--queue-ttl-ms 30000] [--queue-depth 5] [--max-in-flight 0] [--kv-threshold 0.8] \
-//!     [--bulk-reserve 0.3]
+//!     [--bulk-reserve 0.3] [--bulk-window-ms 10000]
 //! ```
 //!
 //! Runs (same seed, affinity-gate, tags from `workload::classes` defaults):
@@ -21,7 +21,8 @@
 //! TTFT goes (p50/p99 of the time in the flow queue and of the pod's part, dispatch to first
 //! token) and what the saturation detector saw at the release checks with requests queued
 //! (pods closed by KV usage, by their queue, open). `--bulk-reserve` is
-//! `saturation.bulk_kv_reserve` (its default, 0.3; 0 turns bulk requests off).
+//! `saturation.bulk_kv_reserve` (its default, 0.3; 0 turns bulk requests off);
+//! `--bulk-window-ms` is `bulk_window_ms` (the flooding rule's time constant, 10,000; 0 off).
 
 use kvgate_core::flow::FlowConfig;
 use kvgate_core::policy::PolicyKind;
@@ -41,6 +42,7 @@ struct Args {
     max_in_flight: u32,
     kv_threshold: f64,
     bulk_reserve: f64,
+    bulk_window_ms: u64,
 }
 
 fn args() -> Args {
@@ -55,6 +57,7 @@ fn args() -> Args {
         max_in_flight: 0,
         kv_threshold: 0.8,
         bulk_reserve: FlowConfig::default().saturation.bulk_kv_reserve,
+        bulk_window_ms: FlowConfig::default().bulk_window_ms,
     };
     let mut it = std::env::args().skip(1);
     while let Some(x) = it.next() {
@@ -68,6 +71,7 @@ fn args() -> Args {
             "--queue-depth" => a.depth = val().parse().expect("--queue-depth N"),
             "--max-in-flight" => a.max_in_flight = val().parse().expect("--max-in-flight N"),
             "--bulk-reserve" => a.bulk_reserve = val().parse().expect("--bulk-reserve X"),
+            "--bulk-window-ms" => a.bulk_window_ms = val().parse().expect("--bulk-window-ms N"),
             "--kv-threshold" => a.kv_threshold = val().parse().expect("--kv-threshold X"),
             t if !t.starts_with("--") => a.trace = t.to_string(),
             other => panic!("unknown flag {other}"),
@@ -92,6 +96,7 @@ fn run(a: &Args, rate: f64, flow: bool, reqs: &[SimRequest], cls: &[SimClass]) -
     c.flow.saturation.max_in_flight_per_pod = a.max_in_flight;
     c.flow.saturation.kv_cache_util_threshold = a.kv_threshold;
     c.flow.saturation.bulk_kv_reserve = a.bulk_reserve;
+    c.flow.bulk_window_ms = a.bulk_window_ms;
     cluster::run_classified(&c, reqs, cls)
 }
 
@@ -182,7 +187,7 @@ fn main() {
         rows.push((name, row(&m, c), m));
     }
     println!(
-        "{} requests ({} with the noisy tenant at its share), {} pods, rate {}× (unloaded {}×), seed {}, TTL {} ms, queue depth {}, max in flight per pod {}, KV threshold {}, bulk KV reserve {}; {:.1} s wall",
+        "{} requests ({} with the noisy tenant at its share), {} pods, rate {}× (unloaded {}×), seed {}, TTL {} ms, queue depth {}, max in flight per pod {}, KV threshold {}, bulk KV reserve {}, bulk window {} ms; {:.1} s wall",
         reqs.len(),
         share_reqs.len(),
         a.pods,
@@ -194,6 +199,7 @@ fn main() {
         a.max_in_flight,
         a.kv_threshold,
         a.bulk_reserve,
+        a.bulk_window_ms,
         t0.elapsed().as_secs_f64()
     );
     println!(

@@ -753,6 +753,14 @@ impl Cluster {
         let class = self.classes.get(r.id as usize).copied().unwrap_or_default();
         let saturation = self.flow_saturation();
         let cfg = self.config.flow;
+        let room = kvgate_core::flow::Room {
+            saturation,
+            bulk_headroom: kvgate_core::flow::fleet_bulk_headroom(
+                &cfg.saturation,
+                &self.snapshots,
+                |_| None,
+            ),
+        };
         let tenant = self
             .tenant_names
             .get(class.tenant as usize)
@@ -764,15 +772,18 @@ impl Cluster {
             bytes: 0,
             deadline_ms: f64::INFINITY,
         };
-        match self
-            .flow_queue
-            .offer(&cfg, req, saturation, now, (r.id, now))
-        {
+        match self.flow_queue.offer(&cfg, req, room, now, (r.id, now)) {
             Offer::Dispatch(_) => {
                 if let Some(q) = self.flow_report.queue_ms_by_request.get_mut(r.id as usize) {
                     *q = 0.0;
                 }
-                self.arrive_at(r, now, now);
+                // At the door the router picks among every pod, as with flow control off:
+                // routing only among pods with headroom here measured worse (EVALUATION
+                // §11.3; the cause not analysed).
+                if let Some(f) = &mut self.faults {
+                    f.arrived(now);
+                }
+                self.dispatch_arrival(r, now, now);
             }
             Offer::Queued(_, evicted) => {
                 if let Some(f) = &mut self.faults {
@@ -835,7 +846,7 @@ impl Cluster {
                 first = false;
                 self.note_detector(&sat);
             }
-            let Some(bulk) = self.flow_queue.next_is_bulk() else {
+            let Some(bulk) = self.flow_queue.next_is_bulk(&self.config.flow, now) else {
                 break;
             };
             // Dispatch by headroom: a request may go only to a pod with room for it (a bulk
@@ -862,7 +873,7 @@ impl Cluster {
                 if !open {
                     break;
                 }
-                self.flow_queue.pop_non_bulk(now)
+                self.flow_queue.pop_non_bulk(&self.config.flow, now)
             } else {
                 break;
             };
@@ -903,17 +914,6 @@ impl Cluster {
             f.arrived(now);
         }
         self.dispatch_arrival(r, now, now);
-    }
-
-    /// [`Self::arrive`] for a request flow control let through at `now` (it arrived at
-    /// `arrived`; its TTFT counts from then).
-    fn arrive_at(&mut self, r: &SimRequest, now: f64, arrived: f64) {
-        if now == arrived
-            && let Some(f) = &mut self.faults
-        {
-            f.arrived(now);
-        }
-        self.dispatch_arrival(r, now, arrived);
     }
 
     fn dispatch_arrival(&mut self, r: &SimRequest, now: f64, arrived: f64) {

@@ -47,8 +47,11 @@
 //!
 //! Requests are not preempted once dispatched, so a fleet filled to its thresholds by one
 //! flooding tenant makes every other arrival wait for a completion. So a *bulk* request — band
-//! ≤ 0, from the *bulk tenant*: the one holding more than half of the queued requests (at
-//! least two queued) — leaves only into the fleet's *bulk headroom*: the saturation detector's
+//! ≤ 0, from the *bulk tenant* (the one holding more than half of the queued requests, at
+//! least two queued) or from a *flooding* tenant (over the last `bulk_window_ms`, decayed
+//! exponentially with that time constant, it offered more than twice the tokens the other
+//! tenants seen in that window offered on average; a lone tenant never floods) — leaves only
+//! into the fleet's *bulk headroom*: the saturation detector's
 //! with the KV threshold lowered by `saturation.bulk_kv_reserve` (default 0.3: 0.8 − 0.3 = 0.5
 //! of KV). The driver asks [`FlowQueue::next_is_bulk`]; with headroom but no bulk headroom it
 //! takes [`FlowQueue::pop_non_bulk`] (the next request in the order above that is not bulk),
@@ -57,14 +60,20 @@
 //! bulk too (when it holds two or more): the room it leaves is what the next tenant's arrival
 //! finds. Measured in EVALUATION.md §11.
 //!
+//! The flooding rule holds at the door too ([`FlowQueue::offer`]): with the queue empty and
+//! the fleet with headroom, a flooding tenant's band-≤-0 request is dispatched only while there
+//! is bulk headroom, else queued. Without it the flood, let through at once while the queue is
+//! still empty, fills the pods to the KV threshold before the queue forms, and the others'
+//! arrivals of that moment wait in the engines (EVALUATION.md §11.3).
+//!
 //! The drivers also *dispatch by headroom*: a released request is routed only among the pods
 //! with headroom for it ([`saturation::pod_headroom`] under its thresholds), so it can start
 //! soon.
 //!
 //! # Admission rules ([`FlowQueue::offer`])
 //!
-//! - flow control off, or the queue empty and the fleet with headroom: dispatch now (today's
-//!   behaviour; the queue costs nothing while the fleet keeps up);
+//! - flow control off, or the queue empty and the fleet with headroom (bulk headroom for a
+//!   bulk request): dispatch now (the queue costs nothing while the fleet keeps up);
 //! - no healthy pod: [`Rejection::Unavailable`] (503);
 //! - must wait and sheddable (priority < 0): [`Rejection::Sheddable`] (429), shed first, never
 //!   queued;
@@ -87,7 +96,9 @@
 //! admission queue size); `max_queued_bytes` **256 MiB** of request bodies; `queue_ttl_ms`
 //! **30,000** (llm-d's default request TTL); `tenant_max_share` **0.5**; `max_tenants` **64**;
 //! `tenant_idle_ms` **300,000** (five minutes: a tenant's metric series stay continuous across
-//! pauses shorter than a typical scrape-and-alert window);
+//! pauses shorter than a typical scrape-and-alert window); `bulk_window_ms` **10,000** (the
+//! flooding rule's time constant; 0 turns the rule off, leaving only the bulk tenant of the
+//! queue);
 //! `saturation.bulk_kv_reserve` **0.3** (in `[0, kv_cache_util_threshold)`; 0 turns bulk
 //! requests off); `forward_priority` **false** (write the priority into the body sent to vLLM: vLLM's default
 //! `fcfs` scheduler refuses any non-zero `priority`, so only with `--scheduling-policy
@@ -96,7 +107,7 @@
 //! # Bounds
 //!
 //! Entries ≤ `max_queued_requests`, their bytes ≤ `max_queued_bytes`; tenants ≤ one more than
-//! `max_tenants` (each a name and two numbers); bands ≤ 33. `offer`, `pop`: O(log bands +
+//! `max_tenants` (each a name and five numbers); bands ≤ 33. `offer`, `pop`: O(log bands +
 //! tenants); `expire`: O(entries) when an entry is due, else O(1); `remove`: O(entries of its
 //! tenant in its band).
 
@@ -130,6 +141,7 @@ pub struct FlowConfig {
     pub tenant_max_share: f64,
     pub max_tenants: usize,
     pub tenant_idle_ms: u64,
+    pub bulk_window_ms: u64,
     pub forward_priority: bool,
     pub saturation: SaturationConfig,
 }
@@ -144,6 +156,7 @@ impl Default for FlowConfig {
             tenant_max_share: 0.5,
             max_tenants: 64,
             tenant_idle_ms: 300_000,
+            bulk_window_ms: 10_000,
             forward_priority: false,
             saturation: SaturationConfig::default(),
         }
@@ -318,6 +331,9 @@ struct Tenant {
     queued: usize,
     /// When [`FlowQueue::tenant`] last looked it up.
     last_seen_ms: f64,
+    /// Tokens it offered, decayed with time constant `bulk_window_ms`, as of `recent_at_ms`.
+    recent_tokens: f64,
+    recent_at_ms: f64,
 }
 
 /// The queue; see the module docs. `T` is the driver's handle of a waiting request.
@@ -336,10 +352,35 @@ pub struct FlowQueue<T> {
     earliest_expiry_ms: f64,
     /// Names that lost their place to a newcomer, for the driver ([`Self::take_forgotten`]).
     forgotten: Vec<String>,
+    /// Tokens offered by every tenant, decayed like [`Tenant::recent_tokens`].
+    recent_tokens: f64,
+    recent_at_ms: f64,
 }
 
 /// Most forgotten names kept for the driver between two [`FlowQueue::take_forgotten`] calls.
 const MAX_FORGOTTEN: usize = 4096;
+
+/// `value` counted at `at_ms`, decayed to `now_ms` with time constant `tau_ms`.
+fn decayed(value: f64, at_ms: f64, now_ms: f64, tau_ms: f64) -> f64 {
+    value * (-(now_ms - at_ms).max(0.0) / tau_ms).exp()
+}
+
+/// What the driver tells [`FlowQueue::offer`] of the fleet: its [`Saturation`] and its *bulk
+/// headroom* ([`fleet_bulk_headroom`]: requests a bulk request may take now).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Room {
+    pub saturation: Saturation,
+    pub bulk_headroom: u32,
+}
+
+impl From<Saturation> for Room {
+    fn from(saturation: Saturation) -> Room {
+        Room {
+            saturation,
+            bulk_headroom: saturation.headroom(),
+        }
+    }
+}
 
 impl<T> Default for FlowQueue<T> {
     fn default() -> Self {
@@ -354,6 +395,8 @@ impl<T> Default for FlowQueue<T> {
             virtual_time: 0.0,
             earliest_expiry_ms: f64::INFINITY,
             forgotten: Vec::new(),
+            recent_tokens: 0.0,
+            recent_at_ms: 0.0,
         }
     }
 }
@@ -404,6 +447,8 @@ impl<T> FlowQueue<T> {
             let old = std::mem::replace(&mut t.name, name.to_string());
             t.attained = self.virtual_time;
             t.last_seen_ms = now_ms;
+            t.recent_tokens = 0.0;
+            t.recent_at_ms = now_ms;
             self.by_name.remove(&old);
             self.by_name.insert(name.to_string(), id);
             if self.forgotten.len() < MAX_FORGOTTEN {
@@ -426,6 +471,8 @@ impl<T> FlowQueue<T> {
             attained: self.virtual_time,
             queued: 0,
             last_seen_ms: now_ms,
+            recent_tokens: 0.0,
+            recent_at_ms: now_ms,
         });
         self.by_name.insert(name.to_string(), id);
         id
@@ -468,29 +515,39 @@ impl<T> FlowQueue<T> {
         out
     }
 
-    /// Offers a request; see the module docs for the rules.
+    /// Offers a request; see the module docs for the rules. `room` is the fleet's
+    /// [`Saturation`] and its bulk headroom ([`Room`]; a plain [`Saturation`] converts with
+    /// the bulk headroom equal to the headroom).
     pub fn offer(
         &mut self,
         cfg: &FlowConfig,
         req: FlowRequest<'_>,
-        saturation: Saturation,
+        room: impl Into<Room>,
         now_ms: f64,
         payload: T,
     ) -> Offer<T> {
         if !cfg.enabled {
             return Offer::Dispatch(payload);
         }
-        if saturation == Saturation::Unavailable {
+        let room = room.into();
+        if room.saturation == Saturation::Unavailable {
             return Offer::Rejected(Rejection::Unavailable, payload);
         }
-        if self.len == 0 && saturation.headroom() > 0 {
+        let band = band_of(req.priority);
+        let tenant = self.tenant(cfg, req.tenant, now_ms);
+        self.note_arrival(cfg, tenant, req.cost_tokens, now_ms);
+        // A request that is not bulk queued behind waiting bulk requests is released by the
+        // driver's next check with dispatch by headroom, which measured better than sending
+        // it at once to any pod (EVALUATION §11.3).
+        if self.len == 0
+            && room.saturation.headroom() > 0
+            && (room.bulk_headroom > 0 || !self.is_bulk(cfg, tenant, band, now_ms))
+        {
             return Offer::Dispatch(payload);
         }
-        let band = band_of(req.priority);
         if band < 0 {
             return Offer::Rejected(Rejection::Sheddable, payload);
         }
-        let tenant = self.tenant(cfg, req.tenant, now_ms);
         if self.tenants[tenant.0 as usize].queued >= cfg.tenant_cap() {
             return Offer::Rejected(Rejection::TenantShare, payload);
         }
@@ -553,14 +610,15 @@ impl<T> FlowQueue<T> {
     }
 
     /// The band and tenant [`Self::pop`] would take from next (highest band, least-served
-    /// tenant, oldest), if any; with `skip`, that tenant's entries in bands ≤ 0 are passed over.
-    fn pick(&self, skip: Option<usize>) -> Option<(i32, usize)> {
+    /// tenant, oldest), if any; entries in bands ≤ 0 of the tenants `skip` names are passed
+    /// over.
+    fn pick(&self, skip: impl Fn(usize) -> bool) -> Option<(i32, usize)> {
         let tenants = &self.tenants;
         self.bands.iter().rev().find_map(|(&band, queues)| {
             queues
                 .iter()
                 .enumerate()
-                .filter(|(t, _)| band > 0 || skip != Some(*t))
+                .filter(|(t, _)| band > 0 || !skip(*t))
                 .filter_map(|(t, q)| q.front().map(|e| (t, e)))
                 .min_by(|(ta, a), (tb, b)| {
                     tenants[*ta]
@@ -582,24 +640,74 @@ impl<T> FlowQueue<T> {
         self.tenants.iter().position(|t| t.queued * 2 > self.len)
     }
 
-    /// Whether the request [`Self::pop`] would release next is *bulk*: priority band ≤ 0,
-    /// from the bulk tenant (see the module docs). None when the queue is empty.
-    pub fn next_is_bulk(&self) -> Option<bool> {
-        let (band, tenant) = self.pick(None)?;
-        Some(band <= 0 && self.bulk_tenant() == Some(tenant))
+    /// Counts `tokens` offered by `tenant` at `now_ms` in the decayed arrival totals.
+    fn note_arrival(&mut self, cfg: &FlowConfig, tenant: TenantId, tokens: u64, now_ms: f64) {
+        let tau = cfg.bulk_window_ms as f64;
+        if tau <= 0.0 {
+            return;
+        }
+        let tokens = tokens as f64;
+        self.recent_tokens = decayed(self.recent_tokens, self.recent_at_ms, now_ms, tau) + tokens;
+        self.recent_at_ms = self.recent_at_ms.max(now_ms);
+        if let Some(t) = self.tenants.get_mut(tenant.0 as usize) {
+            t.recent_tokens = decayed(t.recent_tokens, t.recent_at_ms, now_ms, tau) + tokens;
+            t.recent_at_ms = t.recent_at_ms.max(now_ms);
+        }
+    }
+
+    /// Whether `tenant` is *flooding*: over the last `bulk_window_ms` (tokens offered,
+    /// decayed), it sent more than twice what the other tenants seen in that window sent on
+    /// average (so a lone tenant never floods). See the module docs.
+    fn flooding(&self, cfg: &FlowConfig, tenant: usize, now_ms: f64) -> bool {
+        let tau = cfg.bulk_window_ms as f64;
+        let Some(t) = self.tenants.get(tenant) else {
+            return false;
+        };
+        if tau <= 0.0 || t.name == OTHER_TENANT {
+            return false;
+        }
+        let since = now_ms - tau;
+        let active = self
+            .tenants
+            .iter()
+            .filter(|t| t.last_seen_ms >= since)
+            .count();
+        let total = decayed(self.recent_tokens, self.recent_at_ms, now_ms, tau);
+        let mine = decayed(t.recent_tokens, t.recent_at_ms, now_ms, tau);
+        let others = active.saturating_sub(usize::from(t.last_seen_ms >= since));
+        others > 0 && mine > 2.0 * (total - mine).max(0.0) / others as f64
+    }
+
+    /// Whether a request of `band` from `tenant` is *bulk* at `now_ms`: band ≤ 0, from the
+    /// tenant holding most of the queue or from a flooding tenant (module docs).
+    pub fn is_bulk(&self, cfg: &FlowConfig, tenant: TenantId, band: i32, now_ms: f64) -> bool {
+        let t = tenant.0 as usize;
+        band <= 0 && (self.bulk_tenant() == Some(t) || self.flooding(cfg, t, now_ms))
+    }
+
+    /// Whether the request [`Self::pop`] would release next is *bulk* ([`Self::is_bulk`]).
+    /// None when the queue is empty.
+    pub fn next_is_bulk(&self, cfg: &FlowConfig, now_ms: f64) -> Option<bool> {
+        let (band, tenant) = self.pick(|_| false)?;
+        Some(self.is_bulk(cfg, TenantId(tenant as u32), band, now_ms))
     }
 
     /// The next request to dispatch (highest band, least-served tenant, oldest), if any.
     pub fn pop(&mut self, now_ms: f64) -> Option<Leaving<T>> {
-        let pick = self.pick(None)?;
+        let pick = self.pick(|_| false)?;
         self.take(pick, now_ms)
     }
 
     /// [`Self::pop`] passing over bulk requests: the next request that is not bulk, if any
     /// (for when the fleet has headroom but no bulk headroom).
-    pub fn pop_non_bulk(&mut self, now_ms: f64) -> Option<Leaving<T>> {
-        let pick = self.pick(self.bulk_tenant())?;
+    pub fn pop_non_bulk(&mut self, cfg: &FlowConfig, now_ms: f64) -> Option<Leaving<T>> {
+        let pick = self.pick_non_bulk(cfg, now_ms)?;
         self.take(pick, now_ms)
+    }
+
+    fn pick_non_bulk(&self, cfg: &FlowConfig, now_ms: f64) -> Option<(i32, usize)> {
+        let bulk = self.bulk_tenant();
+        self.pick(|t| bulk == Some(t) || self.flooding(cfg, t, now_ms))
     }
 
     fn take(&mut self, (band, tenant): (i32, usize), now_ms: f64) -> Option<Leaving<T>> {

@@ -409,25 +409,25 @@ fn the_tenant_holding_most_of_the_queue_is_bulk_and_can_be_passed_over() {
     let cfg = on();
     // One queued request is never bulk (nobody else to make room for).
     queued(q.offer(&cfg, req(0, "noisy"), FULL, 0.0, 1));
-    assert_eq!(q.next_is_bulk(), Some(false));
+    assert_eq!(q.next_is_bulk(&cfg, 3.0), Some(false));
     queued(q.offer(&cfg, req(0, "noisy"), FULL, 0.0, 2));
     queued(q.offer(&cfg, req(0, "noisy"), FULL, 0.0, 3));
     // The noisy tenant holds 3 of 3: its next request is bulk.
-    assert_eq!(q.next_is_bulk(), Some(true));
+    assert_eq!(q.next_is_bulk(&cfg, 3.0), Some(true));
     queued(q.offer(&cfg, req(0, "quiet"), FULL, 1.0, 4));
     queued(q.offer(&cfg, req(1, "noisy"), FULL, 2.0, 5));
     // A higher band is never bulk, whoever sends it, and leaves first.
-    assert_eq!(q.next_is_bulk(), Some(false));
-    assert_eq!(q.pop_non_bulk(3.0).map(|l| l.payload), Some(5));
+    assert_eq!(q.next_is_bulk(&cfg, 3.0), Some(false));
+    assert_eq!(q.pop_non_bulk(&cfg, 3.0).map(|l| l.payload), Some(5));
     // Band 0: noisy was served 100 tokens (request 5), quiet none: quiet goes next.
-    assert_eq!(q.next_is_bulk(), Some(false));
+    assert_eq!(q.next_is_bulk(&cfg, 3.0), Some(false));
     assert_eq!(q.pop(3.0).map(|l| l.payload), Some(4));
     // Only the noisy tenant left (3 of 3): bulk; passing over it finds nothing.
-    assert_eq!(q.next_is_bulk(), Some(true));
-    assert!(q.pop_non_bulk(3.0).is_none());
+    assert_eq!(q.next_is_bulk(&cfg, 3.0), Some(true));
+    assert!(q.pop_non_bulk(&cfg, 3.0).is_none());
     assert_eq!(q.len(), 3);
     assert_eq!(drain(&mut q), vec![1, 2, 3]);
-    assert_eq!(q.next_is_bulk(), None);
+    assert_eq!(q.next_is_bulk(&cfg, 3.0), None);
 }
 
 #[test]
@@ -440,10 +440,10 @@ fn passing_over_the_bulk_tenant_serves_the_others_in_their_order() {
     queued(q.offer(&cfg, req(0, "a"), FULL, 1.0, 10));
     queued(q.offer(&cfg, req(0, "b"), FULL, 2.0, 11));
     // Noisy's head is oldest and all are unserved: pop would take it; it is bulk.
-    assert_eq!(q.next_is_bulk(), Some(true));
-    assert_eq!(q.pop_non_bulk(3.0).map(|l| l.payload), Some(10));
-    assert_eq!(q.pop_non_bulk(3.0).map(|l| l.payload), Some(11));
-    assert!(q.pop_non_bulk(3.0).is_none());
+    assert_eq!(q.next_is_bulk(&cfg, 3.0), Some(true));
+    assert_eq!(q.pop_non_bulk(&cfg, 3.0).map(|l| l.payload), Some(10));
+    assert_eq!(q.pop_non_bulk(&cfg, 3.0).map(|l| l.payload), Some(11));
+    assert!(q.pop_non_bulk(&cfg, 3.0).is_none());
     assert_eq!(q.pop(3.0).map(|l| l.payload), Some(0));
 }
 
@@ -525,4 +525,89 @@ proptest! {
             prop_assert_eq!(seen[i], want, "request {} ({:?})", i, op);
         }
     }
+}
+
+/// Headroom for 10 requests, none under the bulk KV threshold.
+const NO_BULK_ROOM: Room = Room {
+    saturation: Saturation::Headroom(10),
+    bulk_headroom: 0,
+};
+
+#[track_caller]
+fn dispatched<T: std::fmt::Debug>(o: Offer<T>) {
+    assert!(
+        matches!(o, Offer::Dispatch(_)),
+        "expected dispatch, got {o:?}"
+    );
+}
+
+#[test]
+fn a_flooding_tenant_waits_at_the_door_without_bulk_headroom_while_the_others_go_at_once() {
+    let mut q = FlowQueue::new();
+    let cfg = on();
+    for (i, t) in ["a", "b", "c"].into_iter().enumerate() {
+        let r = FlowRequest {
+            cost_tokens: 160,
+            ..req(0, t)
+        };
+        dispatched(q.offer(&cfg, r, NO_BULK_ROOM, i as f64, i as u32));
+    }
+    // 100, 200, 300 tokens are not more than twice the others' mean (160): dispatched.
+    for i in 10..13 {
+        dispatched(q.offer(&cfg, req(0, "noisy"), NO_BULK_ROOM, 3.0, i));
+    }
+    // 400 is: the flood waits in the queue although the fleet has headroom.
+    queued(q.offer(&cfg, req(0, "noisy"), NO_BULK_ROOM, 5.0, 13));
+    let noisy = q.tenant(&cfg, "noisy", 5.0);
+    assert!(q.is_bulk(&cfg, noisy, 0, 5.0));
+    // Its high-priority requests are never bulk.
+    assert!(!q.is_bulk(&cfg, noisy, 1, 5.0));
+    // A quiet tenant's request queues behind it and is released past the flood.
+    queued(q.offer(&cfg, req(0, "a"), NO_BULK_ROOM, 6.0, 14));
+    assert_eq!(q.next_is_bulk(&cfg, 6.0), Some(true));
+    assert_eq!(q.pop_non_bulk(&cfg, 6.0).map(|l| l.payload), Some(14));
+    assert!(q.pop_non_bulk(&cfg, 6.0).is_none());
+    // With bulk headroom the flood goes (the driver's pop).
+    assert_eq!(q.pop(6.0).map(|l| l.payload), Some(13));
+    // A minute later the others are no longer seen within the window: nobody floods.
+    dispatched(q.offer(&cfg, req(0, "noisy"), NO_BULK_ROOM, 70_000.0, 15));
+    assert!(!q.is_bulk(&cfg, noisy, 0, 70_000.0));
+}
+
+#[test]
+fn a_lone_tenant_never_floods_and_a_zero_window_turns_the_rule_off() {
+    let mut q = FlowQueue::new();
+    let cfg = on();
+    for i in 0..50 {
+        dispatched(q.offer(&cfg, req(0, "only"), NO_BULK_ROOM, f64::from(i), i));
+    }
+    let off = FlowConfig {
+        bulk_window_ms: 0,
+        ..on()
+    };
+    let mut q = FlowQueue::new();
+    dispatched(q.offer(&off, req(0, "quiet"), NO_BULK_ROOM, 0.0, 0));
+    for i in 1..50 {
+        dispatched(q.offer(&off, req(0, "noisy"), NO_BULK_ROOM, f64::from(i), i));
+    }
+    assert!(q.is_empty());
+}
+
+#[test]
+fn flooding_is_measured_in_tokens_decayed_over_the_window() {
+    let mut q = FlowQueue::new();
+    let cfg = on();
+    let big = |t| FlowRequest {
+        cost_tokens: 1000,
+        ..req(0, t)
+    };
+    dispatched(q.offer(&cfg, req(0, "a"), NO_BULK_ROOM, 0.0, 0));
+    dispatched(q.offer(&cfg, req(0, "b"), NO_BULK_ROOM, 0.0, 1));
+    // One request of 1,000 tokens against the others' 100 each: flooding at once.
+    queued(q.offer(&cfg, big("noisy"), NO_BULK_ROOM, 0.0, 2));
+    assert_eq!(q.pop(0.0).map(|l| l.payload), Some(2));
+    // 30 s later (3 time constants) its 1,000 tokens count ≈ 50; a and b send again.
+    dispatched(q.offer(&cfg, req(0, "a"), NO_BULK_ROOM, 30_000.0, 3));
+    dispatched(q.offer(&cfg, req(0, "b"), NO_BULK_ROOM, 30_000.0, 4));
+    dispatched(q.offer(&cfg, req(0, "noisy"), NO_BULK_ROOM, 30_000.0, 5));
 }
