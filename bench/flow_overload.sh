@@ -17,6 +17,8 @@
 # Runs (`--runs`, comma-separated, default all, each on fresh pods and a fresh gateway):
 #   unloaded   the trace at --unloaded-rate, flow control off: the reference TTFTs
 #   off, on    the trace at --rate, flow control off / on (defaults + the scaled TTL)
+#   on-noflood on, with the flooding rule off (`bulk_window_ms = 0`: only the queue's bulk
+#              tenant is bulk), for the side-by-side of EVALUATION.md §11.3
 #   off-share, on-share  the same with the noisy tenant thinned to its share
 #                (`kvgate loadgen --noisy-keep 0.1`; the other tenants' requests identical)
 # Tags: `kvgate loadgen --classes --class-seed S` (the simulator's `workload::classes` tags for
@@ -52,7 +54,7 @@ while [ $# -gt 0 ]; do
     --out) out=$2; shift 2 ;;
     --runs) runs=$2; shift 2 ;;
     --port-base) port_base=$2; shift 2 ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) echo "unknown flag $1" >&2; exit 2 ;;
   esac
 done
@@ -75,6 +77,7 @@ cat >"$out/flow-on.toml" <<EOF
 enabled = true
 queue_ttl_ms = $ttl_ms
 EOF
+{ cat "$out/flow-on.toml"; echo "bulk_window_ms = 0"; } >"$out/flow-noflood.toml"
 : >"$out/flow-off.toml"
 
 . bench/lib.sh  # pids, cleanup (on exit too), wait_http (the script has cd-ed to the repo root)
@@ -115,6 +118,7 @@ for w in "${wanted[@]}"; do
     unloaded) run unloaded "$unloaded_rate" off 1 ;;
     off) run off "$rate" off 1 ;;
     on) run on "$rate" on 1 ;;
+    on-noflood) run on-noflood "$rate" noflood 1 ;;
     off-share) run off-share "$rate" off 0.1 ;;
     on-share) run on-share "$rate" on 0.1 ;;
     *) echo "unknown run $w" >&2; exit 2 ;;
@@ -127,7 +131,7 @@ out, ts, n, pods, rate, unl, seed = sys.argv[1:]
 def load(name):
     p = f"{out}/{name}.json"
     return json.load(open(p)) if os.path.exists(p) else None
-r = {k: load(k) for k in ["unloaded", "off", "on", "off-share", "on-share"]}
+r = {k: load(k) for k in ["unloaded", "off", "on", "on-noflood", "off-share", "on-share"]}
 ts = float(ts)
 print(f"\n{n} requests, {pods} mock pods at time scale {ts:g}, rate {rate}× (unloaded {unl}×), class seed {seed}; "
       "TTFTs in model ms (wall × time scale)\n")
@@ -140,9 +144,9 @@ for name, rep in r.items():
     c = rep["classes"]
     hp = c["high"]["ttft_ms"]["p99"]
     qp = c["quiet_tenants"]["ttft_ms"]["p99"]
-    share = {"off": "off-share", "on": "on-share"}.get(name, name)
+    share = {"off": "off-share", "on": "on-share", "on-noflood": "on-share"}.get(name, name)
     ref = r.get(share)
-    ratio_q = f"{qp / ref['classes']['quiet_tenants']['ttft_ms']['p99']:.2f}" if ref and name in ("off", "on") else "—"
+    ratio_q = f"{qp / ref['classes']['quiet_tenants']['ttft_ms']['p99']:.2f}" if ref and name in ("off", "on", "on-noflood") else "—"
     ratio_h = f"{hp / base:.2f}" if base else "—"
     served = lambda g: f"{100 * c[g]['served'] / max(c[g]['requests'], 1):.1f} %"
     errs = ", ".join(f"{k} {v}" for k, v in sorted(rep["errors"].items())) or "none"
