@@ -46,4 +46,6 @@ pub use decision::{
 pub use pod::{InFlight, PodId, PodRole, PodSnapshot};
 pub use router::{PromptCut, Router};
 pub use session::pd::{PdRouted, Route, Stage};
-pub use session::{Observed, PodScore, RouteError, RouteRequest, Routed, RouterSession, Ticket};
+pub use session::{
+    Observed, PodScore, RouteError, RouteRequest, Routed, RouterSession, Ticket, TrainingSample,
+};

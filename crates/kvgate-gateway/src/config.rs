@@ -296,6 +296,8 @@ pub struct FileConfig {
     pub cluster_name: Option<String>,
     /// A silent replica's charges are returned after this (default 3,000).
     pub cluster_lease_ms: Option<u64>,
+    /// Share the predictor's training samples with the other replicas (default true).
+    pub cluster_share_samples: Option<bool>,
 }
 
 impl FileConfig {
@@ -560,7 +562,12 @@ impl GatewayConfig {
                     crate::cluster::DEFAULT_LEASE_MS,
                     "cluster_lease_ms",
                 )?;
-                Some(crate::cluster::ClusterConfig { url, name, lease })
+                Some(crate::cluster::ClusterConfig {
+                    url,
+                    name,
+                    lease,
+                    share_samples: file.cluster_share_samples.unwrap_or(true),
+                })
             }
         };
         let pod_failure_threshold = args

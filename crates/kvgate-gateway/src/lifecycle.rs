@@ -106,9 +106,10 @@ impl TicketGuard {
 
     fn end(&mut self, observed: Option<Observed>) {
         if let Some(t) = self.ticket.take() {
+            let sample = observed.as_ref().map(|o| t.training_sample(o));
             self.shared.session.lock().finish(t, observed);
             if let (Some(c), Some((id, _))) = (self.shared.cluster.get(), self.shared_as.take()) {
-                c.finish(&self.shared, id);
+                c.finish(&self.shared, id, sample);
             }
         }
     }

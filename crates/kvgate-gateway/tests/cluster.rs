@@ -225,6 +225,58 @@ async fn a_replica_sees_anothers_new_stream_within_200_ms_and_its_end() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replicas_predictor_learns_from_the_requests_another_replica_served() {
+    let Some(nats) = Nats::start() else { return };
+    let pod = FakePod::start(Behavior::Normal {
+        chunks: 3,
+        delay_ms: 5,
+    })
+    .await;
+    let pods = [&pod];
+    let a = replica(&pods, &nats).await;
+    let b = replica(&pods, &nats).await;
+    let quiet = replica_with(
+        &pods,
+        &nats,
+        "samples-off",
+        "cluster_share_samples = false\n",
+    )
+    .await;
+    joined(&[&a, &b, &quiet], 2).await;
+    let learnt = |gw: &Gateway| gw.shared().session.lock().predictor().accuracy().samples;
+    let c = client();
+    for i in 0..5 {
+        let r = send(
+            &c,
+            post(
+                &a,
+                "/v1/chat/completions",
+                &chat_body(&format!("hi {i}"), true),
+            ),
+        )
+        .await;
+        assert_eq!(r.status, 200);
+    }
+    eventually("A learnt its five requests", || learnt(&a) == 5).await;
+    // B served nothing, yet its predictor learnt A's five requests.
+    eventually("B learnt A's samples", || learnt(&b) == 5).await;
+    assert_eq!(metric(&b, "kvgate_cluster_samples_applied_total"), 5.0);
+    // A replica with sharing off neither sends nor learns samples (it still applies the routes).
+    assert_idle(&quiet, &pods).await;
+    assert_eq!(learnt(&quiet), 0);
+    assert_eq!(metric(&quiet, "kvgate_cluster_samples_applied_total"), 0.0);
+    assert_eq!(
+        b.shared()
+            .session
+            .lock()
+            .predictor()
+            .accuracy()
+            .rejected_features,
+        0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routed_index_entries_are_shared_and_a_new_replica_warms_up_from_its_peers() {
     let Some(nats) = Nats::start() else { return };
     let fast = Behavior::Normal {

@@ -66,11 +66,11 @@ use std::collections::{BTreeMap, BinaryHeap};
 use std::collections::VecDeque;
 use std::rc::Rc;
 
-use kvgate_core::BlockHash;
 use kvgate_core::decision::Branch;
 use kvgate_core::policy::{PolicyKind, RequestSlo};
 use kvgate_core::predictor::PredictorConfig;
 use kvgate_core::session::peers::{PeerBook, PeerEvent, SnapshotEntry};
+use kvgate_core::{BlockHash, TrainingSample};
 use kvgate_core::{
     LoraSlots, Observed, PdRouted, PodId, PodRole, PodSnapshot, Route, RouteRequest, Routed,
     RouterConfig, RouterSession, Ticket,
@@ -107,6 +107,9 @@ pub struct Sharing {
     pub delay_ms: f64,
     /// Probability that one event is lost on its way to one replica.
     pub loss: f64,
+    /// Share each completed request's predictor training sample, as `kvgate serve
+    /// --cluster` does by default (`cluster_share_samples`).
+    pub samples: bool,
 }
 
 /// One simulated run: a fleet, a policy, a seed.
@@ -245,6 +248,11 @@ enum Shared {
     Snapshot {
         next_request: u64,
         live: Rc<[SnapshotEntry]>,
+    },
+    /// A completed request's training sample, for the predictor of `pod`'s class.
+    Sample {
+        pod: PodId,
+        sample: TrainingSample,
     },
 }
 
@@ -1256,6 +1264,11 @@ impl Cluster {
                 Shared::Snapshot { next_request, live } => {
                     book.reconcile(session, from, next_request, &live, true);
                 }
+                Shared::Sample { pod, sample } => {
+                    if let Some(p) = self.snapshots.get(pod.index()) {
+                        session.learn(&p.class, &sample);
+                    }
+                }
             }
         }
     }
@@ -1377,13 +1390,16 @@ impl Cluster {
                     now_ms,
                     Shared::Finish,
                 );
-                self.sessions[replica as usize].finish(
-                    req.ticket,
-                    Some(Observed {
-                        ttft_ms: pod_ttft,
-                        tpot_ms: tpot,
-                    }),
-                );
+                let observed = Observed {
+                    ttft_ms: pod_ttft,
+                    tpot_ms: tpot,
+                };
+                if let Some(m) = self.mesh.as_mut().filter(|m| m.sharing.samples) {
+                    let sample = req.ticket.training_sample(&observed);
+                    let pod = req.ticket.pod();
+                    m.broadcast(replica, now_ms, || Shared::Sample { pod, sample });
+                }
+                self.sessions[replica as usize].finish(req.ticket, Some(observed));
                 self.recorder.completed(
                     e.request_id,
                     routed_to,

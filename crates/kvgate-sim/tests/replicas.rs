@@ -35,6 +35,7 @@ fn config(replicas: u32, sharing: Option<Sharing>) -> ClusterConfig {
 const NOW: Sharing = Sharing {
     delay_ms: 1.0,
     loss: 0.0,
+    samples: true,
 };
 
 #[test]
@@ -80,6 +81,7 @@ fn lossy_sharing_completes_everything_and_leaves_no_charge_behind() {
                 Some(Sharing {
                     delay_ms: 5.0,
                     loss,
+                    samples: true,
                 }),
             ),
             &reqs,
@@ -87,4 +89,29 @@ fn lossy_sharing_completes_everything_and_leaves_no_charge_behind() {
         assert_eq!(m.completed, 600, "loss {loss}");
         assert_eq!(m.in_flight_left, 0, "loss {loss}");
     }
+}
+
+#[test]
+fn with_shared_samples_each_replica_learns_from_every_completed_request() {
+    let reqs = kvgate_sim::workload::chat::generate(&kvgate_sim::workload::chat::ChatParams {
+        seed: 5,
+        max_requests: 400,
+        ..Default::default()
+    })
+    .unwrap()
+    .1;
+    let learnt = |samples: bool| {
+        let m = cluster::run(&config(4, Some(Sharing { samples, ..NOW })), &reqs);
+        assert_eq!(m.completed, 400);
+        // The report's predictor is replica 0's.
+        m.predictor.online.samples + m.predictor.online.rejected_targets
+    };
+    // The fleet's requests, less the last few samples still on the wire (1 ms) at the end.
+    let shared = learnt(true);
+    assert!(
+        (390..=400).contains(&shared),
+        "replica 0 learnt {shared} of 400"
+    );
+    // Round-robin: replica 0 routed a quarter of them.
+    assert_eq!(learnt(false), 100, "replica 0 learnt its own requests only");
 }

@@ -165,6 +165,10 @@ pub struct SimArgs {
     /// With --share: probability that one shared event is lost on its way to one replica.
     #[arg(long, default_value_t = 0.0)]
     share_loss: f64,
+    /// With --share: do not share the predictor's training samples (`cluster_share_samples =
+    /// false`): each replica's predictor learns only from its own requests.
+    #[arg(long)]
+    share_no_samples: bool,
     /// Chat workload: LoRA adapters (tenant t's requests name `adapter-{t mod N}`; their
     /// prefix chains are per adapter). 0: the base model.
     #[arg(long, default_value_t = 0)]
@@ -466,6 +470,7 @@ pub fn run(args: SimArgs) -> Result<()> {
                         sharing: args.share.then_some(kvgate_sim::cluster::Sharing {
                             delay_ms: args.share_delay_ms.max(0.0),
                             loss: args.share_loss.clamp(0.0, 1.0),
+                            samples: !args.share_no_samples,
                         }),
                         pod_roles: pod_roles.clone(),
                         transfer_ms_per_token: args.transfer_ms_per_token,

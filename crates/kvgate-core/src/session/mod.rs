@@ -166,6 +166,22 @@ impl Ticket {
     pub fn input_tokens(&self) -> u32 {
         self.input_tokens
     }
+
+    /// What [`RouterSession::finish`] trains the predictor on for this ticket and `observed`:
+    /// the features at dispatch and the targets of its stage (a whole request TTFT and TPOT,
+    /// a P/D prefill stage TTFT only, a P/D decode stage TPOT only).
+    pub fn training_sample(&self, observed: &Observed) -> TrainingSample {
+        let (ttft_ms, tpot_ms) = match self.stage {
+            pd::Stage::Whole => (Some(observed.ttft_ms), observed.tpot_ms),
+            pd::Stage::Prefill => (Some(observed.ttft_ms), None),
+            pd::Stage::Decode => (None, observed.tpot_ms),
+        };
+        TrainingSample {
+            features: self.features,
+            ttft_ms,
+            tpot_ms,
+        }
+    }
 }
 
 /// What the driver measured of a request that completed normally.
@@ -173,6 +189,16 @@ impl Ticket {
 pub struct Observed {
     pub ttft_ms: f64,
     /// Mean time per output token after the first; `None` with fewer than two tokens.
+    pub tpot_ms: Option<f64>,
+}
+
+/// One finished request's lesson for the predictor ([`Ticket::training_sample`]): what
+/// router replicas share (`kvgate serve --cluster`) so that each one's predictor learns from
+/// the whole fleet's requests, not only its own ([`RouterSession::learn`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TrainingSample {
+    pub features: Features,
+    pub ttft_ms: Option<f64>,
     pub tpot_ms: Option<f64>,
 }
 
@@ -471,14 +497,16 @@ impl RouterSession {
         }
         self.ledger.release(ticket.share);
         if let Some(o) = observed {
-            let (ttft, tpot) = match ticket.stage {
-                pd::Stage::Whole => (Some(o.ttft_ms), o.tpot_ms),
-                pd::Stage::Prefill => (Some(o.ttft_ms), None),
-                pd::Stage::Decode => (None, o.tpot_ms),
-            };
-            self.predictor
-                .observe_targets(&ticket.class, &ticket.features, ttft, tpot);
+            self.learn(&ticket.class, &ticket.training_sample(&o));
         }
+    }
+
+    /// The predictor learns `sample` for pods of `class` (a local finish, or another
+    /// replica's request on one of its pods). A sample with non-finite features or targets
+    /// out of the predictor's bounds is refused and counted there, never applied.
+    pub fn learn(&mut self, class: &str, sample: &TrainingSample) {
+        self.predictor
+            .observe_targets(class, &sample.features, sample.ttft_ms, sample.tpot_ms);
     }
 }
 

@@ -29,6 +29,12 @@
 //!   pod, its newest [`MAX_INDEX_BLOCKS_PER_POD`] blocks oldest first, in chunks of
 //!   [`INDEX_CHUNK_BLOCKS`], which the asker records, so a new replica routes warm and one that
 //!   was partitioned learns the routes it missed.
+//! - **Training samples.** A request that completed normally also sends its predictor sample
+//!   ([`wire::Event::Sample`]: the pod, the features at dispatch, the observed TTFT/TPOT);
+//!   peers learn it for that pod's class ([`kvgate_core::RouterSession::learn`]), so every
+//!   replica's predictor trains on the whole fleet's requests. Measured in EVALUATION.md §12:
+//!   4 replicas training each on its own quarter over-predicted more than one router did.
+//!   `cluster_share_samples = false` turns it off.
 //!
 //! NATS core (no JetStream) is used: at-most-once, ordered per publisher. The failure
 //! semantics follow from the above: NATS down → each replica routes on its own state (nothing
@@ -50,7 +56,7 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use kvgate_core::index::PrefixIndex;
 use kvgate_core::session::peers::{PeerBook, PeerConfig, PeerEvent, SnapshotEntry};
-use kvgate_core::{BlockHash, PodId};
+use kvgate_core::{BlockHash, PodId, TrainingSample};
 use parking_lot::Mutex;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -92,6 +98,10 @@ pub struct ClusterConfig {
     /// Subject prefix: several fleets can share one NATS server.
     pub name: String,
     pub lease: Duration,
+    /// Publish each normally completed request's training sample and learn from the peers'
+    /// (`cluster_share_samples`, default true): every replica's predictor then learns from
+    /// the fleet's requests, as one router's would.
+    pub share_samples: bool,
 }
 
 /// A valid cluster name: 1–64 of `A-Za-z0-9_-` (it becomes a NATS subject token).
@@ -127,6 +137,7 @@ pub struct ClusterMetrics {
     pub decode_errors: Counter,
     pub unknown_pod: Counter,
     pub index_blocks_received: Counter,
+    pub samples_applied: Counter,
     pub reconnects: Counter,
 }
 
@@ -212,6 +223,11 @@ impl ClusterMetrics {
             "index_blocks_received",
             "Routed-index blocks received from other replicas' warm-up answers",
             self.index_blocks_received.clone(),
+        );
+        r.register(
+            "samples_applied",
+            "Other replicas' training samples the predictor learnt from",
+            self.samples_applied.clone(),
         );
         r.register(
             "reconnects",
@@ -381,10 +397,15 @@ impl Cluster {
         self.push(shared, &live, Event::Tokens { request, tokens });
     }
 
-    pub fn finish(&self, shared: &Shared, request: u64) {
+    /// The request ended; with a training sample (it completed normally), that goes out
+    /// too, for the other replicas' predictors.
+    pub fn finish(&self, shared: &Shared, request: u64, sample: Option<TrainingSample>) {
         let mut live = self.live.lock();
-        live.remove(&request);
+        let pod = live.remove(&request).map(|l| l.pod);
         self.push(shared, &live, Event::Finish { request });
+        if let (Some(pod), Some(sample), true) = (pod, sample, self.config.share_samples) {
+            self.push(shared, &live, Event::Sample { pod, sample });
+        }
     }
 
     /// Seconds the view of the other replicas may be behind (the divergence gauge).
@@ -692,12 +713,14 @@ fn handle(shared: &Shared, cluster: &Cluster, payload: &[u8]) -> Option<u64> {
         return None;
     }
     m.messages_received.inc();
-    let pods: FxHashMap<u64, PodId> = shared
-        .pods
-        .all()
-        .iter()
-        .map(|p| (wire::pod_key(&p.url), p.id))
-        .collect();
+    let all = shared.pods.all();
+    let pods: FxHashMap<u64, PodId> = all.iter().map(|p| (wire::pod_key(&p.url), p.id)).collect();
+    let class_of = |key: &u64| {
+        all.iter()
+            .find(|p| wire::pod_key(&p.url) == *key)
+            .map(|p| p.class.as_str())
+    };
+    let mut samples = 0u64;
     let mut peers = cluster.peers.lock();
     if !peers.accept(msg.replica, msg.seq, cluster.now_ms()) {
         m.duplicates.inc();
@@ -786,6 +809,14 @@ fn handle(shared: &Shared, cluster: &Cluster, payload: &[u8]) -> Option<u64> {
                 peers.forget(&mut session, r);
                 tracing::info!(replica = %format_args!("{r:016x}"), "cluster: peer left");
             }
+            Event::Sample { .. } if !cluster.config.share_samples => {}
+            Event::Sample { pod, sample } => match class_of(pod) {
+                Some(class) => {
+                    session.learn(class, sample);
+                    samples += 1;
+                }
+                None => unknown += 1,
+            },
         }
     }
     drop(session);
@@ -794,6 +825,7 @@ fn handle(shared: &Shared, cluster: &Cluster, payload: &[u8]) -> Option<u64> {
     m.repairs.inc_by(after.repairs - before.repairs);
     m.unknown_pod.inc_by(unknown);
     m.index_blocks_received.inc_by(index_blocks);
+    m.samples_applied.inc_by(samples);
     asked
 }
 
@@ -844,6 +876,7 @@ mod tests {
                 url: "nats://127.0.0.1:1".into(),
                 name: "t".into(),
                 lease: Duration::from_millis(DEFAULT_LEASE_MS),
+                share_samples: true,
             },
             replica: 1,
             next_request: AtomicU64::new(0),
@@ -963,5 +996,61 @@ mod tests {
         );
         // Nothing left behind: later events follow the snapshot.
         assert!(rx.try_recv().is_err());
+    }
+
+    #[tokio::test]
+    async fn a_peers_training_sample_teaches_this_replicas_predictor_unless_sharing_is_off() {
+        for share in [true, false] {
+            let shared = Shared::new(
+                crate::config::GatewayConfig::resolve(&crate::serve::ServeArgs::default(), None)
+                    .unwrap(),
+            );
+            shared.pods.replace(
+                &[crate::pods::PodEntry::new("http://127.0.0.1:9", "default")],
+                1000,
+            );
+            let (mut c, mut rx) = cluster();
+            c.config.share_samples = share;
+            let key = wire::pod_key(&shared.pods.all()[0].url);
+            let sample = TrainingSample {
+                features: kvgate_core::predictor::Features {
+                    input_tokens: 100.0,
+                    kv_capacity_tokens: 100_000.0,
+                    ..Default::default()
+                },
+                ttft_ms: Some(50.0),
+                tpot_ms: Some(5.0),
+            };
+            let msg = wire::Message {
+                replica: 2,
+                seq: 0,
+                events: vec![
+                    Event::Sample { pod: key, sample },
+                    Event::Sample {
+                        pod: wire::pod_key("http://elsewhere:1"),
+                        sample,
+                    },
+                ],
+            };
+            handle(&shared, &c, &wire::encode(&msg));
+            let learnt = shared.session.lock().predictor().accuracy().samples;
+            assert_eq!(learnt, u64::from(share), "share_samples = {share}");
+            assert_eq!(
+                shared.metrics.cluster.samples_applied.get(),
+                u64::from(share)
+            );
+            // A local request that completed sends its sample after its finish.
+            let r = c.route_event(&shared, key, &[], 100, 100);
+            c.finish(&shared, r, Some(sample));
+            let mut out = Vec::new();
+            while let Ok(e) = rx.try_recv() {
+                out.push(e);
+            }
+            assert!(matches!(out[1], Event::Finish { .. }));
+            assert_eq!(out.len(), 2 + usize::from(share), "{out:?}");
+            if share {
+                assert_eq!(out[2], Event::Sample { pod: key, sample });
+            }
+        }
     }
 }

@@ -12,6 +12,9 @@
 //!          | 6 sync     (asks the peers for their routed index; answered on the asker's subject)
 //!          | 7 index    pod:u64le n:varint block:u64le*n (oldest first)
 //!          | 8 bye      (the replica is leaving: release its charges now)
+//!          | 9 sample   pod:u64le mask:u8 [ttft:f64le] [tpot:f64le] feature:f64le*8
+//!                       (a finished request's training sample; mask bit 0: TTFT, bit 1: TPOT;
+//!                       features in `Features`' field order)
 //! ```
 //!
 //! A pod is named by [`pod_key`], the xxh3-64 of its URL as the gateway shows it, so replicas
@@ -21,12 +24,18 @@
 //! (about 4), a tokens event per [`super::TOKENS_PER_EVENT`] generated tokens (about 6) and a
 //! finish (about 4), plus its share of a message header (10 to 20 bytes per message, several
 //! events per message under load) and NATS's own framing (about 40 bytes per message). A
-//! 4,000-token prompt in 16-token blocks: about 2.0 KB for the route, 20 bytes for the rest.
+//! 4,000-token prompt in 16-token blocks: about 2.0 KB for the route, 20 bytes for the rest,
+//! and 90 bytes for its training sample (sent when it completed normally).
+//!
+//! A replica of an older version that does not know tag 9 refuses the whole message (counted
+//! as a decode error); its snapshots then repair the transitions it missed, so a rolling
+//! upgrade loses no charge for longer than a snapshot period.
 //!
 //! Decoding never panics: truncated input, unknown tags or versions, and counts beyond
 //! [`MAX_BLOCKS`] / [`MAX_ITEMS`] are errors (the receiver counts and skips the message).
 
-use kvgate_core::BlockHash;
+use kvgate_core::predictor::Features;
+use kvgate_core::{BlockHash, TrainingSample};
 
 pub const VERSION: u8 = 1;
 /// Most block hashes in one route or index event (a 1 Mi-token prompt in 16-token blocks).
@@ -49,7 +58,7 @@ pub struct SnapshotItem {
     pub decode_tokens: u64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Event {
     Route {
         request: u64,
@@ -79,9 +88,14 @@ pub enum Event {
         blocks: Vec<BlockHash>,
     },
     Bye,
+    /// A finished request's training sample, for the predictor of `pod`'s class.
+    Sample {
+        pod: u64,
+        sample: TrainingSample,
+    },
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Message {
     pub replica: u64,
     pub seq: u64,
@@ -178,7 +192,34 @@ pub fn encode_event(out: &mut Vec<u8>, e: &Event) {
             put_blocks(out, blocks);
         }
         Event::Bye => out.push(8),
+        Event::Sample { pod, sample } => {
+            out.push(9);
+            put_u64(out, *pod);
+            let mask =
+                u8::from(sample.ttft_ms.is_some()) | (u8::from(sample.tpot_ms.is_some()) << 1);
+            out.push(mask);
+            for v in [sample.ttft_ms, sample.tpot_ms].into_iter().flatten() {
+                put_u64(out, v.to_bits());
+            }
+            for v in features_of(&sample.features) {
+                put_u64(out, v.to_bits());
+            }
+        }
     }
+}
+
+/// The features in wire order (`Features`' field order).
+fn features_of(f: &Features) -> [f64; 8] {
+    [
+        f.kv_usage,
+        f.waiting,
+        f.running,
+        f.prefill_tokens_in_flight,
+        f.decode_tokens_in_flight,
+        f.input_tokens,
+        f.prefix_score,
+        f.kv_capacity_tokens,
+    ]
 }
 
 /// The message header; events follow ([`encode_event`] each, `count` of them).
@@ -303,6 +344,53 @@ impl Reader<'_> {
                 blocks: self.blocks()?,
             },
             8 => Event::Bye,
+            9 => {
+                let pod = self.u64()?;
+                let mask = self.u8()?;
+                if mask > 3 {
+                    return Err(DecodeError::Tag(9));
+                }
+                let mut f64_if = |bit: u8| -> Result<Option<f64>, DecodeError> {
+                    Ok(if mask & bit != 0 {
+                        Some(f64::from_bits(self.u64()?))
+                    } else {
+                        None
+                    })
+                };
+                let ttft_ms = f64_if(1)?;
+                let tpot_ms = f64_if(2)?;
+                let mut v = [0f64; 8];
+                for x in &mut v {
+                    *x = f64::from_bits(self.u64()?);
+                }
+                let [
+                    kv_usage,
+                    waiting,
+                    running,
+                    prefill_tokens_in_flight,
+                    decode_tokens_in_flight,
+                    input_tokens,
+                    prefix_score,
+                    kv_capacity_tokens,
+                ] = v;
+                Event::Sample {
+                    pod,
+                    sample: TrainingSample {
+                        features: Features {
+                            kv_usage,
+                            waiting,
+                            running,
+                            prefill_tokens_in_flight,
+                            decode_tokens_in_flight,
+                            input_tokens,
+                            prefix_score,
+                            kv_capacity_tokens,
+                        },
+                        ttft_ms,
+                        tpot_ms,
+                    },
+                }
+            }
             t => return Err(DecodeError::Tag(t)),
         })
     }
@@ -374,6 +462,23 @@ mod tests {
                     blocks: vec![1, 2, 3],
                 },
                 Event::Bye,
+                Event::Sample {
+                    pod: 5,
+                    sample: TrainingSample {
+                        features: Features {
+                            kv_usage: 0.25,
+                            waiting: 1.0,
+                            running: 3.0,
+                            prefill_tokens_in_flight: 4_000.0,
+                            decode_tokens_in_flight: 120.0,
+                            input_tokens: 4_010.0,
+                            prefix_score: 0.5,
+                            kv_capacity_tokens: 467_000.0,
+                        },
+                        ttft_ms: Some(123.5),
+                        tpot_ms: None,
+                    },
+                },
             ],
         }
     }
@@ -414,6 +519,19 @@ mod tests {
             encode_event(&mut rest, &e);
         }
         assert_eq!(rest.len(), 4 + 5 + 4);
+        let mut sample_bytes = Vec::new();
+        encode_event(
+            &mut sample_bytes,
+            &Event::Sample {
+                pod: 1,
+                sample: TrainingSample {
+                    features: Features::default(),
+                    ttft_ms: Some(1.0),
+                    tpot_ms: Some(2.0),
+                },
+            },
+        );
+        assert_eq!(sample_bytes.len(), 1 + 8 + 1 + 2 * 8 + 8 * 8);
     }
 
     #[test]
