@@ -9,7 +9,9 @@
 #   index:      r1-routed, r1-engine, r2-routed, r2-engine  (the original comparison, below)
 #   cluster:    r1, r2, r4 (routed index, replicas not sharing) and r2-shared, r4-shared
 #               (routed index, `kvgate serve --cluster` over a nats-server the script starts:
-#               $KVGATE_NATS_SERVER, else .venv/bin/nats-server, else nats-server on PATH)
+#               $KVGATE_NATS_SERVER, else .venv/bin/nats-server, else nats-server on PATH);
+#               r4-shared-nosamples: r4-shared with `cluster_share_samples = false` (each
+#               replica's predictor learns only its own requests, as before the samples)
 # --rounds N runs the scenario list N times, the order rotated by one each round (round r
 # starts with scenario r mod the count), and ends with a summary per scenario: median (and
 # range) of the pods' hit rate, of the mean TTFT and of the p99 TTFT over the rounds.
@@ -62,7 +64,7 @@ while [ $# -gt 0 ]; do
     --scenarios) scenarios=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --port-base) port_base=$2; shift 2 ;;
-    -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,40p' "$0"; exit 0 ;;
     *) echo "unknown flag $1" >&2; exit 2 ;;
   esac
 done
@@ -138,9 +140,9 @@ pods_sum() {
 
 rows=()
 round=1
-# run_scenario NAME REPLICAS INDEX SHARED(0|1) PARTS(2|4)
+# run_scenario NAME REPLICAS INDEX SHARED(0|1) PARTS(2|4) [SAMPLES(1|0)]
 run_scenario() {
-  local name=$1 replicas=$2 index=$3 shared=$4 parts=$5
+  local name=$1 replicas=$2 index=$3 shared=$4 parts=$5 samples=${6:-1}
   log_dir="$out/log/round$round/$name"; mkdir -p "$log_dir"
   local load
   load=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -152,6 +154,10 @@ run_scenario() {
     pids+=($!)
     sleep 0.3
     cluster=(--cluster "nats://127.0.0.1:$nats_port" --cluster-name bench)
+    if [ "$samples" = 0 ]; then
+      echo "cluster_share_samples = false" >"$log_dir/nosamples.toml"
+      cluster+=(--config "$log_dir/nosamples.toml")
+    fi
   fi
   start_pods || { cleanup; return 1; }
   for ((n = 0; n < replicas; n++)); do
@@ -228,6 +234,7 @@ for ((k = 0; k < ${#wanted[@]}; k++)); do
     r4) run_scenario "4 replicas, not shared" 4 routed 0 4 ;;
     r2-shared) run_scenario "2 replicas, --cluster" 2 routed 1 4 ;;
     r4-shared) run_scenario "4 replicas, --cluster" 4 routed 1 4 ;;
+    r4-shared-nosamples) run_scenario "4 replicas, --cluster, samples not shared" 4 routed 1 4 0 ;;
     *) echo "unknown scenario $s" >&2; exit 2 ;;
   esac
 done
