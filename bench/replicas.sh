@@ -64,7 +64,7 @@ while [ $# -gt 0 ]; do
     --scenarios) scenarios=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --port-base) port_base=$2; shift 2 ;;
-    -h|--help) sed -n '2,40p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
     *) echo "unknown flag $1" >&2; exit 2 ;;
   esac
 done
