@@ -121,9 +121,7 @@ pub enum ConfigError {
         "invalid pod option {0:?}: expected URL[,events=tcp://…|ipc://…][,replay=tcp://…|ipc://…][,model=NAME][,class=NAME][,role=both|prefill|decode][,dp=N]"
     )]
     BadPodOption(String),
-    #[error(
-        "pod {url:?}: data_parallel_size must be 1..={max}, got {got}"
-    )]
+    #[error("pod {url:?}: data_parallel_size must be 1..={max}, got {got}")]
     BadDataParallelSize { url: String, got: u32, max: u32 },
     #[error(
         "pod {url:?} has data_parallel_size {size} and KV events at {endpoint:?}: each rank \
@@ -1083,15 +1081,30 @@ mod tests {
             assert!(GatewayConfig::resolve(&args(bad), None).is_err(), "{bad}");
         }
         // vLLM 0.32 runs a DP server with an ipc endpoint only when it ends in :PORT.
-        assert!(GatewayConfig::resolve(&args("http://d:3,dp=2,events=ipc:///run/ev-tcp:5557"), None).is_ok());
+        assert!(
+            GatewayConfig::resolve(&args("http://d:3,dp=2,events=ipc:///run/ev-tcp:5557"), None)
+                .is_ok()
+        );
     }
 
     #[test]
     fn rank_endpoints_shift_the_trailing_port_as_vllm_does() {
-        assert_eq!(rank_endpoint("tcp://*:5557", 0).as_deref(), Some("tcp://*:5557"));
-        assert_eq!(rank_endpoint("tcp://10.0.0.4:5557", 3).as_deref(), Some("tcp://10.0.0.4:5560"));
-        assert_eq!(rank_endpoint("tcp://10.0.0.4:0", 3).as_deref(), Some("tcp://10.0.0.4:0"));
-        assert_eq!(rank_endpoint("ipc:///r/ev-tcp:19040", 1).as_deref(), Some("ipc:///r/ev-tcp:19041"));
+        assert_eq!(
+            rank_endpoint("tcp://*:5557", 0).as_deref(),
+            Some("tcp://*:5557")
+        );
+        assert_eq!(
+            rank_endpoint("tcp://10.0.0.4:5557", 3).as_deref(),
+            Some("tcp://10.0.0.4:5560")
+        );
+        assert_eq!(
+            rank_endpoint("tcp://10.0.0.4:0", 3).as_deref(),
+            Some("tcp://10.0.0.4:0")
+        );
+        assert_eq!(
+            rank_endpoint("ipc:///r/ev-tcp:19040", 1).as_deref(),
+            Some("ipc:///r/ev-tcp:19041")
+        );
         assert_eq!(rank_endpoint("ipc:///r/ev.ipc", 1), None);
         assert_eq!(rank_endpoint("tcp://h:65535", 1), None);
     }

@@ -475,11 +475,22 @@ mod tests {
                 ("http://***@h:8000#dp1", Some(1))
             ]
         );
-        assert!(pods.iter().skip(1).all(|p| p.connect_url() == "http://u:p@h:8000"));
-        assert_eq!(pods[2].uri_for("/metrics").unwrap().to_string(), "http://u:p@h:8000/metrics");
+        assert!(
+            pods.iter()
+                .skip(1)
+                .all(|p| p.connect_url() == "http://u:p@h:8000")
+        );
+        assert_eq!(
+            pods[2].uri_for("/metrics").unwrap().to_string(),
+            "http://u:p@h:8000/metrics"
+        );
         let ranks: Vec<Option<u32>> = t.ranks_of(&pods[2]).iter().map(|p| p.rank).collect();
         assert_eq!(ranks, [Some(0), Some(1)]);
-        assert_eq!(t.ranks_of(&pods[0]).len(), 1, "a plain pod is its own group");
+        assert_eq!(
+            t.ranks_of(&pods[0]).len(),
+            1,
+            "a plain pod is its own group"
+        );
         // Unchanged: kept with their ids; a new size: new engines.
         let ch = t.replace(&[PodEntry::new("http://a", "x"), dp], 10);
         assert_eq!((ch.added.len(), ch.removed.len()), (0, 0));

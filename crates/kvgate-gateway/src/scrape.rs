@@ -550,8 +550,14 @@ garbage\n";
             (per[1].running, per[1].waiting, per[1].kv_usage),
             (Some(5), Some(3), Some(0.7))
         );
-        assert_eq!((per[0].num_gpu_blocks, per[1].num_gpu_blocks), (Some(1024), Some(512)));
-        assert_eq!((per[0].block_size, per[1].block_size), (Some(128), Some(128)));
+        assert_eq!(
+            (per[0].num_gpu_blocks, per[1].num_gpu_blocks),
+            (Some(1024), Some(512))
+        );
+        assert_eq!(
+            (per[0].block_size, per[1].block_size),
+            (Some(128), Some(128))
+        );
         assert_eq!(per[1].model_name.as_deref(), Some("tiny"));
         // No engine label: every engine's; skipped lines counted once.
         assert!(per.iter().all(|m| m.lora.is_some_and(|l| l.max_loras == 1)));

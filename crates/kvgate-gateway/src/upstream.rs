@@ -380,14 +380,38 @@ mod tests {
         let mut client = HeaderMap::new();
         client.insert(DATA_PARALLEL_RANK_HEADER, HeaderValue::from_static("7"));
         let rank1 = Pod::data_parallel_rank(kvgate_core::PodId(1), "http://h:1", "c", 1, 1, 2);
-        let up = upstream_request(&cfg, &rank1, &Method::POST, "/v1/completions", &client, "r", Bytes::new())
-            .unwrap();
-        let ranks: Vec<&HeaderValue> = up.headers().get_all(DATA_PARALLEL_RANK_HEADER).iter().collect();
-        assert_eq!(ranks, [&HeaderValue::from_static("1")], "the client's value is replaced");
+        let up = upstream_request(
+            &cfg,
+            &rank1,
+            &Method::POST,
+            "/v1/completions",
+            &client,
+            "r",
+            Bytes::new(),
+        )
+        .unwrap();
+        let ranks: Vec<&HeaderValue> = up
+            .headers()
+            .get_all(DATA_PARALLEL_RANK_HEADER)
+            .iter()
+            .collect();
+        assert_eq!(
+            ranks,
+            [&HeaderValue::from_static("1")],
+            "the client's value is replaced"
+        );
         assert_eq!(up.uri().to_string(), "http://h:1/v1/completions");
         let plain = Pod::new(kvgate_core::PodId(0), "http://h:2", "c", 1);
-        let up = upstream_request(&cfg, &plain, &Method::POST, "/v1/completions", &HeaderMap::new(), "r", Bytes::new())
-            .unwrap();
+        let up = upstream_request(
+            &cfg,
+            &plain,
+            &Method::POST,
+            "/v1/completions",
+            &HeaderMap::new(),
+            "r",
+            Bytes::new(),
+        )
+        .unwrap();
         assert!(!up.headers().contains_key(DATA_PARALLEL_RANK_HEADER));
     }
 }

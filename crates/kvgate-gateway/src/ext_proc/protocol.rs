@@ -315,15 +315,21 @@ mod tests {
     fn destination_is_host_port() {
         let pod = |url: &str| Pod::new(kvgate_core::PodId(0), url, "default", 1);
         assert_eq!(
-            destination(&pod("http://10.0.0.5:8000")).map(|d| d.endpoint).as_deref(),
+            destination(&pod("http://10.0.0.5:8000"))
+                .map(|d| d.endpoint)
+                .as_deref(),
             Some("10.0.0.5:8000")
         );
         assert_eq!(
-            destination(&pod("http://10.0.0.5")).map(|d| d.endpoint).as_deref(),
+            destination(&pod("http://10.0.0.5"))
+                .map(|d| d.endpoint)
+                .as_deref(),
             Some("10.0.0.5:80")
         );
         assert_eq!(
-            destination(&pod("http://[::1]:8000/")).map(|d| d.endpoint).as_deref(),
+            destination(&pod("http://[::1]:8000/"))
+                .map(|d| d.endpoint)
+                .as_deref(),
             Some("[::1]:8000")
         );
     }
@@ -343,7 +349,8 @@ mod tests {
                 .map(|h| (h.key, String::from_utf8_lossy(&h.raw_value).into_owned()))
                 .collect()
         };
-        let rank1 = Pod::data_parallel_rank(kvgate_core::PodId(1), "http://10.0.0.5:8000", "c", 1, 1, 2);
+        let rank1 =
+            Pod::data_parallel_rank(kvgate_core::PodId(1), "http://10.0.0.5:8000", "c", 1, 1, 2);
         let dest = destination(&rank1).unwrap();
         assert_eq!(dest.to_string(), "10.0.0.5:8000 (rank 1)");
         assert_eq!(
@@ -353,7 +360,13 @@ mod tests {
                 ("x-data-parallel-rank".to_string(), "1".to_string())
             ]
         );
-        let plain = destination(&Pod::new(kvgate_core::PodId(0), "http://10.0.0.6:8000", "c", 1)).unwrap();
+        let plain = destination(&Pod::new(
+            kvgate_core::PodId(0),
+            "http://10.0.0.6:8000",
+            "c",
+            1,
+        ))
+        .unwrap();
         assert_eq!(
             set_headers(routed_headers(&plain)),
             [(DESTINATION_HEADER.to_string(), "10.0.0.6:8000".to_string())]
