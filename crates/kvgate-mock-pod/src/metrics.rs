@@ -214,7 +214,13 @@ impl PodMetrics {
         };
         let split: Vec<Vec<(String, String)>> = texts.iter().map(|t| families(t)).collect();
         let mut out = String::with_capacity(texts.iter().map(String::len).sum());
-        for (i, (head, _)) in split.first().map(Vec::as_slice).unwrap_or_default().iter().enumerate() {
+        for (i, (head, _)) in split
+            .first()
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            .iter()
+            .enumerate()
+        {
             out.push_str(head);
             for engine in &split {
                 if let Some((_, body)) = engine.get(i) {

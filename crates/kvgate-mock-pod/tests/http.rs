@@ -511,16 +511,26 @@ async fn a_data_parallel_pod_pins_by_header_and_reports_each_engine_apart() {
         .text()
         .await
         .unwrap();
-    assert!(engine_sample(&text, "vllm:prefix_cache_hits_total", 1) > 0.0, "{text}");
+    assert!(
+        engine_sample(&text, "vllm:prefix_cache_hits_total", 1) > 0.0,
+        "{text}"
+    );
     assert_eq!(engine_sample(&text, "vllm:prefix_cache_hits_total", 0), 0.0);
-    assert_eq!(engine_sample(&text, "vllm:prefix_cache_queries_total", 0), 0.0);
+    assert_eq!(
+        engine_sample(&text, "vllm:prefix_cache_queries_total", 0),
+        0.0
+    );
     // Every family once, each engine's series under it (as vLLM writes them).
-    let helps = text.lines().filter(|l| l.starts_with("# HELP vllm:num_requests_running ")).count();
+    let helps = text
+        .lines()
+        .filter(|l| l.starts_with("# HELP vllm:num_requests_running "))
+        .count();
     assert_eq!(helps, 1);
     for rank in 0..2 {
-        let line = format!("vllm:cache_config_info{{block_size=\"16\"");
+        let line = "vllm:cache_config_info{block_size=\"16\"";
         assert!(
-            text.lines().any(|l| l.starts_with(&line) && l.contains(&format!("engine=\"{rank}\""))),
+            text.lines()
+                .any(|l| l.starts_with(line) && l.contains(&format!("engine=\"{rank}\""))),
             "engine {rank}'s cache_config_info"
         );
     }
@@ -547,8 +557,19 @@ async fn a_data_parallel_pod_pins_by_header_and_reports_each_engine_apart() {
         .json()
         .await
         .unwrap();
-    let port = |e: &Value| -> u16 { e.as_str().unwrap().rsplit(':').next().unwrap().parse().unwrap() };
-    assert_eq!(port(&sources["1"]["endpoint"]), port(&sources["0"]["endpoint"]) + 1);
+    let port = |e: &Value| -> u16 {
+        e.as_str()
+            .unwrap()
+            .rsplit(':')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(
+        port(&sources["1"]["endpoint"]),
+        port(&sources["0"]["endpoint"]) + 1
+    );
     assert_eq!(
         port(&sources["1"]["replay_endpoint"]),
         port(&sources["0"]["replay_endpoint"]) + 1
