@@ -108,7 +108,9 @@ dp-up)
   [ -f "$model/config.json" ] || "$venv/bin/python" scripts/real-vllm/make_model.py "$model" --layers 8 --hidden 512
   # Rank 0's endpoint, one vLLM can offset per rank (see above).
   events="ipc://$run/dp-events-tcp:$((port + 40))"
-  KVGATE_VLLM_EVENTS=$events scripts/real-vllm/pod.sh start dp "$model" $((port + 4)) $((port + 54)) '0|1' \
+  # Two engines start one after the other on a busy 2-core machine: 85 s quiet, 210 s while
+  # cargo compiled next to it; pod.sh's 240 s default is too tight.
+  KVGATE_VLLM_START_S=${KVGATE_VLLM_START_S:-480} KVGATE_VLLM_EVENTS=$events scripts/real-vllm/pod.sh start dp "$model" $((port + 4)) $((port + 54)) '0|1' \
     --data-parallel-size 2 || { "$0" dp-down; exit 1; }
   cat > "$run/dp.env" <<ENV
 KVGATE_VLLM_MODEL_DIR=$model
