@@ -4,7 +4,13 @@
 //! Pods get dense [`PodId`]s (the smallest free id), because the prefix index and the
 //! predictor key per-pod state by id. A pod removed by a config reload frees its id and its
 //! index entries. The table is swapped whole ([`ArcSwap`]) on reload; the data path reads it
-//! without locking. Bounds: one entry per configured pod; ids < [`MAX_PODS`].
+//! without locking. Bounds: one entry per configured pod (per engine of a data-parallel server:
+//! `dp=N` is N entries, N ≤ [`MAX_DATA_PARALLEL_SIZE`]); ids < [`MAX_PODS`].
+//!
+//! Data-parallel servers (vLLM `--data-parallel-size N`): N pods `URL#dp<rank>` at one
+//! connect URL, each routed, charged and trained on as a pod; the proxy pins a request to its
+//! engine with `X-data-parallel-rank` ([`crate::upstream`]), the scrape reads the server once
+//! for all of them ([`crate::scrape`]).
 //!
 //! Credentials: a pod URL may carry userinfo (`http://user:pass@host:port`). [`Pod::url`], the
 //! form every log line, metric label, `/debug/*` page and `x-kvgate-pod` header shows, has it

@@ -4,7 +4,9 @@
 //! `vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc` (older
 //! name `vllm:gpu_cache_usage_perc`, used only when the new one is absent) and the labels
 //! `block_size` / `num_gpu_blocks` of `vllm:cache_config_info`. Several series of one metric
-//! (several engines or models) are summed for request counts and maxed for KV usage. LoRA
+//! (several engines or models) are summed for request counts and maxed for KV usage — except
+//! for a data-parallel server (`dp=N`), scraped once for all its engines and split by the
+//! `engine` label ([`parse_metrics_by_engine`]). LoRA
 //! pods: the newest series of `vllm:lora_requests_info` (highest value: it is a timestamp, and
 //! stale label sets linger) gives `max_lora` and `running_lora_adapters`, and
 //! `vllm:num_requests_waiting_by_reason{reason="deferred"}` the requests waiting for a slot
