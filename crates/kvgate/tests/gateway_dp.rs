@@ -135,6 +135,27 @@ async fn each_engine_of_a_dp_server_keeps_its_conversations_and_serves_them_from
         names,
         [format!("{}#dp0", pod.url()), format!("{}#dp1", pod.url())]
     );
+    // /debug/config shows the server once, with its engine count.
+    let config: serde_json::Value = client()
+        .get(format!("http://{}/debug/config", gw.admin_addr))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let shown: Vec<(&str, u64)> = config["pods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["url"].as_str().unwrap(),
+                p["data_parallel_size"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(shown, [(pod.url().as_str(), 2)]);
     // The scrape splits the server's metrics by engine: each gets its own block size.
     wait_until("each engine's block size scraped", || {
         gw.shared()
@@ -146,27 +167,26 @@ async fn each_engine_of_a_dp_server_keeps_its_conversations_and_serves_them_from
     .await;
     const CONVERSATIONS: usize = 6;
     const TURNS: usize = 3;
+    // The first turns at once: the in-flight ledger spreads them over the engines.
     let mut tasks = Vec::new();
     for c in 0..CONVERSATIONS {
         let base = base.clone();
         tasks.push(tokio::spawn(async move {
-            let prefix = conversation_prefix(c);
-            let mut pods = Vec::new();
-            for n in 0..TURNS {
-                pods.push(complete(&base, &turn(&prefix, n), None).await);
-            }
-            pods
+            complete(&base, &turn(&conversation_prefix(c), 0), None).await
         }));
     }
     let mut home = Vec::new();
-    for (c, task) in tasks.into_iter().enumerate() {
-        let pods = task.await.unwrap();
-        assert!(
-            pods.iter().all(|p| p == &pods[0]),
-            "conversation {c} moved: {pods:?}"
-        );
-        assert!(names.contains(&pods[0]), "{pods:?}");
-        home.push(pods[0].clone());
+    for task in tasks {
+        let pod = task.await.unwrap();
+        assert!(names.contains(&pod), "{pod}");
+        home.push(pod);
+    }
+    // Then the later turns, one conversation at a time: each stays on its engine.
+    for (c, pod) in home.iter().enumerate() {
+        for n in 1..TURNS {
+            let got = complete(&base, &turn(&conversation_prefix(c), n), None).await;
+            assert_eq!(&got, pod, "conversation {c} turn {n} moved");
+        }
     }
     let used: BTreeSet<&String> = home.iter().collect();
     assert_eq!(used.len(), 2, "both engines serve conversations: {home:?}");

@@ -228,9 +228,9 @@ async fn real_vllm_dp_each_ranks_conversations_stay_on_it_and_hit_its_cache() {
     };
     let gw = serve(server, false);
     wait_healthy(&gw, server).await;
-    // Six conversations with distinct ~600-token prefixes (4+ blocks of 128), three turns each,
-    // all at once: the in-flight ledger spreads the first turns over the engines, and the
-    // prefix index keeps each conversation's later turns on its engine.
+    // Six conversations with distinct ~600-token prefixes (4+ blocks of 128), three turns each:
+    // the first turns at once (the in-flight ledger spreads them over the engines), then the
+    // later ones a conversation at a time (the prefix index keeps each on its engine).
     const CONVERSATIONS: usize = 6;
     const TURNS: usize = 3;
     let prefixes: Vec<String> = (0..CONVERSATIONS).map(|_| prompt(&tag(), 20)).collect();
@@ -238,32 +238,28 @@ async fn real_vllm_dp_each_ranks_conversations_stay_on_it_and_hit_its_cache() {
     for prefix in prefixes.clone() {
         let base = gw.base.clone();
         tasks.push(tokio::spawn(async move {
-            let mut pods = Vec::new();
-            for n in 0..TURNS {
-                let (status, pod, body) = complete(&base, &turn(&prefix, n)).await;
-                assert_eq!(status, 200, "{body}");
-                pods.push(pod);
-            }
-            pods
+            complete(&base, &turn(&prefix, 0)).await
         }));
     }
-    let mut used = BTreeSet::new();
     let mut home = Vec::new();
     for (c, task) in tasks.into_iter().enumerate() {
-        let pods = task.await.unwrap();
+        let (status, pod, body) = task.await.unwrap();
+        assert_eq!(status, 200, "{body}");
         assert!(
-            pods.iter().all(|p| p == &pods[0]),
-            "conversation {c} moved between engines: {pods:?}"
-        );
-        assert!(
-            (0..server.size).any(|r| pods[0] == server.engine(r)),
-            "conversation {c} on {:?}, not an engine of {}",
-            pods[0],
+            (0..server.size).any(|r| pod == server.engine(r)),
+            "conversation {c} on {pod:?}, not an engine of {}",
             server.url
         );
-        used.insert(pods[0].clone());
-        home.push(pods[0].clone());
+        home.push(pod);
     }
+    for (c, prefix) in prefixes.iter().enumerate() {
+        for n in 1..TURNS {
+            let (status, pod, body) = complete(&gw.base, &turn(prefix, n)).await;
+            assert_eq!(status, 200, "{body}");
+            assert_eq!(pod, home[c], "conversation {c} turn {n} moved");
+        }
+    }
+    let used: BTreeSet<&String> = home.iter().collect();
     assert_eq!(
         used.len(),
         server.size as usize,
