@@ -310,31 +310,14 @@ pub async fn spawn_pod(config: PodConfig, listener: TcpListener) -> anyhow::Resu
     let mut engines: Vec<api::EngineRank> = Vec::new();
     let mut sources: Vec<serde_json::Value> = Vec::new();
     let (mut kv_events_endpoint, mut kv_events_replay_endpoint) = (None, None);
+    let mut publishers = bind_publishers(&config).await?.into_iter();
     for rank in 0..config.data_parallel_size {
         let mut pod_metrics = PodMetrics::default();
         pod_metrics.block_size_tokens = config.block_size_tokens;
         pod_metrics.engine_rank = rank;
         let metrics = Arc::new(Mutex::new(pod_metrics));
-        let (sink, endpoint, replay) = match &config.kv_events {
-            Some(endpoint) => {
-                // Rank r on the endpoints' port + r, as vLLM does; with port 0, on rank 0's
-                // bound port + r.
-                let shift = |configured: &str, bound: Option<&String>| -> anyhow::Result<String> {
-                    let base = match bound {
-                        Some(b) if configured.ends_with(":0") => b.as_str(),
-                        _ => configured,
-                    };
-                    offset_port(base, u16::try_from(rank)?)
-                };
-                let endpoint = shift(endpoint, kv_events_endpoint.as_ref())?;
-                let replay = config
-                    .kv_events_replay
-                    .as_deref()
-                    .map(|r| shift(r, kv_events_replay_endpoint.as_ref()))
-                    .transpose()?;
-                let publisher =
-                    kv_events::start(&endpoint, replay.as_deref(), config.kv_events_topic.clone())
-                        .await?;
+        let (sink, endpoint, replay) = match publishers.next().flatten() {
+            Some(publisher) => {
                 tasks.extend(publisher.tasks);
                 (
                     Some(driver::EventSink {
@@ -425,6 +408,59 @@ pub async fn spawn_pod(config: PodConfig, listener: TcpListener) -> anyhow::Resu
         tasks,
         stop: Some(stop),
     })
+}
+
+/// The KV-event publishers of the pod's engines (none without `kv_events`): engine r on the
+/// configured endpoints' port + r, as vLLM does. With port 0, engine 0 binds a free port and
+/// engine r that port + r; when one of those is taken, all are bound again elsewhere (at most
+/// 20 tries).
+async fn bind_publishers(config: &PodConfig) -> anyhow::Result<Vec<Option<kv_events::Publisher>>> {
+    let n = config.data_parallel_size;
+    let Some(endpoint) = config.kv_events.as_deref() else {
+        return Ok((0..n).map(|_| None).collect());
+    };
+    let replay = config.kv_events_replay.as_deref();
+    let any_port = endpoint.ends_with(":0") || replay.is_some_and(|r| r.ends_with(":0"));
+    let mut last_error = None;
+    for _ in 0..20 {
+        let mut bound: Vec<Option<kv_events::Publisher>> = Vec::new();
+        let mut failed = None;
+        for rank in 0..n {
+            let shift = |configured: &str, first: Option<&str>| -> anyhow::Result<String> {
+                let base = match first {
+                    Some(b) if configured.ends_with(":0") => b,
+                    _ => configured,
+                };
+                offset_port(base, u16::try_from(rank)?)
+            };
+            let first = bound.first().and_then(Option::as_ref);
+            let attempt = async {
+                let e = shift(endpoint, first.map(|p| p.endpoint.as_str()))?;
+                let r = replay
+                    .map(|r| shift(r, first.and_then(|p| p.replay_endpoint.as_deref())))
+                    .transpose()?;
+                kv_events::start(&e, r.as_deref(), config.kv_events_topic.clone()).await
+            };
+            match attempt.await {
+                Ok(p) => bound.push(Some(p)),
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        match failed {
+            None => return Ok(bound),
+            Some(e) if any_port && n > 1 => {
+                for p in bound.into_iter().flatten() {
+                    p.tasks.iter().for_each(|t| t.abort());
+                }
+                last_error = Some(e);
+            }
+            Some(e) => return Err(e),
+        }
+    }
+    Err(last_error.unwrap_or_else(|| anyhow::anyhow!("no free consecutive event ports")))
 }
 
 /// Starts `count` pods: pod i listens on `first.port() + i` (every pod on a free port when the
