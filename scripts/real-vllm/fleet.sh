@@ -22,6 +22,16 @@
 #   scripts/real-vllm/fleet.sh pd-up    installs NIXL if needed (install-nixl.sh), starts both,
 #                                       writes $run/pd.env
 #   scripts/real-vllm/fleet.sh pd-down  stops both
+# The data-parallel server (crates/kvgate/tests/real_vllm_dp.rs), which replaces the fleet and
+# the P/D pair in scripts/test's DP phase:
+#   dp   one vLLM server with --data-parallel-size 2, one engine per core
+#        (VLLM_CPU_OMP_THREADS_BIND '0|1'), HTTP port+4; rank r publishes KV events on
+#        ipc://$run/dp-events-tcp:<port+40+r> and replays on port+54+r. vLLM 0.32 gives rank r
+#        its endpoint's port + r and refuses any other ipc endpoint for a DP server (it
+#        accepts only endpoints containing "tcp" or "inproc"); a tcp one would have to be a
+#        wildcard (to be bound) and listen beyond loopback.
+#   scripts/real-vllm/fleet.sh dp-up    starts it, writes $run/dp.env
+#   scripts/real-vllm/fleet.sh dp-down  stops it
 # $run is ${KVGATE_VLLM_RUN:-/tmp/kvgate-vllm}; ports from ${KVGATE_VLLM_PORT:-18000}: HTTP
 # port and port+1, replay port+50 and port+51.
 set -euo pipefail
@@ -91,6 +101,30 @@ KVGATE_VLLM_PD_DECODE=http://127.0.0.1:$((port + 3))
 ENV
   echo "real-vLLM P/D pair up: $run/pd.env"
   ;;
+dp-up)
+  mkdir -p "$run"
+  rm -f "$run/dp.env"
+  scripts/real-vllm/install.sh "$venv"
+  [ -f "$model/config.json" ] || "$venv/bin/python" scripts/real-vllm/make_model.py "$model" --layers 8 --hidden 512
+  # Rank 0's endpoint, one vLLM can offset per rank (see above).
+  events="ipc://$run/dp-events-tcp:$((port + 40))"
+  # Two engines start one after the other on a busy 2-core machine: 85 s quiet, 210 s while
+  # cargo compiled next to it; pod.sh's 240 s default is too tight.
+  KVGATE_VLLM_START_S=${KVGATE_VLLM_START_S:-480} KVGATE_VLLM_EVENTS=$events scripts/real-vllm/pod.sh start dp "$model" $((port + 4)) $((port + 54)) '0|1' \
+    --data-parallel-size 2 || { "$0" dp-down; exit 1; }
+  cat > "$run/dp.env" <<ENV
+KVGATE_VLLM_MODEL_DIR=$model
+KVGATE_VLLM_DP_URL=http://127.0.0.1:$((port + 4))
+KVGATE_VLLM_DP_SIZE=2
+KVGATE_VLLM_DP_EVENTS=$events
+KVGATE_VLLM_DP_REPLAY=tcp://127.0.0.1:$((port + 54))
+ENV
+  echo "real-vLLM DP server up: $run/dp.env"
+  ;;
+dp-down)
+  scripts/real-vllm/pod.sh stop dp
+  rm -f "$run/dp.env"
+  ;;
 pd-down)
   scripts/real-vllm/pod.sh stop pdp &
   scripts/real-vllm/pod.sh stop pdd &
@@ -103,5 +137,5 @@ down)
   wait
   rm -f "$run/fleet.env"
   ;;
-*) echo "usage: $0 up|down|pd-up|pd-down" >&2; exit 2 ;;
+*) echo "usage: $0 up|down|pd-up|pd-down|dp-up|dp-down" >&2; exit 2 ;;
 esac

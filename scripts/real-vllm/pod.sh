@@ -5,8 +5,9 @@
 #   scripts/real-vllm/pod.sh kill NAME        (SIGKILL to its process group: a crash; both wait
 #                                             until the group's processes are gone, ≤ 30 s)
 #   scripts/real-vllm/pod.sh restart NAME     (kill, then start again with the same arguments)
-# The pod runs in its own session (setsid), pinned to CORE, with prefix caching, KV events
-# published on ipc://$run/NAME-events.ipc (vLLM binds a PUB endpoint only when it is a wildcard
+# The pod runs in its own session (setsid), pinned to CORE (or cores: '0|1', one per engine of a
+# data-parallel server), with prefix caching, KV events published on
+# ${KVGATE_VLLM_EVENTS:-ipc://$run/NAME-events.ipc} (vLLM binds a PUB endpoint only when it is a wildcard
 # `tcp://*:P` or ipc; `tcp://127.0.0.1:P` makes it connect, and a wildcard would listen beyond
 # loopback) and replay on 127.0.0.1:REPLAY_PORT; its log and pid are under
 # ${KVGATE_VLLM_RUN:-/tmp/kvgate-vllm}/NAME.{log,pid}. `start` waits until /health answers
@@ -27,7 +28,9 @@ start)
     rm -f "$run/$name.nixl-port"
   fi
   model=$3 port=$4 replay=$5 core=$6; shift 6
-  events="ipc://$run/$name-events.ipc"
+  # KVGATE_VLLM_EVENTS: another PUB endpoint (a data-parallel server's, fleet.sh dp-up).
+  events=${KVGATE_VLLM_EVENTS:-ipc://$run/$name-events.ipc}
+  echo "$events" > "$run/$name.events"
   VLLM_TARGET_DEVICE=cpu VLLM_CPU_KVCACHE_SPACE=${KVGATE_VLLM_KV_GIB:-1} \
   VLLM_CPU_OMP_THREADS_BIND=$core VLLM_SERVER_DEV_MODE=1 \
   setsid "$venv/bin/python" -m vllm.entrypoints.openai.api_server \
@@ -53,6 +56,10 @@ restart)
   if [ -f "$run/$name.nixl-port" ]; then
     VLLM_NIXL_SIDE_CHANNEL_PORT=$(cat "$run/$name.nixl-port")
     export VLLM_NIXL_SIDE_CHANNEL_PORT
+  fi
+  if [ -f "$run/$name.events" ]; then
+    KVGATE_VLLM_EVENTS=$(cat "$run/$name.events")
+    export KVGATE_VLLM_EVENTS
   fi
   "$0" kill "$name"
   exec "$0" start "$name" "${saved[@]}"

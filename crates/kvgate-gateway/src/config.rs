@@ -11,6 +11,9 @@
 //! # P/D disaggregation: role = "both" (default) | "prefill" | "decode" (README "Prefill/decode
 //! # disaggregation"); `--pod URL,role=prefill` on the command line
 //! # pods = [{ url = "http://10.0.0.8:8000", role = "prefill" }, { url = "http://10.0.0.9:8000", role = "decode" }]
+//! # A vLLM server with --data-parallel-size N: N engines behind one URL, each routed as its own
+//! # pod URL#dp<rank> (README "Data-parallel servers"); `--pod URL,dp=N` on the command line
+//! # pods = [{ url = "http://10.0.0.4:8000", data_parallel_size = 2 }]
 //! index = "engine"                 # routed (default) | engine: KV-cache events, token mode
 //! [[pods]]                         # a pod publishing vLLM KV-cache events
 //! url = "http://10.0.0.7:8000"
@@ -115,9 +118,22 @@ pub enum ConfigError {
     #[error("{0} must be positive")]
     NotPositive(&'static str),
     #[error(
-        "invalid pod option {0:?}: expected URL[,events=tcp://…|ipc://…][,replay=tcp://…|ipc://…][,model=NAME][,class=NAME][,role=both|prefill|decode]"
+        "invalid pod option {0:?}: expected URL[,events=tcp://…|ipc://…][,replay=tcp://…|ipc://…][,model=NAME][,class=NAME][,role=both|prefill|decode][,dp=N]"
     )]
     BadPodOption(String),
+    #[error("pod {url:?}: data_parallel_size must be 1..={max}, got {got}")]
+    BadDataParallelSize { url: String, got: u32, max: u32 },
+    #[error(
+        "pod {url:?} has data_parallel_size {size} and KV events at {endpoint:?}: each rank \
+         publishes on the endpoint's port + rank (vLLM's rule), so the endpoint must end in \
+         :PORT (tcp://*:5557; vLLM 0.32 refuses an ipc endpoint for a DP server unless its \
+         path holds \"tcp\" and ends in :PORT)"
+    )]
+    DataParallelEvents {
+        url: String,
+        size: u32,
+        endpoint: String,
+    },
     #[error("unknown index {0:?}: expected routed or engine")]
     UnknownIndex(String),
     #[error("{path} is empty")]
@@ -182,12 +198,13 @@ pub struct PodEvents {
     pub model: Option<String>,
 }
 
-/// A `--pod` value: `URL[,events=…][,replay=…][,model=…][,class=…][,role=…]`.
+/// A `--pod` value: `URL[,events=…][,replay=…][,model=…][,class=…][,role=…][,dp=N]`.
 fn parse_pod_arg(arg: &str) -> Result<(PodEntry, Option<PodEvents>), ConfigError> {
     let mut parts = arg.split(',');
     let url = parts.next().unwrap_or("").trim().to_string();
     let (mut class, mut endpoint, mut replay, mut model) = (None, None, None, None);
     let mut role = PodRole::Both;
+    let mut data_parallel_size = 1;
     for part in parts {
         let Some((key, value)) = part.split_once('=') else {
             return Err(ConfigError::BadPodOption(arg.to_string()));
@@ -204,12 +221,68 @@ fn parse_pod_arg(arg: &str) -> Result<(PodEntry, Option<PodEvents>), ConfigError
                     .and_then(PodRole::from_name)
                     .ok_or_else(|| ConfigError::BadPodOption(arg.to_string()))?
             }
+            "dp" | "data_parallel_size" => {
+                data_parallel_size = value
+                    .as_deref()
+                    .and_then(|v| v.parse().ok())
+                    .ok_or_else(|| ConfigError::BadPodOption(arg.to_string()))?
+            }
             _ => return Err(ConfigError::BadPodOption(arg.to_string())),
         }
     }
     let events = endpoint_events(&url, endpoint, replay, model, arg)?;
     let class = class.unwrap_or_else(|| DEFAULT_POD_CLASS.to_string());
-    Ok((PodEntry::new(url, class).with_role(role), events))
+    Ok((
+        PodEntry {
+            data_parallel_size,
+            ..PodEntry::new(url, class).with_role(role)
+        },
+        events,
+    ))
+}
+
+/// The endpoint data-parallel rank `rank` of a server publishes on, given rank 0's: its
+/// trailing `:PORT` plus `rank`, as vLLM's `ZmqEventPublisher.offset_endpoint_port` does (a
+/// port 0 stays 0). `None` when the endpoint has no trailing port (vLLM 0.32 then refuses to
+/// start a DP server's rank 1, so such a config is rejected before).
+pub fn rank_endpoint(endpoint: &str, rank: u32) -> Option<String> {
+    if rank == 0 {
+        return Some(endpoint.to_string());
+    }
+    let (head, port) = endpoint.rsplit_once(':')?;
+    let port: u16 = port.parse().ok()?;
+    if port == 0 {
+        return Some(endpoint.to_string());
+    }
+    let port = u16::try_from(u32::from(port).checked_add(rank)?).ok()?;
+    Some(format!("{head}:{port}"))
+}
+
+/// Checks a pod's data-parallel size and, for N > 1, that its event endpoints give each rank
+/// its own ([`rank_endpoint`]).
+fn check_data_parallel(pod: &PodEntry, events: Option<&PodEvents>) -> Result<(), ConfigError> {
+    let size = pod.data_parallel_size;
+    if size == 0 || size > crate::pods::MAX_DATA_PARALLEL_SIZE {
+        return Err(ConfigError::BadDataParallelSize {
+            url: crate::pods::redact_userinfo(&pod.url),
+            got: size,
+            max: crate::pods::MAX_DATA_PARALLEL_SIZE,
+        });
+    }
+    if size == 1 {
+        return Ok(());
+    }
+    let Some(events) = events else { return Ok(()) };
+    for endpoint in std::iter::once(&events.endpoint).chain(&events.replay) {
+        if rank_endpoint(endpoint, size - 1).is_none() {
+            return Err(ConfigError::DataParallelEvents {
+                url: crate::pods::redact_userinfo(&pod.url),
+                size,
+                endpoint: endpoint.clone(),
+            });
+        }
+    }
+    Ok(())
 }
 
 fn endpoint_events(
@@ -258,6 +331,9 @@ pub enum PodSpec {
         /// `both` (default), `prefill` or `decode`.
         #[serde(default)]
         role: Option<PodRole>,
+        /// Engines behind the URL (vLLM `--data-parallel-size`); 1 by default.
+        #[serde(default)]
+        data_parallel_size: Option<u32>,
     },
 }
 
@@ -421,11 +497,13 @@ impl GatewayConfig {
                     replay,
                     model,
                     role,
+                    data_parallel_size,
                 } => {
                     let class = class.as_deref().unwrap_or(DEFAULT_POD_CLASS);
-                    pods.push(
-                        PodEntry::new(url.clone(), class).with_role(role.unwrap_or_default()),
-                    );
+                    pods.push(PodEntry {
+                        data_parallel_size: data_parallel_size.unwrap_or(1),
+                        ..PodEntry::new(url.clone(), class).with_role(role.unwrap_or_default())
+                    });
                     pod_events.extend(endpoint_events(
                         url,
                         events.clone(),
@@ -450,6 +528,8 @@ impl GatewayConfig {
         };
         for p in &pods {
             check_pod_url(&p.url)?;
+            let url = p.url.trim_end_matches('/');
+            check_data_parallel(p, pod_events.iter().find(|e| e.url == url))?;
         }
         let scrape_ms = args
             .scrape_interval_ms
@@ -746,6 +826,8 @@ pub struct PodDump {
     pub class: String,
     /// `both`, `prefill` or `decode`.
     pub role: PodRole,
+    /// Engines behind the URL, each routed as its own pod `URL#dp<rank>` (1: a plain pod).
+    pub data_parallel_size: u32,
     /// `config` (the file or `--pod`) or `discovery`.
     pub source: &'static str,
     /// Its KV-cache event endpoints, when it publishes them.
@@ -774,6 +856,7 @@ impl ConfigDump {
                     url: url.to_string(),
                     class: entry.class.clone(),
                     role: entry.role,
+                    data_parallel_size: entry.data_parallel_size,
                     source: if configured(url) {
                         "config"
                     } else {
@@ -981,6 +1064,59 @@ mod tests {
     }
 
     #[test]
+    fn data_parallel_size_comes_from_the_file_and_the_pod_flag_and_is_checked() {
+        let file: FileConfig = toml::from_str(
+            "pods = [{ url = \"http://p:1\", data_parallel_size = 4 }, \"http://b:2\"]\n",
+        )
+        .unwrap();
+        let args = |pod: &str| ServeArgs {
+            pod: vec![pod.into()],
+            ..ServeArgs::default()
+        };
+        let c = GatewayConfig::resolve(&args("http://d:3,dp=2"), Some(&file)).unwrap();
+        let sizes: Vec<u32> = c.pods.iter().map(|p| p.data_parallel_size).collect();
+        assert_eq!(sizes, [4, 1, 2]);
+        let ok = "http://d:3,dp=2,events=tcp://d:5557,replay=tcp://d:5558";
+        assert!(GatewayConfig::resolve(&args(ok), None).is_ok());
+        for bad in [
+            "http://d:3,dp=0",
+            "http://d:3,dp=x",
+            "http://d:3,dp=257",
+            "http://d:3,dp=2,events=ipc:///run/ev.ipc",
+            "http://d:3,dp=2,events=tcp://d:65535",
+        ] {
+            assert!(GatewayConfig::resolve(&args(bad), None).is_err(), "{bad}");
+        }
+        // vLLM 0.32 runs a DP server with an ipc endpoint only when it ends in :PORT.
+        assert!(
+            GatewayConfig::resolve(&args("http://d:3,dp=2,events=ipc:///run/ev-tcp:5557"), None)
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn rank_endpoints_shift_the_trailing_port_as_vllm_does() {
+        assert_eq!(
+            rank_endpoint("tcp://*:5557", 0).as_deref(),
+            Some("tcp://*:5557")
+        );
+        assert_eq!(
+            rank_endpoint("tcp://10.0.0.4:5557", 3).as_deref(),
+            Some("tcp://10.0.0.4:5560")
+        );
+        assert_eq!(
+            rank_endpoint("tcp://10.0.0.4:0", 3).as_deref(),
+            Some("tcp://10.0.0.4:0")
+        );
+        assert_eq!(
+            rank_endpoint("ipc:///r/ev-tcp:19040", 1).as_deref(),
+            Some("ipc:///r/ev-tcp:19041")
+        );
+        assert_eq!(rank_endpoint("ipc:///r/ev.ipc", 1), None);
+        assert_eq!(rank_endpoint("tcp://h:65535", 1), None);
+    }
+
+    #[test]
     fn pod_roles_come_from_the_file_and_the_pod_flag() {
         let file: FileConfig = toml::from_str(
             "pods = [{ url = \"http://p:1\", role = \"prefill\" }, \"http://b:2\"]\n",
@@ -1136,11 +1272,11 @@ explore_max_extra_ms = 9
         assert_eq!(
             v["pods"],
             serde_json::json!([
-                {"url": "http://a:1", "class": "default", "role": "both", "source": "config",
+                {"url": "http://a:1", "class": "default", "role": "both", "data_parallel_size": 1, "source": "config",
                     "events": null},
-                {"url": "http://b:2", "class": "h100", "role": "both", "source": "config",
+                {"url": "http://b:2", "class": "h100", "role": "both", "data_parallel_size": 1, "source": "config",
                     "events": {"endpoint": "tcp://b:5557", "replay": null, "model": null}},
-                {"url": "http://10.0.0.9:8000", "class": "default", "role": "both",
+                {"url": "http://10.0.0.9:8000", "class": "default", "role": "both", "data_parallel_size": 1,
                     "source": "discovery", "events": null},
             ])
         );

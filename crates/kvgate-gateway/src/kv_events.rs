@@ -25,7 +25,10 @@
 //!   its socket, clears the pod (its engine most likely restarted), resubscribes and replays —
 //!   within one health check ([`HEALTH_CHECK`], 250 ms) of the pod scraping healthy, not after
 //!   ZeroMQ's own reconnect backoff.
-//! - **Bounds**: one SUB socket and one task per pod; replay reads at most
+//! - **Data-parallel servers** (`dp=N`): each engine is a pod of its own with its own SUB
+//!   socket, follower and replay, on the server's endpoints with their port + rank (vLLM's
+//!   rule); a batch whose `data_parallel_rank` is not the engine's is rejected.
+//! - **Bounds**: one SUB socket and one task per pod (per engine of a DP server); replay reads at most
 //!   [`MAX_REPLAY_BATCHES`] batches with [`REPLAY_TIMEOUT`] per message; payloads over the core's
 //!   `MAX_BATCH_BYTES` are rejected before decoding.
 
@@ -55,16 +58,27 @@ pub const RECONNECT_BACKOFF: Duration = Duration::from_secs(1);
 /// How often the task looks at the pod's health while its stream is quiet.
 const HEALTH_CHECK: Duration = Duration::from_millis(250);
 
-/// The pod's events config, if it publishes events and the engine index is on.
+/// The pod's events config, if it publishes events and the engine index is on. For engine r of
+/// a data-parallel server: the server's endpoints with their port + r (vLLM's rule,
+/// [`crate::config::rank_endpoint`]).
 fn events_of(shared: &Shared, pod: &Pod) -> Option<PodEvents> {
     let cfg = shared.config();
     if cfg.index != IndexKind::Engine {
         return None;
     }
-    cfg.pod_events
+    let mut events = cfg
+        .pod_events
         .iter()
         .find(|e| e.url == pod.connect_url())
-        .cloned()
+        .cloned()?;
+    if let Some(rank) = pod.rank {
+        events.endpoint = crate::config::rank_endpoint(&events.endpoint, rank)?;
+        events.replay = match events.replay {
+            Some(r) => Some(crate::config::rank_endpoint(&r, rank)?),
+            None => None,
+        };
+    }
+    Some(events)
 }
 
 /// After each scrape: registers an event-publishing pod in the engine index once its model is
@@ -244,6 +258,17 @@ impl Follower<'_> {
 
     fn apply(&self, payload: &[u8]) {
         match decode_batch(payload) {
+            // A data-parallel engine's stream carries its rank; another rank's batch (a
+            // mis-wired endpoint) would put its blocks on the wrong engine.
+            Ok(batch)
+                if self.pod.rank.is_some()
+                    && batch.data_parallel_rank != self.pod.rank.map(i64::from) =>
+            {
+                self.reject(&format!(
+                    "batch of data-parallel rank {:?} on rank {:?}'s stream",
+                    batch.data_parallel_rank, self.pod.rank
+                ));
+            }
             Ok(batch) => {
                 {
                     let mut session = self.shared.session.lock();

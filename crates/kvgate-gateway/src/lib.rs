@@ -22,9 +22,9 @@
 //! | `config` | `GatewayConfig` from defaults, config file and flags; `ConfigDump` (`/debug/config`) |
 //! | `reload` | re-read the config file on change; keep the old one if invalid |
 //! | `discovery` | `--discovery`: static, or `kubernetes` (feature `k8s`: watch ready Pods by label, keep them in the pod table) |
-//! | `pods` | the pod table and health (in-flight counters are the session's ledger) |
+//! | `pods` | the pod table and health (in-flight counters are the session's ledger); a data-parallel server (`dp=N`) is N engine pods `URL#dp<r>` at one URL |
 //! | `breaker` | a pod whose responses die mid-body, or that sends no response headers in time, N times in a row is avoided for a cooldown |
-//! | `scrape` | tolerant `/metrics` parser (incl. LoRA slots: the newest `vllm:lora_requests_info`, deferred requests) and the scrape loop |
+//! | `scrape` | tolerant `/metrics` parser (incl. LoRA slots: the newest `vllm:lora_requests_info`, deferred requests; a DP server's series split by `engine` label) and the scrape loop |
 //! | `state` | what all tasks share; the core's `RouterSession` behind one mutex (`Shared::session`) |
 //! | `routing` | what both data paths share: `prepare` (parse, SLO headers, blocks, `max_prompt_tokens`, `--capture` ticket), `decide_for` (one decision through the session, recorded in `/debug/decisions`), `least_loaded` |
 //! | `lifecycle` | `TicketGuard`: a request's session ticket with its pod; first token, tokens, finish, returned once in `Drop` on every ending |

@@ -4,7 +4,13 @@
 //! Pods get dense [`PodId`]s (the smallest free id), because the prefix index and the
 //! predictor key per-pod state by id. A pod removed by a config reload frees its id and its
 //! index entries. The table is swapped whole ([`ArcSwap`]) on reload; the data path reads it
-//! without locking. Bounds: one entry per configured pod; ids < [`MAX_PODS`].
+//! without locking. Bounds: one entry per configured pod (per engine of a data-parallel server:
+//! `dp=N` is N entries, N ≤ [`MAX_DATA_PARALLEL_SIZE`]); ids < [`MAX_PODS`].
+//!
+//! Data-parallel servers (vLLM `--data-parallel-size N`): N pods `URL#dp<rank>` at one
+//! connect URL, each routed, charged and trained on as a pod; the proxy pins a request to its
+//! engine with `X-data-parallel-rank` ([`crate::upstream`]), the scrape reads the server once
+//! for all of them ([`crate::scrape`]).
 //!
 //! Credentials: a pod URL may carry userinfo (`http://user:pass@host:port`). [`Pod::url`], the
 //! form every log line, metric label, `/debug/*` page and `x-kvgate-pod` header shows, has it
@@ -27,27 +33,41 @@ pub struct PodLabel {
     pub pod: String,
 }
 
-/// A pod the table should hold: its base URL, predictor class and P/D role (from the config
-/// file, `--pod` or discovery).
+/// Most data-parallel engines one server may declare (`dp=N`): vLLM's DP size is a few to a
+/// few dozen engines per server.
+pub const MAX_DATA_PARALLEL_SIZE: u32 = 256;
+
+/// A pod the table should hold: its base URL, predictor class, P/D role and data-parallel size
+/// (from the config file, `--pod` or discovery).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodEntry {
     pub url: String,
     pub class: String,
     pub role: PodRole,
+    /// Engines behind the URL (vLLM `--data-parallel-size`): 1 is a plain pod; N > 1 makes
+    /// the table hold N routable engines, one per rank, all at this URL.
+    pub data_parallel_size: u32,
 }
 
 impl PodEntry {
-    /// A `both` pod.
+    /// A `both` pod with one engine.
     pub fn new(url: impl Into<String>, class: impl Into<String>) -> Self {
         PodEntry {
             url: url.into(),
             class: class.into(),
             role: PodRole::Both,
+            data_parallel_size: 1,
         }
     }
 
     pub fn with_role(mut self, role: PodRole) -> Self {
         self.role = role;
+        self
+    }
+
+    /// `n` data-parallel engines behind the URL (1: a plain pod).
+    pub fn with_data_parallel_size(mut self, n: u32) -> Self {
+        self.data_parallel_size = n.max(1);
         self
     }
 }
@@ -66,6 +86,12 @@ pub struct Pod {
     pub class: String,
     /// What it serves in a P/D fleet (`both` unless configured).
     pub role: PodRole,
+    /// Its data-parallel rank when it is one engine of a server with `dp=N` (N > 1): requests
+    /// to it carry `X-data-parallel-rank`, its metrics are the series with `engine="rank"`,
+    /// its KV events come from the rank's own endpoint. `None`: a plain pod.
+    pub rank: Option<u32>,
+    /// The server's data-parallel size (1 for a plain pod).
+    pub data_parallel_size: u32,
     /// False after a failed scrape or connection error; true again after a successful scrape.
     /// Set false through [`Pod::mark_unhealthy`], which counts the outage.
     pub healthy: AtomicBool,
@@ -101,6 +127,8 @@ impl Pod {
             connect_url,
             class: class.to_string(),
             role: PodRole::Both,
+            rank: None,
+            data_parallel_size: 1,
             healthy: AtomicBool::new(false),
             outages: AtomicU64::new(0),
             scrape_timeouts_in_a_row: std::sync::atomic::AtomicU32::new(0),
@@ -111,6 +139,23 @@ impl Pod {
                 ..Scraped::default()
             }),
         }
+    }
+
+    /// Engine `rank` of the data-parallel server at `url` with `size` engines: shown as
+    /// `url#dp<rank>` (logs, metric labels, `/debug/*`, `x-kvgate-pod`), connecting to `url`.
+    pub fn data_parallel_rank(
+        id: PodId,
+        url: &str,
+        class: &str,
+        default_kv_blocks: u32,
+        rank: u32,
+        size: u32,
+    ) -> Self {
+        let mut pod = Pod::new(id, url, class, default_kv_blocks);
+        pod.url = format!("{}#dp{rank}", pod.url);
+        pod.rank = Some(rank);
+        pod.data_parallel_size = size;
+        pod
     }
 
     pub fn label(&self) -> PodLabel {
@@ -246,39 +291,68 @@ impl PodTable {
         self.pods.load().iter().map(|p| p.snapshot()).collect()
     }
 
-    /// Makes the table hold exactly `wanted` pods: keeps pods whose URL, class and role are
-    /// unchanged (with their state), adds new ones with the smallest free ids, and marks the
-    /// rest removed (a pod whose role changed is a new pod). Pods beyond [`MAX_PODS`] are
-    /// ignored.
+    /// Makes the table hold exactly `wanted` pods: keeps pods whose URL, class, role and
+    /// data-parallel size are unchanged (with their state), adds new ones with the smallest
+    /// free ids, and marks the rest removed (a pod whose role or DP size changed is a new pod).
+    /// An entry with `data_parallel_size` N > 1 is N pods, ranks 0..N, at one URL. Pods beyond
+    /// [`MAX_PODS`] are ignored.
     pub fn replace(&self, wanted: &[PodEntry], default_kv_blocks: u32) -> PodChanges {
         let old = self.pods.load_full();
         let mut changes = PodChanges::default();
         let mut next: Vec<Arc<Pod>> = Vec::with_capacity(wanted.len());
         let mut used = vec![false; MAX_PODS];
+        // One engine per (entry, rank); the first entry naming a URL wins.
+        let mut engines: Vec<(&PodEntry, Option<u32>)> = Vec::with_capacity(wanted.len());
+        let mut urls: Vec<&str> = Vec::with_capacity(wanted.len());
         for w in wanted {
             let url = w.url.trim_end_matches('/');
-            if next.iter().any(|p| p.connect_url == url) {
+            if urls.contains(&url) {
                 continue;
             }
-            if let Some(p) = old
-                .iter()
-                .find(|p| p.connect_url == url && p.class == w.class && p.role == w.role)
-            {
-                used[p.id.index()] = true;
-                next.push(p.clone());
+            urls.push(url);
+            match w.data_parallel_size.min(MAX_DATA_PARALLEL_SIZE) {
+                0 | 1 => engines.push((w, None)),
+                n => engines.extend((0..n).map(|r| (w, Some(r)))),
             }
         }
-        for w in wanted {
-            let url = w.url.trim_end_matches('/');
-            if next.iter().any(|p| p.connect_url == url) {
+        let same = |p: &Pod, w: &PodEntry, rank: Option<u32>| {
+            p.connect_url == w.url.trim_end_matches('/')
+                && p.rank == rank
+                && p.class == w.class
+                && p.role == w.role
+                && p.data_parallel_size == w.data_parallel_size.max(1)
+        };
+        let mut kept: Vec<Option<Arc<Pod>>> = Vec::with_capacity(engines.len());
+        for &(w, rank) in &engines {
+            let found = old.iter().find(|p| same(p, w, rank)).cloned();
+            if let Some(p) = &found {
+                used[p.id.index()] = true;
+            }
+            kept.push(found);
+        }
+        for (&(w, rank), found) in engines.iter().zip(kept) {
+            if let Some(p) = found {
+                next.push(p);
                 continue;
             }
+            let url = w.url.trim_end_matches('/');
             let Some(free) = used.iter().position(|u| !u) else {
                 tracing::warn!(url = %redact_userinfo(url), "pod table full; pod ignored");
                 continue;
             };
             used[free] = true;
-            let mut pod = Pod::new(PodId(free as u32), url, &w.class, default_kv_blocks);
+            let id = PodId(free as u32);
+            let mut pod = match rank {
+                None => Pod::new(id, url, &w.class, default_kv_blocks),
+                Some(r) => Pod::data_parallel_rank(
+                    id,
+                    url,
+                    &w.class,
+                    default_kv_blocks,
+                    r,
+                    w.data_parallel_size,
+                ),
+            };
             pod.role = w.role;
             let pod = Arc::new(pod);
             changes.added.push(pod.clone());
@@ -293,6 +367,20 @@ impl PodTable {
         }
         self.pods.store(Arc::new(next));
         changes
+    }
+
+    /// The engines of the data-parallel server at `pod`'s URL, in rank order (just `pod` for a
+    /// plain pod).
+    pub fn ranks_of(&self, pod: &Pod) -> Vec<Arc<Pod>> {
+        let mut ranks: Vec<Arc<Pod>> = self
+            .pods
+            .load()
+            .iter()
+            .filter(|p| p.connect_url == pod.connect_url && p.rank.is_some() == pod.rank.is_some())
+            .cloned()
+            .collect();
+        ranks.sort_by_key(|p| p.rank);
+        ranks
     }
 }
 
@@ -374,5 +462,50 @@ mod tests {
         );
         assert_eq!((ch.added.len(), ch.removed.len()), (1, 1));
         assert_eq!(t.by_url("http://a").unwrap().role, PodRole::Decode);
+    }
+
+    #[test]
+    fn a_data_parallel_server_is_one_pod_per_rank_at_one_url() {
+        let t = PodTable::default();
+        let dp = PodEntry::new("http://u:p@h:8000/", "x").with_data_parallel_size(2);
+        let ch = t.replace(&[PodEntry::new("http://a", "x"), dp.clone()], 10);
+        assert_eq!(ch.added.len(), 3);
+        let pods = t.all();
+        let shown: Vec<(&str, Option<u32>)> =
+            pods.iter().map(|p| (p.url.as_str(), p.rank)).collect();
+        assert_eq!(
+            shown,
+            [
+                ("http://a", None),
+                ("http://***@h:8000#dp0", Some(0)),
+                ("http://***@h:8000#dp1", Some(1))
+            ]
+        );
+        assert!(
+            pods.iter()
+                .skip(1)
+                .all(|p| p.connect_url() == "http://u:p@h:8000")
+        );
+        assert_eq!(
+            pods[2].uri_for("/metrics").unwrap().to_string(),
+            "http://u:p@h:8000/metrics"
+        );
+        let ranks: Vec<Option<u32>> = t.ranks_of(&pods[2]).iter().map(|p| p.rank).collect();
+        assert_eq!(ranks, [Some(0), Some(1)]);
+        assert_eq!(
+            t.ranks_of(&pods[0]).len(),
+            1,
+            "a plain pod is its own group"
+        );
+        // Unchanged: kept with their ids; a new size: new engines.
+        let ch = t.replace(&[PodEntry::new("http://a", "x"), dp], 10);
+        assert_eq!((ch.added.len(), ch.removed.len()), (0, 0));
+        let ch = t.replace(
+            &[PodEntry::new("http://h:8000", "x").with_data_parallel_size(3)],
+            10,
+        );
+        assert_eq!((ch.added.len(), ch.removed.len()), (3, 3));
+        let ids: Vec<u32> = t.all().iter().map(|p| p.id.0).collect();
+        assert_eq!(ids, [0, 1, 2], "freed ids are reused");
     }
 }

@@ -4,7 +4,9 @@
 //! `vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc` (older
 //! name `vllm:gpu_cache_usage_perc`, used only when the new one is absent) and the labels
 //! `block_size` / `num_gpu_blocks` of `vllm:cache_config_info`. Several series of one metric
-//! (several engines or models) are summed for request counts and maxed for KV usage. LoRA
+//! (several engines or models) are summed for request counts and maxed for KV usage — except
+//! for a data-parallel server (`dp=N`), scraped once for all its engines and split by the
+//! `engine` label ([`parse_metrics_by_engine`]). LoRA
 //! pods: the newest series of `vllm:lora_requests_info` (highest value: it is a timestamp, and
 //! stale label sets linger) gives `max_lora` and `running_lora_adapters`, and
 //! `vllm:num_requests_waiting_by_reason{reason="deferred"}` the requests waiting for a slot
@@ -85,17 +87,78 @@ struct Sample<'a> {
 
 /// Parses a Prometheus/OpenMetrics text exposition, keeping only what the router reads.
 pub fn parse_metrics(text: &str) -> PodMetrics {
-    let mut m = PodMetrics::default();
-    let mut legacy_kv: Option<f64> = None;
+    let mut m = Accumulated::default();
     for line in text.lines() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
+        match sample_of(line) {
+            Line::Sample(sample) => m.add(&sample),
+            Line::Skipped => m.metrics.skipped_lines += 1,
+            Line::Blank => {}
         }
-        let Some(sample) = parse_line(line) else {
-            m.skipped_lines += 1;
-            continue;
+    }
+    m.finish()
+}
+
+/// The metrics of each engine of a data-parallel server (`dp=N`, vLLM `--data-parallel-size`):
+/// vLLM repeats every series per `engine="0"`…`engine="N-1"`, so engine r's series make rank
+/// r's metrics. A series without an `engine` label counts for every engine; one with an engine
+/// outside `0..engines` (or not a number) for none. Skipped lines are counted once, on rank 0.
+/// Always `engines` entries (at least one).
+pub fn parse_metrics_by_engine(text: &str, engines: u32) -> Vec<PodMetrics> {
+    let n = usize::try_from(engines.max(1)).unwrap_or(1);
+    let mut per: Vec<Accumulated> = (0..n).map(|_| Accumulated::default()).collect();
+    let mut skipped = 0;
+    for line in text.lines() {
+        let sample = match sample_of(line) {
+            Line::Sample(sample) => sample,
+            Line::Skipped => {
+                skipped += 1;
+                continue;
+            }
+            Line::Blank => continue,
         };
+        match label_value(sample.labels, "engine") {
+            None => per.iter_mut().for_each(|m| m.add(&sample)),
+            Some(engine) => {
+                if let Some(m) = engine.parse::<usize>().ok().and_then(|e| per.get_mut(e)) {
+                    m.add(&sample);
+                }
+            }
+        }
+    }
+    let mut out: Vec<PodMetrics> = per.into_iter().map(Accumulated::finish).collect();
+    if let Some(first) = out.first_mut() {
+        first.skipped_lines = skipped;
+    }
+    out
+}
+
+enum Line<'a> {
+    Sample(Sample<'a>),
+    Skipped,
+    Blank,
+}
+
+fn sample_of(line: &str) -> Line<'_> {
+    let line = line.trim();
+    if line.is_empty() || line.starts_with('#') {
+        return Line::Blank;
+    }
+    match parse_line(line) {
+        Some(sample) => Line::Sample(sample),
+        None => Line::Skipped,
+    }
+}
+
+/// The series of one pod (or one engine) read so far.
+#[derive(Default)]
+struct Accumulated {
+    metrics: PodMetrics,
+    legacy_kv: Option<f64>,
+}
+
+impl Accumulated {
+    fn add(&mut self, sample: &Sample<'_>) {
+        let m = &mut self.metrics;
         match sample.name {
             "vllm:num_requests_running" => {
                 add_count(&mut m.running, sample.value);
@@ -127,7 +190,7 @@ pub fn parse_metrics(text: &str) -> PodMetrics {
                 }
             }
             "vllm:kv_cache_usage_perc" => max_fraction(&mut m.kv_usage, sample.value),
-            "vllm:gpu_cache_usage_perc" => max_fraction(&mut legacy_kv, sample.value),
+            "vllm:gpu_cache_usage_perc" => max_fraction(&mut self.legacy_kv, sample.value),
             "vllm:cache_config_info" => {
                 if let Some(v) = label_value(sample.labels, "block_size") {
                     m.block_size = v.parse().ok().filter(|&b: &u32| b > 0).or(m.block_size);
@@ -139,10 +202,14 @@ pub fn parse_metrics(text: &str) -> PodMetrics {
             _ => {}
         }
     }
-    if m.kv_usage.is_none() {
-        m.kv_usage = legacy_kv;
+
+    fn finish(self) -> PodMetrics {
+        let mut m = self.metrics;
+        if m.kv_usage.is_none() {
+            m.kv_usage = self.legacy_kv;
+        }
+        m
     }
-    m
 }
 
 fn add_count(slot: &mut Option<u32>, value: f64) {
@@ -245,8 +312,13 @@ fn label_value<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
     }
 }
 
-/// Scrapes `pod` every `interval` until the pod is removed from the table.
+/// Scrapes `pod` every `interval` until the pod is removed from the table. The engines of a
+/// data-parallel server share one `/metrics`: rank 0's loop scrapes it for all of them, the
+/// other ranks' loops end at once.
 pub async fn scrape_loop(shared: Arc<Shared>, pod: Arc<Pod>) {
+    if pod.rank.is_some_and(|r| r > 0) {
+        return;
+    }
     let mut ticker = tokio::time::interval(shared.config().scrape_interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     while !pod.removed.load(Ordering::Relaxed) {
@@ -258,51 +330,78 @@ pub async fn scrape_loop(shared: Arc<Shared>, pod: Arc<Pod>) {
     }
 }
 
-/// One scrape: updates the pod's metrics, health and KV capacity, and the scrape counters.
+/// One scrape: updates the pod's metrics, health and KV capacity, and the scrape counters. For
+/// an engine of a data-parallel server, every engine of it is updated from the one scrape, each
+/// with its own `engine` series ([`parse_metrics_by_engine`]).
 pub async fn scrape_once(shared: &Shared, pod: &Pod) {
     let interval = shared.config().scrape_interval;
     let timeout = (interval * 4).max(MIN_SCRAPE_TIMEOUT);
-    match tokio::time::timeout(timeout, fetch_metrics(shared, pod)).await {
+    let ranks = match pod.rank {
+        Some(_) => shared.pods.ranks_of(pod),
+        None => Vec::new(),
+    };
+    let result = tokio::time::timeout(timeout, fetch_metrics(shared, pod)).await;
+    if ranks.is_empty() {
+        match result {
+            Ok(Ok(text)) => scraped(shared, pod, &parse_metrics(&text)),
+            Ok(Err(why)) => scrape_failed(shared, pod, &why),
+            Err(_) => scrape_timed_out(shared, pod),
+        }
+        return;
+    }
+    match result {
         Ok(Ok(text)) => {
-            let m = parse_metrics(&text);
-            if m.skipped_lines > 0 {
-                shared
-                    .metrics
-                    .scrape_skipped_lines
-                    .get_or_create(&pod.label())
-                    .inc_by(m.skipped_lines);
-                tracing::debug!(pod = %pod.url, skipped = m.skipped_lines, "skipped malformed metrics lines");
-            }
-            if let Some(blocks) = m.num_gpu_blocks
-                && pod.apply_capacity(blocks)
-            {
-                shared
-                    .session
-                    .lock()
-                    .index_mut()
-                    .set_capacity(pod.id, blocks);
-            }
-            pod.scrape_timeouts_in_a_row.store(0, Ordering::Relaxed);
-            pod.apply_metrics(&m);
-            crate::kv_events::on_scrape(shared, pod, &m);
-            if !pod.healthy.swap(true, Ordering::Relaxed) {
-                tracing::info!(pod = %pod.url, "pod is healthy");
+            let per = parse_metrics_by_engine(&text, pod.data_parallel_size);
+            for rank in &ranks {
+                let r = rank.rank.and_then(|r| usize::try_from(r).ok()).unwrap_or(0);
+                if let Some(m) = per.get(r) {
+                    scraped(shared, rank, m);
+                }
             }
         }
-        Ok(Err(why)) => scrape_failed(shared, pod, &why),
-        Err(_) => {
-            let n = pod.scrape_timeouts_in_a_row.fetch_add(1, Ordering::Relaxed) + 1;
-            if n >= SCRAPE_TIMEOUTS_TO_UNHEALTHY {
-                scrape_failed(shared, pod, "scrape timed out, again");
-            } else {
-                shared
-                    .metrics
-                    .scrape_errors
-                    .get_or_create(&pod.label())
-                    .inc();
-                tracing::debug!(pod = %pod.url, in_a_row = n, "scrape timed out; pod kept healthy");
-            }
-        }
+        Ok(Err(why)) => ranks.iter().for_each(|r| scrape_failed(shared, r, &why)),
+        Err(_) => ranks.iter().for_each(|r| scrape_timed_out(shared, r)),
+    }
+}
+
+/// A scrape of `pod` that answered `m`.
+fn scraped(shared: &Shared, pod: &Pod, m: &PodMetrics) {
+    if m.skipped_lines > 0 {
+        shared
+            .metrics
+            .scrape_skipped_lines
+            .get_or_create(&pod.label())
+            .inc_by(m.skipped_lines);
+        tracing::debug!(pod = %pod.url, skipped = m.skipped_lines, "skipped malformed metrics lines");
+    }
+    if let Some(blocks) = m.num_gpu_blocks
+        && pod.apply_capacity(blocks)
+    {
+        shared
+            .session
+            .lock()
+            .index_mut()
+            .set_capacity(pod.id, blocks);
+    }
+    pod.scrape_timeouts_in_a_row.store(0, Ordering::Relaxed);
+    pod.apply_metrics(m);
+    crate::kv_events::on_scrape(shared, pod, m);
+    if !pod.healthy.swap(true, Ordering::Relaxed) {
+        tracing::info!(pod = %pod.url, "pod is healthy");
+    }
+}
+
+fn scrape_timed_out(shared: &Shared, pod: &Pod) {
+    let n = pod.scrape_timeouts_in_a_row.fetch_add(1, Ordering::Relaxed) + 1;
+    if n >= SCRAPE_TIMEOUTS_TO_UNHEALTHY {
+        scrape_failed(shared, pod, "scrape timed out, again");
+    } else {
+        shared
+            .metrics
+            .scrape_errors
+            .get_or_create(&pod.label())
+            .inc();
+        tracing::debug!(pod = %pod.url, in_a_row = n, "scrape timed out; pod kept healthy");
     }
 }
 
@@ -431,6 +530,46 @@ vllm:num_requests_waiting_by_reason{engine="0",model_name="tiny",reason="deferre
     }
 
     #[test]
+    fn a_data_parallel_servers_series_split_by_engine_label() {
+        let text = "vllm:num_requests_running{engine=\"0\",model_name=\"tiny\"} 2\n\
+vllm:num_requests_running{engine=\"1\",model_name=\"tiny\"} 5\n\
+vllm:num_requests_waiting{engine=\"1\",model_name=\"tiny\"} 3\n\
+vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"tiny\"} 0.2\n\
+vllm:kv_cache_usage_perc{engine=\"1\",model_name=\"tiny\"} 0.7\n\
+vllm:cache_config_info{block_size=\"128\",engine=\"0\",num_gpu_blocks=\"1024\"} 1\n\
+vllm:cache_config_info{block_size=\"128\",engine=\"1\",num_gpu_blocks=\"512\"} 1\n\
+vllm:num_requests_running{engine=\"7\",model_name=\"tiny\"} 100\n\
+vllm:num_requests_running{engine=\"x\",model_name=\"tiny\"} 100\n\
+vllm:lora_requests_info{max_lora=\"1\",running_lora_adapters=\"a\",waiting_lora_adapters=\"a\"} 9\n\
+garbage\n";
+        let per = parse_metrics_by_engine(text, 2);
+        assert_eq!(per.len(), 2);
+        assert_eq!(
+            (per[0].running, per[0].waiting, per[0].kv_usage),
+            (Some(2), None, Some(0.2))
+        );
+        assert_eq!(
+            (per[1].running, per[1].waiting, per[1].kv_usage),
+            (Some(5), Some(3), Some(0.7))
+        );
+        assert_eq!(
+            (per[0].num_gpu_blocks, per[1].num_gpu_blocks),
+            (Some(1024), Some(512))
+        );
+        assert_eq!(
+            (per[0].block_size, per[1].block_size),
+            (Some(128), Some(128))
+        );
+        assert_eq!(per[1].model_name.as_deref(), Some("tiny"));
+        // No engine label: every engine's; skipped lines counted once.
+        assert!(per.iter().all(|m| m.lora.is_some_and(|l| l.max_loras == 1)));
+        assert_eq!((per[0].skipped_lines, per[1].skipped_lines), (1, 0));
+        // The whole-server view still sums them (and the out-of-range engine too).
+        assert_eq!(parse_metrics(text).running, Some(207));
+        assert_eq!(parse_metrics_by_engine(text, 0).len(), 1);
+    }
+
+    #[test]
     fn quoted_braces_and_escapes_in_labels_do_not_break_parsing() {
         let text = "vllm:num_requests_waiting{model_name=\"a}b\\\"c\"} 4 1700000000\n";
         assert_eq!(parse_metrics(text).waiting, Some(4));
@@ -447,8 +586,9 @@ vllm:num_requests_waiting_by_reason{engine="0",model_name="tiny",reason="deferre
 
     proptest! {
         #[test]
-        fn parser_never_panics(text in "\\PC*") {
+        fn parser_never_panics(text in "\\PC*", engines in 0u32..4) {
             let _ = parse_metrics(&text);
+            prop_assert_eq!(parse_metrics_by_engine(&text, engines).len(), engines.max(1) as usize);
         }
 
         #[test]

@@ -5,7 +5,8 @@
 //!   nor are the headers a message's `Connection` header names (RFC 9110 §7.6.1);
 //!   the client's `Authorization` reaches the pod only with `--forward-authorization`; every
 //!   request and answer carries `x-request-id`, answers `x-kvgate-pod` / `x-kvgate-branch`
-//!   unless `--no-response-headers`.
+//!   unless `--no-response-headers`; a request to one engine of a data-parallel server
+//!   carries `x-data-parallel-rank` (replacing the client's).
 //! - Streams: the pod is always asked for `usage` (`stream_options.include_usage`) so that
 //!   tokens are counted; [`crate::body`] strips it again when the client did not ask.
 //! - Timeouts: [`send`] waits for the response headers at most `first_byte_timeout`, and never
@@ -86,8 +87,17 @@ pub fn upstream_request(
     if let Ok(v) = HeaderValue::from_str(request_id) {
         h.insert("x-request-id", v);
     }
+    if let Some(rank) = pod.rank {
+        // One engine of a data-parallel server: vLLM pins the request to it (the client's
+        // own value, if any, is replaced).
+        h.insert(DATA_PARALLEL_RANK_HEADER, HeaderValue::from(rank));
+    }
     Ok(req)
 }
+
+/// The header that pins a request to one engine of a vLLM data-parallel server (vLLM answers
+/// 400 for a rank out of range).
+pub const DATA_PARALLEL_RANK_HEADER: &str = "x-data-parallel-rank";
 
 /// The response headers the client gets: the pod's minus hop-by-hop, plus ours.
 pub fn client_headers(
@@ -362,5 +372,46 @@ mod tests {
         let back = client_headers(&h, true, "rid", None);
         let names: Vec<&str> = back.keys().map(|k| k.as_str()).collect();
         assert_eq!(names, ["x-custom", "x-request-id"]);
+    }
+
+    #[test]
+    fn a_data_parallel_engine_gets_its_rank_header_and_a_plain_pod_none() {
+        let cfg = GatewayConfig::resolve(&crate::serve::ServeArgs::default(), None).unwrap();
+        let mut client = HeaderMap::new();
+        client.insert(DATA_PARALLEL_RANK_HEADER, HeaderValue::from_static("7"));
+        let rank1 = Pod::data_parallel_rank(kvgate_core::PodId(1), "http://h:1", "c", 1, 1, 2);
+        let up = upstream_request(
+            &cfg,
+            &rank1,
+            &Method::POST,
+            "/v1/completions",
+            &client,
+            "r",
+            Bytes::new(),
+        )
+        .unwrap();
+        let ranks: Vec<&HeaderValue> = up
+            .headers()
+            .get_all(DATA_PARALLEL_RANK_HEADER)
+            .iter()
+            .collect();
+        assert_eq!(
+            ranks,
+            [&HeaderValue::from_static("1")],
+            "the client's value is replaced"
+        );
+        assert_eq!(up.uri().to_string(), "http://h:1/v1/completions");
+        let plain = Pod::new(kvgate_core::PodId(0), "http://h:2", "c", 1);
+        let up = upstream_request(
+            &cfg,
+            &plain,
+            &Method::POST,
+            "/v1/completions",
+            &HeaderMap::new(),
+            "r",
+            Bytes::new(),
+        )
+        .unwrap();
+        assert!(!up.headers().contains_key(DATA_PARALLEL_RANK_HEADER));
     }
 }

@@ -196,13 +196,39 @@ pub struct PodState {
     pub enable_scale_out: bool,
     /// What `/kv_event_sources` answers ([`kv_event_sources`]).
     pub kv_event_sources: Value,
+    /// Every engine behind the port, in rank order (`--data-parallel-size`; one by default);
+    /// `engine` and `metrics` above are engine 0's.
+    pub engines: Vec<EngineRank>,
+    /// Round robin over the engines for requests without `X-data-parallel-rank`.
+    pub next_rank: AtomicU64,
 }
 
+/// One engine of the pod (a data-parallel rank).
+#[derive(Debug)]
+pub struct EngineRank {
+    pub engine: EngineHandle,
+    pub metrics: Arc<Mutex<PodMetrics>>,
+}
+
+/// The header that pins a request to one engine (vLLM's data parallelism).
+pub const DATA_PARALLEL_RANK_HEADER: &str = "x-data-parallel-rank";
+
 /// `/kv_event_sources` as vLLM 0.32 answers it: vLLM's `KVEventsConfig` per data-parallel rank
-/// (one rank here), with the endpoints as bound. Without events: vLLM's defaults with
-/// `enable_kv_cache_events: false` and publisher `null` (not observed on a real pod).
-pub fn kv_event_sources(endpoint: Option<&str>, replay: Option<&str>, topic: &str) -> Value {
-    json!({"0": {
+/// (`"0"`, `"1"`, …; [`kv_event_source`] each).
+pub fn kv_event_sources(ranks: Vec<Value>) -> Value {
+    Value::Object(
+        ranks
+            .into_iter()
+            .enumerate()
+            .map(|(rank, source)| (rank.to_string(), source))
+            .collect(),
+    )
+}
+
+/// One rank's `KVEventsConfig`, with the endpoints as bound. Without events: vLLM's defaults
+/// with `enable_kv_cache_events: false` and publisher `null` (not observed on a real pod).
+pub fn kv_event_source(endpoint: Option<&str>, replay: Option<&str>, topic: &str) -> Value {
+    json!({
         "enable_kv_cache_events": endpoint.is_some(),
         "publisher": if endpoint.is_some() { "zmq" } else { "null" },
         "endpoint": endpoint.unwrap_or("tcp://*:5557"),
@@ -211,7 +237,7 @@ pub fn kv_event_sources(endpoint: Option<&str>, replay: Option<&str>, topic: &st
         "hwm": 100_000,
         "max_queue_size": 100_000,
         "topic": topic,
-    }})
+    })
 }
 
 /// vLLM 0.32's answer to a render request without `--enable-scale-out`.
@@ -521,9 +547,18 @@ async fn metrics(State(st): State<Arc<PodState>>) -> Response {
     if st.faults.garbage_metrics {
         return GARBAGE_METRICS.into_response();
     }
-    let text = match st.metrics.lock() {
-        Ok(m) => m.render(&st.model, st.max_model_len),
-        Err(_) => String::new(),
+    let text = if st.engines.len() > 1 {
+        let engines: Vec<PodMetrics> = st
+            .engines
+            .iter()
+            .filter_map(|e| e.metrics.lock().ok().map(|m| m.clone()))
+            .collect();
+        PodMetrics::render_engines(&engines, &st.model, st.max_model_len)
+    } else {
+        match st.metrics.lock() {
+            Ok(m) => m.render(&st.model, st.max_model_len),
+            Err(_) => String::new(),
+        }
     };
     (
         [(
@@ -688,7 +723,11 @@ async fn generate(st: &PodState, path: &str, headers: &HeaderMap, body: &[u8]) -
             ),
         );
     }
-    let block_size_tokens = st.engine.block_size_tokens();
+    let engine = match engine_for(st, headers) {
+        Ok(engine) => engine,
+        Err(resp) => return *resp,
+    };
+    let block_size_tokens = engine.block_size_tokens();
     let mut blocks = Vec::with_capacity(tokens.len() / block_size_tokens as usize);
     let seed = BlockHasher::chain_seed(&parsed.model, parsed.cache_salt.as_deref());
     let hasher = BlockHasher {
@@ -707,7 +746,7 @@ async fn generate(st: &PodState, path: &str, headers: &HeaderMap, body: &[u8]) -
         transferred: transfer == Transfer::Consume,
         events: tx,
     };
-    if !st.engine.submit(submission).await {
+    if !engine.submit(submission).await {
         return reject(
             st,
             RejectReason::Overloaded,
@@ -716,7 +755,7 @@ async fn generate(st: &PodState, path: &str, headers: &HeaderMap, body: &[u8]) -
         );
     }
     let abort = match rx.recv().await {
-        Some(RequestEvent::Queued { id }) => st.engine.abort_on_drop(id),
+        Some(RequestEvent::Queued { id }) => engine.abort_on_drop(id),
         Some(RequestEvent::Rejected(e)) => {
             return reject(
                 st,
@@ -754,6 +793,35 @@ async fn generate(st: &PodState, path: &str, headers: &HeaderMap, body: &[u8]) -
     } else {
         whole_response(generation, rx).await
     }
+}
+
+/// The engine a request goes to: the one its `X-data-parallel-rank` names (vLLM's 400 when it
+/// is out of range), else the next in round robin (vLLM ignores a header that is not an
+/// integer, `_get_data_parallel_rank`).
+fn engine_for<'a>(
+    st: &'a PodState,
+    headers: &HeaderMap,
+) -> Result<&'a EngineHandle, Box<Response>> {
+    let n = st.engines.len().max(1);
+    let named = headers
+        .get(DATA_PARALLEL_RANK_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<i64>().ok());
+    let rank = match named {
+        None => usize::try_from(st.next_rank.fetch_add(1, Ordering::Relaxed)).unwrap_or(0) % n,
+        Some(r) => match usize::try_from(r) {
+            Ok(r) if r < n => r,
+            _ => {
+                return Err(Box::new(reject(
+                    st,
+                    RejectReason::InvalidRequest,
+                    StatusCode::BAD_REQUEST,
+                    format!("data_parallel_rank {r} is out of range [0, {n})."),
+                )));
+            }
+        },
+    };
+    Ok(st.engines.get(rank).map_or(&st.engine, |e| &e.engine))
 }
 
 /// Prompts longer than this (bytes) are tokenized on the blocking pool, not a runtime worker.

@@ -147,6 +147,8 @@ struct BlockInfo {
 pub struct EventSink {
     pub tx: mpsc::Sender<bytes::Bytes>,
     pub encoding: KvEventsEncoding,
+    /// The engine's data-parallel rank, in every batch (0 for a pod with one engine).
+    pub rank: u32,
 }
 
 struct Driver {
@@ -392,7 +394,7 @@ impl Driver {
         if let Some(sink) = &self.sink
             && !self.cache_events.is_empty()
         {
-            let payload = encode_batch(ts_unix_s, &self.cache_events, sink.encoding);
+            let payload = encode_batch(ts_unix_s, &self.cache_events, sink.encoding, sink.rank);
             if sink.tx.try_send(payload).is_err() {
                 m.kv_event_batches_dropped += 1;
             }

@@ -140,12 +140,18 @@ fn event_value(event: &CacheEvent, encoding: KvEventsEncoding) -> Value {
     }
 }
 
-/// The msgpack payload of one `KVEventBatch`.
-pub fn encode_batch(ts_unix_s: f64, events: &[CacheEvent], encoding: KvEventsEncoding) -> Bytes {
+/// The msgpack payload of one `KVEventBatch` of data-parallel rank `rank` (0 for a pod with
+/// one engine).
+pub fn encode_batch(
+    ts_unix_s: f64,
+    events: &[CacheEvent],
+    encoding: KvEventsEncoding,
+    rank: u32,
+) -> Bytes {
     let batch = Value::Array(vec![
         Value::F64(ts_unix_s),
         Value::Array(events.iter().map(|e| event_value(e, encoding)).collect()),
-        Value::from(0u8),
+        Value::from(rank),
     ]);
     let mut out = Vec::with_capacity(256);
     // Writing into a Vec cannot fail.
@@ -300,7 +306,7 @@ mod tests {
 
     #[test]
     fn map_encoding_tags_events_with_type_inside_a_positional_batch() {
-        let bytes = encode_batch(1.5, &[stored()], KvEventsEncoding::Map);
+        let bytes = encode_batch(1.5, &[stored()], KvEventsEncoding::Map, 0);
         let v = rmpv::decode::read_value(&mut bytes.as_ref()).unwrap();
         let batch = v.as_array().unwrap();
         assert_eq!(batch[0].as_f64(), Some(1.5));
@@ -332,7 +338,7 @@ mod tests {
         let removed = CacheEvent::BlockRemoved {
             block_hashes: vec![7],
         };
-        let bytes = encode_batch(0.0, &[removed], KvEventsEncoding::Array);
+        let bytes = encode_batch(0.0, &[removed], KvEventsEncoding::Array, 0);
         let v = rmpv::decode::read_value(&mut bytes.as_ref()).unwrap();
         let event = v.as_array().unwrap()[1].as_array().unwrap()[0]
             .as_array()

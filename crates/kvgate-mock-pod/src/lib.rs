@@ -113,6 +113,12 @@ pub struct MockPodArgs {
     /// vLLM without a KV connector does.
     #[arg(long, value_enum)]
     pub kv_role: Option<api::KvRole>,
+    /// Engines behind the one HTTP port, as vLLM's `--data-parallel-size`: a request goes to
+    /// the engine its `X-data-parallel-rank` header names (out of range: 400), else round
+    /// robin; `/metrics` repeats every series per `engine` label; engine r publishes KV events
+    /// on the endpoints' port + r.
+    #[arg(long, default_value_t = 1)]
+    pub data_parallel_size: u32,
 }
 
 /// Everything one pod needs (ports of the endpoints are those of pod 0; see [`PodConfig::for_pod`]).
@@ -135,6 +141,8 @@ pub struct PodConfig {
     pub faults: api::Faults,
     /// `--kv-role`: P/D disaggregation (none: `kv_transfer_params` ignored).
     pub kv_role: Option<api::KvRole>,
+    /// `--data-parallel-size`: engines behind the port (1 by default).
+    pub data_parallel_size: u32,
 }
 
 impl Default for PodConfig {
@@ -153,6 +161,7 @@ impl Default for PodConfig {
             kv_events_topic: String::new(),
             faults: api::Faults::default(),
             kv_role: None,
+            data_parallel_size: 1,
         }
     }
 }
@@ -183,6 +192,7 @@ impl PodConfig {
                 garbage_metrics: args.garbage_metrics,
             },
             kv_role: args.kv_role,
+            data_parallel_size: args.data_parallel_size,
         };
         config.validate()?;
         Ok(config)
@@ -203,6 +213,12 @@ impl PodConfig {
         }
         if self.default_max_tokens == 0 {
             bail!("--default-max-tokens must be at least 1");
+        }
+        if !(1..=64).contains(&self.data_parallel_size) {
+            bail!(
+                "--data-parallel-size must be 1..=64, got {}",
+                self.data_parallel_size
+            );
         }
         Ok(())
     }
@@ -290,37 +306,54 @@ impl Drop for RunningPod {
 pub async fn spawn_pod(config: PodConfig, listener: TcpListener) -> anyhow::Result<RunningPod> {
     config.validate()?;
     let addr = listener.local_addr()?;
-    let mut pod_metrics = PodMetrics::default();
-    pod_metrics.block_size_tokens = config.block_size_tokens;
-    let metrics = Arc::new(Mutex::new(pod_metrics));
     let mut tasks = Vec::new();
-    let (sink, kv_events_endpoint, kv_events_replay_endpoint) = match &config.kv_events {
-        Some(endpoint) => {
-            let publisher = kv_events::start(
-                endpoint,
-                config.kv_events_replay.as_deref(),
-                config.kv_events_topic.clone(),
-            )
-            .await?;
-            tasks.extend(publisher.tasks);
-            (
-                Some(driver::EventSink {
-                    tx: publisher.tx,
-                    encoding: config.kv_events_encoding,
-                }),
-                Some(publisher.endpoint),
-                publisher.replay_endpoint,
-            )
+    let mut engines: Vec<api::EngineRank> = Vec::new();
+    let mut sources: Vec<serde_json::Value> = Vec::new();
+    let (mut kv_events_endpoint, mut kv_events_replay_endpoint) = (None, None);
+    let mut publishers = bind_publishers(&config).await?.into_iter();
+    for rank in 0..config.data_parallel_size {
+        let mut pod_metrics = PodMetrics::default();
+        pod_metrics.block_size_tokens = config.block_size_tokens;
+        pod_metrics.engine_rank = rank;
+        let metrics = Arc::new(Mutex::new(pod_metrics));
+        let (sink, endpoint, replay) = match publishers.next().flatten() {
+            Some(publisher) => {
+                tasks.extend(publisher.tasks);
+                (
+                    Some(driver::EventSink {
+                        tx: publisher.tx,
+                        encoding: config.kv_events_encoding,
+                        rank,
+                    }),
+                    Some(publisher.endpoint),
+                    publisher.replay_endpoint,
+                )
+            }
+            None => (None, None, None),
+        };
+        sources.push(api::kv_event_source(
+            endpoint.as_deref(),
+            replay.as_deref(),
+            &config.kv_events_topic,
+        ));
+        if rank == 0 {
+            kv_events_endpoint = endpoint;
+            kv_events_replay_endpoint = replay;
         }
-        None => (None, None, None),
-    };
-    let engine = Engine::with_block_size(
-        &config.profile,
-        Some(config.kv_blocks_of_block_size()),
-        config.block_size_tokens,
-    );
-    let (handle, engine_task) = driver::spawn(engine, config.time_scale, metrics.clone(), sink);
-    tasks.push(engine_task);
+        let engine = Engine::with_block_size(
+            &config.profile,
+            Some(config.kv_blocks_of_block_size()),
+            config.block_size_tokens,
+        );
+        let (handle, engine_task) = driver::spawn(engine, config.time_scale, metrics.clone(), sink);
+        tasks.push(engine_task);
+        engines.push(api::EngineRank {
+            engine: handle,
+            metrics,
+        });
+    }
+    let metrics = engines[0].metrics.clone();
+    let handle = engines[0].engine.clone();
     let state = Arc::new(api::PodState {
         model: config.model.clone(),
         max_model_len: config.profile.max_model_len,
@@ -333,11 +366,9 @@ pub async fn spawn_pod(config: PodConfig, listener: TcpListener) -> anyhow::Resu
         kv_role: config.kv_role,
         addr,
         enable_scale_out: config.enable_scale_out,
-        kv_event_sources: api::kv_event_sources(
-            kv_events_endpoint.as_deref(),
-            kv_events_replay_endpoint.as_deref(),
-            &config.kv_events_topic,
-        ),
+        kv_event_sources: api::kv_event_sources(sources),
+        engines,
+        next_rank: AtomicU64::new(0),
     });
     // Every response names the pod that served it (`x-mock-pod: ip:port`), so that tests of
     // proxies in front of the pods (Envoy) can tell where a request went.
@@ -377,6 +408,59 @@ pub async fn spawn_pod(config: PodConfig, listener: TcpListener) -> anyhow::Resu
         tasks,
         stop: Some(stop),
     })
+}
+
+/// The KV-event publishers of the pod's engines (none without `kv_events`): engine r on the
+/// configured endpoints' port + r, as vLLM does. With port 0, engine 0 binds a free port and
+/// engine r that port + r; when one of those is taken, all are bound again elsewhere (at most
+/// 20 tries).
+async fn bind_publishers(config: &PodConfig) -> anyhow::Result<Vec<Option<kv_events::Publisher>>> {
+    let n = config.data_parallel_size;
+    let Some(endpoint) = config.kv_events.as_deref() else {
+        return Ok((0..n).map(|_| None).collect());
+    };
+    let replay = config.kv_events_replay.as_deref();
+    let any_port = endpoint.ends_with(":0") || replay.is_some_and(|r| r.ends_with(":0"));
+    let mut last_error = None;
+    for _ in 0..20 {
+        let mut bound: Vec<Option<kv_events::Publisher>> = Vec::new();
+        let mut failed = None;
+        for rank in 0..n {
+            let shift = |configured: &str, first: Option<&str>| -> anyhow::Result<String> {
+                let base = match first {
+                    Some(b) if configured.ends_with(":0") => b,
+                    _ => configured,
+                };
+                offset_port(base, u16::try_from(rank)?)
+            };
+            let first = bound.first().and_then(Option::as_ref);
+            let attempt = async {
+                let e = shift(endpoint, first.map(|p| p.endpoint.as_str()))?;
+                let r = replay
+                    .map(|r| shift(r, first.and_then(|p| p.replay_endpoint.as_deref())))
+                    .transpose()?;
+                kv_events::start(&e, r.as_deref(), config.kv_events_topic.clone()).await
+            };
+            match attempt.await {
+                Ok(p) => bound.push(Some(p)),
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        match failed {
+            None => return Ok(bound),
+            Some(e) if any_port && n > 1 => {
+                for p in bound.into_iter().flatten() {
+                    p.tasks.iter().for_each(|t| t.abort());
+                }
+                last_error = Some(e);
+            }
+            Some(e) => return Err(e),
+        }
+    }
+    Err(last_error.unwrap_or_else(|| anyhow::anyhow!("no free consecutive event ports")))
 }
 
 /// Starts `count` pods: pod i listens on `first.port() + i` (every pod on a free port when the

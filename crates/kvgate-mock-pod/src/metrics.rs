@@ -141,6 +141,9 @@ pub struct PodMetrics {
     pub block_size_tokens: u32,
     /// When the pod started, Unix seconds: the value of every `_created` sample.
     pub created_unix_s: f64,
+    /// The `engine` label: the data-parallel rank of the engine these metrics are of (0 for a
+    /// pod with one engine).
+    pub engine_rank: u32,
     rejected: [u64; 5],
     pub kv_event_batches_dropped: u64,
     pub late_steps: u64,
@@ -156,6 +159,7 @@ impl Default for PodMetrics {
             requests_finished_length: 0,
             requests_aborted: 0,
             block_size_tokens: kvgate_core::blocks::DEFAULT_BLOCK_SIZE_TOKENS,
+            engine_rank: 0,
             created_unix_s: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0.0, |d| d.as_secs_f64()),
@@ -184,8 +188,52 @@ impl PodMetrics {
     }
 
     /// The Prometheus text exposition.
+    /// The `/metrics` of a data-parallel pod: every engine's series of a family together
+    /// under its one `# HELP` / `# TYPE`, engine 0 first, as vLLM writes them (its text repeats
+    /// every series per `engine` label). One engine: [`PodMetrics::render`].
+    pub fn render_engines(engines: &[PodMetrics], model: &str, max_model_len: u32) -> String {
+        let texts: Vec<String> = engines
+            .iter()
+            .map(|m| m.render(model, max_model_len))
+            .collect();
+        // Each text as families: a family starts at its `# HELP` line; every engine writes the
+        // same families in the same order.
+        let families = |text: &str| -> Vec<(String, String)> {
+            let mut out: Vec<(String, String)> = Vec::new();
+            for line in text.lines() {
+                if line.starts_with("# HELP ") || out.is_empty() {
+                    out.push((String::new(), String::new()));
+                }
+                if let Some((head, body)) = out.last_mut() {
+                    let part = if line.starts_with('#') { head } else { body };
+                    part.push_str(line);
+                    part.push('\n');
+                }
+            }
+            out
+        };
+        let split: Vec<Vec<(String, String)>> = texts.iter().map(|t| families(t)).collect();
+        let mut out = String::with_capacity(texts.iter().map(String::len).sum());
+        for (i, (head, _)) in split
+            .first()
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            .iter()
+            .enumerate()
+        {
+            out.push_str(head);
+            for engine in &split {
+                if let Some((_, body)) = engine.get(i) {
+                    out.push_str(body);
+                }
+            }
+        }
+        out
+    }
+
     pub fn render(&self, model: &str, max_model_len: u32) -> String {
-        let labels = format!("engine=\"0\",model_name=\"{}\"", escape(model));
+        let rank = self.engine_rank;
+        let labels = format!("engine=\"{rank}\",model_name=\"{}\"", escape(model));
         let e = &self.engine;
         let mut out = String::with_capacity(8192);
         let created = format!("{:?}", self.created_unix_s);
@@ -332,7 +380,7 @@ impl PodMetrics {
             "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n\
              # TYPE vllm:cache_config_info gauge\n\
              vllm:cache_config_info{{block_size=\"{block_size}\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",\
-             engine=\"0\",gpu_memory_utilization=\"0.9\",kv_cache_size_tokens=\"{}\",max_model_len=\"{max_model_len}\",\
+             engine=\"{rank}\",gpu_memory_utilization=\"0.9\",kv_cache_size_tokens=\"{}\",max_model_len=\"{max_model_len}\",\
              num_cpu_blocks=\"None\",num_gpu_blocks=\"{}\",prefix_caching_hash_algo=\"sha256\",sliding_window=\"None\"}} 1",
             u64::from(e.kv_blocks_total) * u64::from(block_size),
             e.kv_blocks_total

@@ -471,3 +471,107 @@ async fn a_producer_hands_kv_transfer_params_to_a_consumer_that_computes_no_prom
         .unwrap();
     assert!(r["kv_transfer_params"].is_null());
 }
+
+/// The value of the sample `name{…engine="rank"…}` in a `/metrics` text.
+fn engine_sample(text: &str, name: &str, rank: u32) -> f64 {
+    let engine = format!("engine=\"{rank}\"");
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(&engine))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_parallel_pod_pins_by_header_and_reports_each_engine_apart() {
+    let pod = pod(PodConfig {
+        data_parallel_size: 2,
+        kv_events: Some("tcp://127.0.0.1:0".into()),
+        kv_events_replay: Some("tcp://127.0.0.1:0".into()),
+        ..PodConfig::default()
+    })
+    .await;
+    let url = pod.url();
+    let prompt = long_prompt(7, 40);
+    // The same prompt three times on engine 1: its cache hits, engine 0's does not move.
+    for _ in 0..3 {
+        let r = client()
+            .post(format!("{url}/v1/completions"))
+            .header("X-data-parallel-rank", "1")
+            .json(&json!({"model": MODEL, "prompt": prompt, "max_tokens": 2}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    let text = client()
+        .get(format!("{url}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        engine_sample(&text, "vllm:prefix_cache_hits_total", 1) > 0.0,
+        "{text}"
+    );
+    assert_eq!(engine_sample(&text, "vllm:prefix_cache_hits_total", 0), 0.0);
+    assert_eq!(
+        engine_sample(&text, "vllm:prefix_cache_queries_total", 0),
+        0.0
+    );
+    // Every family once, each engine's series under it (as vLLM writes them).
+    let helps = text
+        .lines()
+        .filter(|l| l.starts_with("# HELP vllm:num_requests_running "))
+        .count();
+    assert_eq!(helps, 1);
+    for rank in 0..2 {
+        let line = "vllm:cache_config_info{block_size=\"16\"";
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with(line) && l.contains(&format!("engine=\"{rank}\""))),
+            "engine {rank}'s cache_config_info"
+        );
+    }
+    // Out of range: vLLM's 400.
+    let r = client()
+        .post(format!("{url}/v1/completions"))
+        .header("X-data-parallel-rank", "2")
+        .json(&json!({"model": MODEL, "prompt": "x", "max_tokens": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(
+        body["error"]["message"],
+        "data_parallel_rank 2 is out of range [0, 2)."
+    );
+    // One source per rank, rank 1 on rank 0's ports + 1.
+    let sources: Value = client()
+        .get(format!("{url}/kv_event_sources"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let port = |e: &Value| -> u16 {
+        e.as_str()
+            .unwrap()
+            .rsplit(':')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(
+        port(&sources["1"]["endpoint"]),
+        port(&sources["0"]["endpoint"]) + 1
+    );
+    assert_eq!(
+        port(&sources["1"]["replay_endpoint"]),
+        port(&sources["0"]["replay_endpoint"]) + 1
+    );
+}

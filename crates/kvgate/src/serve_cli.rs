@@ -22,8 +22,10 @@ pub struct ServeCli {
     pub admin_listen: Option<SocketAddr>,
     /// A pod's base URL, e.g. http://10.0.0.5:8000 (repeatable; adds to the config file's
     /// pods), optionally with its KV-events endpoints:
-    /// `URL,events=tcp://HOST:5557,replay=tcp://HOST:5558[,model=NAME][,class=NAME][,role=both|prefill|decode]`
-    /// (`role`: prefill/decode disaggregation, default `both`).
+    /// `URL,events=tcp://HOST:5557,replay=tcp://HOST:5558[,model=NAME][,class=NAME][,role=both|prefill|decode][,dp=N]`
+    /// (`role`: prefill/decode disaggregation, default `both`; `dp`: a vLLM server with
+    /// `--data-parallel-size N`, routed as N engines `URL#dp0`…, each pinned with
+    /// `X-data-parallel-rank`, its events on the endpoints' port + rank).
     #[arg(long = "pod", value_name = "URL[,events=…,replay=…]")]
     pub pod: Vec<String>,
     /// Prefix index: routed (learns from routing) or engine (KV-cache events + token mode,

@@ -403,3 +403,88 @@ async fn envoy_p_d_survives_a_prefill_pod_that_hands_over_nothing() {
     assert!(stage("no_transfer_params") >= 1.0);
     assert_eq!(stage("ok"), 4.0);
 }
+
+/// A data-parallel server behind Envoy: kvgate's ext_proc names the server as the destination
+/// and the engine as `x-data-parallel-rank` (a header mutation), and Envoy's request reaches
+/// that engine. The mock DP pod round-robins requests without the header, so four sends of
+/// one prompt would alternate engines; pinned, each lands on the engine kvgate logged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_sends_each_request_to_the_data_parallel_engine_kvgate_chose() {
+    let Some(envoy_bin) = envoy_binary().filter(|p| p.exists()) else {
+        eprintln!(
+            "\n\n!!!!!!!! SKIPPED envoy_sends_each_request_to_the_data_parallel_engine_kvgate_chose: \
+             no Envoy binary (set KVGATE_ENVOY, or run scripts/test) !!!!!!!!\n\n"
+        );
+        return;
+    };
+    let config = PodConfig {
+        time_scale: 10.0,
+        data_parallel_size: 2,
+        ..PodConfig::default()
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let pod = kvgate_mock_pod::spawn_pod(config, listener).await.unwrap();
+    let gw = Gateway::start(ServeArgs {
+        listen: Some("127.0.0.1:0".parse().unwrap()),
+        admin_listen: Some("127.0.0.1:0".parse().unwrap()),
+        ext_proc_listen: Some("127.0.0.1:0".parse().unwrap()),
+        pod: vec![format!("{},dp=2", pod.url())],
+        ..ServeArgs::default()
+    })
+    .await
+    .unwrap();
+    wait_until("both engines healthy", || {
+        let pods = gw.shared().pods.all();
+        pods.len() == 2 && pods.iter().all(|p| p.is_healthy())
+    })
+    .await;
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let mut envoy = Envoy::start(&envoy_bin, gw.ext_proc_addr.unwrap().port());
+    envoy.wait_ready(&client).await;
+    let base = format!("http://127.0.0.1:{}", envoy.listen);
+    let queries = |rank: u32| {
+        let pod = &pod;
+        async move {
+            pod_metric(
+                pod,
+                "vllm:prefix_cache_queries_total{",
+                &format!("engine=\"{rank}\""),
+            )
+            .await
+        }
+    };
+    let prompt: String = (0..40)
+        .map(|i| format!(" Line {i} of the one prompt sent four times."))
+        .collect();
+    for n in 0..4 {
+        let before = [queries(0).await, queries(1).await];
+        let resp = client
+            .post(format!("{base}/v1/completions"))
+            .json(&serde_json::json!({"model": DEFAULT_MODEL, "prompt": prompt, "max_tokens": 2}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "{}", envoy.log_text());
+        let after = [queries(0).await, queries(1).await];
+        let chosen = gw
+            .shared()
+            .decisions
+            .snapshot()
+            .last()
+            .map(|d| d.decision.pod.clone())
+            .unwrap();
+        let rank: usize = chosen.rsplit("#dp").next().unwrap().parse().unwrap();
+        assert!(
+            after[rank] > before[rank],
+            "request {n}: engine {rank} ({chosen}) served nothing"
+        );
+        assert_eq!(
+            after[1 - rank],
+            before[1 - rank],
+            "request {n}: the other engine served it"
+        );
+    }
+}

@@ -120,7 +120,7 @@ async fn seed_profile_in_the_config_file_is_in_force_and_a_rewrite_reloads_it() 
     );
     assert_eq!(
         dump["pods"],
-        serde_json::json!([{"url": "http://127.0.0.1:9", "class": "h100", "role": "both", "source": "config", "events": null}])
+        serde_json::json!([{"url": "http://127.0.0.1:9", "class": "h100", "role": "both", "data_parallel_size": 1, "source": "config", "events": null}])
     );
 
     // A bad profile name is rejected: counted, and the config in force stays.

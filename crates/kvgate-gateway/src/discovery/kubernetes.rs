@@ -11,7 +11,9 @@
 //!   its entry is `http://POD_IP:TARGET_PORT` (`[IP]` for IPv6), class `default`, and the P/D
 //!   role its label [`ROLE_LABEL`] (`llm-d.ai/role`, as llm-d's P/D deployments label pods)
 //!   says: `prefill`, `decode` or `both`; no label is `both`, an unknown value is `both` with a
-//!   warning;
+//!   warning; a vLLM data-parallel server's Pod annotated [`DATA_PARALLEL_ANNOTATION`]
+//!   (`kvgate.io/data-parallel-size: "N"`) is routed as N engines (no annotation or an invalid
+//!   value: one, with a warning for the latter);
 //! - `ADDED`/`MODIFIED` of a ready Pod adds or updates it; of a Pod that is not ready removes it;
 //!   `DELETED` removes it;
 //! - a re-list (`Init` … `InitApply`* … `InitDone`) replaces the whole set at `InitDone`, so Pods
@@ -99,9 +101,9 @@ fn publish(shared: &Arc<Shared>, pods: &DiscoveredPods) {
 /// The ready Pods the watcher has seen: `namespace/name` → base URL.
 #[derive(Debug, Default)]
 pub struct DiscoveredPods {
-    ready: BTreeMap<String, (String, PodRole)>,
+    ready: BTreeMap<String, (String, PodRole, u32)>,
     /// The set being rebuilt by a re-list (between `Init` and `InitDone`).
-    relist: Option<BTreeMap<String, (String, PodRole)>>,
+    relist: Option<BTreeMap<String, (String, PodRole, u32)>>,
 }
 
 /// The Pod label that carries its P/D role (`prefill`, `decode`, `both`).
@@ -120,6 +122,31 @@ pub fn pod_role(pod: &KubePod) -> PodRole {
     })
 }
 
+/// The Pod annotation that declares a vLLM data-parallel server's engine count (its
+/// `--data-parallel-size`): the Pod is routed as that many engines `URL#dp<rank>`.
+pub const DATA_PARALLEL_ANNOTATION: &str = "kvgate.io/data-parallel-size";
+
+/// The Pod's data-parallel size from [`DATA_PARALLEL_ANNOTATION`]: 1 without it, and (with a
+/// warning) for a value that is not 1..=`MAX_DATA_PARALLEL_SIZE`.
+pub fn data_parallel_size(pod: &KubePod) -> u32 {
+    let Some(value) = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(DATA_PARALLEL_ANNOTATION))
+    else {
+        return 1;
+    };
+    match value.trim().parse::<u32>() {
+        Ok(n) if (1..=crate::pods::MAX_DATA_PARALLEL_SIZE).contains(&n) => n,
+        _ => {
+            let value: String = value.chars().take(64).collect();
+            tracing::warn!(pod = %key(pod), annotation = DATA_PARALLEL_ANNOTATION, %value, "invalid data-parallel size; the pod is routed as one engine");
+            1
+        }
+    }
+}
+
 impl DiscoveredPods {
     /// Applies one watcher event; true when the set of ready pods changed.
     pub fn apply(&mut self, event: &Event<KubePod>, target_port: u16) -> bool {
@@ -131,7 +158,7 @@ impl DiscoveredPods {
             Event::InitApply(pod) => match &mut self.relist {
                 Some(relist) => {
                     if let Some(url) = pod_url(pod, target_port) {
-                        relist.insert(key(pod), (url, pod_role(pod)));
+                        relist.insert(key(pod), (url, pod_role(pod), data_parallel_size(pod)));
                     }
                     false
                 }
@@ -151,7 +178,7 @@ impl DiscoveredPods {
     fn upsert(&mut self, pod: &KubePod, target_port: u16) -> bool {
         match pod_url(pod, target_port) {
             Some(url) => {
-                let entry = (url, pod_role(pod));
+                let entry = (url, pod_role(pod), data_parallel_size(pod));
                 self.ready.insert(key(pod), entry.clone()).as_ref() != Some(&entry)
             }
             None => self.ready.remove(&key(pod)).is_some(),
@@ -160,7 +187,7 @@ impl DiscoveredPods {
 
     /// The ready pods' base URLs, sorted, without duplicates.
     pub fn urls(&self) -> Vec<String> {
-        let mut urls: Vec<String> = self.ready.values().map(|(u, _)| u.clone()).collect();
+        let mut urls: Vec<String> = self.ready.values().map(|(u, _, _)| u.clone()).collect();
         urls.sort();
         urls.dedup();
         urls
@@ -172,7 +199,11 @@ impl DiscoveredPods {
         let mut entries: Vec<PodEntry> = self
             .ready
             .values()
-            .map(|(u, r)| PodEntry::new(u.clone(), DEFAULT_POD_CLASS).with_role(*r))
+            .map(|(u, r, dp)| {
+                PodEntry::new(u.clone(), DEFAULT_POD_CLASS)
+                    .with_role(*r)
+                    .with_data_parallel_size(*dp)
+            })
             .collect();
         entries.sort_by(|a, b| a.url.cmp(&b.url));
         entries.dedup_by(|a, b| a.url == b.url);
@@ -318,6 +349,28 @@ mod tests {
         );
         // A role change alone is a change.
         assert!(d.apply(&Event::Apply(labelled("a", "10.0.0.1", "decode")), 8000));
+    }
+
+    #[test]
+    fn the_data_parallel_annotation_makes_a_pod_n_engines() {
+        let mut d = DiscoveredPods::default();
+        let annotated = |name: &str, ip: &str, dp: &str| {
+            let mut p = pod(name, Some(ip), "Running", true);
+            p.metadata.annotations =
+                Some([(DATA_PARALLEL_ANNOTATION.to_string(), dp.to_string())].into());
+            p
+        };
+        d.apply(&Event::Apply(annotated("a", "10.0.0.1", "4")), 8000);
+        d.apply(&Event::Apply(annotated("b", "10.0.0.2", "zero")), 8000);
+        d.apply(&Event::Apply(annotated("c", "10.0.0.3", "0")), 8000);
+        d.apply(
+            &Event::Apply(pod("d", Some("10.0.0.4"), "Running", true)),
+            8000,
+        );
+        let sizes: Vec<u32> = d.entries().iter().map(|e| e.data_parallel_size).collect();
+        assert_eq!(sizes, [4, 1, 1, 1]);
+        // A size change alone is a change.
+        assert!(d.apply(&Event::Apply(annotated("a", "10.0.0.1", "2")), 8000));
     }
 
     #[test]

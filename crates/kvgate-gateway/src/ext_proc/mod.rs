@@ -698,7 +698,7 @@ impl Exchange {
 fn pods_outside(pods: &[Arc<Pod>], subset: &[String]) -> Vec<PodId> {
     let wanted: rustc_hash::FxHashSet<&str> = subset.iter().map(String::as_str).collect();
     pods.iter()
-        .filter(|p| destination(p).is_none_or(|d| !wanted.contains(d.as_str())))
+        .filter(|p| destination(p).is_none_or(|d| !wanted.contains(d.endpoint.as_str())))
         .map(|p| p.id)
         .collect()
 }

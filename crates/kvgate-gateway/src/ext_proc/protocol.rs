@@ -96,19 +96,40 @@ pub fn subset_hint(md: &Metadata) -> Option<Vec<String>> {
     Some(endpoints)
 }
 
-/// `host:port` of a pod's URL (port 80/443 by scheme when absent).
-pub fn destination(pod: &Pod) -> Option<String> {
+/// Where Envoy sends a routed request: the pod's `host:port`, and for one engine of a
+/// data-parallel server its rank (sent as `x-data-parallel-rank`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Destination {
+    pub endpoint: String,
+    pub rank: Option<u32>,
+}
+
+impl std::fmt::Display for Destination {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.rank {
+            Some(r) => write!(f, "{} (rank {r})", self.endpoint),
+            None => f.write_str(&self.endpoint),
+        }
+    }
+}
+
+/// `host:port` of a pod's URL (port 80/443 by scheme when absent), with its DP rank.
+pub fn destination(pod: &Pod) -> Option<Destination> {
     let uri: http::Uri = pod.connect_url().parse().ok()?;
     let host = uri.host()?;
     let port = uri.port_u16().unwrap_or(match uri.scheme_str() {
         Some("https") => 443,
         _ => 80,
     });
-    if host.contains(':') && !host.starts_with('[') {
-        Some(format!("[{host}]:{port}"))
+    let endpoint = if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
     } else {
-        Some(format!("{host}:{port}"))
-    }
+        format!("{host}:{port}")
+    };
+    Some(Destination {
+        endpoint,
+        rank: pod.rank,
+    })
 }
 
 pub fn answer(response: processing_response::Response) -> ProcessingResponse {
@@ -133,29 +154,29 @@ fn header(key: &str, value: &str) -> HeaderValueOption {
 /// The request-headers answer that routes the request to `dest` (a body-less request, or a
 /// FULL_DUPLEX_STREAMED one once its body is complete): the header mutation and `envoy.lb`
 /// metadata.
-pub fn routed_headers(dest: &str) -> ProcessingResponse {
+pub fn routed_headers(dest: &Destination) -> ProcessingResponse {
     let mut resp = answer(processing_response::Response::RequestHeaders(
         HeadersResponse {
             response: Some(routing_response(dest)),
         },
     ));
-    resp.dynamic_metadata = Some(lb_metadata(dest));
+    resp.dynamic_metadata = Some(lb_metadata(&dest.endpoint));
     resp
 }
 
 /// The request-body answer that routes a BUFFERED request to `dest`.
-pub fn routed_body(dest: &str) -> ProcessingResponse {
+pub fn routed_body(dest: &Destination) -> ProcessingResponse {
     let mut resp = answer(processing_response::Response::RequestBody(BodyResponse {
         response: Some(routing_response(dest)),
     }));
-    resp.dynamic_metadata = Some(lb_metadata(dest));
+    resp.dynamic_metadata = Some(lb_metadata(&dest.endpoint));
     resp
 }
 
 /// The request-body answer that routes a BUFFERED request to `dest` with its body replaced by
 /// `body` (a P/D decode stage: the client's request with the prefill's transfer parameters).
 /// In this mode `content-length` is the processor's to set (Envoy's `BodySendMode` docs).
-pub fn routed_body_replaced(dest: &str, body: &[u8]) -> ProcessingResponse {
+pub fn routed_body_replaced(dest: &Destination, body: &[u8]) -> ProcessingResponse {
     let mut common = routing_response(dest);
     if let Some(m) = &mut common.header_mutation {
         m.set_headers
@@ -167,13 +188,13 @@ pub fn routed_body_replaced(dest: &str, body: &[u8]) -> ProcessingResponse {
     let mut resp = answer(processing_response::Response::RequestBody(BodyResponse {
         response: Some(common),
     }));
-    resp.dynamic_metadata = Some(lb_metadata(dest));
+    resp.dynamic_metadata = Some(lb_metadata(&dest.endpoint));
     resp
 }
 
 /// The request-headers answer of a FULL_DUPLEX_STREAMED request routed to `dest` whose body
 /// (echoed after it, [`streamed_body`]) is `body_len` bytes long.
-pub fn routed_headers_with_length(dest: &str, body_len: usize) -> ProcessingResponse {
+pub fn routed_headers_with_length(dest: &Destination, body_len: usize) -> ProcessingResponse {
     let mut resp = routed_headers(dest);
     if let Some(processing_response::Response::RequestHeaders(h)) = &mut resp.response
         && let Some(m) = h.response.as_mut().and_then(|c| c.header_mutation.as_mut())
@@ -185,10 +206,17 @@ pub fn routed_headers_with_length(dest: &str, body_len: usize) -> ProcessingResp
 }
 
 /// The answer that routes the request to `dest`.
-fn routing_response(dest: &str) -> CommonResponse {
+fn routing_response(dest: &Destination) -> CommonResponse {
+    let mut set_headers = vec![header(DESTINATION_HEADER, &dest.endpoint)];
+    if let Some(rank) = dest.rank {
+        set_headers.push(header(
+            crate::upstream::DATA_PARALLEL_RANK_HEADER,
+            &rank.to_string(),
+        ));
+    }
     CommonResponse {
         header_mutation: Some(HeaderMutation {
-            set_headers: vec![header(DESTINATION_HEADER, dest)],
+            set_headers,
             remove_headers: Vec::new(),
         }),
         clear_route_cache: true,
@@ -287,16 +315,61 @@ mod tests {
     fn destination_is_host_port() {
         let pod = |url: &str| Pod::new(kvgate_core::PodId(0), url, "default", 1);
         assert_eq!(
-            destination(&pod("http://10.0.0.5:8000")).as_deref(),
+            destination(&pod("http://10.0.0.5:8000"))
+                .map(|d| d.endpoint)
+                .as_deref(),
             Some("10.0.0.5:8000")
         );
         assert_eq!(
-            destination(&pod("http://10.0.0.5")).as_deref(),
+            destination(&pod("http://10.0.0.5"))
+                .map(|d| d.endpoint)
+                .as_deref(),
             Some("10.0.0.5:80")
         );
         assert_eq!(
-            destination(&pod("http://[::1]:8000/")).as_deref(),
+            destination(&pod("http://[::1]:8000/"))
+                .map(|d| d.endpoint)
+                .as_deref(),
             Some("[::1]:8000")
+        );
+    }
+
+    #[test]
+    fn a_data_parallel_engine_is_routed_with_its_rank_header_and_a_plain_pod_without() {
+        let set_headers = |resp: ProcessingResponse| -> Vec<(String, String)> {
+            let Some(processing_response::Response::RequestHeaders(h)) = resp.response else {
+                panic!("not a request-headers answer");
+            };
+            h.response
+                .and_then(|c| c.header_mutation)
+                .map(|m| m.set_headers)
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|o| o.header)
+                .map(|h| (h.key, String::from_utf8_lossy(&h.raw_value).into_owned()))
+                .collect()
+        };
+        let rank1 =
+            Pod::data_parallel_rank(kvgate_core::PodId(1), "http://10.0.0.5:8000", "c", 1, 1, 2);
+        let dest = destination(&rank1).unwrap();
+        assert_eq!(dest.to_string(), "10.0.0.5:8000 (rank 1)");
+        assert_eq!(
+            set_headers(routed_headers(&dest)),
+            [
+                (DESTINATION_HEADER.to_string(), "10.0.0.5:8000".to_string()),
+                ("x-data-parallel-rank".to_string(), "1".to_string())
+            ]
+        );
+        let plain = destination(&Pod::new(
+            kvgate_core::PodId(0),
+            "http://10.0.0.6:8000",
+            "c",
+            1,
+        ))
+        .unwrap();
+        assert_eq!(
+            set_headers(routed_headers(&plain)),
+            [(DESTINATION_HEADER.to_string(), "10.0.0.6:8000".to_string())]
         );
     }
 
