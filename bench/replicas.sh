@@ -190,15 +190,19 @@ run_scenario() {
   done | awk 'index($1, "kvgate_requests_total{") == 1 && match($1, /branch="[^"]*"/) {b = substr($1, RSTART + 8, RLENGTH - 9); n[b] += $2; t += $2} END {for (k in n) printf "%s %.0f%% ", k, 100 * n[k] / t}')
   hits=$(pods_sum 'vllm:prefix_cache_hits_total')
   queries=$(pods_sum 'vllm:prefix_cache_queries_total')
+  # The pods' own mean TTFT (arrival at the pod to first token, wall ms): what the routing did,
+  # without the gateways' and clients' share of the time.
+  local pod_ttft
+  pod_ttft=$(python3 -c "s, n = $(pods_sum 'vllm:time_to_first_token_seconds_sum'), $(pods_sum 'vllm:time_to_first_token_seconds_count'); print(f'{1000 * s / max(n, 1):.1f}')")
   if [ "$shared" = 1 ]; then
     # Events applied, bytes published and events dropped, summed over the replicas.
     shared_events=$(for ((n = 0; n < replicas; n++)); do
       curl -fsS "http://127.0.0.1:$((gw_port + 10 + n))/metrics"
     done | awk '$1 == "kvgate_cluster_events_applied_total" {a += $2} $1 == "kvgate_cluster_bytes_sent_total" {b += $2} index($1, "kvgate_cluster_events_dropped_total") == 1 {d += $2} END {printf "%d applied, %d bytes sent, %d dropped", a, b, d}')
   fi
-  rows+=("$(python3 - "$name" "$hits" "$queries" "$log_dir" "$parts" "$shared_events" "$round" "$load" "$branches" <<'EOF'
+  rows+=("$(python3 - "$name" "$hits" "$queries" "$log_dir" "$parts" "$shared_events" "$round" "$load" "$branches" "$pod_ttft" <<'EOF'
 import json, sys
-name, hits, queries, d, parts, shared, rnd, load, branches = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4], int(sys.argv[5]), sys.argv[6], sys.argv[7], sys.argv[8], sys.argv[9].strip()
+name, hits, queries, d, parts, shared, rnd, load, branches, pod_ttft = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4], int(sys.argv[5]), sys.argv[6], sys.argv[7], sys.argv[8], sys.argv[9].strip(), sys.argv[10]
 reps = [json.load(open(f"{d}/loadgen{h}.json")) for h in range(parts)]
 done = sum(r["completed"] for r in reps)
 sent = sum(r["requests"] for r in reps)
@@ -214,7 +218,7 @@ for h in range(parts):
 ttfts.sort()
 mean = sum(ttfts) / max(len(ttfts), 1)
 p99 = ttfts[max(0, -(-99 * len(ttfts) // 100) - 1)] if ttfts else 0.0
-print(f"| {rnd} | {name} | {done}/{sent} | {100 * hits / max(queries, 1):.1f} % | {mean:.0f} | {p99:.0f} | {errors} | {load} | {branches} | {shared} |")
+print(f"| {rnd} | {name} | {done}/{sent} | {100 * hits / max(queries, 1):.1f} % | {mean:.0f} | {p99:.0f} | {pod_ttft} | {errors} | {load} | {branches} | {shared} |")
 EOF
 )")
   cleanup
@@ -242,8 +246,8 @@ done
 
 echo
 echo "first $requests requests of $(basename "$trace"), rate × $rate_scale, pods time-scale $time_scale${kv_blocks:+, kv-blocks $kv_blocks}"
-echo "| round | scenario | done | pods' hit rate | TTFT mean ms | TTFT p99 ms | errors | load average (1/5/15 min) at start | branches | cluster |"
-echo "|---|---|---|---|---|---|---|---|---|---|"
+echo "| round | scenario | done | pods' hit rate | TTFT mean ms | TTFT p99 ms | pods' own TTFT mean ms | errors | load average (1/5/15 min) at start | branches | cluster |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|"
 for r in "${rows[@]}"; do echo "$r"; done | tee "$out/rows.md"
 echo
 echo "median [min–max] over $rounds round(s)"
@@ -252,13 +256,13 @@ import statistics, sys
 by = {}
 for line in open(sys.argv[1]):
     c = [x.strip() for x in line.strip().strip("|").split("|")]
-    if len(c) < 7:
+    if len(c) < 8:
         continue
-    by.setdefault(c[1], []).append((float(c[3].rstrip(" %")), float(c[4]), float(c[5]), int(c[6])))
+    by.setdefault(c[1], []).append((float(c[3].rstrip(" %")), float(c[4]), float(c[5]), int(c[7]), float(c[6])))
 def f(v, fmt):
     return f"{fmt.format(statistics.median(v))} [{fmt.format(min(v))}–{fmt.format(max(v))}]"
-print("| scenario | rounds | pods' hit rate % | TTFT mean ms | TTFT p99 ms | errors |")
-print("|---|---:|---|---|---|---:|")
+print("| scenario | rounds | pods' hit rate % | TTFT mean ms | TTFT p99 ms | pods' own TTFT mean ms | errors |")
+print("|---|---:|---|---|---|---|---:|")
 for name, v in by.items():
-    print(f"| {name} | {len(v)} | {f([x[0] for x in v], '{:.1f}')} | {f([x[1] for x in v], '{:.0f}')} | {f([x[2] for x in v], '{:.0f}')} | {sum(x[3] for x in v)} |")
+    print(f"| {name} | {len(v)} | {f([x[0] for x in v], '{:.1f}')} | {f([x[1] for x in v], '{:.0f}')} | {f([x[2] for x in v], '{:.0f}')} | {f([x[4] for x in v], '{:.1f}')} | {sum(x[3] for x in v)} |")
 EOF
