@@ -60,6 +60,36 @@ pub enum ExploreMode {
     RandomIfNoSticky,
 }
 
+/// The load figure the affinity gate's balance window (`balance_window_ms`) minimises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BalanceKey {
+    /// The pod's KV-cache usage as last scraped (`vllm:kv_cache_usage_perc`): the context
+    /// tokens every step reads, which set the step time a new request waits for.
+    #[default]
+    KvUsage,
+    /// The router's own in-flight prompt tokens on the pod (prefill not yet done + decoding
+    /// requests' tokens): the same working set, exact but blind to other routers' requests.
+    InFlightTokens,
+    /// Requests in flight on the pod (the router's count, as `sglang-cache-aware` balances).
+    Requests,
+}
+
+/// When queueing holds the affinity gate's relative load gate back
+/// (`relative_gate_queue_rule`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum QueueRule {
+    /// Never: the relative gate as measured in EVALUATION.md §3.
+    #[default]
+    Off,
+    /// While every candidate pod reports waiting requests.
+    Every,
+    /// While the best pod overall, where a break would send the request, reports waiting
+    /// requests.
+    Target,
+}
+
 /// The seed's τ (llm-d's `affinityGateTau`); also where `affinity_gate_tau = "auto"` starts.
 pub const DEFAULT_AFFINITY_GATE_TAU: f64 = 0.80;
 /// The seed's ε (llm-d's `epsilonExploreSticky`); also the floor of `epsilon_explore_sticky =
@@ -142,6 +172,21 @@ pub struct RouterConfig {
     /// Cold spreading: when no pod is sticky, among pods predicted within this many ms of the
     /// best, pick the one with the fewest in-flight prompt tokens. 0 disables it (seed).
     pub cold_spread_window_ms: f64,
+    /// Decode-cost objective: the gate's picks minimise predicted TTFT + this many tokens ×
+    /// predicted TPOT (the request's expected output length), so a pod whose decode batch is
+    /// heavier costs more. 0 disables it (seed, default).
+    pub decode_cost_tokens: f64,
+    /// Balance window: in the `exploit` pick, among the sticky pods predicted within
+    /// max(`balance_window_ms`, `balance_window_rel` × best) ms of the best sticky pod, take
+    /// the one with the least `balance_key` load. 0 and 0 disable it (seed, default).
+    pub balance_window_ms: f64,
+    pub balance_window_rel: f64,
+    /// What the balance window minimises. Default `kv-usage`.
+    pub balance_key: BalanceKey,
+    /// Admission-aware load gate: when queueing holds the relative load gate back — `every`
+    /// pod reports waiting requests, or the best pod overall (the `target` of a break) does.
+    /// Default `off`.
+    pub relative_gate_queue_rule: QueueRule,
 
     // ---- weighted (llm-d's default scorer weights without a predictor) ----
     pub weighted_prefix_weight: f64,
@@ -265,6 +310,11 @@ router_keys! {
     explore_mode: ExploreMode, "exploreMode";
     explore_max_extra_ms: f64, "exploreMaxExtraMs";
     cold_spread_window_ms: f64, "coldSpreadWindowMs";
+    decode_cost_tokens: f64, "decodeCostTokens";
+    balance_window_ms: f64, "balanceWindowMs";
+    balance_window_rel: f64, "balanceWindowRel";
+    balance_key: BalanceKey, "balanceKey";
+    relative_gate_queue_rule: QueueRule, "relativeGateQueueRule";
     weighted_prefix_weight: f64, "prefixWeight";
     weighted_queue_weight: f64, "queueWeight";
     weighted_kv_weight: f64, "kvCacheWeight";
@@ -302,6 +352,11 @@ impl RouterConfig {
             explore_mode: ExploreMode::BestOverall,
             explore_max_extra_ms: 0.0,
             cold_spread_window_ms: 0.0,
+            decode_cost_tokens: 0.0,
+            balance_window_ms: 0.0,
+            balance_window_rel: 0.0,
+            balance_key: BalanceKey::KvUsage,
+            relative_gate_queue_rule: QueueRule::Off,
             weighted_prefix_weight: 3.0,
             weighted_queue_weight: 2.0,
             weighted_kv_weight: 2.0,
@@ -518,6 +573,24 @@ impl RouterConfig {
             self.cold_spread_window_ms >= 0.0,
             ">= 0 (0 disables cold spreading)",
         )?;
+        check(
+            "decode_cost_tokens",
+            self.decode_cost_tokens,
+            self.decode_cost_tokens >= 0.0,
+            ">= 0 (0 disables the decode-cost objective)",
+        )?;
+        check(
+            "balance_window_ms",
+            self.balance_window_ms,
+            self.balance_window_ms >= 0.0,
+            ">= 0 (0 = no absolute window)",
+        )?;
+        check(
+            "balance_window_rel",
+            self.balance_window_rel,
+            self.balance_window_rel >= 0.0,
+            ">= 0 (0 = no relative window)",
+        )?;
         for (key, v) in [
             ("weighted_prefix_weight", self.weighted_prefix_weight),
             ("weighted_queue_weight", self.weighted_queue_weight),
@@ -709,6 +782,43 @@ mod tests {
             err.to_string().contains("affinity_max_ttft_penalty_ms"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn issue_20_gate_options_are_off_in_both_profiles_and_read_in_either_spelling() {
+        for c in [RouterConfig::seed(), RouterConfig::default()] {
+            assert_eq!(c.balance_window_ms, 0.0);
+            assert_eq!(c.balance_window_rel, 0.0);
+            assert_eq!(c.balance_key, BalanceKey::KvUsage);
+            assert_eq!(c.relative_gate_queue_rule, QueueRule::Off);
+            assert_eq!(c.decode_cost_tokens, 0.0);
+        }
+        let c = RouterConfig::from_json(&json!({"balance_window_ms": 4, "balance_window_rel": 0.3,
+                "balance_key": "in-flight-tokens", "relative_gate_queue_rule": "target",
+                "decode_cost_tokens": 100}))
+        .unwrap();
+        assert_eq!(
+            (c.balance_window_ms, c.balance_window_rel, c.balance_key),
+            (4.0, 0.3, BalanceKey::InFlightTokens)
+        );
+        assert_eq!(c.relative_gate_queue_rule, QueueRule::Target);
+        assert_eq!(c.decode_cost_tokens, 100.0);
+        let c = RouterConfig::from_json(&json!({"balanceWindowMs": 2, "balanceKey": "requests",
+                "relativeGateQueueRule": "every", "decodeCostTokens": 1}))
+        .unwrap();
+        assert_eq!(c.balance_window_ms, 2.0);
+        assert_eq!(c.balance_key, BalanceKey::Requests);
+        assert_eq!(c.relative_gate_queue_rule, QueueRule::Every);
+        for key in [
+            "balance_window_ms",
+            "balance_window_rel",
+            "decode_cost_tokens",
+        ] {
+            let err = RouterConfig::from_json(&json!({ key: -1 })).unwrap_err();
+            assert!(err.to_string().contains(key), "{err}");
+        }
+        assert!(RouterConfig::from_json(&json!({"balance_key": "kv"})).is_err());
+        assert!(RouterConfig::from_json(&json!({"relative_gate_queue_rule": "all"})).is_err());
     }
 
     #[test]
