@@ -187,6 +187,9 @@ pub struct RouterConfig {
     /// pod reports waiting requests, or the best pod overall (the `target` of a break) does.
     /// Default `off`.
     pub relative_gate_queue_rule: QueueRule,
+    /// Exploration probability for requests with at least two sticky pods (a shared prefix),
+    /// when above `epsilon_explore_sticky`. 0 disables it (seed, default).
+    pub shared_epsilon: f64,
 
     // ---- weighted (llm-d's default scorer weights without a predictor) ----
     pub weighted_prefix_weight: f64,
@@ -315,6 +318,7 @@ router_keys! {
     balance_window_rel: f64, "balanceWindowRel";
     balance_key: BalanceKey, "balanceKey";
     relative_gate_queue_rule: QueueRule, "relativeGateQueueRule";
+    shared_epsilon: f64, "sharedEpsilon";
     weighted_prefix_weight: f64, "prefixWeight";
     weighted_queue_weight: f64, "queueWeight";
     weighted_kv_weight: f64, "kvCacheWeight";
@@ -357,6 +361,7 @@ impl RouterConfig {
             balance_window_rel: 0.0,
             balance_key: BalanceKey::KvUsage,
             relative_gate_queue_rule: QueueRule::Off,
+            shared_epsilon: 0.0,
             weighted_prefix_weight: 3.0,
             weighted_queue_weight: 2.0,
             weighted_kv_weight: 2.0,
@@ -580,6 +585,12 @@ impl RouterConfig {
             ">= 0 (0 disables the decode-cost objective)",
         )?;
         check(
+            "shared_epsilon",
+            self.shared_epsilon,
+            unit(self.shared_epsilon),
+            "0 <= shared_epsilon <= 1 (0 = off)",
+        )?;
+        check(
             "balance_window_ms",
             self.balance_window_ms,
             self.balance_window_ms >= 0.0,
@@ -792,6 +803,7 @@ mod tests {
             assert_eq!(c.balance_key, BalanceKey::KvUsage);
             assert_eq!(c.relative_gate_queue_rule, QueueRule::Off);
             assert_eq!(c.decode_cost_tokens, 0.0);
+            assert_eq!(c.shared_epsilon, 0.0);
         }
         let c = RouterConfig::from_json(&json!({"balance_window_ms": 4, "balance_window_rel": 0.3,
                 "balance_key": "in-flight-tokens", "relative_gate_queue_rule": "target",

@@ -48,6 +48,12 @@
 //!   adds its prefill to another queue. `target`: it holds while the best pod overall (where a
 //!   break would send the request) reports waiting requests. The absolute penalty is
 //!   unaffected.
+//! - `shared_epsilon` ε₂ (issue 20, EVALUATION.md §17): the explore coin comes up with
+//!   probability max(ε, ε₂) instead of ε for a request that has at least two sticky pods — a
+//!   prefix several pods already hold is a shared one (a system prompt), and seeding it on one
+//!   more pod costs one cold prefill while widening every later request's choice; a
+//!   conversation's history usually sits on one pod and keeps ε. Still one draw per decision.
+//!   0 = off (seed and default).
 //! - `decode_cost_tokens` n (issue 20): the picks (EXPLOIT, NO_STICKY, LOAD_BREAK) minimise
 //!   predicted TTFT + n × predicted TPOT instead of TTFT alone — the request's own end-to-end
 //!   time when n is its output length; the load gate and exploration's bound still compare
@@ -118,6 +124,7 @@ pub struct AffinityGate {
     pub balance_window_rel: f64,
     pub balance_key: BalanceKey,
     pub relative_gate_queue_rule: QueueRule,
+    pub shared_epsilon: f64,
 }
 
 impl AffinityGate {
@@ -146,6 +153,7 @@ impl AffinityGate {
             balance_window_rel: config.balance_window_rel,
             balance_key: config.balance_key,
             relative_gate_queue_rule: config.relative_gate_queue_rule,
+            shared_epsilon: config.shared_epsilon,
         }
     }
 
@@ -433,7 +441,16 @@ impl Policy for AffinityGate {
             best_all
         };
 
-        let coin = rng.random::<f64>() < self.epsilon_explore_sticky;
+        // A prefix already held by several pods is a shared one: spreading it to one more pod
+        // costs one cold prefill and widens every later request's choice.
+        let epsilon = if self.shared_epsilon > 0.0
+            && candidates.iter().filter(|c| self.sticky(c)).count() >= 2
+        {
+            self.shared_epsilon.max(self.epsilon_explore_sticky)
+        } else {
+            self.epsilon_explore_sticky
+        };
+        let coin = rng.random::<f64>() < epsilon;
         if coin && let Some(index) = self.explore(candidates, best_all, eligible, rng) {
             return Ok(Pick {
                 index,
@@ -744,6 +761,47 @@ mod tests {
             ];
             let (pick, _) = run(&mut g.clone(), &facts(10), &cands, &mut rng(1));
             assert_eq!(pick.unwrap().branch, branch, "a waiting {a_waiting}");
+        }
+    }
+
+    #[test]
+    fn shared_epsilon_explores_requests_with_two_sticky_pods_only() {
+        let g = AffinityGate {
+            explore_mode: ExploreMode::RandomNonSticky,
+            shared_epsilon: 1.0,
+            ..gate(0.0, 5000.0)
+        };
+        let (a, b, c) = (pod(0, 0, 0, 0.1), pod(1, 0, 0, 0.1), pod(2, 0, 0, 0.1));
+        // Two sticky pods (a, b): the coin always comes up and c, the only cold pod, is seeded.
+        let shared = [
+            cand(&a, 10, 10, 10.0),
+            cand(&b, 10, 10, 11.0),
+            cand(&c, 0, 10, 30.0),
+        ];
+        // One sticky pod: ε (0 here) applies and the gate exploits.
+        let single = [
+            cand(&a, 10, 10, 10.0),
+            cand(&b, 0, 10, 11.0),
+            cand(&c, 0, 10, 30.0),
+        ];
+        let mut r = rng(5);
+        for _ in 0..20 {
+            let (pick, _) = run(&mut g.clone(), &facts(10), &shared, &mut r);
+            assert_eq!(
+                pick.unwrap(),
+                Pick {
+                    index: 2,
+                    branch: Branch::Explore
+                }
+            );
+            let (pick, _) = run(&mut g.clone(), &facts(10), &single, &mut r);
+            assert_eq!(
+                pick.unwrap(),
+                Pick {
+                    index: 0,
+                    branch: Branch::Exploit
+                }
+            );
         }
     }
 
