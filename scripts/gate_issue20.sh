@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# EVALUATION.md §17 (issue 20): the gate's balance window, admission-aware load gate and
-# decode-cost objective against the peers on shared-prefix A, chat and the Mooncake trace.
+# EVALUATION.md §17 (issue 20): the gate's admission-aware load gate, balance window and
+# exploration rate against the peers on shared-prefix A, chat and the Mooncake trace.
 #
 # Usage: scripts/gate_issue20.sh OUT_DIR   (release build of `kvgate` first; KVGATE=path overrides)
 # Then:  scripts/peer_ratio_table.py OUT_DIR/W/all.json OUT_DIR/W/*-*.json   for W in sp chat mc
@@ -11,21 +11,19 @@ trace=${TRACE:-../shared/traces/mooncake_fast25_conversation_trace.jsonl}
 seeds=${SEEDS:-1,2,3}
 mkdir -p "$out"/{sp,chat,mc}
 
+# Relative to the default profile (which has relative_gate_queue_rule = every since §17).
 declare -A variants=(
+  [queue-off]='{"relative_gate_queue_rule":"off"}'
+  [queue-target]='{"relative_gate_queue_rule":"target"}'
   [balance-4ms]='{"balance_window_ms":4}'
   [balance-rel-0.3]='{"balance_window_rel":0.3}'
-  [balance-4ms-in-flight]='{"balance_window_ms":4,"balance_key":"in-flight-tokens"}'
   [eps-0.1]='{"epsilon_explore_sticky":0.1}'
   [balance-4ms-eps-0.1]='{"balance_window_ms":4,"epsilon_explore_sticky":0.1}'
-  [decode-cost-1000]='{"decode_cost_tokens":1000}'
-  [queue-every]='{"relative_gate_queue_rule":"every"}'
-  [queue-target]='{"relative_gate_queue_rule":"target"}'
-  [balance-4ms-queue-target]='{"balance_window_ms":4,"relative_gate_queue_rule":"target"}'
 )
 # Which variants each workload runs (the Mooncake runs are the slow ones).
-sp_v="balance-4ms balance-rel-0.3 balance-4ms-in-flight eps-0.1 balance-4ms-eps-0.1 decode-cost-1000 queue-every queue-target"
-chat_v="balance-4ms balance-rel-0.3 eps-0.1 queue-every queue-target"
-mc_v="balance-4ms queue-every queue-target balance-4ms-queue-target"
+sp_v="queue-off balance-4ms balance-rel-0.3 eps-0.1 balance-4ms-eps-0.1"
+chat_v="queue-off balance-4ms balance-rel-0.3 eps-0.1"
+mc_v="queue-off queue-target balance-4ms"
 
 run() { # dir, workload args..., then policy/config args
   "$kvgate" sim "$@" --seed "$seeds" --quiet

@@ -60,30 +60,15 @@ pub enum ExploreMode {
     RandomIfNoSticky,
 }
 
-/// The load figure the affinity gate's balance window (`balance_window_ms`) minimises.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum BalanceKey {
-    /// The pod's KV-cache usage as last scraped (`vllm:kv_cache_usage_perc`): the context
-    /// tokens every step reads, which set the step time a new request waits for.
-    #[default]
-    KvUsage,
-    /// The router's own in-flight prompt tokens on the pod (prefill not yet done + decoding
-    /// requests' tokens): the same working set, exact but blind to other routers' requests.
-    InFlightTokens,
-    /// Requests in flight on the pod (the router's count, as `sglang-cache-aware` balances).
-    Requests,
-}
-
 /// When queueing holds the affinity gate's relative load gate back
 /// (`relative_gate_queue_rule`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum QueueRule {
-    /// Never: the relative gate as measured in EVALUATION.md §3.
+    /// Never: the relative gate as measured in EVALUATION.md §3 (the seed's value).
     #[default]
     Off,
-    /// While every candidate pod reports waiting requests.
+    /// While every candidate pod reports waiting requests (the default profile's value).
     Every,
     /// While the best pod overall, where a break would send the request, reports waiting
     /// requests.
@@ -172,24 +157,15 @@ pub struct RouterConfig {
     /// Cold spreading: when no pod is sticky, among pods predicted within this many ms of the
     /// best, pick the one with the fewest in-flight prompt tokens. 0 disables it (seed).
     pub cold_spread_window_ms: f64,
-    /// Decode-cost objective: the gate's picks minimise predicted TTFT + this many tokens ×
-    /// predicted TPOT (the request's expected output length), so a pod whose decode batch is
-    /// heavier costs more. 0 disables it (seed, default).
-    pub decode_cost_tokens: f64,
     /// Balance window: in the `exploit` pick, among the sticky pods predicted within
     /// max(`balance_window_ms`, `balance_window_rel` × best) ms of the best sticky pod, take
-    /// the one with the least `balance_key` load. 0 and 0 disable it (seed, default).
+    /// the one with the lowest scraped KV usage. 0 and 0 disable it (seed, default).
     pub balance_window_ms: f64,
     pub balance_window_rel: f64,
-    /// What the balance window minimises. Default `kv-usage`.
-    pub balance_key: BalanceKey,
     /// Admission-aware load gate: when queueing holds the relative load gate back — `every`
     /// pod reports waiting requests, or the best pod overall (the `target` of a break) does.
-    /// Default `off`.
+    /// Seed `off`, default profile `every` (EVALUATION.md §17).
     pub relative_gate_queue_rule: QueueRule,
-    /// Exploration probability for requests with at least two sticky pods (a shared prefix),
-    /// when above `epsilon_explore_sticky`. 0 disables it (seed, default).
-    pub shared_epsilon: f64,
 
     // ---- weighted (llm-d's default scorer weights without a predictor) ----
     pub weighted_prefix_weight: f64,
@@ -313,12 +289,9 @@ router_keys! {
     explore_mode: ExploreMode, "exploreMode";
     explore_max_extra_ms: f64, "exploreMaxExtraMs";
     cold_spread_window_ms: f64, "coldSpreadWindowMs";
-    decode_cost_tokens: f64, "decodeCostTokens";
     balance_window_ms: f64, "balanceWindowMs";
     balance_window_rel: f64, "balanceWindowRel";
-    balance_key: BalanceKey, "balanceKey";
     relative_gate_queue_rule: QueueRule, "relativeGateQueueRule";
-    shared_epsilon: f64, "sharedEpsilon";
     weighted_prefix_weight: f64, "prefixWeight";
     weighted_queue_weight: f64, "queueWeight";
     weighted_kv_weight: f64, "kvCacheWeight";
@@ -356,12 +329,9 @@ impl RouterConfig {
             explore_mode: ExploreMode::BestOverall,
             explore_max_extra_ms: 0.0,
             cold_spread_window_ms: 0.0,
-            decode_cost_tokens: 0.0,
             balance_window_ms: 0.0,
             balance_window_rel: 0.0,
-            balance_key: BalanceKey::KvUsage,
             relative_gate_queue_rule: QueueRule::Off,
-            shared_epsilon: 0.0,
             weighted_prefix_weight: 3.0,
             weighted_queue_weight: 2.0,
             weighted_kv_weight: 2.0,
@@ -390,6 +360,7 @@ impl RouterConfig {
                 explore_max_extra_ms: 25.0,
                 affinity_relative_penalty: 1.25,
                 affinity_relative_slack_ms: 5.0,
+                relative_gate_queue_rule: QueueRule::Every,
                 ..base
             },
         }
@@ -577,18 +548,6 @@ impl RouterConfig {
             self.cold_spread_window_ms,
             self.cold_spread_window_ms >= 0.0,
             ">= 0 (0 disables cold spreading)",
-        )?;
-        check(
-            "decode_cost_tokens",
-            self.decode_cost_tokens,
-            self.decode_cost_tokens >= 0.0,
-            ">= 0 (0 disables the decode-cost objective)",
-        )?;
-        check(
-            "shared_epsilon",
-            self.shared_epsilon,
-            unit(self.shared_epsilon),
-            "0 <= shared_epsilon <= 1 (0 = off)",
         )?;
         check(
             "balance_window_ms",
@@ -796,40 +755,33 @@ mod tests {
     }
 
     #[test]
-    fn issue_20_gate_options_are_off_in_both_profiles_and_read_in_either_spelling() {
+    fn issue_20_gate_options_have_their_profile_values_and_read_in_either_spelling() {
         for c in [RouterConfig::seed(), RouterConfig::default()] {
             assert_eq!(c.balance_window_ms, 0.0);
             assert_eq!(c.balance_window_rel, 0.0);
-            assert_eq!(c.balance_key, BalanceKey::KvUsage);
-            assert_eq!(c.relative_gate_queue_rule, QueueRule::Off);
-            assert_eq!(c.decode_cost_tokens, 0.0);
-            assert_eq!(c.shared_epsilon, 0.0);
         }
-        let c = RouterConfig::from_json(&json!({"balance_window_ms": 4, "balance_window_rel": 0.3,
-                "balance_key": "in-flight-tokens", "relative_gate_queue_rule": "target",
-                "decode_cost_tokens": 100}))
-        .unwrap();
         assert_eq!(
-            (c.balance_window_ms, c.balance_window_rel, c.balance_key),
-            (4.0, 0.3, BalanceKey::InFlightTokens)
+            RouterConfig::seed().relative_gate_queue_rule,
+            QueueRule::Off
         );
+        assert_eq!(
+            RouterConfig::default().relative_gate_queue_rule,
+            QueueRule::Every
+        );
+        let c = RouterConfig::from_json(&json!({"balance_window_ms": 4, "balance_window_rel": 0.3,
+                "relative_gate_queue_rule": "target"}))
+        .unwrap();
+        assert_eq!((c.balance_window_ms, c.balance_window_rel), (4.0, 0.3));
         assert_eq!(c.relative_gate_queue_rule, QueueRule::Target);
-        assert_eq!(c.decode_cost_tokens, 100.0);
-        let c = RouterConfig::from_json(&json!({"balanceWindowMs": 2, "balanceKey": "requests",
-                "relativeGateQueueRule": "every", "decodeCostTokens": 1}))
+        let c = RouterConfig::from_json(&json!({"gateProfile": "seed", "balanceWindowMs": 2,
+                "relativeGateQueueRule": "every"}))
         .unwrap();
         assert_eq!(c.balance_window_ms, 2.0);
-        assert_eq!(c.balance_key, BalanceKey::Requests);
         assert_eq!(c.relative_gate_queue_rule, QueueRule::Every);
-        for key in [
-            "balance_window_ms",
-            "balance_window_rel",
-            "decode_cost_tokens",
-        ] {
+        for key in ["balance_window_ms", "balance_window_rel"] {
             let err = RouterConfig::from_json(&json!({ key: -1 })).unwrap_err();
             assert!(err.to_string().contains(key), "{err}");
         }
-        assert!(RouterConfig::from_json(&json!({"balance_key": "kv"})).is_err());
         assert!(RouterConfig::from_json(&json!({"relative_gate_queue_rule": "all"})).is_err());
     }
 

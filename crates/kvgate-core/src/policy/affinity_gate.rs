@@ -35,30 +35,19 @@
 //!   the pod that happens to predict a hair faster (0 = off).
 //! - `balance_window_ms` w and `balance_window_rel` r (issue 20, EVALUATION.md §17): in
 //!   EXPLOIT, among the sticky pods predicted within max(w, r × best sticky TTFT) ms of the best
-//!   sticky pod, take the one with the least `balance_key` load (default `kv-usage`, the
-//!   scraped `vllm:kv_cache_usage_perc`; `in-flight-tokens`, the router's in-flight prompt
-//!   tokens; `requests`, its in-flight requests). Predictions closer than the predictor's error
-//!   are ties, and KV usage breaks them better than the predictor does where every pod holds
-//!   the prefix (shared-prefix A: mean ×1.06 → ×1.01–1.02 the best peer at rate 4). Not in
-//!   NO_STICKY / LOAD_BREAK: over all pods it cost the conversation trace 36 % mean at rate 4.
-//!   0 and 0 = off (seed and default profiles).
+//!   sticky pod, take the one with the lowest scraped KV usage (`vllm:kv_cache_usage_perc`,
+//!   `least-kv`'s signal). Where every pod holds a shared prefix it moves the mean TTFT to
+//!   `least-kv`'s (shared-prefix A, rate 4: ×1.06 → ×1.02 the best peer) and, like `least-kv`,
+//!   pays for it in TPOT and p99 (×1.18 → ×1.21 `least-request`'s p99). Only among sticky
+//!   pods: over all pods it cost the conversation trace 36 % mean at rate 4. 0 and 0 = off (seed
+//!   and default profiles).
 //! - `relative_gate_queue_rule` (issue 20, EVALUATION.md §17): admission-aware relative load
-//!   gate. `off` (seed, default): as above. `every`: the relative gate holds while every
-//!   candidate pod reports waiting requests — in overload, moving a request off its cache only
-//!   adds its prefill to another queue. `target`: it holds while the best pod overall (where a
-//!   break would send the request) reports waiting requests. The absolute penalty is
-//!   unaffected.
-//! - `shared_epsilon` ε₂ (issue 20, EVALUATION.md §17): the explore coin comes up with
-//!   probability max(ε, ε₂) instead of ε for a request that has at least two sticky pods — a
-//!   prefix several pods already hold is a shared one (a system prompt), and seeding it on one
-//!   more pod costs one cold prefill while widening every later request's choice; a
-//!   conversation's history usually sits on one pod and keeps ε. Still one draw per decision.
-//!   0 = off (seed and default).
-//! - `decode_cost_tokens` n (issue 20): the picks (EXPLOIT, NO_STICKY, LOAD_BREAK) minimise
-//!   predicted TTFT + n × predicted TPOT instead of TTFT alone — the request's own end-to-end
-//!   time when n is its output length; the load gate and exploration's bound still compare
-//!   TTFTs. 0 = off (seed and default). Experimental: no measurable effect at any n from 1 to
-//!   1000 on shared-prefix A (EVALUATION.md §17).
+//!   gate. `off` (seed): as above. `every` (default profile): the relative gate holds while
+//!   every candidate pod reports waiting requests — in overload, moving a request off its cache
+//!   only adds its prefill to another queue (conversation trace at rate 6: mean ×1.12 → ×1.08
+//!   `sglang-cache-aware`'s, identical below overload). `target`: it holds while the best pod
+//!   overall (where a break would send the request) reports waiting requests. The absolute
+//!   penalty is unaffected.
 //!
 //! SLO mode (upstream's headroom selection, llm-d predicted-latency §1.1): when the request
 //! carries a TTFT and/or TPOT objective ([`RequestFacts::slo_ttft_ms`], `slo_tpot_ms`), the
@@ -97,8 +86,7 @@ use super::auto_tau::AutoTau;
 use super::{Candidate, Pick, Policy, PolicyError, PolicyKind, RequestFacts, argmin_by};
 use crate::DecisionRng;
 use crate::config::{
-    BalanceKey, DEFAULT_AFFINITY_GATE_TAU, DEFAULT_EPSILON_EXPLORE_STICKY, ExploreMode, QueueRule,
-    RouterConfig,
+    DEFAULT_AFFINITY_GATE_TAU, DEFAULT_EPSILON_EXPLORE_STICKY, ExploreMode, QueueRule, RouterConfig,
 };
 use crate::decision::{Branch, GateState};
 use rand::RngExt;
@@ -119,12 +107,9 @@ pub struct AffinityGate {
     pub explore_mode: ExploreMode,
     pub explore_max_extra_ms: f64,
     pub cold_spread_window_ms: f64,
-    pub decode_cost_tokens: f64,
     pub balance_window_ms: f64,
     pub balance_window_rel: f64,
-    pub balance_key: BalanceKey,
     pub relative_gate_queue_rule: QueueRule,
-    pub shared_epsilon: f64,
 }
 
 impl AffinityGate {
@@ -148,12 +133,9 @@ impl AffinityGate {
             explore_mode: config.explore_mode,
             explore_max_extra_ms: config.explore_max_extra_ms,
             cold_spread_window_ms: config.cold_spread_window_ms,
-            decode_cost_tokens: config.decode_cost_tokens,
             balance_window_ms: config.balance_window_ms,
             balance_window_rel: config.balance_window_rel,
-            balance_key: config.balance_key,
             relative_gate_queue_rule: config.relative_gate_queue_rule,
-            shared_epsilon: config.shared_epsilon,
         }
     }
 
@@ -172,16 +154,6 @@ impl AffinityGate {
                 auto.observe(best);
             }
             self.affinity_gate_tau = auto.tau();
-        }
-    }
-
-    /// What the gate's picks minimise: predicted TTFT, plus `decode_cost_tokens` × predicted
-    /// TPOT when the decode-cost objective is on.
-    fn cost(&self, c: &Candidate<'_>) -> f64 {
-        if self.decode_cost_tokens > 0.0 {
-            c.predicted_ttft_ms + self.decode_cost_tokens * c.predicted_tpot_ms
-        } else {
-            c.predicted_ttft_ms
         }
     }
 
@@ -220,7 +192,7 @@ impl AffinityGate {
     }
 
     /// The balance window's pick among the `eligible` pods, given the set's best pick `best`:
-    /// the least `balance_key` load among those predicted within the window of `best`
+    /// the least KV usage among those predicted within the window of `best`
     /// (`eligible` is narrowed to them); `best` when the window is off.
     fn balance_pick(
         &self,
@@ -239,13 +211,7 @@ impl AffinityGate {
         for (e, c) in eligible.iter_mut().zip(candidates) {
             *e = *e && c.predicted_ttft_ms <= limit;
         }
-        let key = self.balance_key;
-        argmin_by(candidates, eligible, |c| match key {
-            BalanceKey::KvUsage => c.pod.kv_usage,
-            BalanceKey::InFlightTokens => in_flight_prompt_tokens(c),
-            BalanceKey::Requests => f64::from(c.pod.load_requests()),
-        })
-        .unwrap_or(best)
+        argmin_by(candidates, eligible, |c| c.pod.kv_usage).unwrap_or(best)
     }
 
     /// The pick among all pods: the best predicted TTFT, or with cold spreading the pod with the
@@ -432,25 +398,8 @@ impl Policy for AffinityGate {
         self.adapt(request, candidates);
         let ttft = |c: &Candidate<'_>| c.predicted_ttft_ms;
         let best_all = argmin_by(candidates, eligible, ttft).ok_or(PolicyError::NoCandidates)?;
-        let cost = |c: &Candidate<'_>| self.cost(c);
-        // The pick over all pods: the best predicted TTFT, or the best cost with the decode-cost
-        // objective on (the load gate and exploration's bound still compare TTFTs).
-        let pick_all = if self.decode_cost_tokens > 0.0 {
-            argmin_by(candidates, eligible, cost).unwrap_or(best_all)
-        } else {
-            best_all
-        };
 
-        // A prefix already held by several pods is a shared one: spreading it to one more pod
-        // costs one cold prefill and widens every later request's choice.
-        let epsilon = if self.shared_epsilon > 0.0
-            && candidates.iter().filter(|c| self.sticky(c)).count() >= 2
-        {
-            self.shared_epsilon.max(self.epsilon_explore_sticky)
-        } else {
-            self.epsilon_explore_sticky
-        };
-        let coin = rng.random::<f64>() < epsilon;
+        let coin = rng.random::<f64>() < self.epsilon_explore_sticky;
         if coin && let Some(index) = self.explore(candidates, best_all, eligible, rng) {
             return Ok(Pick {
                 index,
@@ -466,7 +415,7 @@ impl Policy for AffinityGate {
         if !any_sticky {
             eligible.fill(true);
             let index = slo_pick(request, candidates, eligible)
-                .unwrap_or_else(|| self.pick_over_all(candidates, pick_all, eligible));
+                .unwrap_or_else(|| self.pick_over_all(candidates, best_all, eligible));
             return Ok(Pick {
                 index,
                 branch: Branch::NoSticky,
@@ -481,20 +430,15 @@ impl Policy for AffinityGate {
         ) {
             eligible.fill(true);
             let index = slo_pick(request, candidates, eligible)
-                .unwrap_or_else(|| self.pick_over_all(candidates, pick_all, eligible));
+                .unwrap_or_else(|| self.pick_over_all(candidates, best_all, eligible));
             return Ok(Pick {
                 index,
                 branch: Branch::LoadBreak,
             });
         }
-        let pick_sticky = if self.decode_cost_tokens > 0.0 {
-            argmin_by(candidates, eligible, cost).unwrap_or(best_sticky)
-        } else {
-            best_sticky
-        };
         let index = match slo_pick(request, candidates, eligible) {
             Some(index) => index,
-            None => self.balance_pick(candidates, pick_sticky, eligible),
+            None => self.balance_pick(candidates, best_sticky, eligible),
         };
         Ok(Pick {
             index,
@@ -535,79 +479,6 @@ mod tests {
             let (pick, _) = run(&mut g.clone(), &facts(10), &cands, &mut rng(1));
             assert_eq!(pick.unwrap().branch, branch, "sticky {sticky_ms}");
         }
-    }
-
-    #[test]
-    fn decode_cost_objective_picks_the_sticky_pod_with_the_lighter_decode_batch() {
-        let g = AffinityGate {
-            decode_cost_tokens: 100.0,
-            ..gate(0.0, 5000.0)
-        };
-        let (a, b, c) = (pod(0, 0, 0, 0.1), pod(1, 0, 0, 0.1), pod(2, 0, 0, 0.1));
-        // b is the faster sticky pod by TTFT (12 vs 14 ms) but decodes slower (9 vs 8 ms per
-        // token): 12 + 100 × 9 = 912 > 14 + 100 × 8 = 814, so a wins. c is not sticky.
-        let cands = [
-            with_tpot(cand(&a, 10, 10, 14.0), 8.0),
-            with_tpot(cand(&b, 10, 10, 12.0), 9.0),
-            with_tpot(cand(&c, 0, 10, 30.0), 1.0),
-        ];
-        let (pick, eligible) = run(&mut g.clone(), &facts(10), &cands, &mut rng(1));
-        assert_eq!(
-            pick.unwrap(),
-            Pick {
-                index: 0,
-                branch: Branch::Exploit
-            }
-        );
-        assert_eq!(eligible, vec![true, true, false]);
-        // Off (0 tokens), the faster TTFT wins as in the seed.
-        let (pick, _) = run(&mut gate(0.0, 5000.0), &facts(10), &cands, &mut rng(1));
-        assert_eq!(pick.unwrap().index, 1);
-    }
-
-    #[test]
-    fn decode_cost_objective_applies_over_all_pods_when_none_is_sticky() {
-        let g = AffinityGate {
-            decode_cost_tokens: 10.0,
-            ..gate(0.0, 5000.0)
-        };
-        let (a, b) = (pod(0, 0, 0, 0.1), pod(1, 0, 0, 0.1));
-        // 50 + 10 × 12 = 170 > 60 + 10 × 10 = 160: b.
-        let cands = [
-            with_tpot(cand(&a, 0, 10, 50.0), 12.0),
-            with_tpot(cand(&b, 0, 10, 60.0), 10.0),
-        ];
-        let (pick, _) = run(&mut g.clone(), &facts(10), &cands, &mut rng(1));
-        assert_eq!(
-            pick.unwrap(),
-            Pick {
-                index: 1,
-                branch: Branch::NoSticky
-            }
-        );
-    }
-
-    #[test]
-    fn decode_cost_objective_leaves_the_load_gate_on_predicted_ttft() {
-        let g = AffinityGate {
-            decode_cost_tokens: 1000.0,
-            ..gate(0.0, 5000.0)
-        };
-        let (a, b) = (pod(0, 0, 0, 0.1), pod(1, 0, 0, 0.1));
-        // The sticky pod's TTFT is within the 5000 ms penalty of the best: affinity holds, even
-        // though the cold pod decodes much faster (its cost is far lower).
-        let cands = [
-            with_tpot(cand(&a, 0, 10, 100.0), 1.0),
-            with_tpot(cand(&b, 10, 10, 4000.0), 50.0),
-        ];
-        let (pick, _) = run(&mut g.clone(), &facts(10), &cands, &mut rng(1));
-        assert_eq!(
-            pick.unwrap(),
-            Pick {
-                index: 1,
-                branch: Branch::Exploit
-            }
-        );
     }
 
     #[test]
@@ -689,29 +560,6 @@ mod tests {
     }
 
     #[test]
-    fn balance_window_keys_in_flight_tokens_and_requests_use_the_routers_own_counts() {
-        let (mut a, mut b) = (pod(0, 0, 0, 0.1), pod(1, 0, 0, 0.9));
-        in_flight(&mut a, 500, 4000);
-        in_flight(&mut b, 100, 1000);
-        a.in_flight.requests = 2;
-        b.in_flight.requests = 7;
-        let cands = [cand(&a, 10, 10, 10.0), cand(&b, 10, 10, 11.0)];
-        for (key, want) in [
-            (BalanceKey::KvUsage, 0),
-            (BalanceKey::InFlightTokens, 1),
-            (BalanceKey::Requests, 0),
-        ] {
-            let g = AffinityGate {
-                balance_window_ms: 5.0,
-                balance_key: key,
-                ..gate(0.0, 5000.0)
-            };
-            let (pick, _) = run(&mut g.clone(), &facts(10), &cands, &mut rng(1));
-            assert_eq!(pick.unwrap().index, want, "{key:?}");
-        }
-    }
-
-    #[test]
     fn relative_load_gate_holds_affinity_when_every_pod_is_queued_in_every_mode() {
         let g = AffinityGate {
             affinity_relative_penalty: 1.25,
@@ -761,47 +609,6 @@ mod tests {
             ];
             let (pick, _) = run(&mut g.clone(), &facts(10), &cands, &mut rng(1));
             assert_eq!(pick.unwrap().branch, branch, "a waiting {a_waiting}");
-        }
-    }
-
-    #[test]
-    fn shared_epsilon_explores_requests_with_two_sticky_pods_only() {
-        let g = AffinityGate {
-            explore_mode: ExploreMode::RandomNonSticky,
-            shared_epsilon: 1.0,
-            ..gate(0.0, 5000.0)
-        };
-        let (a, b, c) = (pod(0, 0, 0, 0.1), pod(1, 0, 0, 0.1), pod(2, 0, 0, 0.1));
-        // Two sticky pods (a, b): the coin always comes up and c, the only cold pod, is seeded.
-        let shared = [
-            cand(&a, 10, 10, 10.0),
-            cand(&b, 10, 10, 11.0),
-            cand(&c, 0, 10, 30.0),
-        ];
-        // One sticky pod: ε (0 here) applies and the gate exploits.
-        let single = [
-            cand(&a, 10, 10, 10.0),
-            cand(&b, 0, 10, 11.0),
-            cand(&c, 0, 10, 30.0),
-        ];
-        let mut r = rng(5);
-        for _ in 0..20 {
-            let (pick, _) = run(&mut g.clone(), &facts(10), &shared, &mut r);
-            assert_eq!(
-                pick.unwrap(),
-                Pick {
-                    index: 2,
-                    branch: Branch::Explore
-                }
-            );
-            let (pick, _) = run(&mut g.clone(), &facts(10), &single, &mut r);
-            assert_eq!(
-                pick.unwrap(),
-                Pick {
-                    index: 0,
-                    branch: Branch::Exploit
-                }
-            );
         }
     }
 
