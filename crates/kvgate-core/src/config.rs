@@ -60,6 +60,21 @@ pub enum ExploreMode {
     RandomIfNoSticky,
 }
 
+/// When queueing holds the affinity gate's relative load gate back
+/// (`relative_gate_queue_rule`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum QueueRule {
+    /// Never: the relative gate as measured in EVALUATION.md §3 (the seed's value).
+    #[default]
+    Off,
+    /// While every candidate pod reports waiting requests (the default profile's value).
+    Every,
+    /// While the best pod overall, where a break would send the request, reports waiting
+    /// requests.
+    Target,
+}
+
 /// The seed's τ (llm-d's `affinityGateTau`); also where `affinity_gate_tau = "auto"` starts.
 pub const DEFAULT_AFFINITY_GATE_TAU: f64 = 0.80;
 /// The seed's ε (llm-d's `epsilonExploreSticky`); also the floor of `epsilon_explore_sticky =
@@ -142,6 +157,15 @@ pub struct RouterConfig {
     /// Cold spreading: when no pod is sticky, among pods predicted within this many ms of the
     /// best, pick the one with the fewest in-flight prompt tokens. 0 disables it (seed).
     pub cold_spread_window_ms: f64,
+    /// Balance window: in the `exploit` pick, among the sticky pods predicted within
+    /// max(`balance_window_ms`, `balance_window_rel` × best) ms of the best sticky pod, take
+    /// the one with the lowest scraped KV usage. 0 and 0 disable it (seed, default).
+    pub balance_window_ms: f64,
+    pub balance_window_rel: f64,
+    /// Admission-aware load gate: when queueing holds the relative load gate back — `every`
+    /// pod reports waiting requests, or the best pod overall (the `target` of a break) does.
+    /// Seed `off`, default profile `every` (EVALUATION.md §17).
+    pub relative_gate_queue_rule: QueueRule,
 
     // ---- weighted (llm-d's default scorer weights without a predictor) ----
     pub weighted_prefix_weight: f64,
@@ -265,6 +289,9 @@ router_keys! {
     explore_mode: ExploreMode, "exploreMode";
     explore_max_extra_ms: f64, "exploreMaxExtraMs";
     cold_spread_window_ms: f64, "coldSpreadWindowMs";
+    balance_window_ms: f64, "balanceWindowMs";
+    balance_window_rel: f64, "balanceWindowRel";
+    relative_gate_queue_rule: QueueRule, "relativeGateQueueRule";
     weighted_prefix_weight: f64, "prefixWeight";
     weighted_queue_weight: f64, "queueWeight";
     weighted_kv_weight: f64, "kvCacheWeight";
@@ -302,6 +329,9 @@ impl RouterConfig {
             explore_mode: ExploreMode::BestOverall,
             explore_max_extra_ms: 0.0,
             cold_spread_window_ms: 0.0,
+            balance_window_ms: 0.0,
+            balance_window_rel: 0.0,
+            relative_gate_queue_rule: QueueRule::Off,
             weighted_prefix_weight: 3.0,
             weighted_queue_weight: 2.0,
             weighted_kv_weight: 2.0,
@@ -330,6 +360,7 @@ impl RouterConfig {
                 explore_max_extra_ms: 25.0,
                 affinity_relative_penalty: 1.25,
                 affinity_relative_slack_ms: 5.0,
+                relative_gate_queue_rule: QueueRule::Every,
                 ..base
             },
         }
@@ -517,6 +548,18 @@ impl RouterConfig {
             self.cold_spread_window_ms,
             self.cold_spread_window_ms >= 0.0,
             ">= 0 (0 disables cold spreading)",
+        )?;
+        check(
+            "balance_window_ms",
+            self.balance_window_ms,
+            self.balance_window_ms >= 0.0,
+            ">= 0 (0 = no absolute window)",
+        )?;
+        check(
+            "balance_window_rel",
+            self.balance_window_rel,
+            self.balance_window_rel >= 0.0,
+            ">= 0 (0 = no relative window)",
         )?;
         for (key, v) in [
             ("weighted_prefix_weight", self.weighted_prefix_weight),
@@ -709,6 +752,37 @@ mod tests {
             err.to_string().contains("affinity_max_ttft_penalty_ms"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn issue_20_gate_options_have_their_profile_values_and_read_in_either_spelling() {
+        for c in [RouterConfig::seed(), RouterConfig::default()] {
+            assert_eq!(c.balance_window_ms, 0.0);
+            assert_eq!(c.balance_window_rel, 0.0);
+        }
+        assert_eq!(
+            RouterConfig::seed().relative_gate_queue_rule,
+            QueueRule::Off
+        );
+        assert_eq!(
+            RouterConfig::default().relative_gate_queue_rule,
+            QueueRule::Every
+        );
+        let c = RouterConfig::from_json(&json!({"balance_window_ms": 4, "balance_window_rel": 0.3,
+                "relative_gate_queue_rule": "target"}))
+        .unwrap();
+        assert_eq!((c.balance_window_ms, c.balance_window_rel), (4.0, 0.3));
+        assert_eq!(c.relative_gate_queue_rule, QueueRule::Target);
+        let c = RouterConfig::from_json(&json!({"gateProfile": "seed", "balanceWindowMs": 2,
+                "relativeGateQueueRule": "every"}))
+        .unwrap();
+        assert_eq!(c.balance_window_ms, 2.0);
+        assert_eq!(c.relative_gate_queue_rule, QueueRule::Every);
+        for key in ["balance_window_ms", "balance_window_rel"] {
+            let err = RouterConfig::from_json(&json!({ key: -1 })).unwrap_err();
+            assert!(err.to_string().contains(key), "{err}");
+        }
+        assert!(RouterConfig::from_json(&json!({"relative_gate_queue_rule": "all"})).is_err());
     }
 
     #[test]

@@ -90,6 +90,7 @@ async fn seed_profile_in_the_config_file_is_in_force_and_a_rewrite_reloads_it() 
     assert_eq!(router["explore_max_extra_ms"], 0.0);
     assert_eq!(router["affinity_relative_penalty"], 0.0);
     assert_eq!(router["affinity_relative_slack_ms"], 0.0);
+    assert_eq!(router["relative_gate_queue_rule"], "off");
     assert_eq!(router["affinity_gate_tau"], 0.8);
     assert_eq!(router["epsilon_explore_sticky"], 0.01);
     assert_eq!(router["affinity_max_ttft_penalty_ms"], 5000.0);
@@ -160,6 +161,7 @@ async fn seed_profile_in_the_config_file_is_in_force_and_a_rewrite_reloads_it() 
     assert_eq!(router["explore_max_extra_ms"], 25.0);
     assert_eq!(router["affinity_relative_penalty"], 1.25);
     assert_eq!(router["affinity_relative_slack_ms"], 5.0);
+    assert_eq!(router["relative_gate_queue_rule"], "every");
     assert_eq!(dump["limits"]["max_retries"], 2);
     assert_eq!(dump["allow_empty_pods"], true);
     assert_eq!(dump["pods"], serde_json::json!([]));

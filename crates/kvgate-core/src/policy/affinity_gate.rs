@@ -33,6 +33,21 @@
 //!   the best, take the one with the fewest in-flight prompt tokens (prefill tokens not yet
 //!   computed + tokens of decoding requests), spreading new prefixes instead of piling them on
 //!   the pod that happens to predict a hair faster (0 = off).
+//! - `balance_window_ms` w and `balance_window_rel` r (issue 20, EVALUATION.md §17): in
+//!   EXPLOIT, among the sticky pods predicted within max(w, r × best sticky TTFT) ms of the best
+//!   sticky pod, take the one with the lowest scraped KV usage (`vllm:kv_cache_usage_perc`,
+//!   `least-kv`'s signal). Where every pod holds a shared prefix it moves the mean TTFT to
+//!   `least-kv`'s (shared-prefix A, rate 4: ×1.06 → ×1.02 the best peer) and, like `least-kv`,
+//!   pays for it in TPOT and p99 (×1.18 → ×1.21 `least-request`'s p99). Only among sticky
+//!   pods: over all pods it cost the conversation trace 36 % mean at rate 4. 0 and 0 = off (seed
+//!   and default profiles).
+//! - `relative_gate_queue_rule` (issue 20, EVALUATION.md §17): admission-aware relative load
+//!   gate. `off` (seed): as above. `every` (default profile): the relative gate holds while
+//!   every candidate pod reports waiting requests — in overload, moving a request off its cache
+//!   only adds its prefill to another queue (conversation trace at rate 6: mean ×1.12 → ×1.08
+//!   `sglang-cache-aware`'s, identical below overload). `target`: it holds while the best pod
+//!   overall (where a break would send the request) reports waiting requests. The absolute
+//!   penalty is unaffected.
 //!
 //! SLO mode (upstream's headroom selection, llm-d predicted-latency §1.1): when the request
 //! carries a TTFT and/or TPOT objective ([`RequestFacts::slo_ttft_ms`], `slo_tpot_ms`), the
@@ -71,7 +86,7 @@ use super::auto_tau::AutoTau;
 use super::{Candidate, Pick, Policy, PolicyError, PolicyKind, RequestFacts, argmin_by};
 use crate::DecisionRng;
 use crate::config::{
-    DEFAULT_AFFINITY_GATE_TAU, DEFAULT_EPSILON_EXPLORE_STICKY, ExploreMode, RouterConfig,
+    DEFAULT_AFFINITY_GATE_TAU, DEFAULT_EPSILON_EXPLORE_STICKY, ExploreMode, QueueRule, RouterConfig,
 };
 use crate::decision::{Branch, GateState};
 use rand::RngExt;
@@ -92,6 +107,9 @@ pub struct AffinityGate {
     pub explore_mode: ExploreMode,
     pub explore_max_extra_ms: f64,
     pub cold_spread_window_ms: f64,
+    pub balance_window_ms: f64,
+    pub balance_window_rel: f64,
+    pub relative_gate_queue_rule: QueueRule,
 }
 
 impl AffinityGate {
@@ -115,6 +133,9 @@ impl AffinityGate {
             explore_mode: config.explore_mode,
             explore_max_extra_ms: config.explore_max_extra_ms,
             cold_spread_window_ms: config.cold_spread_window_ms,
+            balance_window_ms: config.balance_window_ms,
+            balance_window_rel: config.balance_window_rel,
+            relative_gate_queue_rule: config.relative_gate_queue_rule,
         }
     }
 
@@ -147,14 +168,50 @@ impl AffinityGate {
                 || c.predicted_ttft_ms <= best_all_ms + self.explore_max_extra_ms)
     }
 
-    /// Whether the load gate breaks affinity, given the best sticky and best overall TTFT.
-    fn breaks_affinity(&self, best_sticky_ms: f64, best_all_ms: f64) -> bool {
+    /// Whether queueing holds the relative load gate back (`relative_gate_queue_rule`):
+    /// in `every` mode when every candidate reports waiting requests, in `target` mode when the
+    /// best pod overall (where a break would move the request) does.
+    fn queue_blocks_move(&self, candidates: &[Candidate<'_>], best_all: usize) -> bool {
+        match self.relative_gate_queue_rule {
+            QueueRule::Off => false,
+            QueueRule::Every => candidates.iter().all(|c| c.pod.waiting > 0),
+            QueueRule::Target => candidates[best_all].pod.waiting > 0,
+        }
+    }
+
+    /// Whether the load gate breaks affinity, given the best sticky and best overall TTFT and
+    /// whether queueing holds the relative gate back.
+    fn breaks_affinity(&self, best_sticky_ms: f64, best_all_ms: f64, queue_holds: bool) -> bool {
         let penalty = self.affinity_max_ttft_penalty_ms;
         let absolute = penalty > 0.0 && best_sticky_ms - best_all_ms > penalty;
         let r = self.affinity_relative_penalty;
-        let relative =
-            r > 0.0 && best_sticky_ms > r * best_all_ms + self.affinity_relative_slack_ms;
+        let relative = r > 0.0
+            && !queue_holds
+            && best_sticky_ms > r * best_all_ms + self.affinity_relative_slack_ms;
         absolute || relative
+    }
+
+    /// The balance window's pick among the `eligible` pods, given the set's best pick `best`:
+    /// the least KV usage among those predicted within the window of `best`
+    /// (`eligible` is narrowed to them); `best` when the window is off.
+    fn balance_pick(
+        &self,
+        candidates: &[Candidate<'_>],
+        best: usize,
+        eligible: &mut [bool],
+    ) -> usize {
+        let best_ms = candidates[best].predicted_ttft_ms;
+        let w = self
+            .balance_window_ms
+            .max(self.balance_window_rel * best_ms.max(0.0));
+        if w <= 0.0 {
+            return best;
+        }
+        let limit = best_ms + w;
+        for (e, c) in eligible.iter_mut().zip(candidates) {
+            *e = *e && c.predicted_ttft_ms <= limit;
+        }
+        argmin_by(candidates, eligible, |c| c.pod.kv_usage).unwrap_or(best)
     }
 
     /// The pick among all pods: the best predicted TTFT, or with cold spreading the pod with the
@@ -369,6 +426,7 @@ impl Policy for AffinityGate {
         if self.breaks_affinity(
             candidates[best_sticky].predicted_ttft_ms,
             candidates[best_all].predicted_ttft_ms,
+            self.queue_blocks_move(candidates, best_all),
         ) {
             eligible.fill(true);
             let index = slo_pick(request, candidates, eligible)
@@ -378,8 +436,12 @@ impl Policy for AffinityGate {
                 branch: Branch::LoadBreak,
             });
         }
+        let index = match slo_pick(request, candidates, eligible) {
+            Some(index) => index,
+            None => self.balance_pick(candidates, best_sticky, eligible),
+        };
         Ok(Pick {
-            index: slo_pick(request, candidates, eligible).unwrap_or(best_sticky),
+            index,
             branch: Branch::Exploit,
         })
     }
@@ -416,6 +478,137 @@ mod tests {
             let cands = [cand(&a, 0, 10, 200.0), cand(&b, 10, 10, sticky_ms)];
             let (pick, _) = run(&mut g.clone(), &facts(10), &cands, &mut rng(1));
             assert_eq!(pick.unwrap().branch, branch, "sticky {sticky_ms}");
+        }
+    }
+
+    #[test]
+    fn balance_window_picks_the_sticky_pod_with_the_least_kv_within_the_window() {
+        let g = AffinityGate {
+            balance_window_ms: 3.0,
+            ..gate(0.0, 5000.0)
+        };
+        let (a, b, c, d) = (
+            pod(0, 0, 0, 0.5),
+            pod(1, 0, 0, 0.2),
+            pod(2, 0, 0, 0.1),
+            pod(3, 0, 0, 0.0),
+        );
+        // Sticky a, b, c; a is the fastest (10 ms), b within 3 ms and lighter, c lightest but
+        // 3.5 ms behind; d is the lightest and fastest of all but not sticky.
+        let cands = [
+            cand(&a, 10, 10, 10.0),
+            cand(&b, 10, 10, 12.0),
+            cand(&c, 10, 10, 13.5),
+            cand(&d, 0, 10, 5.0),
+        ];
+        let (pick, eligible) = run(&mut g.clone(), &facts(10), &cands, &mut rng(1));
+        assert_eq!(
+            pick.unwrap(),
+            Pick {
+                index: 1,
+                branch: Branch::Exploit
+            }
+        );
+        assert_eq!(eligible, vec![true, true, false, false]);
+        // Off: the fastest sticky pod.
+        let (pick, _) = run(&mut gate(0.0, 5000.0), &facts(10), &cands, &mut rng(1));
+        assert_eq!(pick.unwrap().index, 0);
+    }
+
+    #[test]
+    fn relative_balance_window_scales_with_the_best_sticky_prediction() {
+        let g = AffinityGate {
+            balance_window_rel: 0.1,
+            ..gate(0.0, 5000.0)
+        };
+        let (a, b, c) = (pod(0, 0, 0, 0.5), pod(1, 0, 0, 0.3), pod(2, 0, 0, 0.1));
+        // All sticky; best 200 ms, window 20 ms: b (220) is in, c (221) is out.
+        let cands = [
+            cand(&a, 10, 10, 200.0),
+            cand(&b, 10, 10, 220.0),
+            cand(&c, 10, 10, 221.0),
+        ];
+        let (pick, eligible) = run(&mut g.clone(), &facts(10), &cands, &mut rng(1));
+        assert_eq!(
+            pick.unwrap(),
+            Pick {
+                index: 1,
+                branch: Branch::Exploit
+            }
+        );
+        assert_eq!(eligible, vec![true, true, false]);
+    }
+
+    #[test]
+    fn balance_window_leaves_no_sticky_picks_to_the_best_prediction() {
+        let g = AffinityGate {
+            balance_window_rel: 0.5,
+            ..gate(0.0, 5000.0)
+        };
+        let (a, b) = (pod(0, 0, 0, 0.5), pod(1, 0, 0, 0.1));
+        // No sticky pod: b is lighter and within the window, but the window only acts among
+        // sticky pods (on the conversation trace it cost 36 % mean at rate 4 over all pods).
+        let cands = [cand(&a, 0, 10, 200.0), cand(&b, 0, 10, 210.0)];
+        let (pick, _) = run(&mut g.clone(), &facts(10), &cands, &mut rng(1));
+        assert_eq!(
+            pick.unwrap(),
+            Pick {
+                index: 0,
+                branch: Branch::NoSticky
+            }
+        );
+    }
+
+    #[test]
+    fn relative_load_gate_holds_affinity_when_every_pod_is_queued_in_every_mode() {
+        let g = AffinityGate {
+            affinity_relative_penalty: 1.25,
+            affinity_relative_slack_ms: 5.0,
+            relative_gate_queue_rule: QueueRule::Every,
+            ..gate(0.0, 5000.0)
+        };
+        // The sticky pod b (1000 ms) is far above 1.25 × 200 + 5 ms: the relative gate breaks
+        // affinity while pod a has no queue, and holds it once every pod reports waiting
+        // requests (moving the request only adds its prefill to another queue).
+        for (a_waiting, branch) in [(0, Branch::LoadBreak), (3, Branch::Exploit)] {
+            let (a, b) = (pod(0, 0, a_waiting, 0.1), pod(1, 0, 2, 0.1));
+            let cands = [cand(&a, 0, 10, 200.0), cand(&b, 10, 10, 1000.0)];
+            let (pick, _) = run(&mut g.clone(), &facts(10), &cands, &mut rng(1));
+            assert_eq!(pick.unwrap().branch, branch, "a waiting {a_waiting}");
+            // Without the rule the gate breaks affinity either way.
+            let plain = AffinityGate {
+                relative_gate_queue_rule: QueueRule::Off,
+                ..g
+            };
+            let (pick, _) = run(&mut plain.clone(), &facts(10), &cands, &mut rng(1));
+            assert_eq!(pick.unwrap().branch, Branch::LoadBreak);
+        }
+        // The absolute penalty still applies when every pod is queued.
+        let (a, b) = (pod(0, 0, 1, 0.1), pod(1, 0, 1, 0.1));
+        let cands = [cand(&a, 0, 10, 200.0), cand(&b, 10, 10, 5300.0)];
+        let (pick, _) = run(&mut g.clone(), &facts(10), &cands, &mut rng(1));
+        assert_eq!(pick.unwrap().branch, Branch::LoadBreak);
+    }
+
+    #[test]
+    fn relative_load_gate_in_target_mode_needs_the_best_pod_unqueued() {
+        let g = AffinityGate {
+            affinity_relative_penalty: 1.25,
+            affinity_relative_slack_ms: 5.0,
+            relative_gate_queue_rule: QueueRule::Target,
+            ..gate(0.0, 5000.0)
+        };
+        // a is the best pod overall; c is idle but slower. Only a's queue matters.
+        let c = pod(2, 0, 0, 0.1);
+        for (a_waiting, branch) in [(0, Branch::LoadBreak), (1, Branch::Exploit)] {
+            let (a, b) = (pod(0, 0, a_waiting, 0.1), pod(1, 0, 2, 0.1));
+            let cands = [
+                cand(&a, 0, 10, 200.0),
+                cand(&b, 10, 10, 1000.0),
+                cand(&c, 0, 10, 300.0),
+            ];
+            let (pick, _) = run(&mut g.clone(), &facts(10), &cands, &mut rng(1));
+            assert_eq!(pick.unwrap().branch, branch, "a waiting {a_waiting}");
         }
     }
 

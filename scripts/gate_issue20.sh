@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# EVALUATION.md §17 (issue 20): the gate's admission-aware load gate, balance window and
+# exploration rate against the peers on shared-prefix A, chat and the Mooncake trace.
+#
+# Usage: scripts/gate_issue20.sh OUT_DIR   (release build of `kvgate` first; KVGATE=path overrides)
+# Then:  scripts/peer_ratio_table.py OUT_DIR/W/all.json OUT_DIR/W/*-*.json   for W in sp chat mc
+set -euo pipefail
+out=${1:?usage: $0 OUT_DIR}
+kvgate=${KVGATE:-target/release/kvgate}
+trace=${TRACE:-../shared/traces/mooncake_fast25_conversation_trace.jsonl}
+seeds=${SEEDS:-1,2,3}
+mkdir -p "$out"/{sp,chat,mc}
+
+# Relative to the default profile (which has relative_gate_queue_rule = every since §17).
+declare -A variants=(
+  [queue-off]='{"relative_gate_queue_rule":"off"}'
+  [queue-target]='{"relative_gate_queue_rule":"target"}'
+  [balance-4ms]='{"balance_window_ms":4}'
+  [balance-rel-0.3]='{"balance_window_rel":0.3}'
+  [eps-0.1]='{"epsilon_explore_sticky":0.1}'
+  [balance-4ms-eps-0.1]='{"balance_window_ms":4,"epsilon_explore_sticky":0.1}'
+)
+# Which variants each workload runs (the Mooncake runs are the slow ones).
+sp_v="queue-off balance-4ms balance-rel-0.3 eps-0.1 balance-4ms-eps-0.1"
+chat_v="queue-off balance-4ms balance-rel-0.3 eps-0.1"
+mc_v="queue-off queue-target balance-4ms"
+
+run() { # dir, workload args..., then policy/config args
+  "$kvgate" sim "$@" --seed "$seeds" --quiet
+}
+sp=(--workload shared-prefix --preset A --max-requests 6000 --pods 8 --sweep rate-scale=1,2,4)
+chat=(--workload chat --pods 8 --sweep rate-scale=1,4,8)
+# `prefix` (one pod gets the whole trace: hours of model time, slow to simulate) and `random`
+# are left out on the trace; neither is ever the best peer there (§1.1).
+mc=(--trace "$trace" --pods 8 --sweep rate-scale=1,4,6)
+mc_peers=round-robin,least-request,least-kv,weighted,sglang-cache-aware,dynamo-kv,llmd-chain,latency,affinity-gate
+
+run "${sp[@]}" --policy all --json "$out/sp/all.json"
+run "${chat[@]}" --policy all --json "$out/chat/all.json"
+run "${mc[@]}" --policy "$mc_peers" --json "$out/mc/all.json"
+for w in sp chat mc; do
+  list=${w}_v
+  for v in ${!list}; do
+    args=${w}[@]
+    run "${!args}" --policy affinity-gate --router-config "${variants[$v]}" --json "$out/$w/$v.json"
+  done
+done
