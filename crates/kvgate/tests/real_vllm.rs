@@ -14,12 +14,15 @@
 mod common;
 #[path = "common/envoy.rs"]
 mod envoy_harness;
+#[path = "common/real_vllm.rs"]
+mod real_vllm_harness;
 
 use common::{ServeProcess, start_serve};
+use real_vllm_harness::{Servers, client, env_file, metric_sum, prompt, wait_for};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 use tokio::sync::{Mutex, MutexGuard};
 
 /// One pod of the fleet, as `fleet.env` describes it.
@@ -52,12 +55,6 @@ struct Fleet {
     lora: Vec<String>,
 }
 
-fn run_dir() -> PathBuf {
-    std::env::var_os("KVGATE_VLLM_RUN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/tmp/kvgate-vllm"))
-}
-
 fn parse_pod(name: &'static str, value: &str) -> RealPod {
     let mut parts = value.split(',');
     let url = parts.next().unwrap_or_default().to_string();
@@ -80,9 +77,7 @@ fn parse_pod(name: &'static str, value: &str) -> RealPod {
 }
 
 fn load_fleet() -> Option<Fleet> {
-    let text = std::fs::read_to_string(run_dir().join("fleet.env")).ok()?;
-    let vars: std::collections::HashMap<&str, &str> =
-        text.lines().filter_map(|l| l.split_once('=')).collect();
+    let vars = env_file("fleet.env")?;
     Some(Fleet {
         model_dir: vars.get("KVGATE_VLLM_MODEL_DIR")?.into(),
         pod_script: vars.get("KVGATE_VLLM_POD_SCRIPT")?.into(),
@@ -99,51 +94,20 @@ fn load_fleet() -> Option<Fleet> {
 async fn fleet(test: &str) -> Option<(&'static Fleet, MutexGuard<'static, ()>)> {
     static FLEET: OnceLock<Option<Fleet>> = OnceLock::new();
     static LOCK: Mutex<()> = Mutex::const_new(());
-    let Some(fleet) = FLEET.get_or_init(load_fleet).as_ref() else {
-        let dir = run_dir();
-        if std::env::var("KVGATE_REQUIRE_VLLM").as_deref() == Ok("1") {
-            panic!(
-                "{test}: no real-vLLM fleet at {}/fleet.env, and KVGATE_REQUIRE_VLLM=1 \
-                 (scripts/real-vllm/fleet.sh up starts it)",
-                dir.display()
-            );
-        }
-        eprintln!(
-            "\n\n!!!!!!!! SKIPPED {test}: no real-vLLM fleet at {}/fleet.env (run \
-             scripts/real-vllm/fleet.sh up, or scripts/test, which does) !!!!!!!!\n\n",
-            dir.display()
-        );
-        return None;
+    let kind = Servers {
+        what: "real-vLLM fleet",
+        env: "fleet.env",
+        later_var: None,
+        require_var: "KVGATE_REQUIRE_VLLM",
+        start: "scripts/real-vllm/fleet.sh up",
+        when: "its first phase",
     };
-    let guard = LOCK.lock().await;
-    Some((fleet, guard))
+    real_vllm_harness::servers(&kind, test, &FLEET, &LOCK, load_fleet).await
 }
 
 /// Unique per process and call: no earlier run's or test's prompt shares a block with it.
 fn tag() -> String {
-    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    format!("run{nanos}x{n}")
-}
-
-/// A completions prompt of about `lines × 29` tokens of the tiny model, starting with `tag`.
-fn prompt(tag: &str, lines: usize) -> String {
-    let mut s = format!("# {tag}\n");
-    for i in 0..lines {
-        s.push_str(&format!("def f{i}_{tag}(x): return x + {i}\n"));
-    }
-    s
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(120))
-        .build()
-        .unwrap()
+    real_vllm_harness::tag("run")
 }
 
 async fn post(url: &str, body: &Value) -> Value {
@@ -219,43 +183,8 @@ async fn score(gw: &ServeProcess, prompt: &str, pod: &RealPod) -> f64 {
     score_body(gw, "/v1/completions", &body, pod).await
 }
 
-/// The sum of every sample whose line starts with `prefix` in the `/metrics` at `base`.
-async fn metric_sum(base: &str, prefix: &str) -> f64 {
-    let text = client()
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter(|l| l.starts_with(prefix))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 async fn metric(gw: &ServeProcess, name: &str) -> f64 {
     metric_sum(&gw.admin, name).await
-}
-
-/// Polls `cond` every 100 ms for at most `within`; returns how long it took.
-async fn wait_for<F, Fut>(what: &str, within: Duration, mut cond: F) -> Duration
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = Instant::now();
-    loop {
-        if cond().await {
-            return start.elapsed();
-        }
-        assert!(
-            start.elapsed() < within,
-            "timed out after {within:?}: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// `kvgate serve` with the engine index over `pods`, the model's tokenizer, pods scraped

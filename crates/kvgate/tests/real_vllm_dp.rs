@@ -11,13 +11,16 @@
 //! after).
 
 mod common;
+#[path = "common/real_vllm.rs"]
+mod real_vllm_harness;
 
 use common::{ServeProcess, start_serve};
+use real_vllm_harness::{Servers, client, env_file, prompt, wait_for};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::OnceLock;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 use tokio::sync::{Mutex, MutexGuard};
 
 #[derive(Debug)]
@@ -39,16 +42,8 @@ impl Server {
     }
 }
 
-fn run_dir() -> PathBuf {
-    std::env::var_os("KVGATE_VLLM_RUN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/tmp/kvgate-vllm"))
-}
-
 fn load_server() -> Option<Server> {
-    let text = std::fs::read_to_string(run_dir().join("dp.env")).ok()?;
-    let vars: std::collections::HashMap<&str, &str> =
-        text.lines().filter_map(|l| l.split_once('=')).collect();
+    let vars = env_file("dp.env")?;
     Some(Server {
         url: vars.get("KVGATE_VLLM_DP_URL")?.to_string(),
         events: vars.get("KVGATE_VLLM_DP_EVENTS")?.to_string(),
@@ -61,53 +56,19 @@ fn load_server() -> Option<Server> {
 async fn server(test: &str) -> Option<(&'static Server, MutexGuard<'static, ()>)> {
     static SERVER: OnceLock<Option<Server>> = OnceLock::new();
     static LOCK: Mutex<()> = Mutex::const_new(());
-    if std::env::var("KVGATE_VLLM_DP").as_deref() == Ok("later") {
-        eprintln!("{test}: deferred to scripts/test's DP phase");
-        return None;
-    }
-    let Some(server) = SERVER.get_or_init(load_server).as_ref() else {
-        let dir = run_dir();
-        if std::env::var("KVGATE_REQUIRE_VLLM_DP").as_deref() == Ok("1") {
-            panic!(
-                "{test}: no real-vLLM DP server at {}/dp.env, and KVGATE_REQUIRE_VLLM_DP=1 \
-                 (scripts/real-vllm/fleet.sh dp-up starts it)",
-                dir.display()
-            );
-        }
-        eprintln!(
-            "\n\n!!!!!!!! SKIPPED {test}: no real-vLLM DP server at {}/dp.env (run \
-             scripts/real-vllm/fleet.sh dp-up; scripts/test runs it in its DP phase) !!!!!!!!\n\n",
-            dir.display()
-        );
-        return None;
+    let kind = Servers {
+        what: "real-vLLM DP server",
+        env: "dp.env",
+        later_var: Some("KVGATE_VLLM_DP"),
+        require_var: "KVGATE_REQUIRE_VLLM_DP",
+        start: "scripts/real-vllm/fleet.sh dp-up",
+        when: "its DP phase",
     };
-    Some((server, LOCK.lock().await))
+    real_vllm_harness::servers(&kind, test, &SERVER, &LOCK, load_server).await
 }
 
 fn tag() -> String {
-    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    format!("dp{nanos}x{n}")
-}
-
-/// About `lines × 29` tokens of the tiny model, starting with `tag`.
-fn prompt(tag: &str, lines: usize) -> String {
-    let mut s = format!("# {tag}\n");
-    for i in 0..lines {
-        s.push_str(&format!("def f{i}_{tag}(x): return x + {i}\n"));
-    }
-    s
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(120))
-        .build()
-        .unwrap()
+    real_vllm_harness::tag("dp")
 }
 
 /// `vllm:prefix_cache_hits_total` of engine `rank` (tokens).
@@ -158,22 +119,6 @@ fn serve(server: &Server, engine_index: bool) -> ServeProcess {
     args.extend(["--pod".into(), pod]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     start_serve(&args, |_| {})
-}
-
-/// Polls `cond` every 100 ms for at most `within`.
-async fn wait_for<F, Fut>(what: &str, within: Duration, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = Instant::now();
-    while !cond().await {
-        assert!(
-            start.elapsed() < within,
-            "timed out after {within:?}: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// Waits until kvgate counts every engine of the server healthy.

@@ -10,12 +10,15 @@
 //! pass; the tests run one at a time (they read the pods' counters before and after).
 
 mod common;
+#[path = "common/real_vllm.rs"]
+mod real_vllm_harness;
 
 use common::{ServeProcess, start_serve};
+use real_vllm_harness::{Servers, client, env_file, metric_sum, prompt};
 use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::sync::OnceLock;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 use tokio::sync::{Mutex, MutexGuard};
 
 #[derive(Debug)]
@@ -25,16 +28,8 @@ struct Pair {
     decode: String,
 }
 
-fn run_dir() -> PathBuf {
-    std::env::var_os("KVGATE_VLLM_RUN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/tmp/kvgate-vllm"))
-}
-
 fn load_pair() -> Option<Pair> {
-    let text = std::fs::read_to_string(run_dir().join("pd.env")).ok()?;
-    let vars: std::collections::HashMap<&str, &str> =
-        text.lines().filter_map(|l| l.split_once('=')).collect();
+    let vars = env_file("pd.env")?;
     Some(Pair {
         pod_script: vars.get("KVGATE_VLLM_POD_SCRIPT")?.into(),
         prefill: vars.get("KVGATE_VLLM_PD_PREFILL")?.to_string(),
@@ -45,69 +40,19 @@ fn load_pair() -> Option<Pair> {
 async fn pair(test: &str) -> Option<(&'static Pair, MutexGuard<'static, ()>)> {
     static PAIR: OnceLock<Option<Pair>> = OnceLock::new();
     static LOCK: Mutex<()> = Mutex::const_new(());
-    if std::env::var("KVGATE_VLLM_PD").as_deref() == Ok("later") {
-        eprintln!("{test}: deferred to scripts/test's P/D phase");
-        return None;
-    }
-    let Some(pair) = PAIR.get_or_init(load_pair).as_ref() else {
-        let dir = run_dir();
-        if std::env::var("KVGATE_REQUIRE_VLLM_PD").as_deref() == Ok("1") {
-            panic!(
-                "{test}: no real-vLLM P/D pair at {}/pd.env, and KVGATE_REQUIRE_VLLM_PD=1 \
-                 (scripts/real-vllm/fleet.sh pd-up starts it)",
-                dir.display()
-            );
-        }
-        eprintln!(
-            "\n\n!!!!!!!! SKIPPED {test}: no real-vLLM P/D pair at {}/pd.env (run \
-             scripts/real-vllm/fleet.sh pd-up; scripts/test runs it in its P/D phase) !!!!!!!!\n\n",
-            dir.display()
-        );
-        return None;
+    let kind = Servers {
+        what: "real-vLLM P/D pair",
+        env: "pd.env",
+        later_var: Some("KVGATE_VLLM_PD"),
+        require_var: "KVGATE_REQUIRE_VLLM_PD",
+        start: "scripts/real-vllm/fleet.sh pd-up",
+        when: "its P/D phase",
     };
-    Some((pair, LOCK.lock().await))
+    real_vllm_harness::servers(&kind, test, &PAIR, &LOCK, load_pair).await
 }
 
 fn tag() -> String {
-    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    format!("pd{nanos}x{n}")
-}
-
-/// About `lines × 29` tokens of the tiny model, starting with `tag`.
-fn prompt(tag: &str, lines: usize) -> String {
-    let mut s = format!("# {tag}\n");
-    for i in 0..lines {
-        s.push_str(&format!("def f{i}_{tag}(x): return x + {i}\n"));
-    }
-    s
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(120))
-        .build()
-        .unwrap()
-}
-
-/// The sum of every sample whose line starts with `prefix` in the `/metrics` at `base`.
-async fn metric_sum(base: &str, prefix: &str) -> f64 {
-    let text = client()
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter(|l| l.starts_with(prefix))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    real_vllm_harness::tag("pd")
 }
 
 /// `vllm:prompt_tokens_by_source_total` of `source` on a pod.

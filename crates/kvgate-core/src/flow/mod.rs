@@ -658,7 +658,8 @@ impl<T> FlowQueue<T> {
     /// Whether `tenant` is *flooding*: over the last `bulk_window_ms` (tokens offered,
     /// decayed), it sent more than twice what the other tenants seen in that window sent on
     /// average (so a lone tenant never floods). See the module docs.
-    fn flooding(&self, cfg: &FlowConfig, tenant: usize, now_ms: f64) -> bool {
+    /// `seen` is [`Self::seen_in_window`] at `now_ms` (computed once per decision: O(1) here).
+    fn flooding(&self, cfg: &FlowConfig, tenant: usize, now_ms: f64, seen: usize) -> bool {
         let tau = cfg.bulk_window_ms as f64;
         let Some(t) = self.tenants.get(tenant) else {
             return false;
@@ -667,22 +668,29 @@ impl<T> FlowQueue<T> {
             return false;
         }
         let since = now_ms - tau;
-        let active = self
-            .tenants
-            .iter()
-            .filter(|t| t.last_seen_ms >= since)
-            .count();
+        let active = seen;
         let total = decayed(self.recent_tokens, self.recent_at_ms, now_ms, tau);
         let mine = decayed(t.recent_tokens, t.recent_at_ms, now_ms, tau);
         let others = active.saturating_sub(usize::from(t.last_seen_ms >= since));
         others > 0 && mine > 2.0 * (total - mine).max(0.0) / others as f64
     }
 
+    /// Tenants seen within the last `bulk_window_ms` before `now_ms`.
+    fn seen_in_window(&self, cfg: &FlowConfig, now_ms: f64) -> usize {
+        let since = now_ms - cfg.bulk_window_ms as f64;
+        self.tenants
+            .iter()
+            .filter(|t| t.last_seen_ms >= since)
+            .count()
+    }
+
     /// Whether a request of `band` from `tenant` is *bulk* at `now_ms`: band ≤ 0, from the
     /// tenant holding most of the queue or from a flooding tenant (module docs).
     pub fn is_bulk(&self, cfg: &FlowConfig, tenant: TenantId, band: i32, now_ms: f64) -> bool {
         let t = tenant.0 as usize;
-        band <= 0 && (self.bulk_tenant() == Some(t) || self.flooding(cfg, t, now_ms))
+        band <= 0
+            && (self.bulk_tenant() == Some(t)
+                || self.flooding(cfg, t, now_ms, self.seen_in_window(cfg, now_ms)))
     }
 
     /// Whether the request [`Self::pop`] would release next is *bulk* ([`Self::is_bulk`]).
@@ -707,7 +715,8 @@ impl<T> FlowQueue<T> {
 
     fn pick_non_bulk(&self, cfg: &FlowConfig, now_ms: f64) -> Option<(i32, usize)> {
         let bulk = self.bulk_tenant();
-        self.pick(|t| bulk == Some(t) || self.flooding(cfg, t, now_ms))
+        let seen = self.seen_in_window(cfg, now_ms);
+        self.pick(|t| bulk == Some(t) || self.flooding(cfg, t, now_ms, seen))
     }
 
     fn take(&mut self, (band, tenant): (i32, usize), now_ms: f64) -> Option<Leaving<T>> {
