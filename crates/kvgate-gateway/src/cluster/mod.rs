@@ -715,11 +715,10 @@ fn handle(shared: &Shared, cluster: &Cluster, payload: &[u8]) -> Option<u64> {
     m.messages_received.inc();
     let all = shared.pods.all();
     let pods: FxHashMap<u64, PodId> = all.iter().map(|p| (wire::pod_key(&p.url), p.id)).collect();
-    let class_of = |key: &u64| {
-        all.iter()
-            .find(|p| wire::pod_key(&p.url) == *key)
-            .map(|p| p.class.as_str())
-    };
+    let classes: FxHashMap<u64, &str> = all
+        .iter()
+        .map(|p| (wire::pod_key(&p.url), p.class.as_str()))
+        .collect();
     let mut samples = 0u64;
     let mut peers = cluster.peers.lock();
     if !peers.accept(msg.replica, msg.seq, cluster.now_ms()) {
@@ -810,8 +809,8 @@ fn handle(shared: &Shared, cluster: &Cluster, payload: &[u8]) -> Option<u64> {
                 tracing::info!(replica = %format_args!("{r:016x}"), "cluster: peer left");
             }
             Event::Sample { .. } if !cluster.config.share_samples => {}
-            Event::Sample { pod, sample } => match class_of(pod) {
-                Some(class) => {
+            Event::Sample { pod, sample } => match classes.get(pod) {
+                Some(&class) => {
                     session.learn(class, sample);
                     samples += 1;
                 }
