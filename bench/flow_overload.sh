@@ -5,7 +5,7 @@
 #
 #   bench/flow_overload.sh [--requests N] [--pods P] [--time-scale X] [--rate R]
 #                          [--unloaded-rate U] [--seed S] [--trace FILE] [--out DIR]
-#                          [--runs LIST] [--port-base PORT]
+#                          [--runs LIST] [--repeat N] [--port-base PORT]
 #
 # Rates are in the trace's own time (as in the simulator): `--rate` 3 (overload), `--unloaded-rate`
 # 0.5 (the reference); with `--pods` 4 that is the simulator's 8 pods at 6× and 1×. The mock pods
@@ -27,7 +27,14 @@
 # Prints a Markdown table (p99 TTFT of high priority and its ratio to the unloaded run's, p99 of
 # normal priority, p99 of the quiet tenants and its ratio to the same flow setting with the noisy
 # tenant at its share, share served per group, errors by kind) and writes each run's loadgen
-# report under --out. Needs: cargo, curl, python3 (standard library only).
+# report under --out (`--requests-jsonl` lines name each request's pod and its time in kvgate's
+# queue). `--repeat N` (default 1) runs the whole list N times, round r under --out/rep<r>,
+# prints each round's table, then the median [range] of each ratio over the rounds (ratios
+# within a round: a run and its reference side by side; a round without an `unloaded` run takes
+# the one already in --out, e.g. `--runs unloaded` once, then `--runs on,on-share --repeat 3`
+# with the same --out). The quiet tenants' p99 is the
+# 11th-slowest of ~1,100 first tokens at 2,400 requests, so single rounds scatter (EVALUATION.md
+# §11.4). Needs: cargo, curl, python3 (standard library only).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -41,6 +48,7 @@ seed=1
 trace="$root/../shared/traces/mooncake_fast25_conversation_trace.jsonl"
 out="$root/target/bench-flow"
 runs="unloaded,off,on,off-share,on-share"
+repeat=1
 port_base=18600
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -53,8 +61,9 @@ while [ $# -gt 0 ]; do
     --trace) trace=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --runs) runs=$2; shift 2 ;;
+    --repeat) repeat=$2; shift 2 ;;
     --port-base) port_base=$2; shift 2 ;;
-    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
     *) echo "unknown flag $1" >&2; exit 2 ;;
   esac
 done
@@ -113,6 +122,12 @@ run() {
 }
 
 IFS=, read -ra wanted <<<"$runs"
+base_out=$out
+for ((rep = 1; rep <= repeat; rep++)); do
+if [ "$repeat" -gt 1 ]; then
+  out="$base_out/rep$rep"; mkdir -p "$out"
+  echo "== round $rep of $repeat (load average $(cut -d' ' -f1-3 /proc/loadavg))"
+fi
 for w in "${wanted[@]}"; do
   case "$w" in
     unloaded) run unloaded "$unloaded_rate" off 1 ;;
@@ -125,13 +140,17 @@ for w in "${wanted[@]}"; do
   esac
 done
 
-python3 - "$out" "$time_scale" "$requests" "$pods" "$rate" "$unloaded_rate" "$seed" <<'EOF'
+python3 - "$out" "$time_scale" "$requests" "$pods" "$rate" "$unloaded_rate" "$seed" "$base_out" <<'EOF'
 import json, os, sys
-out, ts, n, pods, rate, unl, seed = sys.argv[1:]
-def load(name):
-    p = f"{out}/{name}.json"
+out, ts, n, pods, rate, unl, seed, base_out = sys.argv[1:]
+def load(name, d=out):
+    p = f"{d}/{name}.json"
     return json.load(open(p)) if os.path.exists(p) else None
 r = {k: load(k) for k in ["unloaded", "off", "on", "on-noflood", "off-share", "on-share"]}
+# With --repeat, a round without its own unloaded run uses the one in --out (run once before).
+if r["unloaded"] is None and base_out != out:
+    r["unloaded"] = load("unloaded", base_out)
+ratios = {}
 ts = float(ts)
 print(f"\n{n} requests, {pods} mock pods at time scale {ts:g}, rate {rate}× (unloaded {unl}×), class seed {seed}; "
       "TTFTs in model ms (wall × time scale)\n")
@@ -152,4 +171,31 @@ for name, rep in r.items():
     errs = ", ".join(f"{k} {v}" for k, v in sorted(rep["errors"].items())) or "none"
     print(f"| {name} | {hp * ts:,.0f} ms | {ratio_h} | {c['normal']['ttft_ms']['p99'] * ts:,.0f} ms | {qp * ts:,.0f} ms | {ratio_q} | "
           f"{served('high')} | {served('normal')} | {served('quiet_tenants')} | {served('noisy_tenant')} | {errs} |")
+    ratios[name] = {"high_p99_ms": hp * ts, "quiet_p99_ms": qp * ts,
+                    "high_vs_unloaded": hp / base if base else None,
+                    "quiet_vs_share": float(ratio_q) if ratio_q != "—" else None}
+json.dump(ratios, open(f"{out}/ratios.json", "w"), indent=1)
 EOF
+done
+
+if [ "$repeat" -gt 1 ]; then
+python3 - "$base_out" "$repeat" <<'EOF'
+import json, statistics, sys
+base, n = sys.argv[1], int(sys.argv[2])
+rounds = [json.load(open(f"{base}/rep{i}/ratios.json")) for i in range(1, n + 1)]
+print(f"\nmedian [min–max] over {n} rounds\n")
+print("| run | high p99 ms | high ÷ unloaded | quiet tenants p99 ms | quiet ÷ at share |")
+print("|---|---|---|---|---|")
+def cell(vals, fmt):
+    vals = [v for v in vals if v is not None]
+    if not vals:
+        return "—"
+    return f"{fmt(statistics.median(vals))} [{fmt(min(vals))}–{fmt(max(vals))}]"
+for name in rounds[0]:
+    col = lambda k: [r.get(name, {}).get(k) for r in rounds]
+    ms = lambda v: f"{v:,.0f}"
+    x = lambda v: f"{v:.2f}"
+    print(f"| {name} | {cell(col('high_p99_ms'), ms)} | {cell(col('high_vs_unloaded'), x)} | "
+          f"{cell(col('quiet_p99_ms'), ms)} | {cell(col('quiet_vs_share'), x)} |")
+EOF
+fi

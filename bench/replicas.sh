@@ -11,7 +11,11 @@
 #               (routed index, `kvgate serve --cluster` over a nats-server the script starts:
 #               $KVGATE_NATS_SERVER, else .venv/bin/nats-server, else nats-server on PATH);
 #               r4-shared-nosamples: r4-shared with `cluster_share_samples = false` (each
-#               replica's predictor learns only its own requests, as before the samples)
+#               replica's predictor learns only its own requests, as before the samples);
+#               r4-shared-one: r4-shared with every request sent to replica 0 (the other three
+#               run, scrape and follow the cluster but route nothing): one router's decisions on
+#               a machine carrying four replicas, the control that separates what four
+#               gateway processes cost this machine from what splitting the decisions costs
 # --rounds N runs the scenario list N times, the order rotated by one each round (round r
 # starts with scenario r mod the count), and ends with a summary per scenario: median (and
 # range) of the pods' hit rate, of the mean TTFT and of the p99 TTFT over the rounds.
@@ -64,7 +68,7 @@ while [ $# -gt 0 ]; do
     --scenarios) scenarios=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --port-base) port_base=$2; shift 2 ;;
-    -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,41p' "$0"; exit 0 ;;
     *) echo "unknown flag $1" >&2; exit 2 ;;
   esac
 done
@@ -140,9 +144,10 @@ pods_sum() {
 
 rows=()
 round=1
-# run_scenario NAME REPLICAS INDEX SHARED(0|1) PARTS(2|4) [SAMPLES(1|0)]
+# run_scenario NAME REPLICAS INDEX SHARED(0|1) PARTS(2|4) [SAMPLES(1|0)] [SERVING]
+# SERVING: how many of the replicas take traffic (default all; part h → replica h mod SERVING).
 run_scenario() {
-  local name=$1 replicas=$2 index=$3 shared=$4 parts=$5 samples=${6:-1}
+  local name=$1 replicas=$2 index=$3 shared=$4 parts=$5 samples=${6:-1} serving=${7:-$2}
   log_dir="$out/log/round$round/$name"; mkdir -p "$log_dir"
   local load
   load=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -169,7 +174,7 @@ run_scenario() {
   sleep 1.5
   local lg=() h target file
   for ((h = 0; h < parts; h++)); do
-    target="http://127.0.0.1:$((gw_port + h % replicas))"
+    target="http://127.0.0.1:$((gw_port + h % serving))"
     if [ "$parts" = 2 ]; then file="$out/half$h.jsonl"; else file="$out/part$h.jsonl"; fi
     "$kvgate" loadgen --target "$target" --trace "$file" --rate-scale "$rate_scale" \
       --stream --quiet --json "$log_dir/loadgen$h.json" --requests-jsonl "$log_dir/requests$h.jsonl" \
@@ -239,6 +244,7 @@ for ((k = 0; k < ${#wanted[@]}; k++)); do
     r2-shared) run_scenario "2 replicas, --cluster" 2 routed 1 4 ;;
     r4-shared) run_scenario "4 replicas, --cluster" 4 routed 1 4 ;;
     r4-shared-nosamples) run_scenario "4 replicas, --cluster, samples not shared" 4 routed 1 4 0 ;;
+    r4-shared-one) run_scenario "4 replicas, --cluster, all traffic to one" 4 routed 1 4 1 1 ;;
     *) echo "unknown scenario $s" >&2; exit 2 ;;
   esac
 done

@@ -6,7 +6,7 @@
 //! ```toml
 //! policy = "affinity-gate"
 //! scrape_interval_ms = 50
-//! response_headers = true          # x-kvgate-pod / x-kvgate-branch
+//! response_headers = true          # x-kvgate-pod / x-kvgate-branch / x-kvgate-queue-ms
 //! pods = ["http://10.0.0.5:8000", { url = "http://10.0.0.6:8000", class = "h100" }]
 //! # P/D disaggregation: role = "both" (default) | "prefill" | "decode" (README "Prefill/decode
 //! # disaggregation"); `--pod URL,role=prefill` on the command line

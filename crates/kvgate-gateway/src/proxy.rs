@@ -26,8 +26,8 @@ use crate::request_id::request_id;
 use crate::routing::{DecisionMeta, Pick, Prepared, Routed};
 use crate::state::Shared;
 use crate::upstream::{
-    Sent, attempt_failed, body_timeouts, client_headers, completion_body, request_timed_out, send,
-    upstream_request,
+    QUEUE_MS_HEADER, Sent, attempt_failed, body_timeouts, client_headers, completion_body,
+    queue_ms_value, request_timed_out, send, upstream_request,
 };
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -333,6 +333,9 @@ impl Forward<'_> {
                     && let Ok(v) = http::HeaderValue::from_str(p)
                 {
                     headers.insert("x-kvgate-prefill-pod", v);
+                }
+                if cfg.response_headers && !self.queued.is_zero() {
+                    headers.insert(QUEUE_MS_HEADER, queue_ms_value(self.queued));
                 }
                 let mut resp = Response::new(Body::new(ObservedBody::new(
                     incoming,

@@ -99,6 +99,16 @@ pub fn upstream_request(
 /// 400 for a rank out of range).
 pub const DATA_PARALLEL_RANK_HEADER: &str = "x-data-parallel-rank";
 
+/// With `response_headers` on, the time a request spent in flow control's queue before it was
+/// routed, in milliseconds (one decimal); absent when it did not wait.
+pub const QUEUE_MS_HEADER: &str = "x-kvgate-queue-ms";
+
+/// The value of [`QUEUE_MS_HEADER`].
+pub fn queue_ms_value(queued: std::time::Duration) -> HeaderValue {
+    let ms = (queued.as_secs_f64() * 1e4).round() / 10.0;
+    HeaderValue::from_str(&format!("{ms:.1}")).unwrap_or_else(|_| HeaderValue::from_static("0"))
+}
+
 /// The response headers the client gets: the pod's minus hop-by-hop, plus ours.
 pub fn client_headers(
     upstream: &HeaderMap,
@@ -372,6 +382,14 @@ mod tests {
         let back = client_headers(&h, true, "rid", None);
         let names: Vec<&str> = back.keys().map(|k| k.as_str()).collect();
         assert_eq!(names, ["x-custom", "x-request-id"]);
+    }
+
+    #[test]
+    fn the_queue_time_header_is_milliseconds_with_one_decimal() {
+        use std::time::Duration;
+        assert_eq!(queue_ms_value(Duration::from_micros(1_234_567)), "1234.6");
+        assert_eq!(queue_ms_value(Duration::from_micros(50)), "0.1");
+        assert_eq!(queue_ms_value(Duration::from_millis(30_000)), "30000.0");
     }
 
     #[test]

@@ -189,6 +189,8 @@ mod tests {
             e2e_ms: t,
             output_tokens: 1,
             error: None,
+            served_by: None,
+            queue_ms: None,
         };
         let err = |k: &str| Outcome {
             error: Some(k.into()),

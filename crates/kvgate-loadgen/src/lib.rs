@@ -187,6 +187,10 @@ pub struct Outcome {
     pub e2e_ms: f64,
     pub output_tokens: u64,
     pub error: Option<String>,
+    /// The pod that served it, from a router's `x-kvgate-pod` response header.
+    pub served_by: Option<String>,
+    /// The time it waited in the router's flow-control queue (`x-kvgate-queue-ms`).
+    pub queue_ms: Option<f64>,
 }
 
 const MAX_SSE_LINE_BYTES: usize = 1 << 20;
@@ -340,8 +344,10 @@ fn unix_ms_now() -> f64 {
 }
 
 /// One JSON line per request (`--requests-jsonl`), for time-resolved analysis (e.g. p99 TTFT
-/// inside and outside fault windows in `scripts/soak.sh`); with `--classes`, also its
-/// `priority` and `tenant`.
+/// inside and outside fault windows in `scripts/soak.sh`): `id`, `sent_unix_ms`, `ttft_ms`,
+/// `e2e_ms`, `output_tokens`, `error`, `input_tokens`; `pod` and `queue_ms` when the target is
+/// a router that said them (kvgate's `x-kvgate-pod` and `x-kvgate-queue-ms` headers); with
+/// `--classes`, also its `priority` and `tenant`.
 pub fn requests_jsonl(
     requests: &[Planned],
     tags: &[Option<SimClass>],
@@ -358,6 +364,15 @@ pub fn requests_jsonl(
             "output_tokens": o.output_tokens,
             "error": o.error,
         });
+        if let Some(m) = line.as_object_mut() {
+            m.insert("input_tokens".into(), json!(r.input_tokens));
+            if let Some(pod) = &o.served_by {
+                m.insert("pod".into(), json!(pod));
+            }
+            if let Some(q) = o.queue_ms {
+                m.insert("queue_ms".into(), json!(q));
+            }
+        }
         if let (Some(Some(c)), Some(m)) = (tags.get(i), line.as_object_mut()) {
             m.insert("priority".into(), json!(c.priority));
             m.insert("tenant".into(), json!(c.tenant));
@@ -467,6 +482,8 @@ async fn replay(
                 e2e_ms: 0.0,
                 output_tokens: 0,
                 error: Some("panicked".into()),
+                served_by: None,
+                queue_ms: None,
             })
         })
         .collect();
@@ -516,6 +533,8 @@ async fn send_one(ctx: &SendContext, r: &Planned, class: Option<SimClass>) -> Ou
         e2e_ms: start.elapsed().as_secs_f64() * 1e3,
         output_tokens: 0,
         error: Some(kind),
+        served_by: None,
+        queue_ms: None,
     };
     let mut req = ctx.client.post(&ctx.url).timeout(ctx.timeout).json(&body);
     if let Some(c) = class {
@@ -533,6 +552,9 @@ async fn send_one(ctx: &SendContext, r: &Planned, class: Option<SimClass>) -> Ou
     if !status.is_success() {
         return fail(format!("http_{}", status.as_u16()), start);
     }
+    let header = |name: &str| resp.headers().get(name).and_then(|v| v.to_str().ok());
+    let served_by = header("x-kvgate-pod").map(str::to_string);
+    let queue_ms = header("x-kvgate-queue-ms").and_then(|v| v.parse::<f64>().ok());
     let result = if ctx.stream {
         read_stream(resp, start).await
     } else {
@@ -545,6 +567,8 @@ async fn send_one(ctx: &SendContext, r: &Planned, class: Option<SimClass>) -> Ou
             e2e_ms: start.elapsed().as_secs_f64() * 1e3,
             output_tokens: tokens,
             error: None,
+            served_by,
+            queue_ms,
         },
         Err(kind) => fail(kind, start),
     }

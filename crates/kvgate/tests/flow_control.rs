@@ -58,6 +58,8 @@ async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
 struct Answer {
     status: u16,
     retry_after: Option<String>,
+    /// `x-kvgate-queue-ms`: the time in flow control's queue (absent: it did not wait).
+    queue_ms: Option<f64>,
     body: String,
     done_ms: f64,
 }
@@ -118,10 +120,15 @@ async fn chat_saying(
         .headers()
         .get("retry-after")
         .map(|v| v.to_str().unwrap().to_string());
+    let queue_ms = resp
+        .headers()
+        .get("x-kvgate-queue-ms")
+        .map(|v| v.to_str().unwrap().parse::<f64>().unwrap());
     let body = resp.text().await.unwrap();
     Answer {
         status,
         retry_after,
+        queue_ms,
         body,
         done_ms: t0.elapsed().as_secs_f64() * 1e3,
     }
@@ -217,7 +224,9 @@ async fn high_priority_is_served_before_low_priority_queued_earlier() {
         low_done.push(a.done_ms);
     }
     for b in blockers {
-        assert!(b.await.unwrap().complete_stream());
+        let b = b.await.unwrap();
+        assert!(b.complete_stream());
+        assert_eq!(b.queue_ms, None, "routed at once: no queue-time header");
     }
     // Two leave per release (the cap): the high one and the oldest low; the high one ends
     // before at least three of the four lows queued before it.
@@ -241,6 +250,15 @@ async fn high_priority_is_served_before_low_priority_queued_earlier() {
     assert!(flow.queue_ms > 10.0, "queued {} ms", flow.queue_ms);
     let json = serde_json::to_value(rec).unwrap();
     assert!(json["flow"]["queue_ms"].as_f64().unwrap() > 10.0);
+    // ... and so does the response's `x-kvgate-queue-ms` header, the same figure.
+    let header_ms = high
+        .queue_ms
+        .expect("x-kvgate-queue-ms on a queued request");
+    assert!(
+        (header_ms - flow.queue_ms).abs() < 0.11,
+        "header {header_ms} ms, decision {} ms",
+        flow.queue_ms
+    );
     let blocker = decisions
         .iter()
         .find(|d| d.request_id == "blocker-0")
