@@ -71,6 +71,7 @@ pod_port=$port_base
 gw_port=$((port_base + 50))
 admin_port=$((port_base + 51))
 mkdir -p "$out"
+base_out=$out  # --repeat: each round writes under $base_out/rep<r>; the configs stay here
 
 if [ -z "${KVGATE_BIN:-}" ]; then
   echo "== building kvgate (release)"
@@ -105,7 +106,7 @@ run() {
   local flags=()
   for ((i = 0; i < pods; i++)); do flags+=(--pod "http://127.0.0.1:$((pod_port + i))"); done
   "$kvgate" serve --listen "127.0.0.1:$gw_port" --admin-listen "127.0.0.1:$admin_port" \
-    --config "$out/flow-$flow.toml" --seed "$seed" --scrape-interval-ms "$scrape_ms" "${flags[@]}" \
+    --config "$base_out/flow-$flow.toml" --seed "$seed" --scrape-interval-ms "$scrape_ms" "${flags[@]}" \
     --max-concurrent-requests 4096 --max-queued-requests 4096 >"$out/$name-gateway.log" 2>&1 &
   pids+=($!)
   wait_http "http://127.0.0.1:$admin_port/readyz" 30 || { echo "!! gateway not ready"; cleanup; return 1; }
@@ -122,7 +123,6 @@ run() {
 }
 
 IFS=, read -ra wanted <<<"$runs"
-base_out=$out
 for ((rep = 1; rep <= repeat; rep++)); do
 if [ "$repeat" -gt 1 ]; then
   out="$base_out/rep$rep"; mkdir -p "$out"

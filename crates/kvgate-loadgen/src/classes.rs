@@ -190,6 +190,7 @@ mod tests {
             output_tokens: 1,
             error: None,
             served_by: None,
+            branch: None,
             queue_ms: None,
         };
         let err = |k: &str| Outcome {

@@ -189,6 +189,8 @@ pub struct Outcome {
     pub error: Option<String>,
     /// The pod that served it, from a router's `x-kvgate-pod` response header.
     pub served_by: Option<String>,
+    /// The router's decision branch (`x-kvgate-branch`: exploit, no_sticky, load_break, …).
+    pub branch: Option<String>,
     /// The time it waited in the router's flow-control queue (`x-kvgate-queue-ms`).
     pub queue_ms: Option<f64>,
 }
@@ -345,8 +347,9 @@ fn unix_ms_now() -> f64 {
 
 /// One JSON line per request (`--requests-jsonl`), for time-resolved analysis (e.g. p99 TTFT
 /// inside and outside fault windows in `scripts/soak.sh`): `id`, `sent_unix_ms`, `ttft_ms`,
-/// `e2e_ms`, `output_tokens`, `error`, `input_tokens`; `pod` and `queue_ms` when the target is
-/// a router that said them (kvgate's `x-kvgate-pod` and `x-kvgate-queue-ms` headers); with
+/// `e2e_ms`, `output_tokens`, `error`, `input_tokens`; `pod`, `branch` and `queue_ms` when the
+/// target is a router that said them (kvgate's `x-kvgate-pod`, `x-kvgate-branch` and
+/// `x-kvgate-queue-ms` headers); with
 /// `--classes`, also its `priority` and `tenant`.
 pub fn requests_jsonl(
     requests: &[Planned],
@@ -368,6 +371,9 @@ pub fn requests_jsonl(
             m.insert("input_tokens".into(), json!(r.input_tokens));
             if let Some(pod) = &o.served_by {
                 m.insert("pod".into(), json!(pod));
+            }
+            if let Some(branch) = &o.branch {
+                m.insert("branch".into(), json!(branch));
             }
             if let Some(q) = o.queue_ms {
                 m.insert("queue_ms".into(), json!(q));
@@ -483,6 +489,7 @@ async fn replay(
                 output_tokens: 0,
                 error: Some("panicked".into()),
                 served_by: None,
+                branch: None,
                 queue_ms: None,
             })
         })
@@ -534,6 +541,7 @@ async fn send_one(ctx: &SendContext, r: &Planned, class: Option<SimClass>) -> Ou
         output_tokens: 0,
         error: Some(kind),
         served_by: None,
+        branch: None,
         queue_ms: None,
     };
     let mut req = ctx.client.post(&ctx.url).timeout(ctx.timeout).json(&body);
@@ -554,6 +562,7 @@ async fn send_one(ctx: &SendContext, r: &Planned, class: Option<SimClass>) -> Ou
     }
     let header = |name: &str| resp.headers().get(name).and_then(|v| v.to_str().ok());
     let served_by = header("x-kvgate-pod").map(str::to_string);
+    let branch = header("x-kvgate-branch").map(str::to_string);
     let queue_ms = header("x-kvgate-queue-ms").and_then(|v| v.parse::<f64>().ok());
     let result = if ctx.stream {
         read_stream(resp, start).await
@@ -568,6 +577,7 @@ async fn send_one(ctx: &SendContext, r: &Planned, class: Option<SimClass>) -> Ou
             output_tokens: tokens,
             error: None,
             served_by,
+            branch,
             queue_ms,
         },
         Err(kind) => fail(kind, start),

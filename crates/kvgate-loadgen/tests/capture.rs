@@ -161,11 +161,13 @@ async fn class_tags_reach_the_gateways_flow_control_as_headers() {
         c.high.requests
     );
     // Through kvgate each line names the pod that served it (`x-kvgate-pod`), one of the two,
-    // and, the fleet keeping up, no time in the flow queue (no `x-kvgate-queue-ms`).
+    // and the decision's branch (`x-kvgate-branch`), and, the fleet keeping up, no time in the
+    // flow queue (no `x-kvgate-queue-ms`).
     let urls: Vec<String> = pods.iter().map(|p| p.url()).collect();
     for l in &lines {
         let pod = l["pod"].as_str().expect("pod");
         assert!(urls.iter().any(|u| u == pod), "{pod} not in {urls:?}");
+        assert!(l["branch"].as_str().is_some_and(|b| !b.is_empty()), "{l}");
         assert!(l.get("queue_ms").is_none(), "{l}");
         assert!(l["input_tokens"].as_u64().unwrap() > 0);
     }

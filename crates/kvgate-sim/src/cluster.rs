@@ -1049,6 +1049,12 @@ impl Cluster {
             .matched_blocks(decision.pod_id);
         let true_blocks = self.engines[pod].cached_prefix_blocks(&r.blocks) as u32;
         self.indexes[0].observe(index_blocks, true_blocks);
+        // The step-phase diagnostic: a stepping pod takes the request when its step ends.
+        let phase_wait = match self.busy[pod] {
+            true => self.engines[pod].next_step_time().map_or(0.0, |t| t - now),
+            false => 0.0,
+        };
+        self.recorder.step_phase(r.id, phase_wait);
         if self.engines[pod]
             .add_request(now, EngineRequest::from(r))
             .is_err()

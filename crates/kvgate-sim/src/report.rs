@@ -74,6 +74,67 @@ pub struct PredictorMetrics {
     pub ttft_coverage: f64,
     /// The predictor's own running report (recent window, p90 coverage).
     pub online: AccuracyReport,
+    /// How much of the TTFT error is the pod's step phase (see [`StepPhase`]).
+    pub step_phase: StepPhase,
+}
+
+/// The step-phase diagnostic: a request sent to a pod in the middle of a step waits for that
+/// step to end before the engine schedules it — a wait in `[0, step time)` that no feature the
+/// router has at dispatch tells. Over the requests dispatched to a pod that was stepping
+/// (`busy_requests`; to an idle pod the wait is 0), `mean_wait_ms` is that wait's mean and
+/// `mean_wait_share` its mean fraction of the observed TTFT. `ttft_mape` is the chosen pod's
+/// TTFT error over every request with a recorded phase (as [`PredictorMetrics::ttft_mape`],
+/// on that subset) and `ttft_mape_phase_known` the error the same predictions would have if
+/// they knew the wait: each busy pod's prediction moved by (its wait − the mean wait), which
+/// removes the phase's spread and leaves the bias the predictor learned. Their difference is
+/// the part of the error only the step phase explains.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct StepPhase {
+    pub requests: u64,
+    pub busy_requests: u64,
+    pub mean_wait_ms: f64,
+    pub mean_wait_share: f64,
+    pub ttft_mape: f64,
+    pub ttft_mape_phase_known: f64,
+}
+
+impl StepPhase {
+    /// From (predicted TTFT, step-phase wait, observed TTFT) per request; a wait of 0 is a
+    /// dispatch to an idle pod.
+    pub fn of(samples: &[(f64, f64, f64)]) -> StepPhase {
+        let scored: Vec<_> = samples.iter().filter(|s| s.2 > 0.0).collect();
+        let busy: Vec<_> = scored.iter().filter(|s| s.1 > 0.0).collect();
+        if scored.is_empty() {
+            return StepPhase::default();
+        }
+        let n = scored.len() as f64;
+        let mean_wait = if busy.is_empty() {
+            0.0
+        } else {
+            busy.iter().map(|s| s.1).sum::<f64>() / busy.len() as f64
+        };
+        let known = |s: &&(f64, f64, f64)| {
+            let (pred, wait, obs) = **s;
+            let moved = if wait > 0.0 {
+                pred + wait - mean_wait
+            } else {
+                pred
+            };
+            (moved - obs).abs() / obs
+        };
+        StepPhase {
+            requests: scored.len() as u64,
+            busy_requests: busy.len() as u64,
+            mean_wait_ms: mean_wait,
+            mean_wait_share: if busy.is_empty() {
+                0.0
+            } else {
+                busy.iter().map(|s| s.1 / s.2).sum::<f64>() / busy.len() as f64
+            },
+            ttft_mape: scored.iter().map(|s| (s.0 - s.2).abs() / s.2).sum::<f64>() / n,
+            ttft_mape_phase_known: scored.iter().map(known).sum::<f64>() / n,
+        }
+    }
 }
 
 /// One pod's state at a scrape.
@@ -169,6 +230,10 @@ pub struct RunRecorder {
     e2e: Vec<f64>,
     ttft_ape: (f64, u64),
     tpot_ape: (f64, u64),
+    /// Per request: its step-phase wait at dispatch ([`StepPhase`]); NaN while unknown.
+    phase_wait_ms: Vec<f64>,
+    /// (predicted TTFT, step-phase wait, observed TTFT) of the completed requests with a phase.
+    phase_samples: Vec<(f64, f64, f64)>,
     /// (requests with TTFT ≤ predicted, requests scored).
     ttft_covered: (f64, u64),
     branches: BTreeMap<&'static str, u64>,
@@ -197,6 +262,8 @@ impl RunRecorder {
             e2e: Vec::with_capacity(requests),
             ttft_ape: (0.0, 0),
             tpot_ape: (0.0, 0),
+            phase_wait_ms: vec![f64::NAN; requests],
+            phase_samples: Vec::new(),
             ttft_covered: (0.0, 0),
             branches: BTreeMap::new(),
             score_histogram: vec![0; SCORE_BINS],
@@ -276,6 +343,14 @@ impl RunRecorder {
         self.stalled += 1;
     }
 
+    /// Request `id` was dispatched to a pod whose current step ends `wait_ms` later (0: the
+    /// pod was idle); see [`StepPhase`].
+    pub fn step_phase(&mut self, id: u64, wait_ms: f64) {
+        if let Some(w) = self.phase_wait_ms.get_mut(id as usize) {
+            *w = wait_ms.max(0.0);
+        }
+    }
+
     /// When request `id` arrived (as dispatched), if it was.
     pub fn arrival_ms(&self, id: u64) -> Option<f64> {
         self.arrival_ms.get(id as usize).copied()
@@ -315,6 +390,9 @@ impl RunRecorder {
         self.e2e.push(now_ms - arrival);
         self.output_tokens += u64::from(output_tokens);
         self.last_finish_ms = self.last_finish_ms.max(now_ms);
+        if let Some(w) = self.phase_wait_ms.get(id as usize).filter(|w| !w.is_nan()) {
+            self.phase_samples.push((predicted_ttft_ms, *w, ttft_ms));
+        }
         if ttft_ms > 0.0 {
             self.ttft_ape.0 += (predicted_ttft_ms - ttft_ms).abs() / ttft_ms;
             self.ttft_ape.1 += 1;
@@ -379,6 +457,7 @@ impl RunRecorder {
                 tpot_mape: ratio(self.tpot_ape),
                 ttft_coverage: ratio(self.ttft_covered),
                 online: accuracy,
+                step_phase: StepPhase::of(&self.phase_samples),
             },
             sim_wall_s: 0.0,
             rejected: self.rejected,
@@ -434,6 +513,22 @@ fn is_zero_u64(v: &u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_step_phase_diagnostic_removes_the_waits_spread_and_keeps_the_bias() {
+        // Two busy dispatches waiting 2 and 8 ms (mean 5) and one to an idle pod; each
+        // prediction is right but for the wait's spread: moved by (wait − 5) it is exact.
+        let samples = [(10.0, 2.0, 7.0), (10.0, 8.0, 13.0), (4.0, 0.0, 5.0)];
+        let p = StepPhase::of(&samples);
+        assert_eq!((p.requests, p.busy_requests), (3, 2));
+        assert!((p.mean_wait_ms - 5.0).abs() < 1e-12);
+        assert!((p.mean_wait_share - (2.0 / 7.0 + 8.0 / 13.0) / 2.0).abs() < 1e-12);
+        let plain = (3.0 / 7.0 + 3.0 / 13.0 + 1.0 / 5.0) / 3.0;
+        assert!((p.ttft_mape - plain).abs() < 1e-12);
+        // Only the idle pod's miss (the bias) is left.
+        assert!((p.ttft_mape_phase_known - (1.0 / 5.0) / 3.0).abs() < 1e-12);
+        assert_eq!(StepPhase::of(&[]), StepPhase::default());
+    }
 
     #[test]
     fn nearest_rank_percentiles_are_exact_on_small_samples() {
