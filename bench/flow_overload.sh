@@ -5,7 +5,7 @@
 #
 #   bench/flow_overload.sh [--requests N] [--pods P] [--time-scale X] [--rate R]
 #                          [--unloaded-rate U] [--seed S] [--trace FILE] [--out DIR]
-#                          [--runs LIST] [--repeat N] [--port-base PORT]
+#                          [--runs LIST] [--repeat N] [--config-extra TOML] [--port-base PORT]
 #
 # Rates are in the trace's own time (as in the simulator): `--rate` 3 (overload), `--unloaded-rate`
 # 0.5 (the reference); with `--pods` 4 that is the simulator's 8 pods at 6× and 1×. The mock pods
@@ -21,6 +21,8 @@
 #              tenant is bulk), for the side-by-side of EVALUATION.md §11.3
 #   off-share, on-share  the same with the noisy tenant thinned to its share
 #                (`kvgate loadgen --noisy-keep 0.1`; the other tenants' requests identical)
+# --config-extra TOML: text appended to every run's gateway config (after its [flow_control]
+#   table, so give it its own table), e.g. $'[router]\nrelative_gate_queue_rule = "off"'.
 # Tags: `kvgate loadgen --classes --class-seed S` (the simulator's `workload::classes` tags for
 # the same seed: priority 1 for 20 %, 10 tenants, tenant 0 at 10× each other's share).
 #
@@ -49,6 +51,7 @@ trace="$root/../shared/traces/mooncake_fast25_conversation_trace.jsonl"
 out="$root/target/bench-flow"
 runs="unloaded,off,on,off-share,on-share"
 repeat=1
+config_extra=""
 port_base=18600
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -62,8 +65,9 @@ while [ $# -gt 0 ]; do
     --out) out=$2; shift 2 ;;
     --runs) runs=$2; shift 2 ;;
     --repeat) repeat=$2; shift 2 ;;
+    --config-extra) config_extra=$2; shift 2 ;;
     --port-base) port_base=$2; shift 2 ;;
-    -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
     *) echo "unknown flag $1" >&2; exit 2 ;;
   esac
 done
@@ -89,6 +93,9 @@ queue_ttl_ms = $ttl_ms
 EOF
 { cat "$out/flow-on.toml"; echo "bulk_window_ms = 0"; } >"$out/flow-noflood.toml"
 : >"$out/flow-off.toml"
+if [ -n "$config_extra" ]; then
+  for f in on noflood off; do printf '%s\n' "$config_extra" >>"$out/flow-$f.toml"; done
+fi
 
 . bench/lib.sh  # pids, cleanup (on exit too), wait_http (the script has cd-ed to the repo root)
 
