@@ -105,8 +105,9 @@ pub const QUEUE_MS_HEADER: &str = "x-kvgate-queue-ms";
 
 /// The value of [`QUEUE_MS_HEADER`].
 pub fn queue_ms_value(queued: std::time::Duration) -> HeaderValue {
-    let ms = (queued.as_secs_f64() * 1e4).round() / 10.0;
-    HeaderValue::from_str(&format!("{ms:.1}")).unwrap_or_else(|_| HeaderValue::from_static("0"))
+    // A decimal number is always a valid header value.
+    HeaderValue::from_str(&format!("{:.1}", queued.as_secs_f64() * 1e3))
+        .unwrap_or_else(|_| HeaderValue::from_static("0"))
 }
 
 /// The response headers the client gets: the pod's minus hop-by-hop, plus ours.

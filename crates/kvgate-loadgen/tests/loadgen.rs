@@ -55,7 +55,8 @@ async fn loadgen_against_a_mock_pod_completes_every_request_and_writes_sim_keys(
     assert!(sent.windows(2).all(|w| w[0] <= w[1]), "{sent:?}");
     assert!(lines.iter().all(|l| l["error"].is_null()));
     assert!(lines.iter().all(|l| l["ttft_ms"].as_f64().unwrap() > 0.0));
-    // A pod says no routing headers: no `pod` or `queue_ms` key; the prompt's size is there.
+    // A pod says no routing headers: no `pod`, `branch` or `queue_ms` key; the prompt's size
+    // is there.
     assert!(lines.iter().all(|l| l.get("pod").is_none()
         && l.get("branch").is_none()
         && l.get("queue_ms").is_none()));
