@@ -204,6 +204,30 @@ run_scenario() {
     shared_events=$(for ((n = 0; n < replicas; n++)); do
       curl -fsS "http://127.0.0.1:$((gw_port + 10 + n))/metrics"
     done | awk '$1 == "kvgate_cluster_events_applied_total" {a += $2} $1 == "kvgate_cluster_bytes_sent_total" {b += $2} index($1, "kvgate_cluster_events_dropped_total") == 1 {d += $2} END {printf "%d applied, %d bytes sent, %d dropped", a, b, d}')
+    # Delivery delay of the peers' messages (kvgate_cluster_delivery_seconds, pooled over the
+    # replicas): mean, and the p50 / p99 bucket bounds.
+    shared_events+=", delivery $(python3 - "$log_dir" "$replicas" <<'EOF'
+import re, sys
+d, n = sys.argv[1], int(sys.argv[2])
+buckets, total, count = {}, 0.0, 0.0
+for i in range(n):
+    for line in open(f"{d}/replica{i}.metrics"):
+        m = re.match(r'kvgate_cluster_delivery_seconds_bucket\{le="([^"]+)"\} (\S+)', line)
+        if m:
+            le = float("inf") if m[1] == "+Inf" else float(m[1])
+            buckets[le] = buckets.get(le, 0.0) + float(m[2])
+        elif line.startswith("kvgate_cluster_delivery_seconds_sum "):
+            total += float(line.split()[1])
+        elif line.startswith("kvgate_cluster_delivery_seconds_count "):
+            count += float(line.split()[1])
+def q(f):
+    return next((le for le, c in sorted(buckets.items()) if c >= f * count), float("nan"))
+if count:
+    print(f"mean {1e3 * total / count:.2f} ms, p50 ≤ {1e3 * q(0.5):g} ms, p99 ≤ {1e3 * q(0.99):g} ms")
+else:
+    print("not timed")
+EOF
+)"
   fi
   rows+=("$(python3 - "$name" "$hits" "$queries" "$log_dir" "$parts" "$shared_events" "$round" "$load" "$branches" "$pod_ttft" <<'EOF'
 import json, sys

@@ -222,6 +222,12 @@ async fn a_replica_sees_anothers_new_stream_within_200_ms_and_its_end() {
         "B saw A's stream after {worst:?}"
     );
     assert!(metric(&b, "kvgate_cluster_events_applied_total") >= 9.0);
+    // B timed the delivery of A's messages (the route's among them) from their stamps.
+    let n = metric(&b, "kvgate_cluster_delivery_seconds_count");
+    let mean = metric(&b, "kvgate_cluster_delivery_seconds_sum") / n;
+    eprintln!("{n} messages from A, mean delivery {:.2} ms", mean * 1e3);
+    assert!(n >= 3.0, "{n} deliveries timed");
+    assert!(mean < 0.2, "mean delivery {mean} s");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

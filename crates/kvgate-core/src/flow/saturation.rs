@@ -34,6 +34,11 @@
 //!   holding most of the queue, see [`super`]): they see `kv_cache_util_threshold −
 //!   bulk_kv_reserve` ([`SaturationConfig::bulk`], [`fleet_bulk_headroom`]). Chosen by
 //!   measurement (EVALUATION.md §11: 0, 0.2, 0.3 tried).
+//! - `bulk_queue_reserve` **4**: places of the queue depth kept free of bulk requests: they see
+//!   `max(1, queue_depth_threshold − bulk_queue_reserve)` = 1, i.e. only a pod with no queue
+//!   (scraped, or estimated from the ledger) takes one, so the flood never waits in an engine
+//!   queue ahead of the others' arrivals. Chosen by measurement (EVALUATION.md §11.5: 0, 3, 4
+//!   in the simulator; 0 and 4 live, 3 seeds × 3 rounds); 0 gives bulk the plain depth.
 
 use crate::pod::PodSnapshot;
 use serde::{Deserialize, Serialize};
@@ -47,14 +52,20 @@ pub struct SaturationConfig {
     pub max_predicted_ttft_ms: f64,
     pub max_in_flight_per_pod: u32,
     pub bulk_kv_reserve: f64,
+    pub bulk_queue_reserve: u32,
 }
 
 impl SaturationConfig {
-    /// The thresholds a *bulk* request sees: the KV threshold lowered by `bulk_kv_reserve`.
+    /// The thresholds a *bulk* request sees: the KV threshold lowered by `bulk_kv_reserve`,
+    /// the queue depth by `bulk_queue_reserve` (to 1 at least: a pod with no queue).
     pub fn bulk(&self) -> SaturationConfig {
         SaturationConfig {
             kv_cache_util_threshold: (self.kv_cache_util_threshold - self.bulk_kv_reserve.max(0.0))
                 .max(0.0),
+            queue_depth_threshold: self
+                .queue_depth_threshold
+                .saturating_sub(self.bulk_queue_reserve)
+                .max(1),
             ..*self
         }
     }
@@ -68,6 +79,7 @@ impl Default for SaturationConfig {
             max_predicted_ttft_ms: 0.0,
             max_in_flight_per_pod: 0,
             bulk_kv_reserve: 0.3,
+            bulk_queue_reserve: 4,
         }
     }
 }
@@ -218,8 +230,43 @@ mod tests {
     }
 
     #[test]
+    fn the_queue_reserve_keeps_bulk_requests_off_pods_that_queue() {
+        let cfg = SaturationConfig {
+            bulk_queue_reserve: 4,
+            ..SaturationConfig::default()
+        };
+        assert_eq!(cfg.bulk().queue_depth_threshold, 1);
+        // One request waiting: open to a plain request (4 more), closed to a bulk one.
+        let queued = pod(1, 4, 4, 0.1);
+        assert_eq!(pod_headroom(&cfg, &queued, None), 4);
+        assert_eq!(pod_headroom(&cfg.bulk(), &queued, None), 0);
+        // The ledger's own dispatches count: 5 in flight on 4 running is one queued.
+        assert_eq!(pod_headroom(&cfg.bulk(), &pod(0, 4, 5, 0.1), None), 0);
+        // No queue and KV under 0.5: one bulk request may go.
+        assert_eq!(pod_headroom(&cfg.bulk(), &pod(0, 4, 4, 0.1), None), 1);
+        let pods = [queued, pod(0, 4, 4, 0.1), pod(0, 4, 4, 0.6)];
+        assert_eq!(fleet_bulk_headroom(&cfg, &pods, |_| None), 1);
+        // A reserve at or above the depth leaves bulk the smallest queue depth, 1.
+        let all = SaturationConfig {
+            bulk_queue_reserve: 9,
+            ..cfg
+        };
+        assert_eq!(all.bulk().queue_depth_threshold, 1);
+        // Without the reserve bulk sees the plain depth (KV still lowered).
+        let plain = SaturationConfig {
+            bulk_queue_reserve: 0,
+            ..cfg
+        };
+        assert_eq!(fleet_bulk_headroom(&plain, &pods, |_| None), 4 + 5);
+    }
+
+    #[test]
     fn bulk_headroom_uses_the_kv_threshold_lowered_by_the_reserve() {
-        let cfg = SaturationConfig::default();
+        // The queue reserve off here, to see the KV reserve alone.
+        let cfg = SaturationConfig {
+            bulk_queue_reserve: 0,
+            ..SaturationConfig::default()
+        };
         assert_eq!(cfg.bulk().kv_cache_util_threshold, 0.8 - 0.3);
         let pods = [pod(0, 1, 1, 0.6), pod(0, 1, 1, 0.4)];
         // Both pods are open to a plain request; only the one under 0.5 to a bulk one.

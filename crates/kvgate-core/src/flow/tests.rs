@@ -355,6 +355,7 @@ fn config_defaults_are_off_and_bad_values_are_refused() {
     assert_eq!(d.queue_ttl_ms, 30_000);
     assert_eq!(d.saturation.queue_depth_threshold, 5);
     assert_eq!(d.saturation.bulk_kv_reserve, 0.3);
+    assert_eq!(d.saturation.bulk_queue_reserve, 4);
     assert!(d.validate().is_ok());
     for bad in [
         FlowConfig {

@@ -62,6 +62,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use rustc_hash::FxHashMap;
 use std::sync::Arc;
@@ -119,7 +120,7 @@ pub struct ReasonLabel {
 }
 
 /// `kvgate_cluster_*` (all zero with no `--cluster`).
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Clone)]
 pub struct ClusterMetrics {
     pub connected: Gauge,
     pub peers: Gauge,
@@ -139,6 +140,34 @@ pub struct ClusterMetrics {
     pub index_blocks_received: Counter,
     pub samples_applied: Counter,
     pub reconnects: Counter,
+    pub delivery_seconds: Histogram,
+}
+
+impl Default for ClusterMetrics {
+    fn default() -> Self {
+        ClusterMetrics {
+            connected: Gauge::default(),
+            peers: Gauge::default(),
+            remote_requests: Gauge::default(),
+            divergence_seconds: Gauge::default(),
+            messages_sent: Counter::default(),
+            bytes_sent: Counter::default(),
+            messages_received: Counter::default(),
+            events_dropped: Family::default(),
+            events_applied: Counter::default(),
+            duplicates: Counter::default(),
+            repairs: Counter::default(),
+            expired_peers: Counter::default(),
+            expired_requests: Counter::default(),
+            decode_errors: Counter::default(),
+            unknown_pod: Counter::default(),
+            index_blocks_received: Counter::default(),
+            samples_applied: Counter::default(),
+            reconnects: Counter::default(),
+            // 100 µs to 3.3 s.
+            delivery_seconds: Histogram::new(exponential_buckets(0.000_1, 2.0, 16)),
+        }
+    }
 }
 
 impl ClusterMetrics {
@@ -234,6 +263,11 @@ impl ClusterMetrics {
             "Connections to NATS made after the first",
             self.reconnects.clone(),
         );
+        r.register(
+            "delivery_seconds",
+            "Time from a peer queueing the oldest event of a message to the message arriving here (wall clocks: across machines it includes their skew)",
+            self.delivery_seconds.clone(),
+        );
     }
 }
 
@@ -266,6 +300,10 @@ pub struct Cluster {
     next_request: AtomicU64,
     seq: AtomicU64,
     queue: mpsc::Sender<Event>,
+    /// Wall-clock µs at which the oldest event not yet taken by the publisher was queued (0:
+    /// none); the publisher takes it with a batch and sends it in the message's
+    /// [`QUEUED_HEADER`], so peers measure the delivery delay.
+    oldest_queued_us: AtomicU64,
     live: Mutex<FxHashMap<u64, Live>>,
     /// Peers' requests charged here (locked before the session, never the other way).
     pub peers: Mutex<PeerBook>,
@@ -289,6 +327,33 @@ fn random_replica_id() -> u64 {
         .map(|d| d.as_nanos())
         .unwrap_or(0);
     std::collections::hash_map::RandomState::new().hash_one((std::process::id(), nanos))
+}
+
+/// Wall-clock microseconds since the Unix epoch.
+fn unix_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(1)
+        .max(1)
+}
+
+/// The NATS header carrying [`Cluster::take_queued_us`]'s stamp (decimal µs since the Unix
+/// epoch). A header, not a payload field, so replicas that predate it read the messages as
+/// before.
+pub const QUEUED_HEADER: &str = "Kvgate-Queued-Us";
+
+/// Records a message's delivery delay from its [`QUEUED_HEADER`] (absent or garbled: nothing;
+/// a stamp in the future, clock skew: zero).
+fn observe_delivery(m: &ClusterMetrics, headers: Option<&async_nats::HeaderMap>, now_us: u64) {
+    let Some(stamp) = headers
+        .and_then(|h| h.get(QUEUED_HEADER))
+        .and_then(|v| v.as_str().parse::<u64>().ok())
+    else {
+        return;
+    };
+    m.delivery_seconds
+        .observe(now_us.saturating_sub(stamp) as f64 / 1e6);
 }
 
 fn events_subject(name: &str) -> String {
@@ -316,6 +381,12 @@ impl Cluster {
     /// under the same lock, after draining the queue) never shows a transition whose event is
     /// still to be sent after it.
     fn push(&self, shared: &Shared, _live: &FxHashMap<u64, Live>, e: Event) {
+        let _ = self.oldest_queued_us.compare_exchange(
+            0,
+            unix_us(),
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
         if self.queue.try_send(e).is_err() {
             self.metrics(shared)
                 .events_dropped
@@ -433,6 +504,16 @@ impl Cluster {
         m.divergence_seconds.set(self.divergence_seconds());
     }
 
+    /// When the oldest event of the batch being taken now was queued (now if none is pending);
+    /// called before the batch is drained, so an event queued meanwhile makes the next batch's
+    /// stamp early, never late (the delay is over-, not under-stated).
+    fn take_queued_us(&self) -> u64 {
+        match self.oldest_queued_us.swap(0, Ordering::Relaxed) {
+            0 => unix_us(),
+            t => t,
+        }
+    }
+
     /// Appends to `out` every event still queued, then a snapshot of the live requests, both
     /// taken under the `live` lock: the events a snapshot reflects are all ahead of it on the
     /// wire. (A snapshot sent ahead of queued events made peers apply those events on top of
@@ -489,6 +570,7 @@ pub async fn start(shared: &Arc<Shared>, config: ClusterConfig) -> Vec<JoinHandl
         next_request: AtomicU64::new(0),
         seq: AtomicU64::new(0),
         queue: tx,
+        oldest_queued_us: AtomicU64::new(0),
         live: Mutex::new(FxHashMap::default()),
         link: link.clone(),
         epoch: Instant::now(),
@@ -563,6 +645,7 @@ async fn send(
     client: &async_nats::Client,
     subject: &str,
     events: &[Event],
+    queued_us: u64,
 ) {
     let m = &shared.metrics.cluster;
     if !cluster.is_connected() {
@@ -590,7 +673,12 @@ async fn send(
         wire::encode_header(&mut out, cluster.replica, seq, n);
         out.extend_from_slice(&body);
         let len = out.len();
-        match client.publish(subject.to_string(), Bytes::from(out)).await {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(QUEUED_HEADER, queued_us.to_string().as_str());
+        match client
+            .publish_with_headers(subject.to_string(), headers, Bytes::from(out))
+            .await
+        {
             Ok(()) => {
                 m.messages_sent.inc();
                 m.bytes_sent.inc_by(len as u64);
@@ -621,6 +709,7 @@ async fn publisher(
         tokio::select! {
             e = rx.recv() => {
                 let Some(e) = e else { return };
+                let queued = cluster.take_queued_us();
                 batch.push(e);
                 while batch.len() < 4_096 {
                     match rx.try_recv() {
@@ -628,19 +717,21 @@ async fn publisher(
                         Err(_) => break,
                     }
                 }
-                send(&shared, &cluster, &client, &subject, &batch).await;
+                send(&shared, &cluster, &client, &subject, &batch, queued).await;
                 batch.clear();
             }
             _ = tick.tick() => {
+                let queued = cluster.take_queued_us();
                 cluster.pending_then_snapshot(&mut rx, &mut batch);
-                send(&shared, &cluster, &client, &subject, &batch).await;
+                send(&shared, &cluster, &client, &subject, &batch, queued).await;
                 batch.clear();
             }
             _ = cluster.link.reconnected.notified() => {
                 // After a (re)connect: say what is live now, and ask for the routes missed.
+                let queued = cluster.take_queued_us();
                 cluster.pending_then_snapshot(&mut rx, &mut batch);
                 batch.push(Event::SyncRequest);
-                send(&shared, &cluster, &client, &subject, &batch).await;
+                send(&shared, &cluster, &client, &subject, &batch, queued).await;
                 batch.clear();
             }
         }
@@ -666,7 +757,7 @@ async fn receiver(shared: Arc<Shared>, cluster: Arc<Cluster>, client: async_nats
         tokio::select! {
             m = messages.next() => {
                 let Some(m) = m else { return };
-                if let Some(asker) = handle(&shared, &cluster, &m.payload) {
+                if let Some(asker) = handle(&shared, &cluster, &m.payload, m.headers.as_ref()) {
                     answer_sync(&shared, &cluster, &client, asker).await;
                 }
             }
@@ -699,8 +790,14 @@ fn expire(shared: &Shared, cluster: &Cluster) {
 }
 
 /// Applies one message; returns the asking replica when it asked for a warm-up answer.
-fn handle(shared: &Shared, cluster: &Cluster, payload: &[u8]) -> Option<u64> {
+fn handle(
+    shared: &Shared,
+    cluster: &Cluster,
+    payload: &[u8],
+    headers: Option<&async_nats::HeaderMap>,
+) -> Option<u64> {
     let m = &shared.metrics.cluster;
+    let arrived_us = unix_us();
     let msg = match wire::decode(payload) {
         Ok(msg) => msg,
         Err(e) => {
@@ -713,6 +810,7 @@ fn handle(shared: &Shared, cluster: &Cluster, payload: &[u8]) -> Option<u64> {
         return None;
     }
     m.messages_received.inc();
+    observe_delivery(m, headers, arrived_us);
     let all = shared.pods.all();
     let pods: FxHashMap<u64, PodId> = all.iter().map(|p| (wire::pod_key(&p.url), p.id)).collect();
     let classes: FxHashMap<u64, &str> = all
@@ -844,7 +942,15 @@ async fn answer_sync(shared: &Shared, cluster: &Cluster, client: &async_nats::Cl
                 pod: key,
                 blocks: chunk.to_vec(),
             };
-            send(shared, cluster, client, &subject, std::slice::from_ref(&e)).await;
+            send(
+                shared,
+                cluster,
+                client,
+                &subject,
+                std::slice::from_ref(&e),
+                unix_us(),
+            )
+            .await;
         }
     }
 }
@@ -881,6 +987,7 @@ mod tests {
             next_request: AtomicU64::new(0),
             seq: AtomicU64::new(0),
             queue: tx,
+            oldest_queued_us: AtomicU64::new(0),
             live: Mutex::new(FxHashMap::default()),
             peers: Mutex::new(PeerBook::default()),
             link: Arc::new(Link {
@@ -892,6 +999,59 @@ mod tests {
             epoch: Instant::now(),
         };
         (c, rx)
+    }
+
+    /// The text exposition of one histogram's `_count` and `_sum`.
+    fn count_and_sum(h: &Histogram) -> (f64, f64) {
+        let mut r = Registry::default();
+        r.register("d", "", h.clone());
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &r).unwrap();
+        let value = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.trim().parse::<f64>().unwrap())
+                .unwrap()
+        };
+        (value("d_count "), value("d_sum "))
+    }
+
+    #[test]
+    fn the_delivery_delay_is_read_from_the_stamp_and_skew_counts_as_zero() {
+        let m = ClusterMetrics::default();
+        let stamped = |us: &str| {
+            let mut h = async_nats::HeaderMap::new();
+            h.insert(QUEUED_HEADER, us);
+            h
+        };
+        observe_delivery(&m, Some(&stamped("1000000")), 1_002_500);
+        assert_eq!(count_and_sum(&m.delivery_seconds), (1.0, 0.0025));
+        // A stamp from a clock ahead of this one: zero, not negative.
+        observe_delivery(&m, Some(&stamped("2000000")), 1_000_000);
+        // No header (an older replica) or a garbled one: not timed.
+        observe_delivery(&m, None, 1_000_000);
+        observe_delivery(&m, Some(&stamped("soon")), 1_000_000);
+        assert_eq!(count_and_sum(&m.delivery_seconds), (2.0, 0.0025));
+    }
+
+    #[tokio::test]
+    async fn a_batch_is_stamped_with_its_oldest_events_queue_time() {
+        let (c, _rx) = cluster();
+        let shared = Shared::new(
+            crate::config::GatewayConfig::resolve(&crate::serve::ServeArgs::default(), None)
+                .unwrap(),
+        );
+        let before = unix_us();
+        c.route_event(&shared, 7, &[], 100, 100);
+        std::thread::sleep(Duration::from_millis(5));
+        c.route_event(&shared, 7, &[], 100, 100);
+        let stamp = c.take_queued_us();
+        assert!(
+            stamp >= before && stamp < before + 5_000,
+            "{stamp} vs {before}"
+        );
+        // Nothing queued since: the next batch (a snapshot) is stamped now.
+        assert!(c.take_queued_us() >= before + 5_000);
     }
 
     /// Applies `events` (as a peer would receive them, in order) to a fresh session.
@@ -1031,7 +1191,7 @@ mod tests {
                     },
                 ],
             };
-            handle(&shared, &c, &wire::encode(&msg));
+            handle(&shared, &c, &wire::encode(&msg), None);
             let learnt = shared.session.lock().predictor().accuracy().samples;
             assert_eq!(learnt, u64::from(share), "share_samples = {share}");
             assert_eq!(
