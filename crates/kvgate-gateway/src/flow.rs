@@ -951,7 +951,8 @@ mod tests {
         assert_eq!(v.closed, vec![a]);
         assert_eq!(v.closed_bulk, vec![a, b]);
         assert_eq!(v.saturation, Saturation::Headroom(10));
-        assert_eq!(v.bulk_room, 5);
+        // c takes one bulk request (the bulk queue depth, 5 − the reserve 4).
+        assert_eq!(v.bulk_room, 1);
         // Requests let go and not yet routed count against both.
         s.flow.dispatching.store(6, Ordering::Release);
         let v = view(&s, &cfg);
