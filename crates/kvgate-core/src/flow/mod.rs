@@ -54,8 +54,8 @@
 //! into the fleet's *bulk headroom*: the saturation detector's
 //! with the KV threshold lowered by `saturation.bulk_kv_reserve` (default 0.3: 0.8 − 0.3 = 0.5
 //! of KV) and the queue depth by `saturation.bulk_queue_reserve` (default 4: 5 − 4 = 1, only a
-//! pod with no queue; EVALUATION.md §11.5). The driver asks [`FlowQueue::next_is_bulk`]; with headroom but no bulk headroom it
-//! takes [`FlowQueue::pop_non_bulk`] (the next request in the order above that is not bulk),
+//! pod with no queue; EVALUATION.md §11.5). The driver asks [`FlowQueue::next_is_bulk`]; with
+//! headroom but no bulk headroom it takes [`FlowQueue::pop_non_bulk`] (the next request in the order above that is not bulk),
 //! so the others' and higher bands' requests find room at once and the flood waits in the
 //! queue (and expires at the TTL) rather than in the engines. A tenant alone in the queue is
 //! bulk too (when it holds two or more): the room it leaves is what the next tenant's arrival
@@ -100,8 +100,8 @@
 //! pauses shorter than a typical scrape-and-alert window); `bulk_window_ms` **10,000** (the
 //! flooding rule's time constant; 0 turns the rule off, leaving only the bulk tenant of the
 //! queue);
-//! `saturation.bulk_queue_reserve` **4**; `saturation.bulk_kv_reserve` **0.3** (in `[0, kv_cache_util_threshold)`; 0 turns bulk
-//! requests off); `forward_priority` **false** (write the priority into the body sent to vLLM: vLLM's default
+//! `saturation.bulk_queue_reserve` **4**; `saturation.bulk_kv_reserve` **0.3** (in
+//! `[0, kv_cache_util_threshold)`; 0 turns bulk requests off); `forward_priority` **false** (write the priority into the body sent to vLLM: vLLM's default
 //! `fcfs` scheduler refuses any non-zero `priority`, so only with `--scheduling-policy
 //! priority`); `saturation`: see [`saturation`].
 //!

@@ -120,7 +120,7 @@ pub struct ReasonLabel {
 }
 
 /// `kvgate_cluster_*` (all zero with no `--cluster`).
-#[derive(Debug, Clone)]
+#[derive(Debug, Default, Clone)]
 pub struct ClusterMetrics {
     pub connected: Gauge,
     pub peers: Gauge,
@@ -140,33 +140,16 @@ pub struct ClusterMetrics {
     pub index_blocks_received: Counter,
     pub samples_applied: Counter,
     pub reconnects: Counter,
-    pub delivery_seconds: Histogram,
+    pub delivery_seconds: DeliveryHistogram,
 }
 
-impl Default for ClusterMetrics {
+/// [`ClusterMetrics::delivery_seconds`]: a histogram with buckets from 100 µs to 3.3 s.
+#[derive(Debug, Clone)]
+pub struct DeliveryHistogram(pub Histogram);
+
+impl Default for DeliveryHistogram {
     fn default() -> Self {
-        ClusterMetrics {
-            connected: Gauge::default(),
-            peers: Gauge::default(),
-            remote_requests: Gauge::default(),
-            divergence_seconds: Gauge::default(),
-            messages_sent: Counter::default(),
-            bytes_sent: Counter::default(),
-            messages_received: Counter::default(),
-            events_dropped: Family::default(),
-            events_applied: Counter::default(),
-            duplicates: Counter::default(),
-            repairs: Counter::default(),
-            expired_peers: Counter::default(),
-            expired_requests: Counter::default(),
-            decode_errors: Counter::default(),
-            unknown_pod: Counter::default(),
-            index_blocks_received: Counter::default(),
-            samples_applied: Counter::default(),
-            reconnects: Counter::default(),
-            // 100 µs to 3.3 s.
-            delivery_seconds: Histogram::new(exponential_buckets(0.000_1, 2.0, 16)),
-        }
+        DeliveryHistogram(Histogram::new(exponential_buckets(0.000_1, 2.0, 16)))
     }
 }
 
@@ -266,7 +249,7 @@ impl ClusterMetrics {
         r.register(
             "delivery_seconds",
             "Time from a peer queueing the oldest event of a message to the message arriving here (wall clocks: across machines it includes their skew)",
-            self.delivery_seconds.clone(),
+            self.delivery_seconds.0.clone(),
         );
     }
 }
@@ -353,6 +336,7 @@ fn observe_delivery(m: &ClusterMetrics, headers: Option<&async_nats::HeaderMap>,
         return;
     };
     m.delivery_seconds
+        .0
         .observe(now_us.saturating_sub(stamp) as f64 / 1e6);
 }
 
@@ -381,12 +365,15 @@ impl Cluster {
     /// under the same lock, after draining the queue) never shows a transition whose event is
     /// still to be sent after it.
     fn push(&self, shared: &Shared, _live: &FxHashMap<u64, Live>, e: Event) {
-        let _ = self.oldest_queued_us.compare_exchange(
-            0,
-            unix_us(),
-            Ordering::Relaxed,
-            Ordering::Relaxed,
-        );
+        // Only the first event after a take reads the clock.
+        if self.oldest_queued_us.load(Ordering::Relaxed) == 0 {
+            let _ = self.oldest_queued_us.compare_exchange(
+                0,
+                unix_us(),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+        }
         if self.queue.try_send(e).is_err() {
             self.metrics(shared)
                 .events_dropped
@@ -1025,13 +1012,13 @@ mod tests {
             h
         };
         observe_delivery(&m, Some(&stamped("1000000")), 1_002_500);
-        assert_eq!(count_and_sum(&m.delivery_seconds), (1.0, 0.0025));
+        assert_eq!(count_and_sum(&m.delivery_seconds.0), (1.0, 0.0025));
         // A stamp from a clock ahead of this one: zero, not negative.
         observe_delivery(&m, Some(&stamped("2000000")), 1_000_000);
         // No header (an older replica) or a garbled one: not timed.
         observe_delivery(&m, None, 1_000_000);
         observe_delivery(&m, Some(&stamped("soon")), 1_000_000);
-        assert_eq!(count_and_sum(&m.delivery_seconds), (2.0, 0.0025));
+        assert_eq!(count_and_sum(&m.delivery_seconds.0), (2.0, 0.0025));
     }
 
     #[tokio::test]
