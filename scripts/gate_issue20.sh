@@ -19,11 +19,16 @@ declare -A variants=(
   [balance-rel-0.3]='{"balance_window_rel":0.3}'
   [eps-0.1]='{"epsilon_explore_sticky":0.1}'
   [balance-4ms-eps-0.1]='{"balance_window_ms":4,"epsilon_explore_sticky":0.1}'
+  [shared-eps-0.1]='{"shared_prefix_epsilon":0.1}'
+  [shared-eps-0.2]='{"shared_prefix_epsilon":0.2}'
+  [shared-eps-0.1-n32]='{"shared_prefix_epsilon":0.1,"shared_prefix_min_requests":32}'
 )
 # Which variants each workload runs (the Mooncake runs are the slow ones).
-sp_v="queue-off balance-4ms balance-rel-0.3 eps-0.1 balance-4ms-eps-0.1"
-chat_v="queue-off balance-4ms balance-rel-0.3 eps-0.1"
-mc_v="queue-off queue-target balance-4ms"
+# VARIANTS="a b" runs only those on shared-prefix A and chat, MC_VARIANTS on the trace;
+# PEERS=0 skips the peers' runs.
+sp_v=${VARIANTS:-"queue-off balance-4ms balance-rel-0.3 eps-0.1 balance-4ms-eps-0.1 shared-eps-0.1 shared-eps-0.2 shared-eps-0.1-n32"}
+chat_v=${VARIANTS:-"queue-off balance-4ms balance-rel-0.3 eps-0.1 shared-eps-0.1 shared-eps-0.2 shared-eps-0.1-n32"}
+mc_v=${MC_VARIANTS:-"queue-off queue-target balance-4ms shared-eps-0.1"}
 
 run() { # dir, workload args..., then policy/config args
   "$kvgate" sim "$@" --seed "$seeds" --quiet
@@ -35,9 +40,11 @@ chat=(--workload chat --pods 8 --sweep rate-scale=1,4,8)
 mc=(--trace "$trace" --pods 8 --sweep rate-scale=1,4,6)
 mc_peers=round-robin,least-request,least-kv,weighted,sglang-cache-aware,dynamo-kv,llmd-chain,latency,affinity-gate
 
-run "${sp[@]}" --policy all --json "$out/sp/all.json"
-run "${chat[@]}" --policy all --json "$out/chat/all.json"
-run "${mc[@]}" --policy "$mc_peers" --json "$out/mc/all.json"
+if [ "${PEERS:-1}" != 0 ]; then
+  run "${sp[@]}" --policy all --json "$out/sp/all.json"
+  run "${chat[@]}" --policy all --json "$out/chat/all.json"
+  run "${mc[@]}" --policy "$mc_peers" --json "$out/mc/all.json"
+fi
 for w in sp chat mc; do
   list=${w}_v
   for v in ${!list}; do

@@ -166,6 +166,15 @@ pub struct RouterConfig {
     /// pod reports waiting requests, or the best pod overall (the `target` of a break) does.
     /// Seed `off`, default profile `every` (EVALUATION.md §17).
     pub relative_gate_queue_rule: QueueRule,
+    /// Shared-prefix exploration: the exploration probability for a request whose deepest
+    /// cached block was carried by at least `shared_prefix_min_requests` recent requests (a
+    /// shared system prompt, not one conversation's history; `index/popularity.rs`). The
+    /// larger of this and `epsilon_explore_sticky` applies, except while every pod reports
+    /// waiting requests. Seed 0 (off), default profile 0.1 (EVALUATION.md §17.9).
+    pub shared_prefix_epsilon: f64,
+    /// Recent requests that must have carried a prompt's deepest cached block for
+    /// `shared_prefix_epsilon` to apply. Default 8.
+    pub shared_prefix_min_requests: u32,
 
     // ---- weighted (llm-d's default scorer weights without a predictor) ----
     pub weighted_prefix_weight: f64,
@@ -292,6 +301,8 @@ router_keys! {
     balance_window_ms: f64, "balanceWindowMs";
     balance_window_rel: f64, "balanceWindowRel";
     relative_gate_queue_rule: QueueRule, "relativeGateQueueRule";
+    shared_prefix_epsilon: f64, "sharedPrefixEpsilon";
+    shared_prefix_min_requests: u32, "sharedPrefixMinRequests";
     weighted_prefix_weight: f64, "prefixWeight";
     weighted_queue_weight: f64, "queueWeight";
     weighted_kv_weight: f64, "kvCacheWeight";
@@ -332,6 +343,8 @@ impl RouterConfig {
             balance_window_ms: 0.0,
             balance_window_rel: 0.0,
             relative_gate_queue_rule: QueueRule::Off,
+            shared_prefix_epsilon: 0.0,
+            shared_prefix_min_requests: 8,
             weighted_prefix_weight: 3.0,
             weighted_queue_weight: 2.0,
             weighted_kv_weight: 2.0,
@@ -361,6 +374,7 @@ impl RouterConfig {
                 affinity_relative_penalty: 1.25,
                 affinity_relative_slack_ms: 5.0,
                 relative_gate_queue_rule: QueueRule::Every,
+                shared_prefix_epsilon: 0.1,
                 ..base
             },
         }
@@ -544,6 +558,18 @@ impl RouterConfig {
             check(key, v, v.is_finite() && v >= 0.0, ">= 0")?;
         }
         check(
+            "shared_prefix_epsilon",
+            self.shared_prefix_epsilon,
+            unit(self.shared_prefix_epsilon),
+            "0 <= epsilon <= 1 (0 = off)",
+        )?;
+        check(
+            "shared_prefix_min_requests",
+            f64::from(self.shared_prefix_min_requests),
+            self.shared_prefix_min_requests >= 1,
+            ">= 1",
+        )?;
+        check(
             "cold_spread_window_ms",
             self.cold_spread_window_ms,
             self.cold_spread_window_ms >= 0.0,
@@ -637,6 +663,19 @@ mod tests {
             (1.25, 5.0)
         );
         assert_eq!(c.cold_spread_window_ms, 0.0);
+        assert_eq!(
+            (c.shared_prefix_epsilon, c.shared_prefix_min_requests),
+            (0.1, 8)
+        );
+        let seed = RouterConfig::seed();
+        assert_eq!(seed.shared_prefix_epsilon, 0.0);
+        let err = RouterConfig::from_json(&json!({"shared_prefix_epsilon": 1.5})).unwrap_err();
+        assert!(err.to_string().contains("shared_prefix_epsilon"), "{err}");
+        let err = RouterConfig::from_json(&json!({"sharedPrefixMinRequests": 0})).unwrap_err();
+        assert!(
+            err.to_string().contains("shared_prefix_min_requests"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -1,12 +1,14 @@
 //! The decision pipeline the drivers call: blocks → prefix scores → predictions → policy →
-//! [`Decision`]. Owns the policy and nothing stateful besides it; the index and the predictor
-//! are passed in, so the gateway and the simulator decide with exactly the same code.
+//! [`Decision`]. Owns the policy and, when the affinity gate's shared-prefix exploration is on,
+//! the prefix-popularity sketch it reads ([`PrefixPopularity`], 128 KiB); the index and the
+//! predictor are passed in, so the gateway and the simulator decide with exactly the same code.
 
 use crate::DecisionRng;
 use crate::adapters::{AdapterId, adapter_cost_ms, adapter_fit};
 use crate::blocks::{BlockHash, BlockHasher, SizedBlocks};
 use crate::config::RouterConfig;
 use crate::decision::{Decision, PodExplanation, SloExplanation};
+use crate::index::popularity::PrefixPopularity;
 use crate::index::{PrefixIndex, prefix_score};
 use crate::pod::PodSnapshot;
 use crate::policy::{Candidate, Policy, PolicyError, PolicyKind, RequestFacts, RequestSlo};
@@ -81,6 +83,9 @@ pub struct Router {
     /// The predictor's TTFT MAPE as last read, and decisions since (only with ε = auto).
     predictor_error: Option<f64>,
     since_error_read: u32,
+    /// How many recent requests carried each block: counted by every decision, read for
+    /// [`RequestFacts::prefix_sharers`] (only with the affinity gate's `shared_prefix_epsilon`).
+    popularity: Option<Box<PrefixPopularity>>,
 }
 
 impl Router {
@@ -98,6 +103,8 @@ impl Router {
             eligible: Vec::new(),
             predictor_error: None,
             since_error_read: 0,
+            popularity: (policy == PolicyKind::AffinityGate && config.shared_prefix_epsilon > 0.0)
+                .then(Box::default),
         }
     }
 
@@ -183,7 +190,11 @@ impl Router {
             facts.slo_ttft_ms = slo.ttft_ms;
             facts.slo_tpot_ms = slo.tpot_ms;
         }
-        self.choose(&facts, &candidates, rng)
+        let decision = self.choose(&facts, &candidates, rng)?;
+        if let Some(popularity) = &mut self.popularity {
+            popularity.record(cut.blocks);
+        }
+        Ok(decision)
     }
 
     /// Scores and predicts every healthy pod; the first half of [`Router::decide`]. Exposed so
@@ -226,7 +237,7 @@ impl Router {
             }
             self.since_error_read += 1;
         }
-        let facts = RequestFacts {
+        let mut facts = RequestFacts {
             prompt_blocks: cut.blocks.len(),
             input_tokens,
             block_size_tokens: cut.block_size_tokens,
@@ -234,6 +245,7 @@ impl Router {
             slo_tpot_ms: None,
             predictor_ttft_mape: self.predictor_error,
             adapter: cut.adapter,
+            prefix_sharers: 0,
         };
         let lora = (
             self.config.lora_aware,
@@ -289,6 +301,16 @@ impl Router {
                 adapter_cost_ms,
             }
         }));
+        if let Some(popularity) = &self.popularity {
+            // The deepest main-chain prefix any healthy pod holds.
+            let deepest = candidates
+                .iter()
+                .filter(|c| c.block_size_tokens == cut.block_size_tokens)
+                .map(|c| c.matched_blocks as usize)
+                .max()
+                .unwrap_or(0);
+            facts.prefix_sharers = popularity.sharers(cut.blocks, deepest);
+        }
         (facts, candidates)
     }
 

@@ -4,11 +4,14 @@
 //! where requests were sent) and the *engine* index ([`engine::EngineIndex`], fed by vLLM
 //! KV-cache events decoded by [`kv_events_wire`]); [`engine::HybridIndex`] uses the engine index
 //! for pods with live events and the routed index for the others. [`follower`] follows one
-//! pod's event sequence (gaps, replay, restarts, staleness) for every driver.
+//! pod's event sequence (gaps, replay, restarts, staleness) for every driver. [`popularity`]
+//! counts how many recent requests carried a block (shared system prompt or one conversation's
+//! history), for the affinity gate's shared-prefix exploration.
 
 pub mod engine;
 pub mod follower;
 pub mod kv_events_wire;
+pub mod popularity;
 pub mod routed;
 
 use crate::blocks::BlockHash;

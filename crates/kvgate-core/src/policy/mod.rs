@@ -67,6 +67,10 @@ pub struct RequestFacts {
     pub predictor_ttft_mape: Option<f64>,
     /// The LoRA adapter the request names (its `model`), if the driver knows it.
     pub adapter: Option<AdapterId>,
+    /// About how many recent requests carried the prompt's deepest block that some pod holds
+    /// ([`crate::index::popularity`]); 0 when the router does not count (shared-prefix
+    /// exploration off) or no pod holds a counted block of the prompt.
+    pub prefix_sharers: u32,
 }
 
 /// Latency objectives a request may carry; see [`crate::Router::decide_with_slo`]. Values that
@@ -279,6 +283,7 @@ pub(crate) mod testutil {
             slo_tpot_ms: None,
             predictor_ttft_mape: None,
             adapter: None,
+            prefix_sharers: 0,
         }
     }
 

@@ -395,3 +395,55 @@ fn the_same_prompt_under_two_adapters_never_scores_on_the_others_blocks() {
     let scores = s.score(&for_adapter(&a, "a"), &mut snaps);
     assert_eq!(scores[0].prefix_score, 1.0);
 }
+
+/// Pods that served 40 requests of one group: a 64-block shared prompt and a block of each
+/// request's own, each request finished before the next (no load to break affinity).
+fn pods_used_by_a_shared_group(router: RouterConfig) -> usize {
+    let mut s = session(router);
+    let mut snaps = pods(4);
+    let mut used = std::collections::BTreeSet::new();
+    for r in 0..40u64 {
+        let mut blocks: Vec<BlockHash> = (1_000..1_064).collect();
+        blocks.push(1_000_000 + r);
+        let Routed { decision, ticket } = s
+            .route(&request(&blocks, 65 * 16), &mut snaps, &[])
+            .unwrap();
+        used.insert(decision.pod_id);
+        s.finish(ticket, None);
+    }
+    used.len()
+}
+
+#[test]
+fn shared_prefix_exploration_spreads_a_shared_prompt_once_enough_requests_carried_it() {
+    let base = RouterConfig {
+        explore_mode: crate::config::ExploreMode::RandomNonSticky,
+        ..no_explore()
+    };
+    // Off: every request follows the group's one sticky pod.
+    assert_eq!(pods_used_by_a_shared_group(base), 1);
+    // On with ε_s = 1: after 8 requests carried the prompt, each explores a pod without it.
+    let on = RouterConfig {
+        shared_prefix_epsilon: 1.0,
+        ..base
+    };
+    assert_eq!(pods_used_by_a_shared_group(on), 4);
+    // Conversations are not explored: each turn's deepest cached block was carried once.
+    let mut s = session(on);
+    let mut snaps = pods(4);
+    let mut history: Vec<BlockHash> = (5_000..5_064).collect();
+    let mut used = std::collections::BTreeSet::new();
+    for turn in 0..12u64 {
+        let Routed { decision, ticket } = s
+            .route(
+                &request(&history, history.len() as u32 * 16),
+                &mut snaps,
+                &[],
+            )
+            .unwrap();
+        used.insert(decision.pod_id);
+        s.finish(ticket, None);
+        history.extend((0..4).map(|i| 9_000 + turn * 4 + i));
+    }
+    assert_eq!(used.len(), 1);
+}
