@@ -110,17 +110,26 @@ fn bench_decision(c: &mut Criterion) {
             epsilon_explore_sticky: GateSetting::Auto,
             ..RouterConfig::default()
         };
-        for (name, config) in [("fixed", RouterConfig::default()), ("auto", auto)] {
-            if name == "auto" && pods_n != 64 {
+        // And without the prefix-popularity sketch (shared-prefix exploration off).
+        let no_popularity = RouterConfig {
+            shared_prefix_epsilon: 0.0,
+            ..RouterConfig::default()
+        };
+        for (name, config) in [
+            ("fixed", RouterConfig::default()),
+            ("auto", auto),
+            ("no_popularity", no_popularity),
+        ] {
+            if name != "fixed" && pods_n != 64 {
                 continue;
             }
             let mut router = Router::new(config, PolicyKind::AffinityGate);
             let mut rng = DecisionRng::seed_from_u64(1);
             let mut scratch = Vec::with_capacity(1024);
-            let id = if name == "fixed" {
-                BenchmarkId::from_parameter(pods_n)
-            } else {
-                BenchmarkId::new("auto_tau_epsilon", pods_n)
+            let id = match name {
+                "fixed" => BenchmarkId::from_parameter(pods_n),
+                "auto" => BenchmarkId::new("auto_tau_epsilon", pods_n),
+                _ => BenchmarkId::new("no_shared_prefix_epsilon", pods_n),
             };
             group.bench_function(id, |b| {
                 b.iter(|| {

@@ -108,6 +108,22 @@ impl Router {
         }
     }
 
+    /// Carries the prefix-popularity counts over from the router this one replaces (a config
+    /// reload), when both count.
+    pub fn keep_popularity_from(&mut self, old: Router) {
+        if self.popularity.is_some() && old.popularity.is_some() {
+            self.popularity = old.popularity;
+        }
+    }
+
+    /// The prefix-popularity count [`Router::evaluate`] would give this prompt's first
+    /// `matched_blocks` blocks (0 when the router does not count).
+    pub fn prefix_sharers(&self, blocks: &[BlockHash], matched_blocks: usize) -> u32 {
+        self.popularity
+            .as_ref()
+            .map_or(0, |p| p.sharers(blocks, matched_blocks))
+    }
+
     /// The affinity gate's τ and ε in force (`None` for other policies).
     pub fn gate_state(&self) -> Option<crate::decision::GateState> {
         self.policy.gate_state()

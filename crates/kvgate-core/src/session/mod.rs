@@ -239,10 +239,11 @@ impl RouterSession {
         &self.router
     }
 
-    /// Replaces the policy and its parameters (a config reload); index, predictor, RNG and
-    /// ledger are kept.
+    /// Replaces the policy and its parameters (a config reload); index, predictor, RNG,
+    /// ledger and the prefix-popularity counts are kept.
     pub fn set_router(&mut self, router: RouterConfig, policy: PolicyKind) {
-        self.router = Router::new(router, policy);
+        let old = std::mem::replace(&mut self.router, Router::new(router, policy));
+        self.router.keep_popularity_from(old);
     }
 
     pub fn index(&self) -> &HybridIndex {

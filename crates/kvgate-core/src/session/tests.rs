@@ -447,3 +447,26 @@ fn shared_prefix_exploration_spreads_a_shared_prompt_once_enough_requests_carrie
     }
     assert_eq!(used.len(), 1);
 }
+
+#[test]
+fn a_config_reload_keeps_the_prefix_popularity_counts() {
+    let on = RouterConfig {
+        shared_prefix_epsilon: 0.1,
+        ..no_explore()
+    };
+    let mut s = session(on);
+    let mut snaps = pods(2);
+    let blocks: Vec<BlockHash> = (1_000..1_064).collect();
+    for _ in 0..10 {
+        let Routed { ticket, .. } = s
+            .route(&request(&blocks, 64 * 16), &mut snaps, &[])
+            .unwrap();
+        s.finish(ticket, None);
+    }
+    assert_eq!(s.router().prefix_sharers(&blocks, 64), 10);
+    s.set_router(on, PolicyKind::AffinityGate);
+    assert_eq!(s.router().prefix_sharers(&blocks, 64), 10);
+    // A router that does not count starts none.
+    s.set_router(no_explore(), PolicyKind::AffinityGate);
+    assert_eq!(s.router().prefix_sharers(&blocks, 64), 0);
+}
