@@ -100,6 +100,14 @@ pub const SHARED_TOKENS_PER_EVENT: u64 = 32;
 pub const SNAPSHOT_INTERVAL_MS: f64 = 1_000.0;
 const SHARE_LOSS_SEED_SALT: u64 = 0x5ba7_e0f1_0550_0001;
 
+/// One replica's last scrape of one pod (staggered scrapes).
+#[derive(Debug, Clone, Copy, Default)]
+struct ScrapedMetrics {
+    waiting: u32,
+    running: u32,
+    kv_usage: f64,
+}
+
 /// How replicas share their routing events (`--share-delay-ms`, `--share-loss`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Sharing {
@@ -151,6 +159,10 @@ pub struct ClusterConfig {
     pub replicas: u32,
     /// How replicas share routing state; `None`: they do not (independent replicas).
     pub sharing: Option<Sharing>,
+    /// With R > 1 replicas: each scrapes the pods on its own clock, replica k at
+    /// k × interval / R past the shared schedule (as live replicas, each with its own scrape
+    /// loop), instead of all reading one scrape. Default false (`--staggered-scrapes`).
+    pub staggered_scrapes: bool,
     /// P/D disaggregation: pod i's role (`both` beyond the list; empty: every pod `both`, no
     /// request split).
     pub pod_roles: Vec<PodRole>,
@@ -188,6 +200,7 @@ impl ClusterConfig {
             flow: FlowConfig::default(),
             replicas: 1,
             sharing: None,
+            staggered_scrapes: false,
             pod_roles: Vec::new(),
             transfer_ms_per_token: DEFAULT_TRANSFER_MS_PER_TOKEN,
             lora: None,
@@ -401,6 +414,11 @@ struct Cluster {
     engines: Vec<Engine>,
     /// The pods' scraped state (the session fills in its in-flight counters when it routes).
     snapshots: Vec<PodSnapshot>,
+    /// With staggered scrapes: each replica's own last scrape of every pod (waiting, running,
+    /// KV usage), laid over `snapshots` while that replica routes; empty otherwise.
+    replica_scrapes: Vec<Vec<ScrapedMetrics>>,
+    /// Scrapes so far (with staggered scrapes, scrape n is replica n mod R's).
+    scrapes_done: u64,
     /// One session per replica (index 0 is the only one with R = 1).
     sessions: Vec<RouterSession>,
     /// One event feed per replica (engine mode); index 0 also keeps the accuracy bookkeeping.
@@ -501,10 +519,17 @@ impl Cluster {
             .collect();
         let mut recorder = RunRecorder::new(pods as usize, requests);
         recorder.set_slo(config.slo);
+        let replica_scrapes = if config.staggered_scrapes && config.replicas > 1 {
+            vec![vec![ScrapedMetrics::default(); pods as usize]; config.replicas as usize]
+        } else {
+            Vec::new()
+        };
         Cluster {
             sessions,
             engines,
             snapshots,
+            replica_scrapes,
+            scrapes_done: 0,
             indexes,
             mesh,
             in_flight: (0..requests).map(|_| None).collect(),
@@ -532,7 +557,9 @@ impl Cluster {
     }
 
     fn run(mut self, requests: &[SimRequest]) -> RunMetrics {
-        let interval = self.config.scrape_interval_ms.max(0.001);
+        // With staggered scrapes the replicas' scrapes take turns, R per interval.
+        let interval =
+            self.config.scrape_interval_ms.max(0.001) / self.replica_scrapes.len().max(1) as f64;
         let mut next_scrape = 0.0_f64;
         let mut next_arrival = 0usize;
         let scale = if self.config.rate_scale > 0.0 {
@@ -738,6 +765,26 @@ impl Cluster {
     }
 
     fn scrape(&mut self, now_ms: f64) {
+        let turn = self.scrapes_done;
+        self.scrapes_done += 1;
+        let replicas = self.replica_scrapes.len() as u64;
+        if replicas > 0 {
+            let views = &mut self.replica_scrapes[(turn % replicas) as usize];
+            for ((view, engine), up) in views.iter_mut().zip(&self.engines).zip(&self.up) {
+                if *up {
+                    let m = engine.metrics();
+                    *view = ScrapedMetrics {
+                        waiting: m.num_requests_waiting,
+                        running: m.num_requests_running,
+                        kv_usage: m.kv_cache_usage,
+                    };
+                }
+            }
+            // The shared snapshots (flow control, pod samples) keep the one-scrape schedule.
+            if turn % replicas != 0 {
+                return;
+            }
+        }
         for ((snap, engine), up) in self.snapshots.iter_mut().zip(&self.engines).zip(&self.up) {
             // A down pod's scrape fails: unhealthy, its last figures kept.
             snap.healthy = *up;
@@ -953,7 +1000,33 @@ impl Cluster {
 
     /// Routes and dispatches one attempt of `r` (and the next ones while the chosen pod turns
     /// out to be down), with the `excluded` pods unavailable to it.
+    /// [`Cluster::route_with_view`] with the replica's own scrape laid over the snapshots
+    /// when scrapes are staggered.
     fn route(
+        &mut self,
+        r: &SimRequest,
+        now: f64,
+        attempt: u8,
+        excluded: &mut Vec<PodId>,
+    ) -> Outcome {
+        if self.replica_scrapes.is_empty() {
+            return self.route_with_view(r, now, attempt, excluded);
+        }
+        let replica = self.replica_of(r.id);
+        let swap = |snaps: &mut [PodSnapshot], views: &mut [ScrapedMetrics]| {
+            for (s, v) in snaps.iter_mut().zip(views.iter_mut()) {
+                std::mem::swap(&mut s.waiting, &mut v.waiting);
+                std::mem::swap(&mut s.running, &mut v.running);
+                std::mem::swap(&mut s.kv_usage, &mut v.kv_usage);
+            }
+        };
+        swap(&mut self.snapshots, &mut self.replica_scrapes[replica]);
+        let outcome = self.route_with_view(r, now, attempt, excluded);
+        swap(&mut self.snapshots, &mut self.replica_scrapes[replica]);
+        outcome
+    }
+
+    fn route_with_view(
         &mut self,
         r: &SimRequest,
         now: f64,

@@ -115,3 +115,37 @@ fn with_shared_samples_each_replica_learns_from_every_completed_request() {
     // Round-robin: replica 0 routed a quarter of them.
     assert_eq!(learnt(false), 100, "replica 0 learnt its own requests only");
 }
+
+#[test]
+fn staggered_scrapes_leave_one_replica_alone_and_give_each_replica_its_own_view() {
+    let reqs = kvgate_sim::workload::chat::generate(&kvgate_sim::workload::chat::ChatParams {
+        seed: 3,
+        max_requests: 400,
+        ..Default::default()
+    })
+    .unwrap()
+    .1;
+    let staggered = |replicas| ClusterConfig {
+        staggered_scrapes: true,
+        rate_scale: 8.0,
+        ..config(replicas, Some(NOW))
+    };
+    // One replica: the same single scrape schedule, so the same run.
+    let plain = |replicas| ClusterConfig {
+        rate_scale: 8.0,
+        ..config(replicas, Some(NOW))
+    };
+    let a = cluster::run(&plain(1), &reqs);
+    let b = cluster::run(&staggered(1), &reqs);
+    assert!(format!("{a:?}") == format!("{b:?}"), "one replica changed");
+    // Four: each replica decides on its own (older or newer) scrape, so decisions change,
+    // and nothing is lost or left charged.
+    let shared = cluster::run(&plain(4), &reqs);
+    let own = cluster::run(&staggered(4), &reqs);
+    assert_eq!(own.completed, reqs.len() as u64);
+    assert_eq!(own.in_flight_left, 0);
+    assert_ne!(
+        format!("{:?}", own.branches),
+        format!("{:?}", shared.branches)
+    );
+}

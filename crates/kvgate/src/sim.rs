@@ -165,6 +165,11 @@ pub struct SimArgs {
     /// With --share: probability that one shared event is lost on its way to one replica.
     #[arg(long, default_value_t = 0.0)]
     share_loss: f64,
+    /// With --replicas N: each replica scrapes the pods on its own clock (replica k at k ×
+    /// interval / N past the shared schedule), as live replicas do, instead of all reading
+    /// one scrape.
+    #[arg(long)]
+    staggered_scrapes: bool,
     /// With --share: do not share the predictor's training samples (`cluster_share_samples =
     /// false`): each replica's predictor learns only from its own requests.
     #[arg(long)]
@@ -472,6 +477,7 @@ pub fn run(args: SimArgs) -> Result<()> {
                             loss: args.share_loss.clamp(0.0, 1.0),
                             samples: !args.share_no_samples,
                         }),
+                        staggered_scrapes: args.staggered_scrapes,
                         pod_roles: pod_roles.clone(),
                         transfer_ms_per_token: args.transfer_ms_per_token,
                         lora: args
