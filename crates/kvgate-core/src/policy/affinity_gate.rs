@@ -54,9 +54,9 @@
 //!   held by some pod was carried by at least n recent requests ([`RequestFacts::prefix_sharers`]:
 //!   a shared system prompt, where seeding more pods early spreads the group; one
 //!   conversation's history counts one or two, so conversations keep ε), unless every pod
-//!   reports waiting requests (in overload a seed only adds a prefill to another queue: the
-//!   conversation trace at rate 6 lost 5 % mean without this hold). Still one draw.
-//!   ε_s 0 = off (seed); n defaults to 8.
+//!   reports waiting requests (in overload a seed only adds a prefill to another queue; on the
+//!   conversation trace at rate 6 the hold cuts explores from ≈ 990 to ≈ 220 per run). Still
+//!   one draw. ε_s: seed 0 (off), default profile 0.1; n = 8.
 //!
 //! SLO mode (upstream's headroom selection, llm-d predicted-latency §1.1): when the request
 //! carries a TTFT and/or TPOT objective ([`RequestFacts::slo_ttft_ms`], `slo_tpot_ms`), the
