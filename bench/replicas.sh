@@ -3,7 +3,7 @@
 #
 #   bench/replicas.sh [--requests N] [--rate-scale F] [--time-scale X] [--trace FILE]
 #                     [--kv-blocks N] [--out DIR] [--scenarios LIST] [--rounds N]
-#                     [--port-base P]
+#                     [--port-base P] [--routers-nice N]
 #
 # --scenarios (comma-separated; default: the cluster set) picks from
 #   index:      r1-routed, r1-engine, r2-routed, r2-engine  (the original comparison, below)
@@ -22,7 +22,10 @@
 # TTFT mean and p99 are over every request of the run (all parts pooled, from
 # `kvgate loadgen --requests-jsonl`). --port-base P moves every port (default: P unset, the
 # ports below): replicas P+n, their admin P+10+n, pods P+20+i, KV events P+30+i, replay
-# P+40+i, nats P+90; `KVGATE_BENCH_PORT_BASE` is the same.
+# P+40+i, nats P+90; `KVGATE_BENCH_PORT_BASE` is the same. --routers-nice N runs the replicas
+# and the load generators under `nice -n N`, so the mock pods (whose wall-clock steps are the
+# pods' TTFT) get the CPU first: on a 2-core machine the routers' share otherwise slows the
+# pods' clocks (EVALUATION.md §12.3).
 # Cluster scenarios split the requests into 4 parts (request i → part i mod 4) and part p goes to
 # replica p mod R, so the offered load is the same for R = 1, 2, 4.
 #
@@ -53,6 +56,7 @@ scenarios="r1,r2,r2-shared,r4,r4-shared"
 rounds=1
 port_base=${KVGATE_BENCH_PORT_BASE:-}
 pod_port=18500
+routers_nice=()
 events_port=18520
 replay_port=18540
 gw_port=19000
@@ -68,6 +72,7 @@ while [ $# -gt 0 ]; do
     --scenarios) scenarios=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --port-base) port_base=$2; shift 2 ;;
+    --routers-nice) routers_nice=(nice -n "$2"); shift 2 ;;
     -h|--help) sed -n '2,41p' "$0"; exit 0 ;;
     *) echo "unknown flag $1" >&2; exit 2 ;;
   esac
@@ -126,7 +131,7 @@ start_replica() {
   for ((i = 0; i < 4; i++)); do
     flags+=(--pod "http://127.0.0.1:$((pod_port + i)),events=tcp://127.0.0.1:$((events_port + i)),replay=tcp://127.0.0.1:$((replay_port + i))")
   done
-  "$kvgate" serve --listen "127.0.0.1:$((gw_port + n))" --admin-listen "127.0.0.1:$((gw_port + 10 + n))" \
+  "${routers_nice[@]}" "$kvgate" serve --listen "127.0.0.1:$((gw_port + n))" --admin-listen "127.0.0.1:$((gw_port + 10 + n))" \
     --index "$index" --seed "$n" "${flags[@]}" "$@" >"$log_dir/replica$n.log" 2>&1 &
   pids+=($!)
   wait_http "http://127.0.0.1:$((gw_port + 10 + n))/readyz" 30 || { echo "!! replica $n not ready"; return 1; }
@@ -176,7 +181,7 @@ run_scenario() {
   for ((h = 0; h < parts; h++)); do
     target="http://127.0.0.1:$((gw_port + h % serving))"
     if [ "$parts" = 2 ]; then file="$out/half$h.jsonl"; else file="$out/part$h.jsonl"; fi
-    "$kvgate" loadgen --target "$target" --trace "$file" --rate-scale "$rate_scale" \
+    "${routers_nice[@]}" "$kvgate" loadgen --target "$target" --trace "$file" --rate-scale "$rate_scale" \
       --stream --quiet --json "$log_dir/loadgen$h.json" --requests-jsonl "$log_dir/requests$h.jsonl" \
       >"$log_dir/loadgen$h.log" 2>&1 &
     lg+=($!)

@@ -107,6 +107,25 @@ impl TicketGuard {
     fn end(&mut self, observed: Option<Observed>) {
         if let Some(t) = self.ticket.take() {
             let sample = observed.as_ref().map(|o| t.training_sample(o));
+            if let (Some(s), Some(o)) = (&sample, &observed) {
+                // `RUST_LOG=kvgate::samples=debug`: every sample with the prediction made at
+                // dispatch, to compare what replicas saw (EVALUATION.md §12.3).
+                let f = &s.features;
+                tracing::debug!(
+                    target: "kvgate::samples",
+                    pod = t.pod().index(),
+                    predicted_ttft_ms = t.predicted_ttft_ms(),
+                    observed_ttft_ms = o.ttft_ms,
+                    kv_usage = f.kv_usage,
+                    waiting = f.waiting,
+                    running = f.running,
+                    prefill_in_flight = f.prefill_tokens_in_flight,
+                    decode_in_flight = f.decode_tokens_in_flight,
+                    input_tokens = f.input_tokens,
+                    prefix_score = f.prefix_score,
+                    "training sample"
+                );
+            }
             self.shared.session.lock().finish(t, observed);
             if let (Some(c), Some((id, _))) = (self.shared.cluster.get(), self.shared_as.take()) {
                 c.finish(&self.shared, id, sample);
