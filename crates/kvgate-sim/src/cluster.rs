@@ -781,7 +781,7 @@ impl Cluster {
                 }
             }
             // The shared snapshots (flow control, pod samples) keep the one-scrape schedule.
-            if turn % replicas != 0 {
+            if !turn.is_multiple_of(replicas) {
                 return;
             }
         }
