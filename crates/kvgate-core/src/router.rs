@@ -317,7 +317,7 @@ impl Router {
                 adapter_cost_ms,
             }
         }));
-        if let Some(popularity) = &self.popularity {
+        if self.popularity.is_some() {
             // The deepest main-chain prefix any healthy pod holds.
             let deepest = candidates
                 .iter()
@@ -325,7 +325,7 @@ impl Router {
                 .map(|c| c.matched_blocks as usize)
                 .max()
                 .unwrap_or(0);
-            facts.prefix_sharers = popularity.sharers(cut.blocks, deepest);
+            facts.prefix_sharers = self.prefix_sharers(cut.blocks, deepest);
         }
         (facts, candidates)
     }

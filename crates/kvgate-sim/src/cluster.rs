@@ -615,8 +615,7 @@ impl Cluster {
             // Scrapes happen at multiples of the interval while anything is pending.
             let scrape = time_key(next_scrape);
             if scrape < at || (scrape == at && kind == Next::Arrival) {
-                self.scrape(next_scrape);
-                if flow_on {
+                if self.scrape(next_scrape) && flow_on {
                     self.flow_release(next_scrape, requests, arrival_ms);
                 }
                 next_scrape += interval;
@@ -764,7 +763,9 @@ impl Cluster {
         }
     }
 
-    fn scrape(&mut self, now_ms: f64) {
+    /// One scrape; false when it was only a staggered replica's own (the shared snapshots,
+    /// which flow control reads, were not refreshed).
+    fn scrape(&mut self, now_ms: f64) -> bool {
         let turn = self.scrapes_done;
         self.scrapes_done += 1;
         let replicas = self.replica_scrapes.len() as u64;
@@ -782,7 +783,7 @@ impl Cluster {
             }
             // The shared snapshots (flow control, pod samples) keep the one-scrape schedule.
             if !turn.is_multiple_of(replicas) {
-                return;
+                return false;
             }
         }
         for ((snap, engine), up) in self.snapshots.iter_mut().zip(&self.engines).zip(&self.up) {
@@ -801,6 +802,7 @@ impl Cluster {
             }
         }
         self.recorder.sample_pods(now_ms, &self.snapshots);
+        true
     }
 
     /// An arrival under flow control: offered to the queue with its class.

@@ -32,6 +32,17 @@ fn config(replicas: u32, sharing: Option<Sharing>) -> ClusterConfig {
     }
 }
 
+/// `max_requests` requests of the chat generator with `seed`.
+fn chat(seed: u64, max_requests: usize) -> Vec<SimRequest> {
+    kvgate_sim::workload::chat::generate(&kvgate_sim::workload::chat::ChatParams {
+        seed,
+        max_requests,
+        ..Default::default()
+    })
+    .unwrap()
+    .1
+}
+
 const NOW: Sharing = Sharing {
     delay_ms: 1.0,
     loss: 0.0,
@@ -67,13 +78,7 @@ fn shared_replicas_route_a_repeated_prompt_as_one_router_would() {
 
 #[test]
 fn lossy_sharing_completes_everything_and_leaves_no_charge_behind() {
-    let reqs = kvgate_sim::workload::chat::generate(&kvgate_sim::workload::chat::ChatParams {
-        seed: 5,
-        max_requests: 600,
-        ..Default::default()
-    })
-    .unwrap()
-    .1;
+    let reqs = chat(5, 600);
     for loss in [0.0, 0.3] {
         let m = cluster::run(
             &config(
@@ -93,13 +98,7 @@ fn lossy_sharing_completes_everything_and_leaves_no_charge_behind() {
 
 #[test]
 fn with_shared_samples_each_replica_learns_from_every_completed_request() {
-    let reqs = kvgate_sim::workload::chat::generate(&kvgate_sim::workload::chat::ChatParams {
-        seed: 5,
-        max_requests: 400,
-        ..Default::default()
-    })
-    .unwrap()
-    .1;
+    let reqs = chat(5, 400);
     let learnt = |samples: bool| {
         let m = cluster::run(&config(4, Some(Sharing { samples, ..NOW })), &reqs);
         assert_eq!(m.completed, 400);
@@ -118,13 +117,7 @@ fn with_shared_samples_each_replica_learns_from_every_completed_request() {
 
 #[test]
 fn staggered_scrapes_leave_one_replica_alone_and_give_each_replica_its_own_view() {
-    let reqs = kvgate_sim::workload::chat::generate(&kvgate_sim::workload::chat::ChatParams {
-        seed: 3,
-        max_requests: 400,
-        ..Default::default()
-    })
-    .unwrap()
-    .1;
+    let reqs = chat(3, 400);
     let staggered = |replicas| ClusterConfig {
         staggered_scrapes: true,
         rate_scale: 8.0,

@@ -66,19 +66,16 @@ impl PrefixPopularity {
         })
     }
 
-    fn count_block(&self, block: BlockHash) -> u16 {
-        Self::slots(block)
-            .iter()
-            .map(|&s| self.counters[s])
-            .min()
-            .unwrap_or(0)
+    /// The block's count: the least of its counters.
+    fn min_of(&self, slots: &[usize; ROWS]) -> u16 {
+        slots.iter().map(|&s| self.counters[s]).min().unwrap_or(0)
     }
 
     /// Counts one request carrying `blocks` (its counted blocks, once each).
     pub fn record(&mut self, blocks: &[BlockHash]) {
         for &block in blocks.iter().skip(STRIDE - 1).step_by(STRIDE) {
             let slots = Self::slots(block);
-            let min = slots.iter().map(|&s| self.counters[s]).min().unwrap_or(0);
+            let min = self.min_of(&slots);
             for s in slots {
                 if self.counters[s] == min {
                     self.counters[s] = min.saturating_add(1);
@@ -101,7 +98,7 @@ impl PrefixPopularity {
         if k == 0 {
             return 0;
         }
-        u32::from(self.count_block(blocks[k - 1]))
+        u32::from(self.min_of(&Self::slots(blocks[k - 1])))
     }
 }
 

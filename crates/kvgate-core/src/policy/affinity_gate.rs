@@ -491,6 +491,14 @@ mod tests {
         p.in_flight.decode_tokens = decode;
     }
 
+    /// A request whose deepest cached block `n` recent requests carried.
+    fn carried_by(n: u32) -> RequestFacts {
+        RequestFacts {
+            prefix_sharers: n,
+            ..facts(10)
+        }
+    }
+
     #[test]
     fn shared_prefix_epsilon_explores_only_requests_whose_prefix_is_shared() {
         let g = AffinityGate {
@@ -507,32 +515,20 @@ mod tests {
             (8, Branch::Explore, 1),
             (500, Branch::Explore, 1),
         ] {
-            let request = RequestFacts {
-                prefix_sharers: sharers,
-                ..facts(10)
-            };
-            let (pick, _) = run(&mut g.clone(), &request, &cands, &mut rng(1));
+            let (pick, _) = run(&mut g.clone(), &carried_by(sharers), &cands, &mut rng(1));
             assert_eq!(pick.unwrap(), Pick { index, branch }, "sharers {sharers}");
         }
         // Every pod queueing: the shared prefix stays on its pod.
         let (qa, qb) = (pod(0, 4, 2, 0.1), pod(1, 4, 1, 0.1));
         let queued = [cand(&qa, 10, 10, 10.0), cand(&qb, 0, 10, 12.0)];
-        let request = RequestFacts {
-            prefix_sharers: 500,
-            ..facts(10)
-        };
-        let (pick, _) = run(&mut g.clone(), &request, &queued, &mut rng(1));
+        let (pick, _) = run(&mut g.clone(), &carried_by(500), &queued, &mut rng(1));
         assert_eq!(pick.unwrap().branch, Branch::Exploit);
         // Off (ε_s = 0): a shared prefix is routed as any other request.
         let off = AffinityGate {
             shared_prefix_epsilon: 0.0,
             ..g
         };
-        let request = RequestFacts {
-            prefix_sharers: 500,
-            ..facts(10)
-        };
-        let (pick, _) = run(&mut off.clone(), &request, &cands, &mut rng(1));
+        let (pick, _) = run(&mut off.clone(), &carried_by(500), &cands, &mut rng(1));
         assert_eq!(pick.unwrap().branch, Branch::Exploit);
     }
 
