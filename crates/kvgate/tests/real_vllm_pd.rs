@@ -237,10 +237,10 @@ async fn real_vllm_pd_a_killed_prefill_pod_fails_requests_cleanly_and_is_used_ag
     let (status, _, _, body) = send(&gw, false, true, &prompt(&tag(), 5)).await;
     assert!(matches!(status, 502 | 503), "{status}: {body}");
     assert!(started.elapsed() < Duration::from_secs(30));
-    // A vLLM CPU prefill pod restarted after a SIGKILL sometimes never finishes starting (its
-    // API server prints "NIXL is available" and then nothing, at 0 % CPU: 2 CI runs of 5, and
-    // once restarting the decode pod first did not help either): vLLM's NIXL side, not what
-    // this test checks. Then the whole pair is stopped and started afresh (`fleet.sh pd-down`,
+    // A vLLM CPU prefill pod restarted after a SIGKILL sometimes never finishes starting (in 2
+    // CI runs of 5 its engine process waited at 0 % CPU; in a later one its log ended at "NIXL
+    // is available", and restarting the decode pod first did not help): vLLM's NIXL side, not
+    // what this test checks. Then the whole pair is stopped and started afresh (`fleet.sh pd-down`,
     // `pd-up`: new processes, same URLs), and the gateway must find the prefill pod again.
     if !run_script("restart", "pdp") {
         let log = real_vllm_harness::run_dir().join("pdp.log");
