@@ -10,7 +10,9 @@
 # shared 2-core VM.
 # MODELS (default "rls rls-rel rls-split rls-split-rel"), SEEDS (default 1,2,3), WORKLOADS
 # (default: all below), OUT_DIR as $1 (default predictor-cross-out/), BIN (default
-# ./target/release/kvgate). Build first: cargo build --release -p kvgate.
+# ./target/release/kvgate), SIM_ARGS (extra `kvgate sim` options for every run, e.g.
+# "--learn-ttft-at-first-token --predictor-min-samples 8", §14.2). Build first: cargo build
+# --release -p kvgate.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-predictor-cross-out}
@@ -35,7 +37,7 @@ for model in $models; do
       mkdir -p "$out/$name"
       # shellcheck disable=SC2086
       $bin sim ${workloads[$name]} --policy affinity-gate --predictor-model "$model" \
-        --seed "$seeds" --quiet --json "$out/$name/$model.json" > /dev/null
+        --seed "$seeds" ${SIM_ARGS:-} --quiet --json "$out/$name/$model.json" > /dev/null
     done
   ) &
 done

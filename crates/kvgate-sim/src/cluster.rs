@@ -172,6 +172,11 @@ pub struct ClusterConfig {
     /// adapters are ignored by the engines). The scrape then reports each pod's slots, running
     /// adapters and deferred requests to the router, as the gateway reads them from vLLM.
     pub lora: Option<LoraConfig>,
+    /// The predictor learns each request's TTFT at its first token
+    /// ([`RouterSession::first_token_learnt`]) instead of when the request finishes, as the
+    /// gateway does. Default false (the gateway's behaviour); `--learn-ttft-at-first-token`,
+    /// the cold-start measurement of EVALUATION.md §14.2.
+    pub learn_ttft_at_first_token: bool,
 }
 
 /// P/D transfer time per prompt token (ms): an 8B Llama-3's KV is 2 × 32 layers × 8 KV heads ×
@@ -204,6 +209,7 @@ impl ClusterConfig {
             pod_roles: Vec::new(),
             transfer_ms_per_token: DEFAULT_TRANSFER_MS_PER_TOKEN,
             lora: None,
+            learn_ttft_at_first_token: false,
         }
     }
 
@@ -1419,6 +1425,20 @@ impl Cluster {
             let sid = share_id(e.request_id, req.attempt);
             if req.first_token_ms.is_none() {
                 req.first_token_ms = Some(now_ms);
+                if self.config.learn_ttft_at_first_token {
+                    // The same TTFT `finish` would train on (see there).
+                    let ttft = match self.dispatched_ms.get(e.request_id as usize) {
+                        Some(&d) if self.config.flow.enabled && d.is_finite() => now_ms - d,
+                        _ => self.recorder.ttft_ms(e.request_id, now_ms),
+                    };
+                    let session = &mut self.sessions[replica as usize];
+                    if let Some(sample) = session.first_token_learnt(&mut req.ticket, ttft)
+                        && let Some(m) = self.mesh.as_mut().filter(|m| m.sharing.samples)
+                    {
+                        let pod = req.ticket.pod();
+                        m.broadcast(replica, now_ms, || Shared::Sample { pod, sample });
+                    }
+                }
                 self.sessions[replica as usize].first_token(&mut req.ticket);
                 share(&mut self.mesh, replica, sid, now_ms, Shared::FirstToken);
             } else {

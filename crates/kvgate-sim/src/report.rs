@@ -76,6 +76,11 @@ pub struct PredictorMetrics {
     pub online: AccuracyReport,
     /// How much of the TTFT error is the pod's step phase (see [`StepPhase`]).
     pub step_phase: StepPhase,
+    /// [`PredictorMetrics::ttft_mape`] of each tenth of the completed requests in arrival
+    /// order: the first tenths show the cold start (predictions made before the pod class had
+    /// learnt from enough finished requests), the last ones the predictor once warm
+    /// (EVALUATION.md §14.2). Zeros with fewer than 10 completed requests.
+    pub ttft_mape_by_tenth: [f64; 10],
 }
 
 /// The step-phase diagnostic: a request sent to a pod in the middle of a step waits for that
@@ -234,6 +239,8 @@ pub struct RunRecorder {
     phase_wait_ms: Vec<f64>,
     /// (predicted TTFT, step-phase wait, observed TTFT) of the completed requests with a phase.
     phase_samples: Vec<(f64, f64, f64)>,
+    /// (arrival, absolute percentage error of the TTFT prediction) per completed request.
+    ttft_ape_by_arrival: Vec<(f64, f64)>,
     /// (requests with TTFT ≤ predicted, requests scored).
     ttft_covered: (f64, u64),
     branches: BTreeMap<&'static str, u64>,
@@ -264,6 +271,7 @@ impl RunRecorder {
             tpot_ape: (0.0, 0),
             phase_wait_ms: vec![f64::NAN; requests],
             phase_samples: Vec::new(),
+            ttft_ape_by_arrival: Vec::with_capacity(requests),
             ttft_covered: (0.0, 0),
             branches: BTreeMap::new(),
             score_histogram: vec![0; SCORE_BINS],
@@ -394,7 +402,9 @@ impl RunRecorder {
             self.phase_samples.push((predicted_ttft_ms, *w, ttft_ms));
         }
         if ttft_ms > 0.0 {
-            self.ttft_ape.0 += (predicted_ttft_ms - ttft_ms).abs() / ttft_ms;
+            let ape = (predicted_ttft_ms - ttft_ms).abs() / ttft_ms;
+            self.ttft_ape_by_arrival.push((arrival, ape));
+            self.ttft_ape.0 += ape;
             self.ttft_ape.1 += 1;
             self.ttft_covered.0 += f64::from(u8::from(ttft_ms <= predicted_ttft_ms));
             self.ttft_covered.1 += 1;
@@ -458,6 +468,7 @@ impl RunRecorder {
                 ttft_coverage: ratio(self.ttft_covered),
                 online: accuracy,
                 step_phase: StepPhase::of(&self.phase_samples),
+                ttft_mape_by_tenth: mape_by_tenth(&mut self.ttft_ape_by_arrival),
             },
             sim_wall_s: 0.0,
             rejected: self.rejected,
@@ -486,6 +497,22 @@ impl RunRecorder {
             kv_index: None,
         }
     }
+}
+
+/// Mean of the errors in each tenth of `(arrival, error)` sorted by arrival (equal counts, the
+/// remainder spread over the first tenths); zeros with fewer than 10 samples.
+fn mape_by_tenth(samples: &mut [(f64, f64)]) -> [f64; 10] {
+    let mut tenths = [0.0; 10];
+    if samples.len() < tenths.len() {
+        return tenths;
+    }
+    samples.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let n = samples.len();
+    for (i, t) in tenths.iter_mut().enumerate() {
+        let part = &samples[i * n / 10..(i + 1) * n / 10];
+        *t = part.iter().map(|s| s.1).sum::<f64>() / part.len() as f64;
+    }
+    tenths
 }
 
 fn ratio((sum, n): (f64, u64)) -> f64 {
@@ -531,6 +558,21 @@ mod tests {
     }
 
     #[test]
+    fn the_mape_by_tenth_follows_arrival_order_not_completion_order() {
+        let mut r = RunRecorder::new(1, 20);
+        // Completed in reverse: request i arrives at i ms, the first two are 100 % off.
+        for id in (0..20u64).rev() {
+            r.dispatched(id, id as f64);
+            let predicted = if id < 2 { 20.0 } else { 10.0 };
+            r.completed(id, 0, 10.0, None, 100.0, 1, (predicted, 5.0));
+        }
+        let m = r.finish(&[], AccuracyReport::default());
+        let mut expect = [0.0; 10];
+        expect[0] = 1.0;
+        assert_eq!(m.predictor.ttft_mape_by_tenth, expect);
+    }
+
+    #[test]
     fn nearest_rank_percentiles_are_exact_on_small_samples() {
         let mut s: Vec<f64> = (1..=100).map(f64::from).collect();
         let p = Percentiles::of(&mut s);
@@ -551,6 +593,10 @@ mod tests {
         }
         let m = r.finish(&[], AccuracyReport::default());
         assert_eq!(m.predictor.ttft_coverage, 0.75);
+        assert_eq!(
+            m.predictor.ttft_mape_by_tenth, [0.0; 10],
+            "too few to split"
+        );
         assert!((m.predictor.ttft_mape - (0.2 + 0.0 + 0.1 + 0.5) / 4.0).abs() < 1e-12);
     }
 }

@@ -118,6 +118,14 @@ pub struct SimArgs {
     /// (overrides the router config's `predictor_model`; default rls).
     #[arg(long)]
     predictor_model: Option<kvgate_core::predictor::ModelKind>,
+    /// TTFT samples a pod class needs before its regressor replaces the analytic estimate
+    /// (the predictor's `min_samples`, default 32).
+    #[arg(long)]
+    predictor_min_samples: Option<u64>,
+    /// The predictor learns each TTFT at the request's first token instead of at its end (the
+    /// gateway learns at the end); measures the cold start (EVALUATION.md §14.2).
+    #[arg(long)]
+    learn_ttft_at_first_token: bool,
     /// Router parameters as a JSON object (snake_case or llm-d camelCase keys), e.g.
     /// '{"affinity_gate_tau": 0.9}'.
     #[arg(long)]
@@ -467,8 +475,12 @@ pub fn run(args: SimArgs) -> Result<()> {
                             drift_detection: args.drift_adaptation
                                 || router.predictor_drift_adaptation,
                             model: router.predictor_model,
+                            min_samples: args.predictor_min_samples.unwrap_or(
+                                kvgate_core::predictor::PredictorConfig::default().min_samples,
+                            ),
                             ..Default::default()
                         },
+                        learn_ttft_at_first_token: args.learn_ttft_at_first_token,
                         index,
                         faults: faults.clone(),
                         replicas: args.replicas.max(1),

@@ -120,6 +120,9 @@ pub struct Ticket {
     predicted_ttft_ms: f64,
     predicted_tpot_ms: f64,
     first_token: bool,
+    /// The TTFT was learnt at the first token ([`RouterSession::first_token_learnt`]), so
+    /// `finish` trains TPOT only.
+    ttft_learnt: bool,
     /// Which stage of the request the ticket holds (what `finish` trains).
     stage: pd::Stage,
 }
@@ -170,8 +173,10 @@ impl Ticket {
     /// What [`RouterSession::finish`] trains the predictor on for this ticket and `observed`:
     /// the features at dispatch and the targets of its stage (a whole request TTFT and TPOT,
     /// a P/D prefill stage TTFT only, a P/D decode stage TPOT only).
+    /// Once the TTFT was learnt at the first token, only TPOT is left to train.
     pub fn training_sample(&self, observed: &Observed) -> TrainingSample {
         let (ttft_ms, tpot_ms) = match self.stage {
+            pd::Stage::Whole | pd::Stage::Prefill if self.ttft_learnt => (None, observed.tpot_ms),
             pd::Stage::Whole => (Some(observed.ttft_ms), observed.tpot_ms),
             pd::Stage::Prefill => (Some(observed.ttft_ms), None),
             pd::Stage::Decode => (None, observed.tpot_ms),
@@ -409,6 +414,7 @@ impl RouterSession {
             predicted_ttft_ms: chosen.map_or(0.0, |p| p.predicted_ttft_ms),
             predicted_tpot_ms: chosen.map_or(0.0, |p| p.predicted_tpot_ms),
             first_token: false,
+            ttft_learnt: false,
             stage: pd::Stage::Whole,
         };
         Ok(Routed { decision, ticket })
@@ -439,6 +445,7 @@ impl RouterSession {
             predicted_ttft_ms: 0.0,
             predicted_tpot_ms: 0.0,
             first_token: false,
+            ttft_learnt: false,
             stage: pd::Stage::Whole,
         }
     }
@@ -469,6 +476,7 @@ impl RouterSession {
             predicted_ttft_ms: 0.0,
             predicted_tpot_ms: 0.0,
             first_token: false,
+            ttft_learnt: false,
             stage: pd::Stage::Whole,
         }
     }
@@ -482,6 +490,35 @@ impl RouterSession {
         ticket.first_token = true;
         let decode = u64::from(ticket.input_tokens) + 1;
         self.ledger.first_token(&mut ticket.share, decode);
+    }
+
+    /// [`RouterSession::first_token`], and the predictor learns the TTFT now, `ttft_ms` after
+    /// dispatch, instead of when the request finishes: a sample as soon as it is known, not a
+    /// whole decode later (shared-prefix B in the simulator: 1000 output tokens, 8 s, while a
+    /// new class answers with the analytic estimate; EVALUATION.md §14.2). `finish` then
+    /// trains TPOT only. Returns the TTFT sample (to share with other replicas), or `None` for
+    /// a P/D decode stage (its first token waits on the transfer; it trains no TTFT) and when
+    /// the first token was already seen.
+    pub fn first_token_learnt(
+        &mut self,
+        ticket: &mut Ticket,
+        ttft_ms: f64,
+    ) -> Option<TrainingSample> {
+        if ticket.first_token {
+            return None;
+        }
+        self.first_token(ticket);
+        if ticket.stage == pd::Stage::Decode {
+            return None;
+        }
+        ticket.ttft_learnt = true;
+        let sample = TrainingSample {
+            features: ticket.features,
+            ttft_ms: Some(ttft_ms),
+            tpot_ms: None,
+        };
+        self.learn(&ticket.class, &sample);
+        Some(sample)
     }
 
     /// `tokens` more tokens were generated after the first.

@@ -169,6 +169,7 @@ impl RouterSession {
             predicted_ttft_ms: prefill.ticket.predicted_ttft_ms,
             predicted_tpot_ms: pick.predicted_tpot_ms,
             first_token: false,
+            ttft_learnt: false,
             stage: Stage::Decode,
         };
         prefill.ticket.stage = Stage::Prefill;

@@ -85,6 +85,32 @@ fn the_features_are_taken_before_the_request_is_charged_and_train_on_finish() {
 }
 
 #[test]
+fn a_ttft_learnt_at_the_first_token_trains_once_and_finish_trains_only_tpot() {
+    let mut s = session(RouterConfig::seed());
+    let mut snaps = pods(1);
+    let mut routed = s.route(&request(&[1, 2], 40), &mut snaps, &[]).unwrap();
+    let sample = s.first_token_learnt(&mut routed.ticket, 20.0);
+    assert_eq!(
+        sample.map(|t| (t.ttft_ms, t.tpot_ms)),
+        Some((Some(20.0), None))
+    );
+    let learnt = s.predictor().accuracy();
+    assert_eq!((learnt.samples, learnt.tpot_samples), (1, 0));
+    assert!(routed.ticket.has_first_token(), "charged as decoding");
+    assert_eq!(s.first_token_learnt(&mut routed.ticket, 30.0), None, "once");
+    let observed = Observed {
+        ttft_ms: 20.0,
+        tpot_ms: Some(5.0),
+    };
+    let rest = routed.ticket.training_sample(&observed);
+    assert_eq!((rest.ttft_ms, rest.tpot_ms), (None, Some(5.0)));
+    s.finish(routed.ticket, Some(observed));
+    let done = s.predictor().accuracy();
+    assert_eq!((done.samples, done.tpot_samples), (1, 1));
+    assert_eq!(s.in_flight_total(), 0);
+}
+
+#[test]
 fn excluded_pods_are_never_chosen_and_keep_their_health() {
     let mut s = session(RouterConfig::default());
     let mut snaps = pods(3);
