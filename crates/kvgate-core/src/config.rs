@@ -207,6 +207,16 @@ pub struct RouterConfig {
     /// growing queues on one seed of three (EVALUATION.md §6.2); turn it on for fleets whose
     /// pods change speed (it recovers a 2× slowdown in ~300 samples instead of thousands).
     pub predictor_drift_adaptation: bool,
+    /// TTFT samples a pod class needs before its regression replaces the analytic estimate
+    /// (the predictor's `min_samples`). Seed 32; default profile 8 (EVALUATION.md §14.2: with
+    /// [`RouterConfig::predictor_ttft_at_first_token`] it takes the held-out TTFT error from
+    /// 14.0 to 7.8 % on average, routing within ±1 %). ≥ 1.
+    pub predictor_min_samples: u64,
+    /// Whether the predictor learns a request's TTFT at its first token instead of when the
+    /// request ends (a whole decode later: ~8 s for 1,000 output tokens, during which a new
+    /// pod class is predicted by the analytic estimate). Seed false; default profile true
+    /// (EVALUATION.md §14.2). The TPOT is learnt at the end either way.
+    pub predictor_ttft_at_first_token: bool,
 
     // ---- LoRA adapters (`adapters.rs`: the cost model, its defaults and their sources) ----
     /// Whether a pod's adapter fit adds its cost to the predicted TTFT (resident 0, empty slot
@@ -316,6 +326,8 @@ router_keys! {
     lru_capacity_per_server: u32, "lruCapacityPerServer";
     predictor_model: ModelKind, "predictorModel";
     predictor_drift_adaptation: bool, "predictorDriftAdaptation";
+    predictor_min_samples: u64, "predictorMinSamples";
+    predictor_ttft_at_first_token: bool, "predictorTtftAtFirstToken";
     lora_aware: bool, "loraAware";
     lora_load_ms: f64, "loraLoadMs";
     lora_deferral_ms: f64, "loraDeferralMs";
@@ -358,6 +370,8 @@ impl RouterConfig {
             lru_capacity_per_server: DEFAULT_POD_CAPACITY_BLOCKS,
             predictor_model: ModelKind::Rls,
             predictor_drift_adaptation: false,
+            predictor_min_samples: 32,
+            predictor_ttft_at_first_token: false,
             lora_aware: true,
             lora_load_ms: crate::adapters::DEFAULT_LORA_LOAD_MS,
             lora_deferral_ms: crate::adapters::DEFAULT_LORA_DEFERRAL_MS,
@@ -375,6 +389,8 @@ impl RouterConfig {
                 affinity_relative_slack_ms: 5.0,
                 relative_gate_queue_rule: QueueRule::Every,
                 shared_prefix_epsilon: 0.1,
+                predictor_min_samples: 8,
+                predictor_ttft_at_first_token: true,
                 ..base
             },
         }
@@ -567,6 +583,12 @@ impl RouterConfig {
             "shared_prefix_min_requests",
             f64::from(self.shared_prefix_min_requests),
             self.shared_prefix_min_requests >= 1,
+            ">= 1",
+        )?;
+        check(
+            "predictor_min_samples",
+            self.predictor_min_samples as f64,
+            self.predictor_min_samples >= 1,
             ">= 1",
         )?;
         check(

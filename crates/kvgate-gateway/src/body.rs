@@ -140,8 +140,16 @@ pub struct Tracker {
 impl Tracker {
     pub(crate) fn first_token(&mut self) {
         if self.first_token_at.is_none() {
-            self.first_token_at = Some(Instant::now());
-            self.guard.first_token();
+            let now = Instant::now();
+            self.first_token_at = Some(now);
+            // What `finish_inner` would train on, known now: a trainable stream's TTFT without
+            // the flow-queue wait (the predictor may learn it at once; `RouterConfig::
+            // predictor_ttft_at_first_token`).
+            let ttft_ms = (self.stream && self.trainable && !self.error_status).then(|| {
+                let ms = now.duration_since(self.start).as_secs_f64() * 1e3;
+                (ms - self.queued.as_secs_f64() * 1e3).max(0.0)
+            });
+            self.guard.first_token(ttft_ms);
         }
     }
 

@@ -69,14 +69,29 @@ impl TicketGuard {
         &self.pod
     }
 
-    /// The first token arrived (later calls do nothing).
-    pub fn first_token(&mut self) {
+    /// The first token arrived (later calls do nothing). `ttft_ms`: the TTFT the predictor may
+    /// learn from (dispatch to first token, the response trainable); it does so now when the
+    /// router's `predictor_ttft_at_first_token` is on ([`RouterSession::first_token_learnt`]:
+    /// the end of the request then trains the TPOT only), and the sample goes to the other
+    /// replicas with the first token.
+    pub fn first_token(&mut self, ttft_ms: Option<f64>) {
         if let Some(t) = self.ticket.as_mut()
             && !t.has_first_token()
         {
-            self.shared.session.lock().first_token(t);
+            let sample = {
+                let mut session = self.shared.session.lock();
+                match ttft_ms {
+                    Some(ms) if session.router().config().predictor_ttft_at_first_token => {
+                        session.first_token_learnt(t, ms)
+                    }
+                    _ => {
+                        session.first_token(t);
+                        None
+                    }
+                }
+            };
             if let (Some(c), Some((id, _))) = (self.shared.cluster.get(), self.shared_as) {
-                c.first_token(&self.shared, id, t.decode_tokens());
+                c.first_token(&self.shared, id, t.decode_tokens(), sample);
             }
         }
     }

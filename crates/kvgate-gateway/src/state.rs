@@ -60,12 +60,13 @@ pub struct Shared {
     discovered: Mutex<Vec<crate::pods::PodEntry>>,
 }
 
-/// The predictor's config for the router's: its model and drift adaptation; tree models
-/// train in the background ([`crate::trainer`]).
+/// The predictor's config for the router's: its model, drift adaptation and cold-start
+/// sample count; tree models train in the background ([`crate::trainer`]).
 pub fn predictor_config(router: &kvgate_core::RouterConfig) -> PredictorConfig {
     PredictorConfig {
         model: router.predictor_model,
         drift_detection: router.predictor_drift_adaptation,
+        min_samples: router.predictor_min_samples,
         gbdt_background_training: true,
         ..PredictorConfig::default()
     }
@@ -130,9 +131,7 @@ impl Shared {
             if old.router != new.router || old.policy != new.policy {
                 session.set_router(new.router, new.policy);
             }
-            if old.router.predictor_model != new.router.predictor_model
-                || old.router.predictor_drift_adaptation != new.router.predictor_drift_adaptation
-            {
+            if predictor_config(&old.router) != predictor_config(&new.router) {
                 session.set_predictor(LatencyPredictor::new(predictor_config(&new.router)));
             }
         }

@@ -174,8 +174,9 @@ pub struct ClusterConfig {
     pub lora: Option<LoraConfig>,
     /// The predictor learns each request's TTFT at its first token
     /// ([`RouterSession::first_token_learnt`]) instead of when the request finishes, as the
-    /// gateway does. Default false (the gateway's behaviour); `--learn-ttft-at-first-token`,
-    /// the cold-start measurement of EVALUATION.md §14.2.
+    /// gateway does when the router config's `predictor_ttft_at_first_token` is on (the
+    /// default profile; `kvgate sim` sets this from it). Default false here (the seed's
+    /// behaviour); EVALUATION.md §14.2.
     pub learn_ttft_at_first_token: bool,
 }
 

@@ -119,11 +119,13 @@ pub struct SimArgs {
     #[arg(long)]
     predictor_model: Option<kvgate_core::predictor::ModelKind>,
     /// TTFT samples a pod class needs before its regressor replaces the analytic estimate
-    /// (the predictor's `min_samples`, default 32).
+    /// (overrides the router config's `predictor_min_samples`: 8 in the default profile, 32 in
+    /// the seed's).
     #[arg(long)]
     predictor_min_samples: Option<u64>,
-    /// The predictor learns each TTFT at the request's first token instead of at its end (the
-    /// gateway learns at the end); measures the cold start (EVALUATION.md §14.2).
+    /// The predictor learns each TTFT at the request's first token instead of at its end
+    /// (forces the router config's `predictor_ttft_at_first_token` on: on in the default
+    /// profile, off in the seed's; EVALUATION.md §14.2).
     #[arg(long)]
     learn_ttft_at_first_token: bool,
     /// Router parameters as a JSON object (snake_case or llm-d camelCase keys), e.g.
@@ -475,12 +477,13 @@ pub fn run(args: SimArgs) -> Result<()> {
                             drift_detection: args.drift_adaptation
                                 || router.predictor_drift_adaptation,
                             model: router.predictor_model,
-                            min_samples: args.predictor_min_samples.unwrap_or(
-                                kvgate_core::predictor::PredictorConfig::default().min_samples,
-                            ),
+                            min_samples: args
+                                .predictor_min_samples
+                                .unwrap_or(router.predictor_min_samples),
                             ..Default::default()
                         },
-                        learn_ttft_at_first_token: args.learn_ttft_at_first_token,
+                        learn_ttft_at_first_token: args.learn_ttft_at_first_token
+                            || router.predictor_ttft_at_first_token,
                         index,
                         faults: faults.clone(),
                         replicas: args.replicas.max(1),

@@ -436,14 +436,26 @@ impl Cluster {
         request
     }
 
-    pub fn first_token(&self, shared: &Shared, request: u64, decode_tokens: u64) {
+    /// The request's first token; with a training sample (its TTFT, learnt at the first
+    /// token), that goes out too, for the other replicas' predictors.
+    pub fn first_token(
+        &self,
+        shared: &Shared,
+        request: u64,
+        decode_tokens: u64,
+        sample: Option<TrainingSample>,
+    ) {
         let mut live = self.live.lock();
-        if let Some(l) = live.get_mut(&request) {
+        let pod = live.get_mut(&request).map(|l| {
             l.first_token = true;
             l.prefill_tokens = 0;
             l.decode_tokens = decode_tokens;
-        }
+            l.pod
+        });
         self.push(shared, &live, Event::FirstToken { request });
+        if let (Some(pod), Some(sample), true) = (pod, sample, self.config.share_samples) {
+            self.push(shared, &live, Event::Sample { pod, sample });
+        }
     }
 
     /// `tokens` more decode tokens (the guard batches them by [`TOKENS_PER_EVENT`]).
@@ -1119,7 +1131,7 @@ mod tests {
         // Routed, first token (100 + 1 decode tokens), 32 more: all still queued when the
         // snapshot tick comes.
         let r = c.route_event(&shared, 7, &[11, 12, 13], 100, 60);
-        c.first_token(&shared, r, 101);
+        c.first_token(&shared, r, 101, None);
         c.tokens(&shared, r, 32);
         let mut out = Vec::new();
         c.pending_then_snapshot(&mut rx, &mut out);
@@ -1196,6 +1208,25 @@ mod tests {
             assert_eq!(out.len(), 2 + usize::from(share), "{out:?}");
             if share {
                 assert_eq!(out[2], Event::Sample { pod: key, sample });
+            }
+            // A TTFT learnt at the first token goes out right after the first token; a first
+            // token without one sends nothing more.
+            let ttft = TrainingSample {
+                tpot_ms: None,
+                ..sample
+            };
+            let r = c.route_event(&shared, key, &[], 100, 100);
+            c.first_token(&shared, r, 101, Some(ttft));
+            let r2 = c.route_event(&shared, key, &[], 100, 100);
+            c.first_token(&shared, r2, 101, None);
+            let mut out = Vec::new();
+            while let Ok(e) = rx.try_recv() {
+                out.push(e);
+            }
+            assert!(matches!(out[1], Event::FirstToken { request } if request == r));
+            assert_eq!(out.len(), 4 + usize::from(share), "{out:?}");
+            if share {
+                assert_eq!(out[2], Event::Sample { pod: key, sample: ttft });
             }
         }
     }
