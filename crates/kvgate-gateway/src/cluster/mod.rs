@@ -1226,7 +1226,13 @@ mod tests {
             assert!(matches!(out[1], Event::FirstToken { request } if request == r));
             assert_eq!(out.len(), 4 + usize::from(share), "{out:?}");
             if share {
-                assert_eq!(out[2], Event::Sample { pod: key, sample: ttft });
+                assert_eq!(
+                    out[2],
+                    Event::Sample {
+                        pod: key,
+                        sample: ttft
+                    }
+                );
             }
         }
     }
