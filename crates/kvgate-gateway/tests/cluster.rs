@@ -264,9 +264,21 @@ async fn a_replicas_predictor_learns_from_the_requests_another_replica_served() 
         assert_eq!(r.status, 200);
     }
     eventually("A learnt its five requests", || learnt(&a) == 5).await;
-    // B served nothing, yet its predictor learnt A's five requests.
-    eventually("B learnt A's samples", || learnt(&b) == 5).await;
-    assert_eq!(metric(&b, "kvgate_cluster_samples_applied_total"), 5.0);
+    // B served nothing, yet its predictor learnt A's five requests: two samples each, the
+    // TTFT sent at the first token and the TPOT at the end (predictor_ttft_at_first_token).
+    eventually("B learnt A's samples", || {
+        metric(&b, "kvgate_cluster_samples_applied_total") == 10.0
+    })
+    .await;
+    assert_eq!(learnt(&b), 5);
+    let tpot = b
+        .shared()
+        .session
+        .lock()
+        .predictor()
+        .accuracy()
+        .tpot_samples;
+    assert_eq!(tpot, 5);
     // A replica with sharing off neither sends nor learns samples (it still applies the routes).
     assert_idle(&quiet, &pods).await;
     assert_eq!(learnt(&quiet), 0);

@@ -61,6 +61,55 @@ async fn stream_chunks_arrive_incrementally_and_added_usage_is_stripped() {
     assert_eq!((acc.samples, acc.tpot_samples), (1, 1));
 }
 
+/// The predictor learns a stream's TTFT when its first token arrives (the default profile's
+/// `predictor_ttft_at_first_token`), not at the end; the TPOT at the end. In the seed profile
+/// both wait for the end.
+#[tokio::test]
+async fn the_ttft_is_learnt_at_the_first_token_and_the_tpot_at_the_end() {
+    use http_body_util::BodyExt;
+    for (router, mid_stream) in [("", (1, 0)), ("gate_profile = \"seed\"\n", (0, 0))] {
+        let pod = FakePod::start(SLOW).await;
+        let path = std::env::temp_dir().join(format!(
+            "kvgate-ttft-first-{}-{}.toml",
+            std::process::id(),
+            router.len()
+        ));
+        std::fs::write(&path, format!("[router]\n{router}")).unwrap();
+        let mut a = args(&[&pod]);
+        a.config = Some(path);
+        let gw = kvgate_gateway::Gateway::start(a).await.unwrap();
+        let learnt = |gw: &kvgate_gateway::Gateway| {
+            let acc = gw.shared().session.lock().predictor().accuracy();
+            (acc.samples, acc.tpot_samples)
+        };
+        let c = client();
+        let req = post(&gw, "/v1/chat/completions", &chat_body("hello", true));
+        let resp = c.request(req).await.unwrap();
+        let mut body = resp.into_body();
+        // Read up to the first token's frame; the pod sends four more, 100 ms apart.
+        loop {
+            let f = body.frame().await.expect("a frame").unwrap();
+            if f.data_ref()
+                .is_some_and(|d| String::from_utf8_lossy(d).contains("tok"))
+            {
+                break;
+            }
+        }
+        let deadline = Instant::now() + Duration::from_millis(150);
+        while learnt(&gw) != mid_stream && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(
+            learnt(&gw),
+            mid_stream,
+            "mid-stream, router config {router:?}"
+        );
+        while body.frame().await.is_some() {}
+        assert_idle(&gw, &[&pod]).await;
+        assert_eq!(learnt(&gw), (1, 1), "at the end, router config {router:?}");
+    }
+}
+
 #[tokio::test]
 async fn stream_keeps_usage_when_the_client_asked_for_it() {
     let pod = FakePod::start(FAST).await;
