@@ -10,25 +10,13 @@ MAPE % of the chosen pod's prediction over the whole run, of the first tenth of 
 (`predictor.ttft_mape_by_tenth`), and the share of the whole run's error that sits in the
 first tenth.
 """
-import json
 import sys
-from collections import defaultdict
 
-
-def mean(xs):
-    return sum(xs) / len(xs) if xs else float("nan")
+from sim_runs import grouped, mean
 
 
 def main():
-    cells = defaultdict(list)
-    order = []
-    for arg in sys.argv[1:]:
-        label, path = arg.split("=", 1)
-        for r in json.load(open(path))["runs"]:
-            if r["policy"] == "affinity-gate":
-                key = (label, r["rate_scale"])
-                order += [key] if key not in order else []
-                cells[key].append(r)
+    order, cells = grouped(sys.argv[1:])
     print("| run | rate | TTFT MAPE % | first tenth % | second tenth % | last 8 tenths % | "
           "share of the error in the first tenth |")
     print("|---|---:|---:|---:|---:|---:|---:|")

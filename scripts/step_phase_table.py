@@ -10,25 +10,13 @@ share of the observed TTFT, the TTFT MAPE % of the chosen pod's prediction, and 
 same predictions would have had knowing the wait (`predictor.step_phase`, see the sim's
 `StepPhase`), with the share of the error that is the phase alone.
 """
-import json
 import sys
-from collections import defaultdict
 
-
-def mean(xs):
-    return sum(xs) / len(xs) if xs else float("nan")
+from sim_runs import grouped, mean
 
 
 def main():
-    cells = defaultdict(list)
-    order = []
-    for arg in sys.argv[1:]:
-        workload, path = arg.split("=", 1)
-        for r in json.load(open(path))["runs"]:
-            if r["policy"] == "affinity-gate":
-                key = (workload, r["rate_scale"])
-                order += [key] if key not in order else []
-                cells[key].append(r)
+    order, cells = grouped(sys.argv[1:])
     print("| workload | rate | busy % | dispatched mid-step % | mean wait ms | wait ÷ TTFT | TTFT MAPE % | "
           "MAPE knowing the wait % | share of the error that is the phase |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
