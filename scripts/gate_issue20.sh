@@ -16,6 +16,7 @@ declare -A variants=(
   [queue-off]='{"relative_gate_queue_rule":"off"}'
   [queue-target]='{"relative_gate_queue_rule":"target"}'
   [balance-4ms]='{"balance_window_ms":4}'
+  [balance-2ms]='{"balance_window_ms":2}'
   [balance-rel-0.3]='{"balance_window_rel":0.3}'
   [eps-0.1]='{"epsilon_explore_sticky":0.1}'
   [balance-4ms-eps-0.1]='{"balance_window_ms":4,"epsilon_explore_sticky":0.1}'
