@@ -198,7 +198,7 @@ pub struct RouterConfig {
 
     // ---- latency predictor ----
     /// The predictor's model per pod class: `rls` (default), `rls-rel`, `rls-split`,
-    /// `rls-split-rel`, `gbdt`, `gbdt-p90`, `analytic` (see `predictor::model`; EVALUATION.md §12
+    /// `rls-split-rel`, `gbdt`, `gbdt-p90`, `analytic` (see `predictor::model`; EVALUATION.md §14
     /// compares them across workloads).
     pub predictor_model: ModelKind,
     /// Whether a drift episode (a class's recent error far above its long-run error) resets the

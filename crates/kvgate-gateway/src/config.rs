@@ -7,14 +7,21 @@
 //! policy = "affinity-gate"
 //! scrape_interval_ms = 50
 //! response_headers = true          # x-kvgate-pod / x-kvgate-branch / x-kvgate-queue-ms
-//! pods = ["http://10.0.0.5:8000", { url = "http://10.0.0.6:8000", class = "h100" }]
-//! # P/D disaggregation: role = "both" (default) | "prefill" | "decode" (README "Prefill/decode
-//! # disaggregation"); `--pod URL,role=prefill` on the command line
-//! # pods = [{ url = "http://10.0.0.8:8000", role = "prefill" }, { url = "http://10.0.0.9:8000", role = "decode" }]
-//! # A vLLM server with --data-parallel-size N: N engines behind one URL, each routed as its own
-//! # pod URL#dp<rank> (README "Data-parallel servers"); `--pod URL,dp=N` on the command line
-//! # pods = [{ url = "http://10.0.0.4:8000", data_parallel_size = 2 }]
 //! index = "engine"                 # routed (default) | engine: KV-cache events, token mode
+//! # Pods: a list of URLs and tables (pods = ["http://a:8000", { url = "http://b:8000" }])
+//! # or, as here, one [[pods]] table each (not both in one file).
+//! # P/D disaggregation: role = "both" (default) | "prefill" | "decode" (README "Prefill/decode
+//! # disaggregation"); `--pod URL,role=prefill` on the command line.
+//! # A vLLM server with --data-parallel-size N: data_parallel_size = N, N engines behind one
+//! # URL, each routed as its own pod URL#dp<rank> (README "Data-parallel servers"); `--pod
+//! # URL,dp=N` on the command line.
+//! [[pods]]
+//! url = "http://10.0.0.5:8000"
+//!
+//! [[pods]]
+//! url = "http://10.0.0.6:8000"
+//! class = "h100"                   # hardware class: the predictor learns one model per class
+//!
 //! [[pods]]                         # a pod publishing vLLM KV-cache events
 //! url = "http://10.0.0.7:8000"
 //! events = "tcp://10.0.0.7:5557"   # its PUB endpoint
@@ -952,6 +959,50 @@ mod tests {
 
     fn no_flags() -> ServeArgs {
         ServeArgs::default()
+    }
+
+    /// The first ```toml block after `after` in `text`, with `prefix` stripped from each line.
+    fn toml_example(text: &str, after: &str, prefix: &str) -> String {
+        let start = text.find(after).expect("section") + after.len();
+        text[start..]
+            .lines()
+            .map(|l| {
+                l.strip_prefix(prefix)
+                    .unwrap_or(l.trim_end_matches(prefix.trim_end()))
+            })
+            .skip_while(|l| *l != "```toml")
+            .skip(1)
+            .take_while(|l| *l != "```")
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    #[test]
+    fn the_documented_example_configs_load() {
+        let examples = [
+            (
+                "docs/operation.md",
+                toml_example(
+                    include_str!("../../../docs/operation.md"),
+                    "## Config file",
+                    "",
+                ),
+            ),
+            (
+                "config.rs module doc",
+                toml_example(include_str!("config.rs"), "Example `kvgate.toml`", "//! "),
+            ),
+        ];
+        for (place, text) in examples {
+            assert!(text.contains("[[pods]]"), "{place}: example not found");
+            let file: FileConfig =
+                toml::from_str(&text).unwrap_or_else(|e| panic!("{place}: {e}\n{text}"));
+            let c = GatewayConfig::resolve(&no_flags(), Some(&file))
+                .unwrap_or_else(|e| panic!("{place}: {e}"));
+            assert_eq!(c.pods.len(), 3, "{place}");
+            assert_eq!(c.pods[1].class, "h100", "{place}");
+            assert_eq!(c.index, IndexKind::Engine, "{place}");
+        }
     }
 
     #[test]

@@ -106,10 +106,13 @@ async fn run_async(args: DemoArgs) -> anyhow::Result<()> {
         );
     }
     println!(
-        "  policy {}; try:\n\ncurl -sN {base}/v1/chat/completions -H 'content-type: application/json' \\\n  -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}], \"max_tokens\": 16, \"stream\": true}}'\n",
+        "  policy {}; try (-D - prints the x-kvgate-pod and x-kvgate-branch headers: which pod, and why):\n\ncurl -sN -D - {base}/v1/chat/completions -H 'content-type: application/json' \\\n  -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}], \"max_tokens\": 16, \"stream\": true}}'\n",
         gw.shared().config().policy.name()
     );
     println!("  admin: {admin}/metrics  {admin}/debug/decisions  {admin}/readyz");
+    if !args.traffic {
+        println!("  or rerun with --traffic for a built-in multi-turn chat load.");
+    }
     println!("  Ctrl-C stops.");
     let _ = std::io::stdout().flush();
 

@@ -125,7 +125,8 @@ pub struct SimArgs {
     predictor_min_samples: Option<u64>,
     /// The predictor learns each TTFT at the request's first token instead of at its end
     /// (forces the router config's `predictor_ttft_at_first_token` on: on in the default
-    /// profile, off in the seed's; EVALUATION.md §14.2).
+    /// profile, off in the seed's; EVALUATION.md §14.2). To turn it off under the default
+    /// profile: --router-config '{"predictor_ttft_at_first_token": false}'.
     #[arg(long)]
     learn_ttft_at_first_token: bool,
     /// Router parameters as a JSON object (snake_case or llm-d camelCase keys), e.g.
