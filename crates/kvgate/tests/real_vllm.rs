@@ -614,6 +614,87 @@ async fn a_multi_turn_chat_scores_on_the_pod_that_served_its_first_turn() {
     );
 }
 
+/// The predictor's samples so far: (TTFT, TPOT), summed over pod classes.
+async fn samples_learnt(gw: &ServeProcess) -> (f64, f64) {
+    (
+        metric(gw, "kvgate_predictor_class_ttft_samples").await,
+        metric(gw, "kvgate_predictor_class_tpot_samples").await,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_stream_teaches_its_ttft_at_the_first_token_and_its_tpot_at_the_end() {
+    let Some((fleet, _lock)) = fleet("a_real_stream_teaches_its_ttft_at_the_first_token").await
+    else {
+        return;
+    };
+    // The default profile (predictor_ttft_at_first_token = true); routed index.
+    let gw = start_serve(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--pod",
+            &fleet.p0.url,
+            "--pod",
+            &fleet.p1.url,
+        ],
+        |_| {},
+    );
+    wait_healthy(&gw, 2).await;
+    assert_eq!(samples_learnt(&gw).await, (0.0, 0.0));
+    // 200 tokens at the tiny model's 220–340 tok/s: the stream lasts most of a second after its
+    // first token, so the TTFT sample is seen mid-stream.
+    let body = json!({"model": "tiny", "prompt": prompt(&tag(), 20), "max_tokens": 200,
+                      "ignore_eos": true, "temperature": 0.0, "stream": true});
+    let sent = Instant::now();
+    let mut resp = client()
+        .post(format!("{}/v1/completions", gw.base))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert!(resp.status().is_success(), "{}", resp.status());
+    let mut seen = String::new();
+    while !seen.contains("\"text\":\"") {
+        let chunk = resp
+            .chunk()
+            .await
+            .unwrap()
+            .expect("a first token before the end");
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let client_ttft = sent.elapsed();
+    // Mid-stream: the TTFT learnt, the TPOT not yet (the stream is still decoding). Learnt
+    // at the end, both would appear at once, in one update of the predictor: (1, 0) is never
+    // seen then.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut mid = samples_learnt(&gw).await;
+    while mid == (0.0, 0.0) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        mid = samples_learnt(&gw).await;
+    }
+    let at_mid = sent.elapsed();
+    let mut rest = 0usize;
+    while let Some(chunk) = resp.chunk().await.unwrap() {
+        rest += chunk.len();
+    }
+    let streamed = sent.elapsed();
+    eprintln!(
+        "client TTFT {client_ttft:?}, samples {mid:?} at {at_mid:?}, stream ended at {streamed:?} \
+         ({rest} more bytes)"
+    );
+    assert_eq!(mid, (1.0, 0.0), "mid-stream (stream ended at {streamed:?})");
+    assert!(at_mid < streamed, "the check ran before the stream ended");
+    wait_for(
+        "the TPOT learnt at the end",
+        Duration::from_secs(5),
+        || async { samples_learnt(&gw).await == (1.0, 1.0) },
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_pod_conformance_suite_passes_on_real_vllm() {
     let Some((fleet, _lock)) = fleet("the_pod_conformance_suite_passes_on_real_vllm").await else {
