@@ -213,6 +213,24 @@ async fn engine_gateway(fleet: &Fleet, pods: &[&RealPod]) -> ServeProcess {
     gw
 }
 
+/// `kvgate serve` with the routed index (the default) over both pods; waits until they are
+/// healthy.
+async fn routed_gateway(fleet: &Fleet) -> ServeProcess {
+    let args = [
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--pod",
+        &fleet.p0.url,
+        "--pod",
+        &fleet.p1.url,
+    ];
+    let gw = start_serve(&args, |_| {});
+    wait_healthy(&gw, 2).await;
+    gw
+}
+
 async fn wait_healthy(gw: &ServeProcess, pods: usize) {
     wait_for("every pod healthy", Duration::from_secs(30), || async {
         metric(gw, "kvgate_pod_healthy").await as usize == pods
@@ -236,21 +254,7 @@ async fn the_openai_client_is_served_through_kvgate_in_routed_and_engine_mode() 
         let gw = if mode == "engine" {
             engine_gateway(fleet, &[&fleet.p0, &fleet.p1]).await
         } else {
-            let gw = start_serve(
-                &[
-                    "--listen",
-                    "127.0.0.1:0",
-                    "--admin-listen",
-                    "127.0.0.1:0",
-                    "--pod",
-                    &fleet.p0.url,
-                    "--pod",
-                    &fleet.p1.url,
-                ],
-                |_| {},
-            );
-            wait_healthy(&gw, 2).await;
-            gw
+            routed_gateway(fleet).await
         };
         let out = std::process::Command::new(python())
             .arg(&script)
@@ -628,21 +632,8 @@ async fn a_real_stream_teaches_its_ttft_at_the_first_token_and_its_tpot_at_the_e
     else {
         return;
     };
-    // The default profile (predictor_ttft_at_first_token = true); routed index.
-    let gw = start_serve(
-        &[
-            "--listen",
-            "127.0.0.1:0",
-            "--admin-listen",
-            "127.0.0.1:0",
-            "--pod",
-            &fleet.p0.url,
-            "--pod",
-            &fleet.p1.url,
-        ],
-        |_| {},
-    );
-    wait_healthy(&gw, 2).await;
+    // The default profile (predictor_ttft_at_first_token = true).
+    let gw = routed_gateway(fleet).await;
     assert_eq!(samples_learnt(&gw).await, (0.0, 0.0));
     // 200 tokens at the tiny model's 220–340 tok/s: the stream lasts most of a second after its
     // first token, so the TTFT sample is seen mid-stream.
