@@ -691,3 +691,23 @@ async fn a_replica_starts_and_routes_while_nats_is_unreachable() {
     nats.up();
     joined(&[&a], 0).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_from_one_config_draw_from_different_seeds() {
+    let Some(nats) = Nats::start() else { return };
+    let p1 = FakePod::start(Behavior::Normal {
+        chunks: 1,
+        delay_ms: 0,
+    })
+    .await;
+    // The same config (seed 0, the default) for both, as from one ConfigMap.
+    let a = replica(&[&p1], &nats).await;
+    let b = replica(&[&p1], &nats).await;
+    joined(&[&a, &b], 1).await;
+    let seed = |gw: &Gateway| gw.shared().session.lock().decision_seed();
+    assert_eq!(a.shared().config().seed, b.shared().config().seed);
+    assert_ne!(seed(&a), seed(&b), "one config, two replicas, two seeds");
+    // Alone (no --cluster), the configured seed is the session's.
+    let alone = Gateway::start(args(&[&p1])).await.unwrap();
+    assert_eq!(seed(&alone), alone.shared().config().seed);
+}

@@ -213,6 +213,8 @@ pub struct RouterSession {
     index: HybridIndex,
     predictor: LatencyPredictor,
     rng: DecisionRng,
+    /// The seed `rng` last started from ([`RouterSession::new`], [`RouterSession::reseed`]).
+    seed: u64,
     ledger: Ledger,
     /// LoRA adapters routed per pod: in flight and most recent ([`crate::adapters`]).
     adapters: AdapterBook,
@@ -233,6 +235,7 @@ impl RouterSession {
             index: HybridIndex::new(),
             predictor: LatencyPredictor::new(predictor),
             rng: DecisionRng::seed_from_u64(seed),
+            seed,
             ledger: Ledger::default(),
             adapters: AdapterBook::default(),
             health: Vec::new(),
@@ -242,6 +245,19 @@ impl RouterSession {
 
     pub fn router(&self) -> &Router {
         &self.router
+    }
+
+    /// Restarts the decision RNG from `seed`. A gateway replica joining a cluster mixes its
+    /// replica id into its configured seed, so replicas started from one config do not make the
+    /// same random draws (exploration, random picks) in lockstep.
+    pub fn reseed(&mut self, seed: u64) {
+        self.rng = DecisionRng::seed_from_u64(seed);
+        self.seed = seed;
+    }
+
+    /// The seed the decision RNG last started from.
+    pub fn decision_seed(&self) -> u64 {
+        self.seed
     }
 
     /// Replaces the policy and its parameters (a config reload); index, predictor, RNG,

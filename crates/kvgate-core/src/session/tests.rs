@@ -203,6 +203,42 @@ fn the_same_seed_and_requests_give_the_same_decisions() {
 }
 
 #[test]
+fn a_reseeded_session_draws_from_its_new_seed() {
+    // Exploration on every other request, so the draws show in the picks.
+    let router = RouterConfig {
+        epsilon_explore_sticky: crate::config::GateSetting::Fixed(0.5),
+        ..RouterConfig::default()
+    };
+    let run = |reseed: Option<u64>| {
+        let mut s = session(router);
+        if let Some(seed) = reseed {
+            s.reseed(seed);
+        }
+        let mut snaps = pods(8);
+        let picks = (0..200u64)
+            .map(|i| {
+                let blocks: Vec<BlockHash> = (0..4).map(|b| b + 100 * (i % 3)).collect();
+                let r = s.route(&request(&blocks, 64), &mut snaps, &[]).unwrap();
+                let pod = r.decision.pod_id;
+                s.finish(r.ticket, None);
+                pod
+            })
+            .collect::<Vec<_>>();
+        (s.decision_seed(), picks)
+    };
+    let (seed, first) = run(None);
+    assert_eq!(seed, 7);
+    assert_eq!(
+        run(Some(7)),
+        (7, first.clone()),
+        "reseeding to the same seed"
+    );
+    let (seed, other) = run(Some(8));
+    assert_eq!(seed, 8);
+    assert_ne!(other, first, "another seed, other draws");
+}
+
+#[test]
 fn each_pod_is_scored_and_charged_against_the_chain_of_its_own_block_size() {
     let mut s = session(RouterConfig::seed());
     // One 4,100-token prompt: 256 blocks of 16 tokens (main chain), 32 blocks of 128 tokens.

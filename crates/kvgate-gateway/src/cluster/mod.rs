@@ -35,6 +35,8 @@
 //!   replica's predictor trains on the whole fleet's requests. Measured in EVALUATION.md §12:
 //!   4 replicas training each on its own quarter over-predicted more than one router did.
 //!   `cluster_share_samples = false` turns it off.
+//! - **Decision seed.** A replica's session draws from its configured seed mixed with its
+//!   replica id (`decision_seed`), so replicas from one config do not explore in lockstep.
 //!
 //! NATS core (no JetStream) is used: at-most-once, ordered per publisher. The failure
 //! semantics follow from the above: NATS down → each replica routes on its own state (nothing
@@ -301,6 +303,14 @@ impl std::fmt::Debug for Cluster {
             .field("replica", &format_args!("{:016x}", self.replica))
             .finish()
     }
+}
+
+/// The decision RNG's seed of a replica: its configured `seed` mixed with its (random) replica
+/// id. Replicas usually share one config file, and with one seed their sessions would draw the
+/// same numbers in lockstep, so two replicas deciding at the same moment would explore together
+/// and pick alike.
+fn decision_seed(seed: u64, replica: u64) -> u64 {
+    seed ^ replica
 }
 
 fn random_replica_id() -> u64 {
@@ -619,10 +629,13 @@ pub async fn start(shared: &Arc<Shared>, config: ClusterConfig) -> Vec<JoinHandl
         }
     };
     let _ = shared.cluster.set(cluster.clone());
+    let seed = decision_seed(shared.config().seed, replica);
+    shared.session.lock().reseed(seed);
     tracing::info!(
         url = %cluster.config.url,
         name = %cluster.config.name,
         replica = %format_args!("{replica:016x}"),
+        decision_seed = seed,
         "cluster: replica started"
     );
     vec![
