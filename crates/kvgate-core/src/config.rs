@@ -207,10 +207,12 @@ pub struct RouterConfig {
     /// growing queues on one seed of three (EVALUATION.md §6.2); turn it on for fleets whose
     /// pods change speed (it recovers a 2× slowdown in ~300 samples instead of thousands).
     pub predictor_drift_adaptation: bool,
-    /// TTFT samples a pod class needs before its regression replaces the analytic estimate
-    /// (the predictor's `min_samples`). Seed 32; default profile 8 (EVALUATION.md §14.2: with
+    /// Samples a pod class needs before its regression replaces the analytic estimate, for
+    /// TTFT and for TPOT each (and before `gbdt`'s first training): the predictor's
+    /// `min_samples`. Seed 32; default profile 8 (EVALUATION.md §14.2: with
     /// [`RouterConfig::predictor_ttft_at_first_token`] it takes the held-out TTFT error from
-    /// 14.0 to 7.8 % on average, routing within ±1 %). ≥ 1.
+    /// 14.0 to 7.8 % on average, routing within ±1 %). ≥ 1. Changing it on a config reload
+    /// starts a new predictor (what was learnt is dropped), as changing `predictor_model` does.
     pub predictor_min_samples: u64,
     /// Whether the predictor learns a request's TTFT at its first token instead of when the
     /// request ends (a whole decode later: ~8 s for 1,000 output tokens, during which a new

@@ -128,7 +128,9 @@ pub struct Tracker {
     pub policy: &'static str,
     pub branch: &'static str,
     pub request_id: String,
-    /// Train the predictor from this response (a routed 2xx response).
+    /// Train the predictor from this response (a routed 2xx response). With
+    /// `predictor_ttft_at_first_token` a stream's TTFT is learnt at its first token even if
+    /// the stream later fails (the TTFT was real); the TPOT only from one that completes.
     pub trainable: bool,
     pub stream: bool,
     /// The pod answered with a non-2xx status (passed through to the client).

@@ -143,6 +143,9 @@ impl TicketGuard {
             }
             self.shared.session.lock().finish(t, observed);
             if let (Some(c), Some((id, _))) = (self.shared.cluster.get(), self.shared_as.take()) {
+                // Nothing left to teach (the TTFT went out with the first token, no TPOT with
+                // under two tokens): the finish goes without a sample.
+                let sample = sample.filter(|s| s.ttft_ms.is_some() || s.tpot_ms.is_some());
                 c.finish(&self.shared, id, sample);
             }
         }

@@ -1,8 +1,12 @@
 //! The gradient-boosted-trees model of one class: bucketed samples in, trees trained from a
 //! snapshot of them, the trained pair swapped in whole.
 //!
-//! - **Samples.** Every observed request goes to the class's [`SampleBuckets`] (400 buckets ×
-//!   `gbdt_bucket_capacity`, default 64).
+//! - **Samples.** Every observed sample goes to the class's [`SampleBuckets`] (400 buckets ×
+//!   `gbdt_bucket_capacity`, default 64). With the TTFT learnt at the first token
+//!   (`predictor_ttft_at_first_token`, the default profile's) a request is two samples, its
+//!   TTFT and then its TPOT: the buckets then hold about half as many requests per target, and
+//!   the schedule below counts both (this experimental model was measured with one sample per
+//!   request, EVALUATION.md §6).
 //! - **Schedule.** A retrain is due when the samples observed since the last snapshot reach
 //!   min(`gbdt_retrain_every` (256), max(`min_samples` (32), samples at the last snapshot)):
 //!   the first model comes at 32 samples, then at 64, 128, 256, 512, then every 256. A drift

@@ -173,10 +173,12 @@ impl Ticket {
     /// What [`RouterSession::finish`] trains the predictor on for this ticket and `observed`:
     /// the features at dispatch and the targets of its stage (a whole request TTFT and TPOT,
     /// a P/D prefill stage TTFT only, a P/D decode stage TPOT only).
-    /// Once the TTFT was learnt at the first token, only TPOT is left to train.
+    /// Once the TTFT was learnt at the first token, only a whole request's TPOT is left to
+    /// train (a prefill stage has none).
     pub fn training_sample(&self, observed: &Observed) -> TrainingSample {
         let (ttft_ms, tpot_ms) = match self.stage {
-            pd::Stage::Whole | pd::Stage::Prefill if self.ttft_learnt => (None, observed.tpot_ms),
+            pd::Stage::Whole if self.ttft_learnt => (None, observed.tpot_ms),
+            pd::Stage::Prefill if self.ttft_learnt => (None, None),
             pd::Stage::Whole => (Some(observed.ttft_ms), observed.tpot_ms),
             pd::Stage::Prefill => (Some(observed.ttft_ms), None),
             pd::Stage::Decode => (None, observed.tpot_ms),
