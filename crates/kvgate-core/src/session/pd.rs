@@ -336,6 +336,30 @@ mod tests {
     }
 
     #[test]
+    fn each_stage_trains_its_own_targets_and_a_ttft_learnt_early_is_not_trained_again() {
+        let b = blocks(4, 1);
+        let mut pods = vec![pod(0, PodRole::Decode), pod(1, PodRole::Prefill)];
+        let mut s = session();
+        let mut pd = split(s.route_pd(&request(&b, 64), &mut pods, &[]).unwrap());
+        let observed = Observed {
+            ttft_ms: 20.0,
+            tpot_ms: Some(5.0),
+        };
+        let targets = |t: &Ticket| {
+            let sample = t.training_sample(&observed);
+            (sample.ttft_ms, sample.tpot_ms)
+        };
+        assert_eq!(targets(&pd.prefill), (Some(20.0), None));
+        assert_eq!(targets(&pd.decode), (None, Some(5.0)));
+        s.first_token_learnt(&mut pd.prefill, 20.0);
+        assert_eq!(
+            targets(&pd.prefill),
+            (None, None),
+            "learnt once, at the first token"
+        );
+    }
+
+    #[test]
     fn the_prefill_charge_ends_with_the_prefill_call_and_decode_load_stays_on_the_decode_pod() {
         let b = blocks(4, 1);
         let mut pods = vec![pod(0, PodRole::Prefill), pod(1, PodRole::Decode)];
