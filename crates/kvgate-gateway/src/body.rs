@@ -120,9 +120,10 @@ pub struct Tracker {
     /// The request's session ticket: returned (and trained on) when the request ends.
     pub guard: TicketGuard,
     pub start: Instant,
-    /// Time the request waited in the flow queue after `start`: in the TTFT and e2e metrics
-    /// (the client's wait), not in what the predictor learns (the pod's).
-    pub queued: std::time::Duration,
+    /// Time from `start` to this attempt's dispatch to the pod: the flow-queue wait, the
+    /// decision and any earlier attempt that failed before a byte. In the TTFT and e2e metrics
+    /// (the client's wait), not in what the predictor learns (the pod's TTFT, from dispatch).
+    pub before_dispatch: std::time::Duration,
     pub first_token_at: Option<Instant>,
     pub prompt_tokens: u64,
     pub policy: &'static str,
@@ -144,12 +145,12 @@ impl Tracker {
         if self.first_token_at.is_none() {
             let now = Instant::now();
             self.first_token_at = Some(now);
-            // What `finish_inner` would train on, known now: a trainable stream's TTFT without
-            // the flow-queue wait (the predictor may learn it at once; `RouterConfig::
+            // What `finish_inner` would train on, known now: a trainable stream's TTFT from its
+            // dispatch (the predictor may learn it at once; `RouterConfig::
             // predictor_ttft_at_first_token`).
             let ttft_ms = (self.stream && self.trainable && !self.error_status).then(|| {
                 let ms = now.duration_since(self.start).as_secs_f64() * 1e3;
-                (ms - self.queued.as_secs_f64() * 1e3).max(0.0)
+                (ms - self.before_dispatch.as_secs_f64() * 1e3).max(0.0)
             });
             self.guard.first_token(ttft_ms);
         }
@@ -223,9 +224,9 @@ impl Tracker {
         if let Some(t) = tpot_ms {
             m.tpot_ms.observe(t);
         }
-        let queued_ms = self.queued.as_secs_f64() * 1e3;
+        let before_dispatch_ms = self.before_dispatch.as_secs_f64() * 1e3;
         self.guard.finish(Some(Observed {
-            ttft_ms: (ttft_ms - queued_ms).max(0.0),
+            ttft_ms: (ttft_ms - before_dispatch_ms).max(0.0),
             tpot_ms,
         }));
     }

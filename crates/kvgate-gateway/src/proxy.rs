@@ -286,6 +286,9 @@ impl Forward<'_> {
         prefill_pod: Option<&str>,
     ) -> Forwarded<String> {
         let (shared, cfg, rid) = (self.shared, self.cfg, self.rid);
+        // The pod's TTFT counts from here, not from the request's arrival (the flow queue, the
+        // decision and any earlier failed attempt are not the pod's).
+        let before_dispatch = self.start.elapsed();
         let up = match upstream_request(
             cfg,
             pod,
@@ -312,7 +315,7 @@ impl Forward<'_> {
                     shared: shared.clone(),
                     guard,
                     start: self.start,
-                    queued: self.queued,
+                    before_dispatch,
                     first_token_at: None,
                     prompt_tokens: u64::from(self.input_tokens),
                     policy,
@@ -515,7 +518,7 @@ pub async fn passthrough(State(shared): State<Arc<Shared>>, req: Request) -> Res
                 shared: shared.clone(),
                 guard,
                 start,
-                queued: std::time::Duration::ZERO,
+                before_dispatch: std::time::Duration::ZERO,
                 first_token_at: None,
                 prompt_tokens: 0,
                 policy: "least-loaded",

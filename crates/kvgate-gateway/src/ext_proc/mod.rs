@@ -409,7 +409,7 @@ impl Exchange {
             shared: self.shared.clone(),
             guard,
             start: self.start,
-            queued: std::time::Duration::ZERO,
+            before_dispatch: std::time::Duration::ZERO,
             first_token_at: None,
             prompt_tokens,
             policy,
@@ -586,7 +586,6 @@ impl Exchange {
             policy,
             branch,
         } = routed;
-        let queued = turn.queued;
         // Routed: the session's ledger counts the request now.
         drop(turn);
         let Some(dest) = destination(&pod) else {
@@ -600,7 +599,9 @@ impl Exchange {
             true,
         );
         tracker.stream = prepared.parsed.stream;
-        tracker.queued = queued;
+        // Envoy sends the request on when this answer reaches it: the pod's TTFT counts from
+        // here (the body's arrival, the flow queue and the decision are not the pod's).
+        tracker.before_dispatch = self.start.elapsed();
         tracker.capture = prepared.capture.take();
         self.stream = prepared.parsed.stream;
         self.tracker = Some(tracker);
