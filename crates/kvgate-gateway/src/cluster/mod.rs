@@ -569,6 +569,9 @@ pub async fn start(shared: &Arc<Shared>, config: ClusterConfig) -> Vec<JoinHandl
     });
     let (tx, rx) = mpsc::channel(QUEUE_EVENTS);
     let replica = random_replica_id();
+    // Before anything routes, and whether or not NATS is usable.
+    let seed = decision_seed(shared.config().seed, replica);
+    shared.session.lock().reseed(seed);
     let cluster = Arc::new(Cluster {
         peers: Mutex::new(PeerBook::new(PeerConfig {
             lease_ms: config.lease.as_millis() as u64,
@@ -629,8 +632,6 @@ pub async fn start(shared: &Arc<Shared>, config: ClusterConfig) -> Vec<JoinHandl
         }
     };
     let _ = shared.cluster.set(cluster.clone());
-    let seed = decision_seed(shared.config().seed, replica);
-    shared.session.lock().reseed(seed);
     tracing::info!(
         url = %cluster.config.url,
         name = %cluster.config.name,
