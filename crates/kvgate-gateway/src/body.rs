@@ -148,10 +148,8 @@ impl Tracker {
             // What `finish_inner` would train on, known now: a trainable stream's TTFT from its
             // dispatch (the predictor may learn it at once; `RouterConfig::
             // predictor_ttft_at_first_token`).
-            let ttft_ms = (self.stream && self.trainable && !self.error_status).then(|| {
-                let ms = now.duration_since(self.start).as_secs_f64() * 1e3;
-                (ms - self.before_dispatch.as_secs_f64() * 1e3).max(0.0)
-            });
+            let ttft_ms = (self.stream && self.trainable && !self.error_status)
+                .then(|| self.pod_ttft_ms(now));
             self.guard.first_token(ttft_ms);
         }
     }
@@ -224,11 +222,16 @@ impl Tracker {
         if let Some(t) = tpot_ms {
             m.tpot_ms.observe(t);
         }
-        let before_dispatch_ms = self.before_dispatch.as_secs_f64() * 1e3;
-        self.guard.finish(Some(Observed {
-            ttft_ms: (ttft_ms - before_dispatch_ms).max(0.0),
-            tpot_ms,
-        }));
+        let ttft_ms = self.pod_ttft_ms(first);
+        self.guard.finish(Some(Observed { ttft_ms, tpot_ms }));
+    }
+
+    /// The pod's TTFT for a first token at `first`: from this attempt's dispatch, ms.
+    fn pod_ttft_ms(&self, first: Instant) -> f64 {
+        first
+            .saturating_duration_since(self.start + self.before_dispatch)
+            .as_secs_f64()
+            * 1e3
     }
 }
 

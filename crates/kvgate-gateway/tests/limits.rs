@@ -192,17 +192,8 @@ async fn a_pod_sending_no_response_in_time_gives_502_and_counters_return_to_zero
 
 #[tokio::test]
 async fn a_hung_pod_is_retried_on_another_before_any_byte() {
-    let hung = FakePod::start(Behavior::Hang).await;
     // Non-stream: the pod answers when done, so its whole generation must fit the timeout.
-    let ok = FakePod::start(Behavior::Normal {
-        chunks: 3,
-        delay_ms: 1,
-    })
-    .await;
-    let mut a = args(&[&hung, &ok]);
-    a.first_byte_timeout_ms = Some(200);
-    a.policy = Some("round-robin".into());
-    let gw = kvgate_gateway::Gateway::start(a).await.unwrap();
+    let (hung, ok, gw) = hung_and_ok(200).await;
     let c = client();
     for i in 0..2 {
         let r = send(
@@ -222,16 +213,7 @@ async fn a_hung_pod_is_retried_on_another_before_any_byte() {
 
 #[tokio::test]
 async fn a_pod_that_never_answers_goes_into_the_failure_cooldown_after_three_timeouts() {
-    let hung = FakePod::start(Behavior::Hang).await;
-    let ok = FakePod::start(Behavior::Normal {
-        chunks: 3,
-        delay_ms: 1,
-    })
-    .await;
-    let mut a = args(&[&hung, &ok]);
-    a.first_byte_timeout_ms = Some(200);
-    a.policy = Some("round-robin".into());
-    let gw = kvgate_gateway::Gateway::start(a).await.unwrap();
+    let (hung, ok, gw) = hung_and_ok(200).await;
     let c = client();
     let t0 = std::time::Instant::now();
     for i in 0..10 {

@@ -34,16 +34,7 @@ async fn a_retried_streams_ttft_is_learnt_from_the_attempt_that_answered() {
             .finish(),
     )
     .unwrap();
-    let hung = FakePod::start(Behavior::Hang).await;
-    let ok = FakePod::start(Behavior::Normal {
-        chunks: 3,
-        delay_ms: 1,
-    })
-    .await;
-    let mut a = args(&[&hung, &ok]);
-    a.first_byte_timeout_ms = Some(300);
-    a.policy = Some("round-robin".into());
-    let gw = kvgate_gateway::Gateway::start(a).await.unwrap();
+    let (hung, ok, gw) = hung_and_ok(300).await;
     let c = client();
     for i in 0..2 {
         let body = chat_body(&format!("q{i}"), true);

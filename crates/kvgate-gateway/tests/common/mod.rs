@@ -308,6 +308,23 @@ pub async fn gateway(pods: &[&FakePod]) -> Gateway {
     Gateway::start(args(pods)).await.unwrap()
 }
 
+/// A pod that never answers and a healthy one (3 chunks, 1 ms apart) behind a round-robin
+/// gateway with the given first-byte timeout: a request tried on the hung pod is retried on the
+/// healthy one.
+pub async fn hung_and_ok(first_byte_timeout_ms: u64) -> (FakePod, FakePod, Gateway) {
+    let hung = FakePod::start(Behavior::Hang).await;
+    let ok = FakePod::start(Behavior::Normal {
+        chunks: 3,
+        delay_ms: 1,
+    })
+    .await;
+    let mut a = args(&[&hung, &ok]);
+    a.first_byte_timeout_ms = Some(first_byte_timeout_ms);
+    a.policy = Some("round-robin".into());
+    let gw = Gateway::start(a).await.unwrap();
+    (hung, ok, gw)
+}
+
 pub fn post(gw: &Gateway, path: &str, body: &str) -> http::Request<Full<Bytes>> {
     http::Request::post(format!("http://{}{path}", gw.traffic_addr))
         .header("content-type", "application/json")
