@@ -2,6 +2,13 @@
 //! chunk (completion and cached tokens), and removal of that usage chunk when the gateway
 //! asked for it and the client did not.
 //!
+//! A content chunk is one that carries a generated token, even one whose text is empty (a
+//! special token, or a piece of a multi-byte character: vLLM streams those as `"text":""` /
+//! `"content":""`): a completions choice with a `text` field; a chat delta with `content`,
+//! `reasoning`/`reasoning_content` or `tool_calls` — except a chat delta that holds `role` and
+//! nothing but an empty `content`, which is the opening chunk sent before any token, and an
+//! empty delta (`{}`, the finish chunk).
+//!
 //! Frames are split into complete events: an event ends at a blank line, and lines end in CRLF,
 //! LF or CR (the SSE spec, HTML §9.2.5), so `\n\n`, `\r\n\r\n`, `\r\r` and any mix end one.
 //! Complete events are forwarded at once (the common case — one event per frame — is zero-copy
@@ -47,11 +54,36 @@ struct ChoiceView {
 #[derive(Deserialize)]
 struct DeltaView {
     #[serde(default)]
+    role: Option<IgnoredAny>,
+    #[serde(default)]
     content: Option<String>,
+    /// vLLM's current name for the reasoning text; `reasoning_content` the older one.
+    #[serde(default)]
+    reasoning: Option<String>,
     #[serde(default)]
     reasoning_content: Option<String>,
     #[serde(default)]
     tool_calls: Option<IgnoredAny>,
+}
+
+impl ChoiceView {
+    /// Whether this choice carries a generated token (see the module doc).
+    fn has_token(&self) -> bool {
+        self.text.is_some() || self.delta.as_ref().is_some_and(DeltaView::has_token)
+    }
+}
+
+impl DeltaView {
+    fn has_token(&self) -> bool {
+        let content = match self.content.as_deref() {
+            Some(t) => !t.is_empty() || self.role.is_none(),
+            None => false,
+        };
+        content
+            || self.reasoning.is_some()
+            || self.reasoning_content.is_some()
+            || self.tool_calls.is_some()
+    }
 }
 
 #[derive(Deserialize)]
@@ -269,17 +301,7 @@ impl SseScanner {
                 }
                 continue;
             }
-            let has_content = choices.iter().any(|c| {
-                c.text.as_deref().is_some_and(|t| !t.is_empty())
-                    || c.delta.as_ref().is_some_and(|d| {
-                        d.content.as_deref().is_some_and(|t| !t.is_empty())
-                            || d.reasoning_content
-                                .as_deref()
-                                .is_some_and(|t| !t.is_empty())
-                            || d.tool_calls.is_some()
-                    })
-            });
-            if has_content {
+            if choices.iter().any(ChoiceView::has_token) {
                 if self.first_content_seen {
                     fed.more_content_events += 1;
                 } else {
@@ -354,6 +376,60 @@ mod tests {
         let mut s = SseScanner::new(false);
         let f = s.feed(b("data: {\"choices\":[{\"index\":0,\"text\":\"x\"}]}\n\n"));
         assert!(f.first_content);
+    }
+
+    /// Whether `data` (one chunk's JSON) alone is a first content event.
+    fn is_token(data: &str) -> bool {
+        SseScanner::new(false)
+            .feed(b(&format!("data: {data}\n\n")))
+            .first_content
+    }
+
+    #[test]
+    fn a_token_whose_text_is_empty_is_still_a_token() {
+        // vLLM streams a special token (skip_special_tokens) or half a multi-byte character as
+        // an empty text: the token was generated, so that is the first token's time.
+        assert!(is_token(r#"{"choices":[{"index":0,"text":""}]}"#));
+        assert!(is_token(
+            r#"{"choices":[{"index":0,"text":"","finish_reason":"stop"}]}"#
+        ));
+        assert!(is_token(
+            r#"{"choices":[{"index":0,"delta":{"content":""}}]}"#
+        ));
+        assert!(is_token(
+            r#"{"choices":[{"index":0,"delta":{"reasoning":""}}]}"#
+        ));
+        assert!(is_token(
+            r#"{"choices":[{"index":0,"delta":{"reasoning_content":"so"}}]}"#
+        ));
+        assert!(is_token(
+            r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":"Hi"}}]}"#
+        ));
+        // Not tokens: the chat opening chunk (role, empty content) sent before prefill, the
+        // empty finish delta, a null text or content, usage, no choices.
+        assert!(!is_token(
+            r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#
+        ));
+        assert!(!is_token(
+            r#"{"choices":[{"index":0,"delta":{"role":"assistant"}}]}"#
+        ));
+        assert!(!is_token(
+            r#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#
+        ));
+        assert!(!is_token(r#"{"choices":[{"index":0,"text":null}]}"#));
+        assert!(!is_token(
+            r#"{"choices":[{"index":0,"delta":{"content":null}}]}"#
+        ));
+        assert!(!is_token(r#"{"choices":[],"usage":{"prompt_tokens":1}}"#));
+        assert!(!is_token(r#"{"id":"x"}"#));
+    }
+
+    #[test]
+    fn empty_text_tokens_after_the_first_are_counted() {
+        let mut s = SseScanner::new(false);
+        assert!(s.feed(b(TOK)).first_content);
+        let empty = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"\"}}]}\n\n";
+        assert_eq!(s.feed(b(empty)).more_content_events, 1);
     }
 
     #[test]
