@@ -146,7 +146,9 @@ async fn send(
 }
 
 /// Completion tokens of a response: `usage.completion_tokens` (a stream's usage chunk is
-/// stripped unless asked for, so streams count their content chunks).
+/// stripped unless asked for, so streams count their token chunks: a special token streams as
+/// empty text, and the random tiny model may emit only those; the chat opening chunk — role and
+/// empty content — is not a token).
 fn completion_tokens(body: &str, stream: bool) -> u64 {
     if !stream {
         let v: Value = serde_json::from_str(body).unwrap();
@@ -158,10 +160,9 @@ fn completion_tokens(body: &str, stream: bool) -> u64 {
         .filter_map(|d| serde_json::from_str::<Value>(d).ok())
         .filter(|v| {
             let c = &v["choices"][0];
-            c["text"].as_str().is_some_and(|t| !t.is_empty())
-                || c["delta"]["content"]
-                    .as_str()
-                    .is_some_and(|t| !t.is_empty())
+            let content = c["delta"]["content"].as_str();
+            c["text"].is_string()
+                || content.is_some_and(|t| !t.is_empty() || c["delta"]["role"].is_null())
         })
         .count() as u64
 }
