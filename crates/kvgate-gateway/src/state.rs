@@ -60,15 +60,12 @@ pub struct Shared {
     discovered: Mutex<Vec<crate::pods::PodEntry>>,
 }
 
-/// The predictor's config for the router's: its model, drift adaptation and cold-start
-/// sample count; tree models train in the background ([`crate::trainer`]).
+/// The predictor's config for the router's ([`PredictorConfig::for_router`]); tree models train
+/// in the background ([`crate::trainer`]).
 pub fn predictor_config(router: &kvgate_core::RouterConfig) -> PredictorConfig {
     PredictorConfig {
-        model: router.predictor_model,
-        drift_detection: router.predictor_drift_adaptation,
-        min_samples: router.predictor_min_samples,
         gbdt_background_training: true,
-        ..PredictorConfig::default()
+        ..PredictorConfig::for_router(router)
     }
 }
 

@@ -136,7 +136,14 @@ pub struct ClusterConfig {
     pub kv_blocks: Option<u32>,
     pub scrape_interval_ms: f64,
     pub policy: PolicyKind,
+    /// The router's config. Its `predictor_ttft_at_first_token` decides when each TTFT is
+    /// learnt, as in the gateway: at the first token ([`RouterSession::first_token_learnt`];
+    /// the default profile) or when the request finishes (the seed profile). Default: the
+    /// `default` profile.
     pub router: RouterConfig,
+    /// The predictor's settings. Default [`PredictorConfig::for_router`] of the default
+    /// `router`, as the gateway builds it (set it again after changing `router`'s predictor
+    /// keys).
     pub predictor: PredictorConfig,
     /// Seeds the decision RNG (exploration, random policies).
     pub seed: u64,
@@ -172,12 +179,6 @@ pub struct ClusterConfig {
     /// adapters are ignored by the engines). The scrape then reports each pod's slots, running
     /// adapters and deferred requests to the router, as the gateway reads them from vLLM.
     pub lora: Option<LoraConfig>,
-    /// The predictor learns each request's TTFT at its first token
-    /// ([`RouterSession::first_token_learnt`]) instead of when the request finishes, as the
-    /// gateway does when the router config's `predictor_ttft_at_first_token` is on (the
-    /// default profile; `kvgate sim` sets this from it). Default false here (the seed's
-    /// behaviour); EVALUATION.md §14.2.
-    pub learn_ttft_at_first_token: bool,
 }
 
 /// P/D transfer time per prompt token (ms): an 8B Llama-3's KV is 2 × 32 layers × 8 KV heads ×
@@ -196,7 +197,7 @@ impl ClusterConfig {
             scrape_interval_ms: DEFAULT_SCRAPE_INTERVAL_MS,
             policy,
             router: RouterConfig::default(),
-            predictor: PredictorConfig::default(),
+            predictor: PredictorConfig::for_router(&RouterConfig::default()),
             seed,
             rate_scale: 1.0,
             faults: None,
@@ -210,7 +211,6 @@ impl ClusterConfig {
             pod_roles: Vec::new(),
             transfer_ms_per_token: DEFAULT_TRANSFER_MS_PER_TOKEN,
             lora: None,
-            learn_ttft_at_first_token: false,
         }
     }
 
@@ -1426,7 +1426,7 @@ impl Cluster {
             let sid = share_id(e.request_id, req.attempt);
             if req.first_token_ms.is_none() {
                 req.first_token_ms = Some(now_ms);
-                if self.config.learn_ttft_at_first_token {
+                if self.config.router.predictor_ttft_at_first_token {
                     // The same TTFT `finish` would train on (see there).
                     let ttft = match self.dispatched_ms.get(e.request_id as usize) {
                         Some(&d) if self.config.flow.enabled && d.is_finite() => now_ms - d,

@@ -291,8 +291,9 @@ fn learning_the_ttft_at_the_first_token_informs_a_request_sent_while_the_first_d
     ];
     let mut config = ClusterConfig::new(1, PolicyKind::AffinityGate, 1);
     config.predictor.min_samples = 1;
+    config.router.predictor_ttft_at_first_token = false;
     let at_end = cluster::run(&config, &reqs);
-    config.learn_ttft_at_first_token = true;
+    config.router.predictor_ttft_at_first_token = true;
     let at_first_token = cluster::run(&config, &reqs);
     for m in [&at_end, &at_first_token] {
         assert_eq!(m.completed, 2);

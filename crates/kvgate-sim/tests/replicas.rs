@@ -117,15 +117,19 @@ fn with_shared_samples_each_replica_learns_from_every_completed_request() {
 
 #[test]
 fn staggered_scrapes_leave_one_replica_alone_and_give_each_replica_its_own_view() {
-    let reqs = chat(3, 400);
+    // 1000 requests at 16× their rate: enough load that the scraped state moves decisions
+    // (with 400 at 8× the default predictor's decisions happened not to change).
+    let reqs = chat(3, 1000);
     let staggered = |replicas| ClusterConfig {
         staggered_scrapes: true,
-        rate_scale: 8.0,
+        rate_scale: 16.0,
+        record_routes: true,
         ..config(replicas, Some(NOW))
     };
     // One replica: the same single scrape schedule, so the same run.
     let plain = |replicas| ClusterConfig {
-        rate_scale: 8.0,
+        rate_scale: 16.0,
+        record_routes: true,
         ..config(replicas, Some(NOW))
     };
     let a = cluster::run(&plain(1), &reqs);
@@ -137,8 +141,5 @@ fn staggered_scrapes_leave_one_replica_alone_and_give_each_replica_its_own_view(
     let own = cluster::run(&staggered(4), &reqs);
     assert_eq!(own.completed, reqs.len() as u64);
     assert_eq!(own.in_flight_left, 0);
-    assert_ne!(
-        format!("{:?}", own.branches),
-        format!("{:?}", shared.branches)
-    );
+    assert_ne!(format!("{:?}", own.routes), format!("{:?}", shared.routes));
 }

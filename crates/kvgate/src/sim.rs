@@ -456,6 +456,11 @@ pub fn run(args: SimArgs) -> Result<()> {
     if let Some(model) = args.predictor_model {
         router.predictor_model = model;
     }
+    if let Some(n) = args.predictor_min_samples {
+        router.predictor_min_samples = n;
+    }
+    router.predictor_drift_adaptation |= args.drift_adaptation;
+    router.predictor_ttft_at_first_token |= args.learn_ttft_at_first_token;
     let (workload, requests) = load_workload(&args)?;
 
     let mut configs = Vec::new();
@@ -475,16 +480,8 @@ pub fn run(args: SimArgs) -> Result<()> {
                         slo,
                         predictor: kvgate_core::predictor::PredictorConfig {
                             kv_shortfall_feature: !args.no_kv_shortfall,
-                            drift_detection: args.drift_adaptation
-                                || router.predictor_drift_adaptation,
-                            model: router.predictor_model,
-                            min_samples: args
-                                .predictor_min_samples
-                                .unwrap_or(router.predictor_min_samples),
-                            ..Default::default()
+                            ..kvgate_core::predictor::PredictorConfig::for_router(&router)
                         },
-                        learn_ttft_at_first_token: args.learn_ttft_at_first_token
-                            || router.predictor_ttft_at_first_token,
                         index,
                         faults: faults.clone(),
                         replicas: args.replicas.max(1),
