@@ -700,7 +700,7 @@ async fn stream_teaches_ttft_then_tpot(fleet: &Fleet, extra: Value) {
     eprintln!(
         "client TTFT {client_ttft:?}, samples {mid:?} at {at_mid:?}, stream ended at {streamed:?} \
          ({rest} more bytes); first bytes: {}",
-        &seen[..seen.len().min(300)]
+        seen.chars().take(300).collect::<String>()
     );
     assert_eq!(
         mid,
