@@ -8,7 +8,11 @@
 //!
 //! A pod silent for longer than the idle-chunk timeout (`--idle-chunk-timeout-ms`) ends the
 //! request as an upstream error: a stream gets the same SSE error event and `[DONE]`, a whole
-//! body an error (the client sees the connection cut).
+//! body an error (the client sees the connection cut). Before the response's first token, the
+//! silence counts only while the pod makes no progress ([`crate::progress`]): a stream queued
+//! behind others on a busy pod has its headers and nothing else until its turn, and waits for
+//! it as long as the request timeout allows (`kvgate_busy_waits_total{kind="idle_chunk"}`).
+//! Once tokens flow, the idle-chunk timeout applies between chunks whatever the pod does.
 //!
 //! The request timeout (`--request-timeout-ms`, from admission) ends the response the same way
 //! with code `request_timeout`, counted as `kvgate_upstream_timeouts_total{kind="request"}` and
@@ -39,6 +43,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
+
+/// The branch of requests passed through to a pod without a decision (`/v1/models`, …): their
+/// answers are no engine progress.
+pub const PASSTHROUGH: &str = "passthrough";
 
 /// Largest non-stream response body scanned for `usage`.
 pub const MAX_USAGE_SCAN_BYTES: usize = 1 << 20;
@@ -138,6 +146,8 @@ pub struct Tracker {
     pub error_status: bool,
     /// The request's capture record (`--capture`), written when the request ends.
     pub capture: Option<crate::capture::Ticket>,
+    /// A retried request's place in the retry budget, held until the request ends.
+    pub retry: Option<crate::retry_budget::RetryToken>,
 }
 
 impl Tracker {
@@ -264,6 +274,7 @@ pub struct ObservedBody {
     mode: Mode,
     done: bool,
     idle_timeout: Duration,
+    progress_window: Duration,
     /// Fires when the pod was silent for `idle_timeout`; reset on every frame.
     idle: Pin<Box<tokio::time::Sleep>>,
     /// The request timeout's deadline, and the timeout (for the message).
@@ -276,8 +287,12 @@ pub struct ObservedBody {
 /// How long a response may go on: the pod's silence between frames, and the request's end.
 #[derive(Debug, Clone, Copy)]
 pub struct BodyTimeouts {
-    /// Longest silence between two frames of the pod's body.
+    /// Longest silence between two frames of the pod's body (before the first token: while
+    /// the pod makes no progress).
     pub idle: Duration,
+    /// How far back a pod's progress excuses a silence before the first token
+    /// ([`crate::progress::window`]).
+    pub progress_window: Duration,
     /// The request's deadline (admission + `request_timeout`).
     pub deadline: tokio::time::Instant,
     pub request_timeout: Duration,
@@ -296,6 +311,7 @@ impl ObservedBody {
         ObservedBody {
             grace,
             idle_timeout: timeouts.idle,
+            progress_window: timeouts.progress_window,
             idle: Box::pin(tokio::time::sleep(timeouts.idle)),
             deadline: Box::pin(tokio::time::sleep_until(timeouts.deadline)),
             request_timeout: timeouts.request_timeout,
@@ -315,6 +331,9 @@ impl ObservedBody {
             Mode::Stream(scanner) => {
                 let fed = scanner.feed(data);
                 if let Some(t) = &mut self.tracker {
+                    if fed.first_content || fed.more_content_events > 0 {
+                        t.guard.pod().progress.on_tokens(Instant::now());
+                    }
                     if fed.first_content {
                         t.first_token();
                     }
@@ -326,6 +345,9 @@ impl ObservedBody {
             }
             Mode::Whole(buf) => {
                 if let Some(t) = &mut self.tracker {
+                    if t.branch != PASSTHROUGH {
+                        t.guard.pod().progress.on_tokens(Instant::now());
+                    }
                     t.first_token();
                 }
                 if buf.len() + data.len() <= MAX_USAGE_SCAN_BYTES {
@@ -334,6 +356,27 @@ impl ObservedBody {
                 data
             }
         }
+    }
+
+    /// Whether a silence of the idle-chunk timeout is a busy pod's: no token yet, and the
+    /// pod progressed within the window (counted). Then the request keeps waiting.
+    fn busy_not_hung(&self) -> bool {
+        let Some(t) = &self.tracker else {
+            return false;
+        };
+        let busy = t.first_token_at.is_none()
+            && t.guard
+                .pod()
+                .progress
+                .within(Instant::now(), self.progress_window);
+        if busy {
+            t.shared
+                .metrics
+                .busy_waits
+                .get_or_create(&crate::metrics::timeout_label("idle_chunk"))
+                .inc();
+        }
+        busy
     }
 
     /// The pod was silent too long: end the request as an upstream error.
@@ -430,8 +473,13 @@ impl Body for ObservedBody {
         }
         loop {
             let Poll::Ready(next) = Pin::new(&mut this.inner).poll_frame(cx) else {
-                if this.idle.as_mut().poll(cx).is_ready() {
-                    return Poll::Ready(this.idle_timed_out());
+                while this.idle.as_mut().poll(cx).is_ready() {
+                    if !this.busy_not_hung() {
+                        return Poll::Ready(this.idle_timed_out());
+                    }
+                    this.idle
+                        .as_mut()
+                        .reset(tokio::time::Instant::now() + this.idle_timeout);
                 }
                 return Poll::Pending;
             };

@@ -23,7 +23,9 @@
 //! | `reload` | re-read the config file on change; keep the old one if invalid |
 //! | `discovery` | `--discovery`: static, or `kubernetes` (feature `k8s`: watch ready Pods by label, keep them in the pod table) |
 //! | `pods` | the pod table and health (in-flight counters are the session's ledger); a data-parallel server (`dp=N`) is N engine pods `URL#dp<r>` at one URL |
-//! | `breaker` | a pod whose responses die mid-body, or that sends no response headers in time, N times in a row is avoided for a cooldown |
+//! | `breaker` | a pod whose responses die mid-body, or that sends no response headers in time while it makes no progress, N times in a row is avoided for a cooldown; at most half of the pods answering their scrape at once (at least one); panic routing when every such pod is avoided |
+//! | `progress` | whether a pod's engine steps (its scraped counters moved, or it streamed a token): a silence from a progressing pod is a busy pod's, not a failure |
+//! | `retry_budget` | retries in flight ≤ 20 % of the requests in flight (at least 3), so that retries cannot multiply an overload |
 //! | `scrape` | tolerant `/metrics` parser (incl. LoRA slots: the newest `vllm:lora_requests_info`, deferred requests; a DP server's series split by `engine` label) and the scrape loop |
 //! | `state` | what all tasks share; the core's `RouterSession` behind one mutex (`Shared::session`) |
 //! | `routing` | what both data paths share: `prepare` (parse, SLO headers, blocks, `max_prompt_tokens`, `--capture` ticket), `decide_for` (one decision through the session, recorded in `/debug/decisions`), `least_loaded` |
@@ -84,9 +86,11 @@ pub mod metrics;
 pub mod models;
 pub mod pd;
 pub mod pods;
+pub mod progress;
 pub mod proxy;
 pub mod reload;
 pub mod request_id;
+pub mod retry_budget;
 pub mod routing;
 pub mod scrape;
 pub mod serve;

@@ -87,8 +87,15 @@ pub struct Metrics {
     /// Requests rejected before any pod was involved or after retries (400, 413, 404, 503, 502).
     pub rejected: Family<ReasonLabel, Counter>,
     pub retries: Counter,
+    /// Retries not made because the retry budget was spent ([`crate::retry_budget`]).
+    pub retries_refused: Counter,
     /// Upstream timeouts by kind.
     pub upstream_timeouts: Family<TimeoutLabel, Counter>,
+    /// Silences forgiven because the pod progressed ([`crate::progress`]), by the timeout that
+    /// ran out (`first_byte`, `idle_chunk`).
+    pub busy_waits: Family<TimeoutLabel, Counter>,
+    /// Decisions made in panic mode: every usable pod avoided by its breaker ([`crate::breaker`]).
+    pub panic_routes: Counter,
     pub ttft_ms: Histogram,
     pub tpot_ms: Histogram,
     pub predicted_ttft_ms: Histogram,
@@ -116,6 +123,8 @@ pub struct Metrics {
     pub scrape_errors: Family<PodLabel, Counter>,
     /// Times a pod was put in a failure cooldown ([`crate::breaker`]).
     pub pod_cooldowns: Family<PodLabel, Counter>,
+    /// Cooldowns not started because as many pods as may be avoided at once already were.
+    pub pod_cooldowns_withheld: Family<PodLabel, Counter>,
     pub scrape_skipped_lines: Family<PodLabel, Counter>,
     pub config_reload_errors: Counter,
     /// `--discovery kubernetes`: watch errors (the watcher retries with backoff).
@@ -173,6 +182,7 @@ impl Metrics {
         for family in [
             &self.scrape_errors,
             &self.pod_cooldowns,
+            &self.pod_cooldowns_withheld,
             &self.scrape_skipped_lines,
             &self.kv_events_batches,
             &self.kv_events_rejected,
@@ -198,7 +208,10 @@ impl Metrics {
             requests: Family::default(),
             rejected: Family::default(),
             retries: Counter::default(),
+            retries_refused: Counter::default(),
             upstream_timeouts: Family::default(),
+            busy_waits: Family::default(),
+            panic_routes: Counter::default(),
             ttft_ms: latency_buckets(),
             tpot_ms: latency_buckets(),
             predicted_ttft_ms: latency_buckets(),
@@ -221,6 +234,7 @@ impl Metrics {
             index_bytes: Gauge::default(),
             scrape_errors: Family::default(),
             pod_cooldowns: Family::default(),
+            pod_cooldowns_withheld: Family::default(),
             scrape_skipped_lines: Family::default(),
             config_reload_errors: Counter::default(),
             discovery_errors: Counter::default(),
@@ -301,6 +315,21 @@ impl Metrics {
             "retries",
             "Requests re-sent to another pod before any byte reached the client",
             self.retries.clone(),
+        );
+        r.register(
+            "retries_refused",
+            "Retries not made because retries in flight were at the retry budget (20 % of the requests in flight, at least 3)",
+            self.retries_refused.clone(),
+        );
+        r.register(
+            "busy_waits",
+            "Silences not counted as the pod's failure because the pod progressed (engine counters moved or tokens streamed): the request kept waiting, by the timeout that ran out",
+            self.busy_waits.clone(),
+        );
+        r.register(
+            "panic_routes",
+            "Decisions made in panic mode: every usable pod was avoided by its breaker but still answered its scrape",
+            self.panic_routes.clone(),
         );
         r.register(
             "upstream_timeouts",
@@ -411,6 +440,11 @@ impl Metrics {
             "pod_cooldowns",
             "Times a pod was avoided for a cooldown after responses died mid-body in a row, by pod",
             self.pod_cooldowns.clone(),
+        );
+        r.register(
+            "pod_cooldowns_withheld",
+            "Cooldowns not started because half of the pods answering their scrape (at least one) were avoided already, by pod",
+            self.pod_cooldowns_withheld.clone(),
         );
         r.register(
             "scrape_errors",

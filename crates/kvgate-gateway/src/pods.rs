@@ -102,6 +102,8 @@ pub struct Pod {
     pub scrape_timeouts_in_a_row: std::sync::atomic::AtomicU32,
     /// Responses dying mid-body: the pod is avoided for a cooldown even while it scrapes fine.
     pub breaker: crate::breaker::Breaker,
+    /// Whether its engine steps: a silence is a busy pod's, not a hung one's, while it does.
+    pub progress: crate::progress::Progress,
     /// Set when a reload removed the pod; its scrape loop stops.
     pub removed: AtomicBool,
     scraped: Mutex<Scraped>,
@@ -133,6 +135,7 @@ impl Pod {
             outages: AtomicU64::new(0),
             scrape_timeouts_in_a_row: std::sync::atomic::AtomicU32::new(0),
             breaker: crate::breaker::Breaker::default(),
+            progress: crate::progress::Progress::new(),
             removed: AtomicBool::new(false),
             scraped: Mutex::new(Scraped {
                 kv_blocks: default_kv_blocks,

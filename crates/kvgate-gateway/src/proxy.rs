@@ -4,15 +4,18 @@
 //! - `POST /v1/chat/completions`, `POST /v1/completions`: parse (400 and no pod touched on bad
 //!   input), decide with the core on a snapshot taken now, forward. A connect error or a 5xx
 //!   from the pod — both before any byte reached the client — goes to the next-best pod
-//!   (the core decides again with the failed pods excluded), at most `max_retries` times;
-//!   then 502. No healthy pod: 503.
+//!   (the core decides again with the failed pods excluded), at most `max_retries` times and
+//!   only within the retry budget ([`crate::retry_budget`]); then 502. No healthy pod: 503
+//!   (pods avoided by their breaker but answering their scrape are routed to instead: panic
+//!   mode, [`crate::breaker`]).
 //! - `GET /v1/models`: the union of the healthy pods' model lists ([`crate::models`]).
 //! - Any other `/v1/*`: the least-loaded healthy pod, passed through.
 //!
-//! - Timeouts: a pod that sends no response headers within `first_byte_timeout` is retried
-//!   elsewhere; the request timeout (`request_timeout`, from admission) bounds the whole
-//!   request: 408 while the client is still sending the body, 504 before the pod answered, then
-//!   an SSE error event (see [`crate::body`]). It is not retried.
+//! - Timeouts: a pod that sends no response headers within `first_byte_timeout` while it makes
+//!   no progress ([`crate::progress`]) is retried elsewhere (a busy pod is waited for); the
+//!   request timeout (`request_timeout`, from admission) bounds the whole request: 408 while
+//!   the client is still sending the body, 504 before the pod answered, then an SSE error
+//!   event (see [`crate::body`]). It is not retried.
 //!
 //! The request a pod gets, the headers the client gets back, the wait for the first byte and the
 //! bookkeeping of a failed attempt are [`crate::upstream`]'s; the response body is
@@ -192,11 +195,29 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
         stream: parsed.stream,
         strip_usage,
         capture: &mut capture,
+        retry: None,
     };
 
     let mut excluded: Vec<PodId> = Vec::new();
     let mut last_failure = String::new();
     for attempt in 0..=cfg.max_retries {
+        if attempt > 0 {
+            // A retry only within the budget: retries cannot multiply an overload.
+            match shared.retry_budget.try_start(shared.admission.active()) {
+                Some(token) => {
+                    shared.metrics.retries.inc();
+                    fwd.retry = Some(token);
+                }
+                None => {
+                    shared.metrics.retries_refused.inc();
+                    if shared.log_limit.allow("retry_refused") {
+                        tracing::warn!(request_id = %rid, why = %last_failure, "retry budget spent; not retried");
+                    }
+                    last_failure.push_str("; not retried: the retry budget is spent");
+                    break;
+                }
+            }
+        }
         let meta = DecisionMeta {
             request_id: &rid,
             attempt,
@@ -241,9 +262,6 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
             }
         };
         excluded.push(failed_pod);
-        if attempt < cfg.max_retries {
-            shared.metrics.retries.inc();
-        }
     }
     reject(&shared, upstream_failed(last_failure), &rid)
 }
@@ -270,6 +288,8 @@ struct Forward<'a> {
     stream: bool,
     strip_usage: bool,
     capture: &'a mut Option<crate::capture::Ticket>,
+    /// This attempt's place in the retry budget (a retry's), handed to the response body.
+    retry: Option<crate::retry_budget::RetryToken>,
 }
 
 impl Forward<'_> {
@@ -325,6 +345,7 @@ impl Forward<'_> {
                     stream,
                     error_status: !ok,
                     capture: if ok { self.capture.take() } else { None },
+                    retry: self.retry.take(),
                 };
                 let mut headers = client_headers(
                     &parts_up.headers,
@@ -522,12 +543,13 @@ pub async fn passthrough(State(shared): State<Arc<Shared>>, req: Request) -> Res
                 first_token_at: None,
                 prompt_tokens: 0,
                 policy: "least-loaded",
-                branch: "passthrough",
+                branch: crate::body::PASSTHROUGH,
                 request_id: rid.clone(),
                 trainable: false,
                 stream: false,
                 error_status: !ok,
                 capture: None,
+                retry: None,
             };
             let headers = client_headers(
                 &parts_up.headers,

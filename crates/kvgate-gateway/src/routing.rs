@@ -467,6 +467,7 @@ pub(crate) fn decide_for(
 ) -> Pick {
     let pods = shared.pods.all();
     let mut snaps: Vec<_> = pods.iter().map(|p| p.snapshot()).collect();
+    crate::breaker::panic_route(shared, &pods, &mut snaps, excluded);
     let (routed, policy) = {
         let mut session = shared.session.lock();
         let routed = if meta.split {
@@ -633,6 +634,7 @@ pub(crate) fn least_loaded(
 ) -> Option<(Arc<Pod>, TicketGuard)> {
     let pods = shared.pods.all();
     let mut snaps: Vec<_> = pods.iter().map(|p| p.snapshot()).collect();
+    crate::breaker::panic_route(shared, &pods, &mut snaps, excluded);
     let id = shared.session.lock().least_loaded(&mut snaps, excluded)?;
     let pod = pods.iter().find(|p| p.id == id).cloned()?;
     let guard = TicketGuard::unrouted(shared.clone(), pod.clone());

@@ -61,6 +61,11 @@ pub struct PodMetrics {
     /// `vllm:num_requests_waiting_by_reason{reason="deferred"}`, summed over engines: requests
     /// waiting for a LoRA slot.
     pub deferred: Option<u32>,
+    /// The engine's progress counters, summed: `vllm:prompt_tokens_total`,
+    /// `vllm:generation_tokens_total`, `vllm:iteration_tokens_total_count` (and SGLang's
+    /// `sglang:prompt_tokens_total`, `sglang:generation_tokens_total`); `None` when the pod
+    /// exports none. Only whether it moved matters ([`crate::progress`]).
+    pub engine_counters: Option<f64>,
     /// Lines that were neither comments, blank, nor a parseable sample.
     pub skipped_lines: u64,
 }
@@ -188,6 +193,15 @@ impl Accumulated {
                         newest: sample.value,
                     });
                 }
+            }
+            "vllm:prompt_tokens_total"
+            | "vllm:generation_tokens_total"
+            | "vllm:iteration_tokens_total_count"
+            | "sglang:prompt_tokens_total"
+            | "sglang:generation_tokens_total"
+                if sample.value.is_finite() =>
+            {
+                m.engine_counters = Some(m.engine_counters.unwrap_or(0.0) + sample.value);
             }
             "vllm:kv_cache_usage_perc" => max_fraction(&mut m.kv_usage, sample.value),
             "vllm:gpu_cache_usage_perc" => max_fraction(&mut self.legacy_kv, sample.value),
@@ -384,6 +398,9 @@ fn scraped(shared: &Shared, pod: &Pod, m: &PodMetrics) {
             .set_capacity(pod.id, blocks);
     }
     pod.scrape_timeouts_in_a_row.store(0, Ordering::Relaxed);
+    if let Some(total) = m.engine_counters {
+        pod.progress.on_counters(total, std::time::Instant::now());
+    }
     pod.apply_metrics(m);
     crate::kv_events::on_scrape(shared, pod, m);
     if !pod.healthy.swap(true, Ordering::Relaxed) {
@@ -393,7 +410,17 @@ fn scraped(shared: &Shared, pod: &Pod, m: &PodMetrics) {
 
 fn scrape_timed_out(shared: &Shared, pod: &Pod) {
     let n = pod.scrape_timeouts_in_a_row.fetch_add(1, Ordering::Relaxed) + 1;
-    if n >= SCRAPE_TIMEOUTS_TO_UNHEALTHY {
+    // A pod still streaming tokens is busy, not gone: its slow `/metrics` does not take it out.
+    let interval = shared.config().scrape_interval;
+    let timeout = (interval * 4).max(MIN_SCRAPE_TIMEOUT);
+    let streaming = pod.progress.within(
+        std::time::Instant::now(),
+        crate::progress::window(
+            timeout.saturating_mul(SCRAPE_TIMEOUTS_TO_UNHEALTHY),
+            interval,
+        ),
+    );
+    if n >= SCRAPE_TIMEOUTS_TO_UNHEALTHY && !streaming {
         scrape_failed(shared, pod, "scrape timed out, again");
     } else {
         shared
@@ -460,6 +487,24 @@ vllm:prefix_cache_queries_total{engine="0",model_name="llama"} 1000.0
         assert_eq!(m.block_size, Some(16));
         assert_eq!(m.num_gpu_blocks, Some(29000));
         assert_eq!(m.skipped_lines, 0);
+    }
+
+    #[test]
+    fn the_engine_progress_counters_are_summed_and_absent_when_none_is_exported() {
+        assert_eq!(parse_metrics(VLLM_SAMPLE).engine_counters, None);
+        let text = r#"vllm:prompt_tokens_total{engine="0",model_name="tiny"} 1200.0
+vllm:generation_tokens_total{engine="0",model_name="tiny"} 300.0
+vllm:iteration_tokens_total_count{engine="0",model_name="tiny"} 40.0
+vllm:iteration_tokens_total_sum{engine="0",model_name="tiny"} 1500.0
+vllm:prompt_tokens_created{engine="0",model_name="tiny"} 1.76e+09
+"#;
+        assert_eq!(parse_metrics(text).engine_counters, Some(1540.0));
+        let per = parse_metrics_by_engine(
+            "vllm:generation_tokens_total{engine=\"0\"} 5\nvllm:generation_tokens_total{engine=\"1\"} 9\n",
+            2,
+        );
+        assert_eq!(per[0].engine_counters, Some(5.0));
+        assert_eq!(per[1].engine_counters, Some(9.0));
     }
 
     #[test]

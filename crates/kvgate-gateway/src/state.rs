@@ -55,6 +55,8 @@ pub struct Shared {
     /// Set when [`crate::Gateway::shutdown`]'s grace is over: streams in flight end with an SSE
     /// error event and `[DONE]`.
     pub grace_end: Arc<crate::body::GraceEnd>,
+    /// Retries in flight, bounded by the requests in flight ([`crate::retry_budget`]).
+    pub retry_budget: Arc<crate::retry_budget::RetryBudget>,
     /// Pods found by `--discovery` (routed to besides the config's pods). Its lock also
     /// serialises pod-table updates, so a config reload and a discovery change never race.
     discovered: Mutex<Vec<crate::pods::PodEntry>>,
@@ -104,6 +106,7 @@ impl Shared {
             token_cache: std::sync::OnceLock::new(),
             shutting_down: std::sync::atomic::AtomicBool::new(false),
             grace_end: Arc::default(),
+            retry_budget: Arc::default(),
             discovered: Mutex::new(Vec::new()),
         })
     }

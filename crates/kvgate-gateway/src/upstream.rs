@@ -9,9 +9,10 @@
 //!   carries `x-data-parallel-rank` (replacing the client's).
 //! - Streams: the pod is always asked for `usage` (`stream_options.include_usage`) so that
 //!   tokens are counted; [`crate::body`] strips it again when the client did not ask.
-//! - Timeouts: [`send`] waits for the response headers at most `first_byte_timeout`, and never
-//!   past the request's deadline; which of the two ran out decides whether the proxy retries
-//!   elsewhere (first byte) or answers 504 (request).
+//! - Timeouts: [`send`] waits for the response headers at most `first_byte_timeout` of silence
+//!   from a pod making no progress ([`crate::progress`]), and never past the request's
+//!   deadline; which of the two ran out decides whether the proxy retries elsewhere (first
+//!   byte) or answers 504 (request).
 //!
 //! The handlers that use these live in [`crate::proxy`].
 
@@ -205,16 +206,19 @@ fn splice_include_usage(body: &Bytes) -> Option<Bytes> {
 pub enum Sent {
     /// The pod answered (any status) or the connection failed.
     Answer(Result<http::Response<Incoming>, hyper_util::client::legacy::Error>),
-    /// No response headers within `first_byte_timeout` (counted: `timeout="first_byte"`, and
-    /// as a failure in the pod's breaker); another pod may still be tried. The message says
-    /// which pod.
+    /// No response headers within `first_byte_timeout` while the pod made no progress
+    /// (counted: `timeout="first_byte"`, and as a failure in the pod's breaker); another pod
+    /// may still be tried. The message says which pod.
     FirstByteTimeout(String),
     /// The request's deadline passed first (not counted here: see [`request_timed_out`]).
     RequestTimeout,
 }
 
-/// Sends `up` to `pod` and waits for its response headers, at most `first_byte_timeout` and
-/// never past `deadline`.
+/// Sends `up` to `pod` and waits for its response headers: at most `first_byte_timeout` of
+/// silence while the pod makes no progress, and never past `deadline`. A pod whose engine
+/// progresses ([`crate::progress`]) is busy with the requests ahead of this one (vLLM sends a
+/// whole body's headers only at its end): the wait goes on, counted in
+/// `kvgate_busy_waits_total{kind="first_byte"}`, and is neither a failure nor a retry.
 pub async fn send(
     shared: &Shared,
     cfg: &GatewayConfig,
@@ -222,24 +226,39 @@ pub async fn send(
     up: http::Request<Full<Bytes>>,
     deadline: tokio::time::Instant,
 ) -> Sent {
-    let wait = cfg
-        .first_byte_timeout
-        .min(deadline.saturating_duration_since(tokio::time::Instant::now()));
-    match tokio::time::timeout(wait, shared.client.request(up)).await {
-        Ok(answer) => Sent::Answer(answer),
-        Err(_) if tokio::time::Instant::now() >= deadline => Sent::RequestTimeout,
-        Err(_) => {
-            shared
-                .metrics
-                .upstream_timeouts
-                .get_or_create(&timeout_label("first_byte"))
-                .inc();
-            crate::breaker::count_failure(shared, pod, "no response headers in time, again");
-            Sent::FirstByteTimeout(format!(
-                "pod {} sent no response within {} ms",
-                pod.url,
-                cfg.first_byte_timeout.as_millis()
-            ))
+    let window = crate::progress::window(cfg.first_byte_timeout, cfg.scrape_interval);
+    let mut answer = std::pin::pin!(shared.client.request(up));
+    loop {
+        let wait = cfg
+            .first_byte_timeout
+            .min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+        match tokio::time::timeout(wait, &mut answer).await {
+            Ok(answer) => return Sent::Answer(answer),
+            Err(_) if tokio::time::Instant::now() >= deadline => return Sent::RequestTimeout,
+            Err(_) if pod.progress.within(std::time::Instant::now(), window) => {
+                shared
+                    .metrics
+                    .busy_waits
+                    .get_or_create(&timeout_label("first_byte"))
+                    .inc();
+            }
+            Err(_) => {
+                shared
+                    .metrics
+                    .upstream_timeouts
+                    .get_or_create(&timeout_label("first_byte"))
+                    .inc();
+                crate::breaker::count_failure(
+                    shared,
+                    pod,
+                    "no response headers in time while the pod made no progress, again",
+                );
+                return Sent::FirstByteTimeout(format!(
+                    "pod {} sent no response within {} ms and made no progress",
+                    pod.url,
+                    cfg.first_byte_timeout.as_millis()
+                ));
+            }
         }
     }
 }
@@ -248,6 +267,7 @@ pub async fn send(
 pub fn body_timeouts(cfg: &GatewayConfig, deadline: tokio::time::Instant) -> BodyTimeouts {
     BodyTimeouts {
         idle: cfg.idle_chunk_timeout,
+        progress_window: crate::progress::window(cfg.idle_chunk_timeout, cfg.scrape_interval),
         deadline,
         request_timeout: cfg.request_timeout,
     }

@@ -419,6 +419,7 @@ impl Exchange {
             stream: false,
             error_status: false,
             capture: None,
+            retry: None,
         }
     }
 
