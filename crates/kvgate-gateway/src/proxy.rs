@@ -202,7 +202,9 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
     let mut last_failure = String::new();
     for attempt in 0..=cfg.max_retries {
         if attempt > 0 {
-            // A retry only within the budget: retries cannot multiply an overload.
+            // A retry only within the budget: retries cannot multiply an overload. This
+            // request's earlier retry, which failed, leaves it first.
+            fwd.retry = None;
             match shared.retry_budget.try_start(shared.admission.active()) {
                 Some(token) => {
                     shared.metrics.retries.inc();

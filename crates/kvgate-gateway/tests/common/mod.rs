@@ -12,7 +12,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use kvgate_gateway::{Gateway, ServeArgs};
 use serde_json::{Value, json};
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
@@ -31,6 +31,11 @@ pub enum Behavior {
     Hang,
     /// Sends `chunks` content chunks, then stalls with the connection open.
     HangAfter { chunks: usize, delay_ms: u64 },
+    /// 500 with an error body after `delay_ms`.
+    Fail500After { delay_ms: u64 },
+    /// A stream queued behind others: headers (and a chat's role chunk) at once, the first
+    /// token after `wait_ms`, then `chunks` content chunks 1 ms apart.
+    Queued { wait_ms: u64, chunks: usize },
 }
 
 pub struct FakeState {
@@ -48,6 +53,9 @@ pub struct FakeState {
     pub metrics_delay_ms: std::sync::atomic::AtomicU64,
     /// When set, the `/v1/models` body (else one model, `model`).
     pub models_body: Mutex<Option<String>>,
+    /// The engine's `vllm:generation_tokens_total`: stands still unless a test steps it
+    /// ([`FakePod::keep_stepping`]), as a hung engine's would.
+    pub engine_tokens: AtomicU64,
 }
 
 pub struct FakePod {
@@ -72,6 +80,7 @@ impl FakePod {
             metrics_ok: AtomicBool::new(true),
             metrics_delay_ms: std::sync::atomic::AtomicU64::new(0),
             models_body: Mutex::new(None),
+            engine_tokens: AtomicU64::new(0),
         });
         let app = axum::Router::new()
             .route("/metrics", axum::routing::get(metrics))
@@ -114,9 +123,30 @@ impl FakePod {
         self.state.requests.load(Ordering::SeqCst)
     }
 
+    /// Steps the engine's counter every 20 ms until the handle is aborted or dropped: a busy
+    /// engine working through the requests ahead of the test's.
+    pub fn keep_stepping(&self) -> Stepping {
+        let state = self.state.clone();
+        Stepping(tokio::spawn(async move {
+            loop {
+                state.engine_tokens.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }))
+    }
+
     /// Stops the server and every open connection (the pod process died).
     pub fn kill(&self) {
         self.server.abort();
+    }
+}
+
+/// [`FakePod::keep_stepping`]'s task, stopped when dropped.
+pub struct Stepping(tokio::task::JoinHandle<()>);
+
+impl Drop for Stepping {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -137,8 +167,9 @@ async fn metrics(State(s): State<Arc<FakeState>>) -> Response {
         return r;
     }
     let running = s.active_streams.load(Ordering::SeqCst).max(0);
+    let tokens = s.engine_tokens.load(Ordering::SeqCst);
     Response::new(Body::from(format!(
-        "# HELP vllm:num_requests_running x\nvllm:num_requests_running{{model_name=\"m\"}} {running}\nvllm:num_requests_waiting{{model_name=\"m\"}} 0\nvllm:kv_cache_usage_perc{{model_name=\"m\"}} 0.1\nvllm:cache_config_info{{block_size=\"16\",num_gpu_blocks=\"5000\"}} 1\nthis line is garbage\n"
+        "# HELP vllm:num_requests_running x\nvllm:num_requests_running{{model_name=\"m\"}} {running}\nvllm:generation_tokens_total{{model_name=\"m\"}} {tokens}\nvllm:num_requests_waiting{{model_name=\"m\"}} 0\nvllm:kv_cache_usage_perc{{model_name=\"m\"}} 0.1\nvllm:cache_config_info{{block_size=\"16\",num_gpu_blocks=\"5000\"}} 1\nthis line is garbage\n"
     )))
 }
 
@@ -197,13 +228,24 @@ async fn completions(State(s): State<Arc<FakeState>>, req: Request) -> Response 
             *r.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
             return r;
         }
+        Behavior::Fail500After { delay_ms } => {
+            tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+            let mut r = Response::new(Body::from(r#"{"error":{"message":"boom"}}"#));
+            *r.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
+            return r;
+        }
         Behavior::Normal { chunks, delay_ms } => (chunks, delay_ms, false),
+        Behavior::Queued { chunks, .. } => (chunks, 1, false),
         Behavior::DieAfter { chunks, delay_ms } | Behavior::HangAfter { chunks, delay_ms } => {
             (chunks, delay_ms, true)
         }
         Behavior::Hang => return std::future::pending::<Response>().await,
     };
     let hang = matches!(behavior, Behavior::HangAfter { .. });
+    let queued_ms = match behavior {
+        Behavior::Queued { wait_ms, .. } => wait_ms,
+        _ => 0,
+    };
     let usage =
         json!({"prompt_tokens": 10, "completion_tokens": chunks, "total_tokens": 10 + chunks});
     if !stream {
@@ -253,12 +295,16 @@ async fn completions(State(s): State<Arc<FakeState>>, req: Request) -> Response 
         events.push(Bytes::from_static(b"data: [DONE]\n\n"));
     }
     let n = events.len();
+    // The first content event: after the role chunk of a chat stream.
+    let first_content = usize::from(chat);
     let stream = futures_util::stream::unfold(
         (events.into_iter().enumerate(), guard),
         move |(mut it, mut guard)| async move {
             match it.next() {
                 Some((i, ev)) => {
-                    if i > 0 {
+                    if i == first_content && queued_ms > 0 {
+                        tokio::time::sleep(Duration::from_millis(queued_ms)).await;
+                    } else if i > 0 {
                         tokio::time::sleep(Duration::from_millis(delay_ms)).await;
                     }
                     if i + 1 == n && !die {
