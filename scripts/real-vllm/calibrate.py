@@ -29,6 +29,8 @@ import threading
 import time
 import urllib.request
 
+import speed  # this directory's speed.py
+
 ap = argparse.ArgumentParser()
 ap.add_argument("url")
 ap.add_argument("model", nargs="?", default="tiny")
@@ -41,6 +43,7 @@ ap.add_argument("--name", default="measured")
 ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
 ap.add_argument("--max-num-seqs", type=int, default=128)
 args = ap.parse_args()
+print(f"machine: {speed.cpu_model()}", flush=True)  # beside the figures (speed.py)
 rng = random.Random(7)
 
 

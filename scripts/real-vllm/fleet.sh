@@ -13,6 +13,17 @@
 #                                     writes $run/fleet.env; fails (non-zero, with the pods' log
 #                                     tails) if either does not come up
 #   scripts/real-vllm/fleet.sh down   stops both
+#   scripts/real-vllm/fleet.sh speed  measures the running fleet's speed again (a quieter moment
+#                                     than its start-up: scripts/test runs it once its compile
+#                                     is done) and rewrites those lines of fleet.env
+# Each env file (fleet.env, pd.env, dp.env) ends with the machine and the pods' speed, measured
+# by speed.py once the pods are up (a few seconds): KVGATE_VLLM_CPU (the CPU model),
+# KVGATE_VLLM_POD_DTYPE (pod.sh's choice: bfloat16 only on a CPU with bf16),
+# KVGATE_VLLM_PREFILL_MS_PER_1K (a fresh ~1,000-token prompt), KVGATE_VLLM_DECODE_MS_PER_TOKEN,
+# the same two of the machine the test loads were tuned on (KVGATE_VLLM_REF_*) and
+# KVGATE_VLLM_SLOWNESS_MEASURED; the real-vLLM tests scale their time limits and loads by it
+# (crates/kvgate/tests/common/real_vllm.rs). A pod that cannot be measured leaves them out,
+# with a warning (the tests then run unscaled).
 # The P/D pair (prefill/decode disaggregation, crates/kvgate/tests/real_vllm_pd.rs), which
 # replaces the fleet in scripts/test's P/D phase (two CPU pods are what the machine serves):
 #   pdp  NixlConnector kv_producer (kvgate role=prefill), core 0, HTTP port+2
@@ -45,6 +56,15 @@ port=${KVGATE_VLLM_PORT:-18000}
 model="$run/tiny-model"
 adapters="$run/lora-adapters"
 peft_lib="$run/peft-lib"
+# The speed lines of an env file: speed.py on the pods URL… (the pod NAME's dtype from pod.sh).
+speed_lines() { # NAME URL…
+  local dtype
+  dtype=$(cat "$run/$1.dtype" 2>/dev/null || true)
+  shift
+  "$venv/bin/python" scripts/real-vllm/speed.py --env --dtype "$dtype" "$@" \
+    || echo "!! could not measure the pods' speed: no new figures written (without any, the real-vLLM tests run unscaled)" >&2
+}
+speed_keys='^KVGATE_VLLM_(CPU|POD_DTYPE|PREFILL_MS_PER_1K|DECODE_MS_PER_TOKEN|REF_PREFILL_MS_PER_1K|REF_DECODE_MS_PER_TOKEN|SLOWNESS_MEASURED)='
 case "${1:-}" in
 up)
   mkdir -p "$run"
@@ -68,14 +88,27 @@ up)
   wait $p0 || ok=0
   wait $p1 || ok=0
   if [ $ok = 0 ]; then "$0" down; exit 1; fi
-  cat > "$run/fleet.env" <<ENV
+  {
+    cat <<ENV
 KVGATE_VLLM_MODEL_DIR=$model
 KVGATE_VLLM_POD_SCRIPT=$root/scripts/real-vllm/pod.sh
 KVGATE_VLLM_P0=http://127.0.0.1:$port,events=ipc://$run/p0-events.ipc,replay=tcp://127.0.0.1:$((port + 50)),block=128
 KVGATE_VLLM_P1=http://127.0.0.1:$((port + 1)),events=ipc://$run/p1-events.ipc,replay=tcp://127.0.0.1:$((port + 51)),block=64,kv_blocks=72
 KVGATE_VLLM_LORA=a,b
 ENV
+    speed_lines p0 "http://127.0.0.1:$port" "http://127.0.0.1:$((port + 1))"
+  } > "$run/fleet.env.new"
+  mv "$run/fleet.env.new" "$run/fleet.env"
   echo "real-vLLM fleet up: $run/fleet.env"
+  ;;
+speed)
+  [ -f "$run/fleet.env" ] || { echo "no fleet at $run/fleet.env" >&2; exit 1; }
+  mapfile -t urls < <(sed -n 's/^KVGATE_VLLM_P[0-9]=\([^,]*\),.*/\1/p' "$run/fleet.env")
+  lines=$(speed_lines p0 "${urls[@]}")
+  if [ -n "$lines" ]; then
+    { grep -vE "$speed_keys" "$run/fleet.env" || true; echo "$lines"; } > "$run/fleet.env.new"
+    mv "$run/fleet.env.new" "$run/fleet.env"
+  fi
   ;;
 pd-up)
   mkdir -p "$run"
@@ -94,11 +127,17 @@ pd-up)
   wait $pp || ok=0
   wait $pd || ok=0
   if [ $ok = 0 ]; then "$0" pd-down; exit 1; fi
-  cat > "$run/pd.env" <<ENV
+  # Measured on the prefill pod: a plain request there is served whole (a kv_producer
+  # hands its KV on only when asked to, with do_remote_decode).
+  {
+    cat <<ENV
 KVGATE_VLLM_POD_SCRIPT=$root/scripts/real-vllm/pod.sh
 KVGATE_VLLM_PD_PREFILL=http://127.0.0.1:$((port + 2))
 KVGATE_VLLM_PD_DECODE=http://127.0.0.1:$((port + 3))
 ENV
+    speed_lines pdp "http://127.0.0.1:$((port + 2))"
+  } > "$run/pd.env.new"
+  mv "$run/pd.env.new" "$run/pd.env"
   echo "real-vLLM P/D pair up: $run/pd.env"
   ;;
 dp-up)
@@ -112,13 +151,17 @@ dp-up)
   # cargo compiled next to it; pod.sh's 240 s default is too tight.
   KVGATE_VLLM_START_S=${KVGATE_VLLM_START_S:-480} KVGATE_VLLM_EVENTS=$events scripts/real-vllm/pod.sh start dp "$model" $((port + 4)) $((port + 54)) '0|1' \
     --data-parallel-size 2 || { "$0" dp-down; exit 1; }
-  cat > "$run/dp.env" <<ENV
+  {
+    cat <<ENV
 KVGATE_VLLM_MODEL_DIR=$model
 KVGATE_VLLM_DP_URL=http://127.0.0.1:$((port + 4))
 KVGATE_VLLM_DP_SIZE=2
 KVGATE_VLLM_DP_EVENTS=$events
 KVGATE_VLLM_DP_REPLAY=tcp://127.0.0.1:$((port + 54))
 ENV
+    speed_lines dp "http://127.0.0.1:$((port + 4))"
+  } > "$run/dp.env.new"
+  mv "$run/dp.env.new" "$run/dp.env"
   echo "real-vLLM DP server up: $run/dp.env"
   ;;
 dp-down)
@@ -137,5 +180,5 @@ down)
   wait
   rm -f "$run/fleet.env"
   ;;
-*) echo "usage: $0 up|down|pd-up|pd-down|dp-up|dp-down" >&2; exit 2 ;;
+*) echo "usage: $0 up|down|speed|pd-up|pd-down|dp-up|dp-down" >&2; exit 2 ;;
 esac

@@ -21,7 +21,9 @@
 # crates/kvgate-loadgen/src/prompt.rs: ~1.66 tokens per word with the tiny model's tokenizer),
 # so text-matching routers see the sharing as users' prompts show it. The hit rate is the pods'
 # own (Σ prefix_cache_hits / Σ queries over the run). Prints every run, then each router's median
-# over the rounds (a median: one disturbed run must not decide) with its ratio to kvgate-routed.
+# over the rounds (a median: one disturbed run must not decide) with its ratio to kvgate-routed,
+# and beside them the CPU model, the pods' dtype and their measured speed (speed.py, at start;
+# also in OUT_DIR/machine.txt).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$(pwd)
@@ -65,6 +67,11 @@ b=$!
 wait $a
 wait $b
 p0="http://127.0.0.1:$port" p1="http://127.0.0.1:$((port + 1))"
+# The machine and the pods' speed, printed beside the tables (a slow CPU overloads the pods
+# with the same trace: the figures are only comparable between machines of similar speed).
+.venv-vllm/bin/python scripts/real-vllm/speed.py --summary --dtype "$(cat "$run/b0.dtype")" "$p0" "$p1" \
+  > "$out/machine.txt" 2>&1 || echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-) (pod speed not measured)" > "$out/machine.txt"
+cat "$out/machine.txt"
 ev0="ipc://$run/b0-events.ipc" ev1="ipc://$run/b1-events.ipc"
 rp0="tcp://127.0.0.1:$((port + 50))" rp1="tcp://127.0.0.1:$((port + 51))"
 
@@ -148,3 +155,5 @@ for ((r = 1; r <= runs; r++)); do
 done
 
 "$py" scripts/real-vllm/peers_table.py "$out" "$routers" "$runs"
+echo
+cat "$out/machine.txt"

@@ -5,6 +5,7 @@
 #   scripts/real-vllm/pod.sh kill NAME        (SIGKILL to its process group: a crash; both wait
 #                                             until the group's processes are gone, ≤ 30 s)
 #   scripts/real-vllm/pod.sh restart NAME     (kill, then start again with the same arguments)
+#   scripts/real-vllm/pod.sh dtype            (prints the dtype `start` gives a pod on this machine)
 # The pod runs in its own session (setsid), pinned to CORE (or cores: '0|1', one per engine of a
 # data-parallel server), with prefix caching, KV events published on
 # ${KVGATE_VLLM_EVENTS:-ipc://$run/NAME-events.ipc} (vLLM binds a PUB endpoint only when it is a wildcard
@@ -12,13 +13,28 @@
 # loopback) and replay on 127.0.0.1:REPLAY_PORT; its log and pid are under
 # ${KVGATE_VLLM_RUN:-/tmp/kvgate-vllm}/NAME.{log,pid}. `start` waits until /health answers
 # (at most ${KVGATE_VLLM_START_S:-240} s) and fails with the log's tail otherwise.
+# The dtype: bfloat16 where the CPU has bf16 arithmetic (the flag `avx512_bf16` or `amx_bf16` in
+# ${KVGATE_CPUINFO:-/proc/cpuinfo}), else float32 (on an AVX2-only CPU bf16 is emulated, and
+# slower); ${KVGATE_VLLM_DTYPE} overrides the choice, and a `--dtype` among the vllm args wins
+# over both. The dtype a pod runs with is written to $run/NAME.dtype.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 run=${KVGATE_VLLM_RUN:-/tmp/kvgate-vllm}
 venv=${KVGATE_VLLM_VENV:-.venv-vllm}
 mkdir -p "$run"
-cmd=$1 name=$2
+cmd=${1:-} name=${2:-}
+# The dtype for this machine's CPU (see above).
+cpu_dtype() {
+  if [ -n "${KVGATE_VLLM_DTYPE:-}" ]; then
+    echo "$KVGATE_VLLM_DTYPE"
+  elif grep -qwE 'avx512_bf16|amx_bf16' "${KVGATE_CPUINFO:-/proc/cpuinfo}" 2>/dev/null; then
+    echo bfloat16
+  else
+    echo float32
+  fi
+}
 case "$cmd" in
+dtype) cpu_dtype ;;
 start)
   # Saved for `restart`, one argument per line (and NIXL's side-channel port, P/D pods).
   printf '%s\n' "${@:3}" > "$run/$name.args"
@@ -31,11 +47,25 @@ start)
   # KVGATE_VLLM_EVENTS: another PUB endpoint (a data-parallel server's, fleet.sh dp-up).
   events=${KVGATE_VLLM_EVENTS:-ipc://$run/$name-events.ipc}
   echo "$events" > "$run/$name.events"
+  # An explicit --dtype among the vllm args is the pod's dtype; else the CPU's.
+  dtype=
+  prev=
+  for a in "$@"; do
+    case "$a" in --dtype=*) dtype=${a#--dtype=} ;; esac
+    [ "$prev" = --dtype ] && dtype=$a
+    prev=$a
+  done
+  dtype_arg=()
+  if [ -z "$dtype" ]; then
+    dtype=$(cpu_dtype)
+    dtype_arg=(--dtype "$dtype")
+  fi
+  echo "$dtype" > "$run/$name.dtype"
   VLLM_TARGET_DEVICE=cpu VLLM_CPU_KVCACHE_SPACE=${KVGATE_VLLM_KV_GIB:-1} \
   VLLM_CPU_OMP_THREADS_BIND=$core VLLM_SERVER_DEV_MODE=1 \
   setsid "$venv/bin/python" -m vllm.entrypoints.openai.api_server \
     --model "$model" --served-model-name tiny --host 127.0.0.1 --port "$port" \
-    --enable-prefix-caching --max-model-len 4096 --dtype bfloat16 \
+    --enable-prefix-caching --max-model-len 4096 "${dtype_arg[@]}" \
     --kv-events-config "{\"enable_kv_cache_events\": true, \"publisher\": \"zmq\", \"endpoint\": \"$events\", \"replay_endpoint\": \"tcp://127.0.0.1:$replay\"}" \
     "$@" > "$run/$name.log" 2>&1 < /dev/null &
   echo $! > "$run/$name.pid"
@@ -48,7 +78,7 @@ start)
     fi
     sleep 1
   done
-  echo "vLLM pod $name up on 127.0.0.1:$port (events $events, replay tcp://127.0.0.1:$replay, core $core)"
+  echo "vLLM pod $name up on 127.0.0.1:$port (events $events, replay tcp://127.0.0.1:$replay, core $core, $dtype)"
   ;;
 restart)
   [ -f "$run/$name.args" ] || { echo "pod $name was never started" >&2; exit 1; }
@@ -60,6 +90,11 @@ restart)
   if [ -f "$run/$name.events" ]; then
     KVGATE_VLLM_EVENTS=$(cat "$run/$name.events")
     export KVGATE_VLLM_EVENTS
+  fi
+  # The same dtype as before (an override at start included).
+  if [ -f "$run/$name.dtype" ]; then
+    KVGATE_VLLM_DTYPE=$(cat "$run/$name.dtype")
+    export KVGATE_VLLM_DTYPE
   fi
   "$0" kill "$name"
   exec "$0" start "$name" "${saved[@]}"
@@ -79,5 +114,5 @@ stop|kill)
   for _ in $(seq 60); do pgrep -g "$pid" > /dev/null 2>&1 || break; sleep 0.5; done
   rm -f "$run/$name.pid"
   ;;
-*) echo "usage: $0 start|stop|kill NAME …" >&2; exit 2 ;;
+*) echo "usage: $0 start|stop|kill|restart NAME …, or $0 dtype" >&2; exit 2 ;;
 esac

@@ -8,7 +8,10 @@ import sys
 import time
 import urllib.request
 
+import speed  # this directory's speed.py
+
 url, model = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else "tiny")
+print(f"machine: {speed.cpu_model()}", flush=True)  # beside the figures (speed.py)
 
 
 def once(prompt):

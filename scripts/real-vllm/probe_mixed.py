@@ -22,6 +22,8 @@ import threading
 import time
 import urllib.request
 
+import speed  # this directory's speed.py
+
 ap = argparse.ArgumentParser()
 ap.add_argument("url")
 ap.add_argument("--model", default="tiny")
@@ -34,6 +36,7 @@ ap.add_argument("--profile")
 ap.add_argument("--scrape-hz", type=float, default=0.0,
                 help="also GET /metrics this often, as a router scraping the pod would")
 args = ap.parse_args()
+print(f"machine: {speed.cpu_model()}", flush=True)  # beside the figures (speed.py)
 rng = random.Random()  # fresh ids in every run: a second run must not hit the first one's cache
 MAX_LEN = 4096
 

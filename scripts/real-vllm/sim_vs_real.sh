@@ -12,6 +12,7 @@
 # here and stopped at the end; their prefix caches are reset before every policy's run.
 # Prompts are sent as token ids (loadgen --token-prompts), so pods and simulator see the same
 # lengths. Needs scripts/real-vllm/install.sh's venv and a release build (built if missing).
+# Beside the table: the CPU model, the pods' dtype and their measured speed (speed.py, at start).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$(pwd)
@@ -46,6 +47,10 @@ else
   scripts/real-vllm/pod.sh stop b1 || true
 fi
 wait $a
+# The machine and the pods' speed, printed beside the table (also in OUT_DIR/machine.txt).
+.venv-vllm/bin/python scripts/real-vllm/speed.py --summary --dtype "$(cat "$run/b0.dtype")" "${pods[@]}" \
+  > "$out/machine.txt" 2>&1 || echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-) (pod speed not measured)" > "$out/machine.txt"
+cat "$out/machine.txt"
 
 # The trace slice: the first $requests requests that fit the pods' context.
 "$py" - "$root/../shared/traces/mooncake_fast25_conversation_trace.jsonl" "$out/slice.jsonl" \
@@ -105,3 +110,5 @@ sim_mean = {p: sim[p]["ttft_ms"]["mean"] for p in policies}
 print(f"\nranking by mean TTFT, real: {', '.join(rank(real_mean))}")
 print(f"ranking by mean TTFT, sim:  {', '.join(rank(sim_mean))}")
 PY
+echo
+cat "$out/machine.txt"

@@ -10,6 +10,10 @@
 //! The tests share the two pods, so they run one at a time (a process-wide lock), and each uses
 //! prompts no other test or earlier run sent (a per-process tag), so a pod's cache from an
 //! earlier test cannot make a check pass.
+//!
+//! Time limits were tuned on one machine; each is stretched by the pods' measured slowness
+//! (`fleet.env`, `real_vllm_harness::scaled`), and a load meant to last a given time is shrunk
+//! by it (`scaled_load`), with a check that it still did.
 
 mod common;
 #[path = "common/envoy.rs"]
@@ -18,7 +22,10 @@ mod envoy_harness;
 mod real_vllm_harness;
 
 use common::{ServeProcess, start_serve};
-use real_vllm_harness::{Servers, client, env_file, metric_sum, prompt, wait_for};
+use real_vllm_harness::{
+    Servers, client, decode_slowness, env_file, fleet_slowness, metric_sum, prompt, scaled,
+    scaled_load, scaled_start_s, wait_for,
+};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -232,9 +239,11 @@ async fn routed_gateway(fleet: &Fleet) -> ServeProcess {
 }
 
 async fn wait_healthy(gw: &ServeProcess, pods: usize) {
-    wait_for("every pod healthy", Duration::from_secs(30), || async {
-        metric(gw, "kvgate_pod_healthy").await as usize == pods
-    })
+    wait_for(
+        "every pod healthy",
+        scaled(Duration::from_secs(30)),
+        || async { metric(gw, "kvgate_pod_healthy").await as usize == pods },
+    )
     .await;
 }
 
@@ -259,6 +268,8 @@ async fn the_openai_client_is_served_through_kvgate_in_routed_and_engine_mode() 
         let out = std::process::Command::new(python())
             .arg(&script)
             .args([&gw.base, "tiny", &fleet.p0.url, &fleet.p1.url])
+            // Its client's timeout (120 s) stretched by the pods' slowness.
+            .env("KVGATE_VLLM_SLOWNESS", fleet_slowness().to_string())
             .output()
             .unwrap();
         assert!(
@@ -285,9 +296,11 @@ async fn blocks_cached_before_kvgate_started_are_learnt_from_the_replay() {
     let gw = engine_gateway(fleet, &[&fleet.p0]).await;
     // Nothing has gone through kvgate yet, so a score of 1 can only come from the replay of
     // the pod's buffer.
-    let elapsed = wait_for("the replay applied", Duration::from_secs(10), || async {
-        score(&gw, &text, &fleet.p0).await == 1.0
-    })
+    let elapsed = wait_for(
+        "the replay applied",
+        scaled(Duration::from_secs(10)),
+        || async { score(&gw, &text, &fleet.p0).await == 1.0 },
+    )
     .await;
     eprintln!("a prompt of {tokens} tokens cached before start-up scores 1.0 after {elapsed:?}");
     let decision = route(&gw, &text).await;
@@ -317,7 +330,7 @@ async fn each_pod_is_scored_at_its_own_block_size() {
         let full_blocks = tokens / u64::from(pod.block_size);
         let elapsed = wait_for(
             &format!("{} holds its {full_blocks} full blocks", pod.name),
-            Duration::from_secs(5),
+            scaled(Duration::from_secs(5)),
             || async { pod_view(&gw, &text, pod).await.0 == full_blocks },
         )
         .await;
@@ -351,9 +364,11 @@ async fn reset_prefix_cache_clears_the_pod_in_kvgate() {
     let gw = engine_gateway(fleet, &[&fleet.p0]).await;
     let text = prompt(&tag(), 100);
     cache_on(&fleet.p0, &text).await;
-    wait_for("the prompt is known", Duration::from_secs(5), || async {
-        score(&gw, &text, &fleet.p0).await == 1.0
-    })
+    wait_for(
+        "the prompt is known",
+        scaled(Duration::from_secs(5)),
+        || async { score(&gw, &text, &fleet.p0).await == 1.0 },
+    )
     .await;
     post(&format!("{}/reset_prefix_cache", fleet.p0.url), &json!({})).await;
     // vLLM publishes AllBlocksCleared at its next step: give it one (another prompt).
@@ -361,7 +376,7 @@ async fn reset_prefix_cache_clears_the_pod_in_kvgate() {
     cache_on(&fleet.p0, &other).await;
     let elapsed = wait_for(
         "AllBlocksCleared applied",
-        Duration::from_secs(5),
+        scaled(Duration::from_secs(5)),
         || async { score(&gw, &text, &fleet.p0).await == 0.0 },
     )
     .await;
@@ -381,7 +396,7 @@ async fn evictions_on_a_small_kv_cache_reach_kvgate() {
     let tokens = cache_on(&fleet.p1, &first).await;
     wait_for(
         "the first prompt is known",
-        Duration::from_secs(5),
+        scaled(Duration::from_secs(5)),
         || async { score(&gw, &first, &fleet.p1).await == 1.0 },
     )
     .await;
@@ -394,7 +409,7 @@ async fn evictions_on_a_small_kv_cache_reach_kvgate() {
     }
     let elapsed = wait_for(
         "the first prompt's blocks evicted",
-        Duration::from_secs(5),
+        scaled(Duration::from_secs(5)),
         || async { score(&gw, &first, &fleet.p1).await == 0.0 },
     )
     .await;
@@ -422,7 +437,7 @@ async fn a_pod_killed_and_restarted_is_followed_within_2_s() {
     cache_on(&fleet.p0, &old).await;
     wait_for(
         "the old prompt is known",
-        Duration::from_secs(5),
+        scaled(Duration::from_secs(5)),
         || async { score(&gw, &old, &fleet.p0).await == 1.0 },
     )
     .await;
@@ -431,6 +446,8 @@ async fn a_pod_killed_and_restarted_is_followed_within_2_s() {
     let status = tokio::task::spawn_blocking(move || {
         std::process::Command::new(script)
             .args(["restart", "p0"])
+            // pod.sh's start limit (240 s), stretched on a slower machine (at most 3x).
+            .env("KVGATE_VLLM_START_S", scaled_start_s(240).to_string())
             .status()
     })
     .await
@@ -442,7 +459,7 @@ async fn a_pod_killed_and_restarted_is_followed_within_2_s() {
     let cached_at = Instant::now();
     let elapsed = wait_for(
         "the new engine's blocks are known",
-        Duration::from_secs(2),
+        scaled(Duration::from_secs(2)),
         || async { score(&gw, &new, &fleet.p0).await == 1.0 },
     )
     .await;
@@ -480,9 +497,11 @@ async fn envoy_sends_each_request_to_the_real_pod_kvgate_chose() {
     })
     .await
     .unwrap();
-    wait_for("both pods healthy", Duration::from_secs(30), || async {
-        pods.iter().all(|p| gw.pod_healthy(&p.url) == Some(true))
-    })
+    wait_for(
+        "both pods healthy",
+        scaled(Duration::from_secs(30)),
+        || async { pods.iter().all(|p| gw.pod_healthy(&p.url) == Some(true)) },
+    )
     .await;
     let mut envoy = envoy_harness::Envoy::start(&envoy_bin, gw.ext_proc_addr.unwrap().port());
     envoy.wait_ready(&client()).await;
@@ -523,7 +542,7 @@ async fn envoy_sends_each_request_to_the_real_pod_kvgate_chose() {
             .pod
             .clone();
         // The pod that finished one more request is the one kvgate chose.
-        let deadline = Instant::now() + Duration::from_secs(5);
+        let deadline = Instant::now() + scaled(Duration::from_secs(5));
         let which = loop {
             let after = [
                 pod_requests_done(pods[0]).await,
@@ -583,7 +602,7 @@ async fn a_multi_turn_chat_scores_on_the_pod_that_served_its_first_turn() {
     let path = "/v1/chat/completions";
     wait_for(
         "turn 1's blocks are known",
-        Duration::from_secs(5),
+        scaled(Duration::from_secs(5)),
         || async { score_body(&gw, path, &body, pod).await > 0.8 },
     )
     .await;
@@ -653,9 +672,11 @@ async fn a_stream_of_empty_text_tokens_still_teaches_its_ttft_at_the_first_token
 async fn stream_teaches_ttft_then_tpot(fleet: &Fleet, extra: Value) {
     let gw = routed_gateway(fleet).await;
     assert_eq!(samples_learnt(&gw).await, (0.0, 0.0));
-    // 200 tokens at the tiny model's 220–340 tok/s: the stream lasts most of a second after its
-    // first token, so the TTFT sample is seen mid-stream.
-    let mut body = json!({"model": "tiny", "prompt": prompt(&tag(), 20), "max_tokens": 200,
+    // 200 tokens at the reference machine's ~6 ms per token: the stream lasts about a second
+    // after its first token, so the TTFT sample is seen mid-stream. A slower pod decodes fewer
+    // (at least 64) in about the same time; `rest > 0` below checks it still outlasted the check.
+    let max_tokens = scaled_load(200.0, decode_slowness(), 64.0) as u64;
+    let mut body = json!({"model": "tiny", "prompt": prompt(&tag(), 20), "max_tokens": max_tokens,
                           "ignore_eos": true, "temperature": 0.0, "stream": true});
     for (k, v) in extra.as_object().unwrap() {
         body[k] = v.clone();
@@ -683,7 +704,7 @@ async fn stream_teaches_ttft_then_tpot(fleet: &Fleet, extra: Value) {
     // Mid-stream: the TTFT learnt, the TPOT not yet (the stream is still decoding). Learnt
     // at the end, both would appear at once, in one update of the predictor: (1, 0) is never
     // seen then.
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + scaled(Duration::from_secs(5));
     let mut mid = samples_learnt(&gw).await;
     while mid == (0.0, 0.0) && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -698,8 +719,8 @@ async fn stream_teaches_ttft_then_tpot(fleet: &Fleet, extra: Value) {
     }
     let streamed = sent.elapsed();
     eprintln!(
-        "client TTFT {client_ttft:?}, samples {mid:?} at {at_mid:?}, stream ended at {streamed:?} \
-         ({rest} more bytes); first bytes: {}",
+        "{max_tokens} tokens: client TTFT {client_ttft:?}, samples {mid:?} at {at_mid:?}, stream \
+         ended at {streamed:?} ({rest} more bytes); first bytes: {}",
         seen.chars().take(300).collect::<String>()
     );
     assert_eq!(
@@ -714,7 +735,7 @@ async fn stream_teaches_ttft_then_tpot(fleet: &Fleet, extra: Value) {
     );
     wait_for(
         "the TPOT learnt at the end",
-        Duration::from_secs(5),
+        scaled(Duration::from_secs(5)),
         || async { samples_learnt(&gw).await == (1.0, 1.0) },
     )
     .await;
@@ -738,6 +759,8 @@ async fn the_pod_conformance_suite_passes_on_real_vllm() {
                 "tiny",
                 "--block-size",
                 &pod.block_size.to_string(),
+                "--time-scale",
+                &fleet_slowness().to_string(),
             ])
             .output()
             .unwrap();
@@ -873,9 +896,11 @@ async fn a_prompt_cached_for_one_adapter_scores_nothing_for_another_in_engine_mo
     let body = |model: &str| json!({"model": model, "prompt": text, "max_tokens": 1});
     post(&format!("{}/v1/completions", pod.url), &body(a)).await;
     let path = "/v1/completions";
-    wait_for("a's blocks are known", Duration::from_secs(5), || async {
-        score_body(&gw, path, &body(a), pod).await > 0.8
-    })
+    wait_for(
+        "a's blocks are known",
+        scaled(Duration::from_secs(5)),
+        || async { score_body(&gw, path, &body(a), pod).await > 0.8 },
+    )
     .await;
     assert_eq!(
         score_body(&gw, path, &body(b), pod).await,

@@ -15,7 +15,7 @@ mod common;
 mod real_vllm_harness;
 
 use common::{ServeProcess, start_serve};
-use real_vllm_harness::{Servers, client, env_file, prompt, wait_for};
+use real_vllm_harness::{Servers, client, env_file, prompt, scaled, wait_for};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -123,19 +123,23 @@ fn serve(server: &Server, engine_index: bool) -> ServeProcess {
 
 /// Waits until kvgate counts every engine of the server healthy.
 async fn wait_healthy(gw: &ServeProcess, server: &Server) {
-    wait_for("every engine healthy", Duration::from_secs(30), || async {
-        let text = client()
-            .get(format!("{}/metrics", gw.admin))
-            .send()
-            .await
-            .map(|r| r.text());
-        let Ok(text) = text else { return false };
-        let text = text.await.unwrap_or_default();
-        (0..server.size).all(|r| {
-            let line = format!("kvgate_pod_healthy{{pod=\"{}\"}} 1", server.engine(r));
-            text.lines().any(|l| l == line)
-        })
-    })
+    wait_for(
+        "every engine healthy",
+        scaled(Duration::from_secs(30)),
+        || async {
+            let text = client()
+                .get(format!("{}/metrics", gw.admin))
+                .send()
+                .await
+                .map(|r| r.text());
+            let Ok(text) = text else { return false };
+            let text = text.await.unwrap_or_default();
+            (0..server.size).all(|r| {
+                let line = format!("kvgate_pod_healthy{{pod=\"{}\"}} 1", server.engine(r));
+                text.lines().any(|l| l == line)
+            })
+        },
+    )
     .await;
 }
 
@@ -283,7 +287,7 @@ async fn real_vllm_dp_kv_events_of_each_rank_reach_that_ranks_index_entry() {
         let engine = server.engine(rank);
         wait_for(
             "the pinned engine's events in kvgate's index",
-            Duration::from_secs(10),
+            scaled(Duration::from_secs(10)),
             || async { matched_blocks(&gw, &text, &engine).await >= 4 },
         )
         .await;

@@ -14,7 +14,7 @@ mod common;
 mod real_vllm_harness;
 
 use common::{ServeProcess, start_serve};
-use real_vllm_harness::{Servers, client, env_file, metric_sum, prompt};
+use real_vllm_harness::{Servers, client, env_file, metric_sum, prompt, scaled, scaled_start_s};
 use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -91,7 +91,7 @@ fn serve(pair: &Pair) -> ServeProcess {
 }
 
 async fn wait_ready(gw: &ServeProcess) {
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + scaled(Duration::from_secs(30));
     loop {
         let ok = client()
             .get(format!("{}/readyz", gw.admin))
@@ -225,8 +225,9 @@ async fn real_vllm_pd_a_killed_prefill_pod_fails_requests_cleanly_and_is_used_ag
             .arg(&pair.pod_script)
             .args([cmd, pod])
             // A healthy restart takes 40-70 s here; one that has not answered /health in
-            // 150 s is the stuck case below, and the fallback starts sooner.
-            .env("KVGATE_VLLM_START_S", "150")
+            // 150 s (stretched on a slower machine, at most 3x) is the stuck case below, and
+            // the fallback starts sooner.
+            .env("KVGATE_VLLM_START_S", scaled_start_s(150).to_string())
             .status()
             .expect("pod.sh runs")
             .success()
@@ -234,6 +235,7 @@ async fn real_vllm_pd_a_killed_prefill_pod_fails_requests_cleanly_and_is_used_ag
     let script = |cmd: &str| assert!(run_script(cmd, "pdp"), "pod.sh {cmd} pdp");
     script("kill");
     // No prefill-capable pod is left and no `both` pod: a clean 5xx, quickly, never a hang.
+    // (kvgate's own answer, no pod computes it: the limit is not scaled by the pods' speed.)
     let started = Instant::now();
     let (status, _, _, body) = send(&gw, false, true, &prompt(&tag(), 5)).await;
     assert!(matches!(status, 502 | 503), "{status}: {body}");
@@ -266,7 +268,7 @@ async fn real_vllm_pd_a_killed_prefill_pod_fails_requests_cleanly_and_is_used_ag
         assert!(pair_cmd("pd-down"), "fleet.sh pd-down");
         assert!(pair_cmd("pd-up"), "fleet.sh pd-up");
     }
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + scaled(Duration::from_secs(60));
     loop {
         let (status, pod, prefill, body) = send(&gw, true, true, &prompt(&tag(), 5)).await;
         if status == 200 {

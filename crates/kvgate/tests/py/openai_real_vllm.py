@@ -4,13 +4,16 @@ own 400, vLLM's 404 and 400 passed through with their OpenAI shape).
 Greedy sampling with `ignore_eos`, so every answer has exactly `max_tokens` tokens (the model
 is random; its text is noise).
 Usage: openai_real_vllm.py GATEWAY_URL MODEL POD_URL...
+($KVGATE_VLLM_SLOWNESS, the pods' measured slowness, stretches the client's 120 s timeout.)
 """
+import os
 import sys
 
 import openai
 
 base_url, model, pods = sys.argv[1], sys.argv[2], sys.argv[3:]
-client = openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
+timeout = 120 * max(1.0, float(os.environ.get("KVGATE_VLLM_SLOWNESS") or 1))
+client = openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=timeout)
 greedy = {"temperature": 0.0, "extra_body": {"ignore_eos": True}}
 checks = 0
 
