@@ -634,13 +634,17 @@ impl Drop for Waiting {
 
 /// Waits until the request may be routed (see the module docs): at once with flow control
 /// off or the fleet keeping up; else in the queue, until released, refused or out of time.
-/// `deadline` is the request's own (its timeout from arrival).
+/// `deadline` is the request's own (its timeout from arrival). `slot`: the request's admission
+/// slot, lent back while it waits in the queue and taken again when released (a request
+/// waiting for its priority turn holds no slot: no priority inversion behind the admission's
+/// FIFO queue).
 pub async fn wait_turn(
     shared: &Arc<Shared>,
     class: &FlowClass,
     cost_tokens: u64,
     bytes: u64,
     deadline: tokio::time::Instant,
+    slot: Option<&crate::limits::Slot>,
 ) -> Result<Turn, ApiError> {
     let cfg = shared.config().flow;
     if !cfg.enabled {
@@ -705,6 +709,11 @@ pub async fn wait_turn(
     };
     start_driver(shared);
     gate.wake.notify_one();
+    // Waiting for the turn holds no admission slot (no priority inversion behind the
+    // admission's FIFO queue); the slot is taken again when the turn comes.
+    if let Some(slot) = slot {
+        slot.lend();
+    }
     let mut waiting = Waiting {
         shared: shared.clone(),
         id,
@@ -717,13 +726,26 @@ pub async fn wait_turn(
     // A verdict arrived: the place is gone, nothing to give back on drop.
     waiting.rx = None;
     match verdict {
-        Ok(Verdict::Go { queued_ms, closed }) => Ok(Turn {
-            dispatching: Some(gate.dispatching.clone()),
-            wake: Some(gate.wake.clone()),
-            note: Some(note(queued_ms)),
-            queued: Duration::from_secs_f64(queued_ms / 1e3),
-            closed,
-        }),
+        Ok(Verdict::Go { queued_ms, closed }) => {
+            let turn = Turn {
+                dispatching: Some(gate.dispatching.clone()),
+                wake: Some(gate.wake.clone()),
+                note: Some(note(queued_ms)),
+                queued: Duration::from_secs_f64(queued_ms / 1e3),
+                closed,
+            };
+            // The slot lent while waiting (dropping `turn` on a timeout ends its dispatch).
+            if let Some(slot) = slot
+                && tokio::time::timeout_at(deadline, slot.reclaim(&shared.admission))
+                    .await
+                    .is_err()
+            {
+                return Err(crate::errors::request_timeout(
+                    shared.config().request_timeout,
+                ));
+            }
+            Ok(turn)
+        }
         Ok(Verdict::Expired(Expiry::Deadline, _)) => Err(crate::errors::request_timeout(
             shared.config().request_timeout,
         )),
@@ -970,7 +992,7 @@ mod tests {
             tenant: "t".into(),
         };
         let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
-        let turn = wait_turn(&s, &class, 10, 10, deadline).await.unwrap();
+        let turn = wait_turn(&s, &class, 10, 10, deadline, None).await.unwrap();
         assert!(turn.note.is_none());
         assert_eq!(turn.queued, Duration::ZERO);
     }
@@ -994,7 +1016,7 @@ mod tests {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
         // No pod: each request is refused 503 flow_unavailable and counted for its tenant.
         for t in ["alpha", "beta"] {
-            let Err(err) = wait_turn(&s, &class(t), 10, 10, deadline).await else {
+            let Err(err) = wait_turn(&s, &class(t), 10, 10, deadline, None).await else {
                 panic!("{t}: no pod, so refused");
             };
             assert_eq!(err.status, StatusCode::SERVICE_UNAVAILABLE);

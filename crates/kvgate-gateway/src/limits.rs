@@ -3,7 +3,11 @@
 //! both the gateway answers 429 with `Retry-After`, counted as `reason="too_many_requests"`.
 //!
 //! A request holds its slot until its response body ends or is dropped, so a long stream counts
-//! for its whole length, not just until its headers. A client that goes away while queued gives
+//! for its whole length, not just until its headers — except while it waits in flow control's
+//! queue for its priority turn: then it lends the slot back ([`Slot::lend`]) and takes one again
+//! when released ([`Slot::reclaim`]), so that requests waiting for their turn never fill the
+//! slots and leave a high-priority arrival in the FIFO queue behind them (the flow queue, which
+//! has its own bounds, orders them). A client that goes away while queued gives
 //! its place back. Bound: the queue is at most `max_queued_requests` waiting tasks.
 //!
 //! **The body comes first.** A request's whole body is read before it queues for a slot, within
@@ -80,7 +84,11 @@ impl Admission {
     }
 
     /// A slot now, or after waiting in the queue; None when the queue is full.
-    pub async fn admit(&self) -> Option<OwnedSemaphorePermit> {
+    pub async fn admit(&self) -> Option<Slot> {
+        self.admit_permit().await.map(Slot::held)
+    }
+
+    async fn admit_permit(&self) -> Option<OwnedSemaphorePermit> {
         if let Ok(slot) = self.slots.clone().try_acquire_owned() {
             return Some(slot);
         }
@@ -91,6 +99,38 @@ impl Admission {
             .ok()?;
         let _place = QueuePlace(&self.queued);
         self.slots.clone().acquire_owned().await.ok()
+    }
+}
+
+/// A request's admission slot, shared by the request (in its extensions) and its response
+/// body (which holds it until the body ends). Empty while lent back.
+#[derive(Clone, Default)]
+pub struct Slot(Arc<parking_lot::Mutex<Option<OwnedSemaphorePermit>>>);
+
+impl Slot {
+    fn held(permit: OwnedSemaphorePermit) -> Self {
+        Slot(Arc::new(parking_lot::Mutex::new(Some(permit))))
+    }
+
+    /// Gives the slot back while the request waits for its flow turn (nothing if not held).
+    pub fn lend(&self) {
+        drop(self.0.lock().take());
+    }
+
+    /// Takes a slot of `admission` again after the turn (at once if one is free, else after
+    /// the requests already waiting for one); nothing if one is held.
+    pub async fn reclaim(&self, admission: &Admission) {
+        if self.0.lock().is_some() {
+            return;
+        }
+        if let Ok(permit) = admission.slots.clone().acquire_owned().await {
+            *self.0.lock() = Some(permit);
+        }
+    }
+
+    /// Whether a slot is held now.
+    pub fn is_held(&self) -> bool {
+        self.0.lock().is_some()
     }
 }
 
@@ -313,6 +353,8 @@ where
                     .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_S));
                 return Ok(resp);
             };
+            let mut req = req;
+            req.extensions_mut().insert(slot.clone());
             let resp = inner.call(req).await?;
             Ok(resp.map(|inner| {
                 Body::new(WithSlot {
@@ -329,7 +371,7 @@ where
 /// ends or is dropped.
 struct WithSlot {
     inner: Body,
-    _slot: OwnedSemaphorePermit,
+    _slot: Slot,
     _body: BodyHold,
 }
 
@@ -377,6 +419,35 @@ mod tests {
         assert_eq!((a.active(), a.queued()), (1, 0));
         drop(second);
         assert_eq!((a.active(), a.queued()), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn a_lent_slot_serves_another_and_is_taken_again() {
+        let a = Admission::new(1, 4);
+        let slot = a.admit().await.unwrap();
+        slot.lend();
+        assert!(!slot.is_held());
+        assert_eq!(a.active(), 0);
+        let other = a.admit().await.unwrap();
+        {
+            let back = slot.reclaim(&a);
+            tokio::pin!(back);
+            assert!(
+                tokio::time::timeout(std::time::Duration::from_millis(20), &mut back)
+                    .await
+                    .is_err(),
+                "waits for a free slot"
+            );
+            drop(other);
+            back.await;
+        }
+        assert!(slot.is_held());
+        assert_eq!(a.active(), 1);
+        let clone = slot.clone();
+        drop(slot);
+        assert_eq!(a.active(), 1, "held until the last holder goes");
+        drop(clone);
+        assert_eq!(a.active(), 0);
     }
 
     fn shared_with_limits(max_concurrent: usize, max_queued: usize) -> Arc<Shared> {

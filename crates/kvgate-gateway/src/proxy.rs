@@ -132,13 +132,19 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
             .parsed
             .max_tokens
             .map_or(crate::flow::DEFAULT_COST_MAX_TOKENS, u64::from);
-    let mut turn =
-        match crate::flow::wait_turn(&shared, &class, cost_tokens, body.len() as u64, deadline)
-            .await
-        {
-            Ok(t) => Some(t),
-            Err(e) => return crate::flow::reject(&shared, e, &rid),
-        };
+    let mut turn = match crate::flow::wait_turn(
+        &shared,
+        &class,
+        cost_tokens,
+        body.len() as u64,
+        deadline,
+        parts.extensions.get::<crate::limits::Slot>(),
+    )
+    .await
+    {
+        Ok(t) => Some(t),
+        Err(e) => return crate::flow::reject(&shared, e, &rid),
+    };
     let queued = turn
         .as_ref()
         .map_or(std::time::Duration::ZERO, |t| t.queued);

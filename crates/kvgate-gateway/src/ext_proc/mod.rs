@@ -103,7 +103,7 @@ use protocol::{
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
-use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status as GrpcStatus, Streaming};
@@ -193,7 +193,7 @@ struct Exchange {
     /// The data plane's subset hint (`None`: no hint, every pod is a candidate).
     subset: Option<Vec<String>>,
     /// The request's admission slot, held until its response ends.
-    slot: Option<OwnedSemaphorePermit>,
+    slot: Option<crate::limits::Slot>,
     /// Our sender of answers: closed when Envoy cancels the stream (ends a queue wait).
     answers: mpsc::Sender<Result<ProcessingResponse, GrpcStatus>>,
     body: BytesMut,
@@ -486,7 +486,7 @@ impl Exchange {
         let deadline = tokio::time::Instant::from_std(self.start) + cfg.request_timeout;
         let answers = self.answers.clone();
         let turn = tokio::select! {
-            t = crate::flow::wait_turn(&self.shared, &class, cost_tokens, body.len() as u64, deadline) => t,
+            t = crate::flow::wait_turn(&self.shared, &class, cost_tokens, body.len() as u64, deadline, self.slot.as_ref()) => t,
             _ = answers.closed() => return Outcome::Send(Vec::new()),
         };
         let turn = match turn {
