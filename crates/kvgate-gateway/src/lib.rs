@@ -28,6 +28,7 @@
 //! | `retry_budget` | retries in flight ≤ 20 % of the requests in flight (at least 3), so that retries cannot multiply an overload |
 //! | `scrape` | tolerant `/metrics` parser (incl. LoRA slots: the newest `vllm:lora_requests_info`, deferred requests; a DP server's series split by `engine` label) and the scrape loop |
 //! | `state` | what all tasks share; the core's `RouterSession` behind one mutex (`Shared::session`) |
+//! | `pipeline` | the first half of every completion, for both transports: prepare, flow class and cost, the flow turn (`pipeline::ready`) |
 //! | `routing` | what both data paths share: `prepare` (parse, SLO headers, blocks, `max_prompt_tokens`, `--capture` ticket), `decide_for` (one decision through the session, recorded in `/debug/decisions`), `least_loaded` |
 //! | `lifecycle` | `TicketGuard`: a request's session ticket with its pod; first token, tokens, finish, returned once in `Drop` on every ending |
 //! | `cluster` | `--cluster`: active-active replicas over NATS — the TicketGuard's transitions published (bounded queue, binary `wire` format), the other replicas' applied through the core `PeerBook`, snapshots, leases, routed-index warm-up |
@@ -85,6 +86,7 @@ pub mod log_limit;
 pub mod metrics;
 pub mod models;
 pub mod pd;
+pub(crate) mod pipeline;
 pub mod pods;
 pub mod progress;
 pub mod proxy;

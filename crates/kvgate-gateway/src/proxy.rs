@@ -117,34 +117,27 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
         Err(e) => return reject(&shared, e, &rid),
     };
     let path = parts.uri.path();
-    let prepared = match crate::routing::prepare(&shared, &cfg, path, &body, &parts.headers).await {
-        Ok(p) => p,
-        Err(e) => return reject(&shared, e, &rid),
-    };
-    // Flow control (off by default: at once): the request's class, then its turn.
-    let class =
-        match crate::flow::request_class(&shared, &cfg.flow, &parts.headers, &prepared.value) {
-            Ok(c) => c,
-            Err(e) => return reject(&shared, e, &rid),
-        };
-    let cost_tokens = u64::from(prepared.input_tokens)
-        + prepared
-            .parsed
-            .max_tokens
-            .map_or(crate::flow::DEFAULT_COST_MAX_TOKENS, u64::from);
-    let mut turn = match crate::flow::wait_turn(
+    // Prepare, class and price the request, then its flow turn (at once with flow control
+    // off): the same pipeline as ext_proc's.
+    let ready = crate::pipeline::ready(
         &shared,
-        &class,
-        cost_tokens,
-        body.len() as u64,
+        &cfg,
+        path,
+        &body,
+        &parts.headers,
         deadline,
         parts.extensions.get::<crate::limits::Slot>(),
     )
-    .await
-    {
-        Ok(t) => Some(t),
+    .await;
+    let crate::pipeline::Ready {
+        prepared,
+        class,
+        turn,
+    } = match ready {
+        Ok(r) => r,
         Err(e) => return crate::flow::reject(&shared, e, &rid),
     };
+    let mut turn = Some(turn);
     let queued = turn
         .as_ref()
         .map_or(std::time::Duration::ZERO, |t| t.queued);

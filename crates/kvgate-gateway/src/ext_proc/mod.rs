@@ -462,35 +462,27 @@ impl Exchange {
         }
         let path = self.path.split('?').next().unwrap_or("").to_string();
         let cfg = self.shared.config().clone();
-        let mut prepared =
-            match crate::routing::prepare(&self.shared, &cfg, &path, &body, &self.headers).await {
-                Ok(p) => p,
-                Err(e) => return self.reject(e),
-            };
-        // Flow control (off by default: at once), as in the HTTP proxy; Envoy cancelling the
-        // stream while queued gives the place back.
-        let class = match crate::flow::request_class(
-            &self.shared,
-            &cfg.flow,
-            &self.headers,
-            &prepared.value,
-        ) {
-            Ok(c) => c,
-            Err(e) => return self.reject(e),
-        };
-        let cost_tokens = u64::from(prepared.input_tokens)
-            + prepared
-                .parsed
-                .max_tokens
-                .map_or(crate::flow::DEFAULT_COST_MAX_TOKENS, u64::from);
+        // Prepare, class and price the request, then its flow turn (at once with flow control
+        // off): the same pipeline as the HTTP proxy's. Envoy cancelling the stream meanwhile
+        // gives the place back.
         let deadline = tokio::time::Instant::from_std(self.start) + cfg.request_timeout;
         let answers = self.answers.clone();
-        let turn = tokio::select! {
-            t = crate::flow::wait_turn(&self.shared, &class, cost_tokens, body.len() as u64, deadline, self.slot.as_ref()) => t,
+        let ready = tokio::select! {
+            r = crate::pipeline::ready(
+                &self.shared,
+                &cfg,
+                &path,
+                &body,
+                &self.headers,
+                deadline,
+                self.slot.as_ref(),
+            ) => r,
             _ = answers.closed() => return Outcome::Send(Vec::new()),
         };
-        let turn = match turn {
-            Ok(t) => t,
+        let crate::pipeline::Ready {
+            mut prepared, turn, ..
+        } = match ready {
+            Ok(r) => r,
             Err(e) => return self.reject(e),
         };
         // P/D (a fleet with prefill / decode pods): the prefill call is made here, then the
