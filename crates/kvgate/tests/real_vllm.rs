@@ -23,8 +23,8 @@ mod real_vllm_harness;
 
 use common::{ServeProcess, start_serve};
 use real_vllm_harness::{
-    Servers, client, decode_slowness, env_file, fleet_slowness, metric_sum, prompt, scaled,
-    scaled_load, scaled_start_s, wait_for,
+    Servers, client, decode_slowness, env_file, fleet_slowness, metric_sum, pod_load,
+    prefill_ms_per_1k, prefill_slowness, prompt, scaled, scaled_load, scaled_start_s, wait_for,
 };
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
@@ -223,7 +223,12 @@ async fn engine_gateway(fleet: &Fleet, pods: &[&RealPod]) -> ServeProcess {
 /// `kvgate serve` with the routed index (the default) over both pods; waits until they are
 /// healthy.
 async fn routed_gateway(fleet: &Fleet) -> ServeProcess {
-    let args = [
+    routed_gateway_with(fleet, &[]).await
+}
+
+/// [`routed_gateway`] with more flags.
+async fn routed_gateway_with(fleet: &Fleet, extra: &[&str]) -> ServeProcess {
+    let mut args = vec![
         "--listen",
         "127.0.0.1:0",
         "--admin-listen",
@@ -233,6 +238,7 @@ async fn routed_gateway(fleet: &Fleet) -> ServeProcess {
         "--pod",
         &fleet.p1.url,
     ];
+    args.extend_from_slice(extra);
     let gw = start_serve(&args, |_| {});
     wait_healthy(&gw, 2).await;
     gw
@@ -912,4 +918,245 @@ async fn a_prompt_cached_for_one_adapter_scores_nothing_for_another_in_engine_mo
         0.0,
         "the base model on a's blocks"
     );
+}
+
+/// What one request of [`overload_request`] got: status, the whole body, the time to its first
+/// token (a stream's first chunk with a `text` field; a whole-body request's body), and the pod
+/// that served it (`x-kvgate-pod`).
+struct Served {
+    status: u16,
+    body: String,
+    ttft: Option<Duration>,
+    pod: String,
+    stream: bool,
+}
+
+/// One completion of [`a_deep_queue_on_the_real_pods_cuts_nothing_and_empties_no_pod`].
+async fn overload_request(url: String, body: Value) -> Served {
+    let stream = body["stream"] == true;
+    let sent = Instant::now();
+    let mut resp = match client().post(url).json(&body).send().await {
+        Ok(r) => r,
+        Err(e) => {
+            return Served {
+                status: 0,
+                body: format!("send failed: {e}"),
+                ttft: None,
+                pod: String::new(),
+                stream,
+            };
+        }
+    };
+    let status = resp.status().as_u16();
+    let pod = resp
+        .headers()
+        .get("x-kvgate-pod")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let mut text = String::new();
+    let mut ttft = None;
+    loop {
+        match resp.chunk().await {
+            Ok(Some(b)) => {
+                text.push_str(&String::from_utf8_lossy(&b));
+                if ttft.is_none() && (!stream || text.contains("\"text\":")) {
+                    ttft = Some(sent.elapsed());
+                }
+            }
+            Ok(None) => break,
+            Err(e) => {
+                text.push_str(&format!("\n[body error: {e}]"));
+                break;
+            }
+        }
+    }
+    Served {
+        status,
+        body: text,
+        ttft,
+        pod,
+        stream,
+    }
+}
+
+/// Issue 38's overload case on the real pods: `kvgate serve` (routed, default config) with
+/// short first-byte and idle-chunk timeouts, and a burst of concurrent completions (unique
+/// prompts, some long; one in six whole-body) that queue in the pods for several times that
+/// before their first token. vLLM sends a stream's headers at once and then nothing until the
+/// first token, and a whole-body response nothing until it is done: before `progress` those
+/// silences were counted as the pod failing, streams were cut, the breaker emptied the fleet and
+/// new requests got 503 `no_healthy_pod`. Now every request completes, cleanly.
+///
+/// The timeouts: 2 s, or 5 engine steps where a step is slower. Once a stream's tokens flow the
+/// idle-chunk timeout applies between chunks whatever the pod does, and the pod's counters move
+/// only between steps, so the timeout must outlast one step: on vLLM CPU up to 2,048 prompt
+/// tokens (`max_num_batched_tokens`) with the running decodes. Measured on the 2-core Xeon
+/// (prefill 324 ms per 1k tokens): steps of up to 1.4 s with this burst, 2.2 s with prompts of
+/// ~2,900 tokens, under a load average of 4; the timeouts are 3.3 s there.
+///
+/// The burst: sized on the reference machine for a queue of ~3.5 timeouts, grown with a longer
+/// timeout, shrunk by the measured prefill slowness (`scaled_load`), so that it queues as long
+/// here as there; asserted: the pods' waiting queue reached a depth, the slowest first token
+/// came after the timeout, and kvgate counted busy waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deep_queue_on_the_real_pods_cuts_nothing_and_empties_no_pod() {
+    let Some((fleet, _lock)) = fleet("a_deep_queue_on_the_real_pods_cuts_nothing").await else {
+        return;
+    };
+    let step_ms = prefill_ms_per_1k() * 2.048;
+    let timeout_ms = (5.0 * step_ms).max(2_000.0).ceil() as u64;
+    let timeout = Duration::from_millis(timeout_ms);
+    let t = timeout_ms.to_string();
+    let gw = routed_gateway_with(
+        fleet,
+        &["--first-byte-timeout-ms", &t, "--idle-chunk-timeout-ms", &t],
+    )
+    .await;
+    // 60 requests of ~1,000 prompt tokens on average on the reference machine (120 ms per 1k
+    // tokens; with their decodes, the last first token after ~7 s, 3.5 timeouts).
+    let n = scaled_load(60.0 * timeout_ms as f64 / 2_000.0, prefill_slowness(), 16.0) as usize;
+    let run = tag();
+    let url = format!("{}/v1/completions", gw.base);
+    // Prompt lengths in lines of ~29 tokens: ~1,740, 580, 1,300, 290 tokens.
+    let lines = [60, 20, 45, 10];
+    let max_tokens = 16;
+    let t0 = Instant::now();
+    let jobs: Vec<_> = (0..n)
+        .map(|i| {
+            let body = json!({
+                "model": "tiny", "prompt": prompt(&format!("{run}r{i}"), lines[i % lines.len()]),
+                "max_tokens": max_tokens, "ignore_eos": true, "temperature": 0.0,
+                "stream": i % 6 != 5,
+            });
+            tokio::spawn(overload_request(url.clone(), body))
+        })
+        .collect();
+    // The pods' queues while the burst runs: the most requests waiting at once, both pods.
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let done = done.clone();
+        let urls = [fleet.p0.url.clone(), fleet.p1.url.clone()];
+        tokio::spawn(async move {
+            let mut most = (0.0f64, 0.0f64);
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let (r0, w0) = pod_load(&urls[0]).await;
+                let (r1, w1) = pod_load(&urls[1]).await;
+                if w0 + w1 > most.1 {
+                    most = (r0 + r1, w0 + w1);
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            most
+        })
+    };
+    let mut served = Vec::with_capacity(n);
+    for j in jobs {
+        served.push(j.await.unwrap());
+    }
+    let took = t0.elapsed();
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (running_then, most_waiting) = sampler.await.unwrap();
+    let text = client()
+        .get(format!("{}/metrics", gw.admin))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let m = |prefix: &str| -> f64 {
+        text.lines()
+            .filter(|l| l.starts_with(prefix))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let mut bad = Vec::new();
+    for (i, s) in served.iter().enumerate() {
+        let finished = s.body.contains("\"finish_reason\":\"length\"");
+        let clean = s.status == 200
+            && finished
+            && !s.body.contains("\"error\"")
+            && !s.body.contains("[body error")
+            && (!s.stream || s.body.ends_with("data: [DONE]\n\n"));
+        if !clean {
+            let tail: String = s
+                .body
+                .chars()
+                .rev()
+                .take(400)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
+            bad.push(format!(
+                "request {i} (stream {}): status {} pod {:?}: …{tail}",
+                s.stream, s.status, s.pod
+            ));
+        }
+    }
+    let ttfts: Vec<Duration> = served.iter().filter_map(|s| s.ttft).collect();
+    let slowest = ttfts.iter().max().copied().unwrap_or_default();
+    let waited_past = ttfts.iter().filter(|t| **t > timeout).count();
+    let on_p0 = served.iter().filter(|s| s.pod == fleet.p0.url).count();
+    let busy_first_byte = m("kvgate_busy_waits_total{kind=\"first_byte\"}");
+    let busy_idle = m("kvgate_busy_waits_total{kind=\"idle_chunk\"}");
+    eprintln!(
+        "{n} requests ({} streamed, {max_tokens} tokens each) through kvgate with {timeout_ms} ms \
+         first-byte/idle-chunk timeouts: all done in {took:?}; {} not clean; first token (or \
+         whole body) after the timeout for {waited_past}, slowest {slowest:?}; pods' queue at \
+         most {most_waiting} waiting ({running_then} running); busy waits first_byte \
+         {busy_first_byte} idle_chunk {busy_idle}; served p0 {on_p0}, p1 {}; retries {}",
+        served.iter().filter(|s| s.stream).count(),
+        bad.len(),
+        n - on_p0,
+        m("kvgate_retries_total"),
+    );
+    assert!(
+        bad.is_empty(),
+        "{} requests not clean:\n{}",
+        bad.len(),
+        bad.join("\n")
+    );
+    // The load did what it was meant to (else the test proves nothing): requests queued in the
+    // pods and waited for their first byte or token past the timeout, and kvgate saw it.
+    assert!(
+        most_waiting >= (n / 4).max(3) as f64,
+        "the pods' queue reached only {most_waiting} waiting: the load is too light"
+    );
+    assert!(
+        slowest > timeout,
+        "the slowest first token came after {slowest:?}, within the {timeout:?} timeout"
+    );
+    assert!(
+        busy_first_byte + busy_idle >= 1.0,
+        "no busy wait counted\n{text}"
+    );
+    assert_eq!(m("kvgate_pod_cooldowns_total"), 0.0, "{text}");
+    assert_eq!(
+        m("kvgate_rejected_requests_total{reason=\"no_healthy_pod\"}"),
+        0.0,
+        "{text}"
+    );
+    assert_eq!(m("kvgate_upstream_timeouts_total"), 0.0, "{text}");
+    assert_eq!(m("kvgate_panic_routes_total"), 0.0, "{text}");
+    // The gateway's ledgers back to zero.
+    wait_for(
+        "kvgate's in-flight and admission gauges back to zero",
+        scaled(Duration::from_secs(5)),
+        || async {
+            let mut sum = 0.0;
+            for g in [
+                "kvgate_active_requests",
+                "kvgate_queued_requests",
+                "kvgate_in_flight_requests{",
+                "kvgate_in_flight_prefill_tokens{",
+                "kvgate_in_flight_decode_tokens{",
+            ] {
+                sum += metric(&gw, g).await;
+            }
+            sum == 0.0
+        },
+    )
+    .await;
 }

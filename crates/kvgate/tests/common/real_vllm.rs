@@ -149,6 +149,24 @@ pub fn decode_slowness() -> f64 {
         .unwrap_or(1.0)
 }
 
+/// Prefill's slowness alone (≥ 1): for loads measured in prompt tokens (a queue of long prompts).
+pub fn prefill_slowness() -> f64 {
+    slowness_override()
+        .or_else(|| speed().map(Speed::prefill_slowness))
+        .unwrap_or(1.0)
+}
+
+/// The measured prefill, ms per 1,000 prompt tokens (the reference's times the override, when
+/// `$KVGATE_VLLM_SLOWNESS` is set; the reference's when nothing was measured).
+pub fn prefill_ms_per_1k() -> f64 {
+    match (slowness_override(), speed()) {
+        (Some(f), Some(s)) => s.ref_prefill_ms_per_1k * f,
+        (None, Some(s)) => s.prefill_ms_per_1k,
+        (Some(f), None) => 120.0 * f,
+        (None, None) => 120.0,
+    }
+}
+
 /// A time limit tuned on the reference machine, stretched by [`fleet_slowness`].
 pub fn scaled(limit: Duration) -> Duration {
     limit.mul_f64(fleet_slowness())
