@@ -5,7 +5,8 @@
 //!   input), decide with the core on a snapshot taken now, forward. A connect error or a 5xx
 //!   from the pod — both before any byte reached the client — goes to the next-best pod
 //!   (the core decides again with the failed pods excluded), at most `max_retries` times and
-//!   only within the retry budget ([`crate::retry_budget`]); then 502. No healthy pod: 503
+//!   only within the retry budget ([`crate::retry_budget`]; a retry after a lost connection
+//!   is free of it); then 502. No healthy pod: 503
 //!   (pods avoided by their breaker but answering their scrape are routed to instead: panic
 //!   mode, [`crate::breaker`]).
 //! - `GET /v1/models`: the union of the healthy pods' model lists ([`crate::models`]).
@@ -198,23 +199,35 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
     };
 
     let mut excluded: Vec<PodId> = Vec::new();
-    let mut last_failure = String::new();
+    let mut last_failure = Failure::default();
     for attempt in 0..=cfg.max_retries {
         if attempt > 0 {
             // A retry only within the budget: retries cannot multiply an overload. This
-            // request's earlier retry, which failed, leaves it first.
+            // request's earlier retry, which failed, leaves it first. A retry after a lost
+            // connection needs no budget: the pod holds no work for the request any more
+            // (it died or refused it), so the retry adds no load to the fleet.
             fwd.retry = None;
-            match shared.retry_budget.try_start(shared.admission.active()) {
-                Some(token) => {
+            let token = match last_failure.connection_lost {
+                true => Ok(None),
+                false => shared
+                    .retry_budget
+                    .try_start(shared.admission.active())
+                    .map(Some)
+                    .ok_or(()),
+            };
+            match token {
+                Ok(token) => {
                     shared.metrics.retries.inc();
-                    fwd.retry = Some(token);
+                    fwd.retry = token;
                 }
-                None => {
+                Err(()) => {
                     shared.metrics.retries_refused.inc();
                     if shared.log_limit.allow("retry_refused") {
-                        tracing::warn!(request_id = %rid, why = %last_failure, "retry budget spent; not retried");
+                        tracing::warn!(request_id = %rid, why = %last_failure.why, "retry budget spent; not retried");
                     }
-                    last_failure.push_str("; not retried: the retry budget is spent");
+                    last_failure
+                        .why
+                        .push_str("; not retried: the retry budget is spent");
                     break;
                 }
             }
@@ -244,16 +257,16 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
                     .await;
                 match sent {
                     Forwarded::Answer(resp) => return resp,
-                    Forwarded::Failed(why) => {
-                        last_failure = why;
+                    Forwarded::Failed(failure) => {
+                        last_failure = failure;
                         pod.id
                     }
                 }
             }
             Pick::Split(s) => match fwd.split(*s, pd_value.as_ref(), attempt).await {
                 Forwarded::Answer(resp) => return resp,
-                Forwarded::Failed((pod, why)) => {
-                    last_failure = why;
+                Forwarded::Failed((pod, failure)) => {
+                    last_failure = failure;
                     pod
                 }
             },
@@ -264,7 +277,26 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
         };
         excluded.push(failed_pod);
     }
-    reject(&shared, upstream_failed(last_failure), &rid)
+    reject(&shared, upstream_failed(last_failure.why), &rid)
+}
+
+/// Why an attempt failed before any byte reached the client.
+#[derive(Debug, Default)]
+struct Failure {
+    /// For the client's error and the log.
+    why: String,
+    /// The connection failed or broke before the pod answered: the pod holds no work for the
+    /// request, so its retry is free of the retry budget.
+    connection_lost: bool,
+}
+
+impl Failure {
+    fn counted(why: String) -> Failure {
+        Failure {
+            why,
+            connection_lost: false,
+        }
+    }
 }
 
 /// How one attempt on a pod went.
@@ -305,7 +337,7 @@ impl Forward<'_> {
         policy: &'static str,
         branch: &'static str,
         prefill_pod: Option<&str>,
-    ) -> Forwarded<String> {
+    ) -> Forwarded<Failure> {
         let (shared, cfg, rid) = (self.shared, self.cfg, self.rid);
         // The pod's TTFT counts from here, not from the request's arrival (the flow queue, the
         // decision and any earlier failed attempt are not the pod's).
@@ -327,7 +359,7 @@ impl Forward<'_> {
                 drop(guard);
                 return Forwarded::Answer(request_timed_out(shared, cfg, pod, rid));
             }
-            Sent::FirstByteTimeout(failure) => failure,
+            Sent::FirstByteTimeout(why) => Failure::counted(why),
             Sent::Answer(Ok(resp)) if !resp.status().is_server_error() => {
                 let ok = resp.status().is_success();
                 let (parts_up, incoming) = resp.into_parts();
@@ -373,18 +405,23 @@ impl Forward<'_> {
                 *resp.headers_mut() = headers;
                 return Forwarded::Answer(resp);
             }
-            Sent::Answer(Ok(resp)) => format!("pod {} answered {}", pod.url, resp.status()),
+            Sent::Answer(Ok(resp)) => {
+                Failure::counted(format!("pod {} answered {}", pod.url, resp.status()))
+            }
             Sent::Answer(Err(e)) => {
                 if e.is_connect() {
                     pod.mark_unhealthy();
                 }
-                format!("pod {} failed: {e}", pod.url)
+                Failure {
+                    why: format!("pod {} failed: {e}", pod.url),
+                    connection_lost: true,
+                }
             }
         };
         drop(guard);
         attempt_failed(shared, pod, policy, branch);
         if shared.log_limit.allow("attempt_failed") {
-            tracing::warn!(request_id = %rid, why = %failure, "attempt failed before any byte was sent; retrying elsewhere");
+            tracing::warn!(request_id = %rid, why = %failure.why, "attempt failed before any byte was sent; retrying elsewhere");
         }
         Forwarded::Failed(failure)
     }
@@ -396,11 +433,12 @@ impl Forward<'_> {
         s: crate::routing::SplitRouted,
         value: Option<&serde_json::Value>,
         attempt: u32,
-    ) -> Forwarded<(PodId, String)> {
+    ) -> Forwarded<(PodId, Failure)> {
         let shared = self.shared;
         let Some(value) = value else {
             // Cannot happen: a split is asked for (`DecisionMeta::split`) only with the copy.
-            return Forwarded::Failed((s.prefill_pod.id, "no request body kept for P/D".into()));
+            let why = "no request body kept for P/D".to_string();
+            return Forwarded::Failed((s.prefill_pod.id, Failure::counted(why)));
         };
         let call = crate::pd::PrefillCall {
             cfg: self.cfg,
@@ -420,7 +458,7 @@ impl Forward<'_> {
                 if shared.log_limit.allow("pd_prefill_failed") {
                     tracing::warn!(request_id = %self.rid, %attempt, why = %why, "prefill failed; routing again");
                 }
-                return Forwarded::Failed((s.prefill_pod.id, why));
+                return Forwarded::Failed((s.prefill_pod.id, Failure::counted(why)));
             }
             crate::pd::Prefilled::ClientError(status, headers, body) => {
                 let mut resp = Response::new(Body::from(body));
@@ -455,9 +493,9 @@ impl Forward<'_> {
                 shared.metrics.pd.stage("decode", "ok");
                 Forwarded::Answer(resp)
             }
-            Forwarded::Failed(why) => {
+            Forwarded::Failed(failure) => {
                 shared.metrics.pd.stage("decode", "failed");
-                Forwarded::Failed((s.decode_pod.id, why))
+                Forwarded::Failed((s.decode_pod.id, failure))
             }
         }
     }

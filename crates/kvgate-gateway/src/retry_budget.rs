@@ -7,6 +7,12 @@
 //! made: the client gets the failure that would have been retried (502), counted in
 //! `kvgate_retries_refused_total`.
 //!
+//! Exempt: a retry after the connection failed or broke before the pod answered (the pod
+//! died, restarted or refused it). That pod holds no work for the request any more, so the
+//! retry adds none to the fleet; refusing it would only lose a request the fleet can serve
+//! (the chaos soak's killed pod lost 3 whole-body requests so). Each request still makes at
+//! most `max_retries` retries.
+//!
 //! Bound: one atomic.
 
 use std::sync::Arc;

@@ -243,3 +243,56 @@ async fn retries_in_flight_stay_within_a_fifth_of_the_requests_in_flight() {
     assert!(retries <= 12.0, "retries {retries}");
     assert_idle(&gw, &[&p1, &p2]).await;
 }
+
+#[tokio::test]
+async fn requests_on_a_pod_that_dies_are_all_retried_whatever_the_budget() {
+    // Many whole-body requests wait on a busy pod, which then dies: every one of them lost its
+    // connection at once. Their retries need no budget (the dead pod holds no work for them),
+    // so none is lost; with the budget (max(3, 20 % of 20) = 4) most would get 502.
+    let busy = FakePod::start(Behavior::Hang).await;
+    let _stepping = busy.keep_stepping();
+    let live = FakePod::start(Behavior::Normal {
+        chunks: 5,
+        delay_ms: 100,
+    })
+    .await;
+    let gw = kvgate_gateway::Gateway::start(args(&[&busy, &live]))
+        .await
+        .unwrap();
+    let c = client();
+    let tasks: Vec<_> = (0..20)
+        .map(|i| {
+            let req = post(
+                &gw,
+                "/v1/chat/completions",
+                &chat_body(&format!("question {i}"), false),
+            );
+            let c = c.clone();
+            tokio::spawn(async move { send(&c, req).await })
+        })
+        .collect();
+    eventually("all 20 requests reached a pod", || {
+        busy.requests() + live.requests() >= 20
+    })
+    .await;
+    let on_busy = busy.requests();
+    assert!(
+        on_busy >= 5,
+        "only {on_busy} requests waited on the busy pod"
+    );
+    busy.kill();
+    for t in tasks {
+        let r = t.await.unwrap();
+        assert_eq!(r.status, http::StatusCode::OK, "{}", r.text());
+    }
+    let (retries, refused) = (
+        metric(&gw, "kvgate_retries_total"),
+        metric(&gw, "kvgate_retries_refused_total"),
+    );
+    assert_eq!(refused, 0.0);
+    assert!(
+        retries >= f64::from(on_busy),
+        "{retries} retries, {on_busy} lost"
+    );
+    assert_idle(&gw, &[&live]).await;
+}
