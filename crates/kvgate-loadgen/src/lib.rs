@@ -66,6 +66,10 @@ pub struct LoadgenArgs {
     /// Seed of a generated workload.
     #[arg(long, default_value_t = 1)]
     pub workload_seed: u64,
+    /// Chat and agent workloads: end a session before a prompt longer than this many tokens
+    /// (a pod's context; default 32768).
+    #[arg(long)]
+    pub max_context_tokens: Option<u32>,
     /// Multiplies the arrival rate (arrival times ÷ F).
     #[arg(long, default_value_t = 1.0)]
     pub rate_scale: f64,
@@ -214,9 +218,13 @@ pub async fn run(args: LoadgenArgs) -> Result<LoadgenReport, LoadgenError> {
     }
     let (mut workload, mut requests) = match (&args.trace, args.workload) {
         (Some(path), _) => plan::from_trace(path)?,
-        (None, Some(kind)) => {
-            plan::generated(kind, &args.preset, args.workload_seed, args.max_requests)?
-        }
+        (None, Some(kind)) => plan::generated(
+            kind,
+            &args.preset,
+            args.workload_seed,
+            args.max_requests,
+            args.max_context_tokens,
+        )?,
         (None, None) => return Err(LoadgenError::NoWorkload),
     };
     plan::trim_and_scale(

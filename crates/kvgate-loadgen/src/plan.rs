@@ -9,7 +9,7 @@ use std::path::Path;
 
 use kvgate_sim::SimRequest;
 use kvgate_sim::workload::{
-    self, Workload, WorkloadError, WorkloadParams, chat, mooncake::MOONCAKE_BLOCK_TOKENS,
+    self, Workload, WorkloadError, WorkloadParams, agent, chat, mooncake::MOONCAKE_BLOCK_TOKENS,
     shared_prefix,
 };
 use serde::Deserialize;
@@ -51,6 +51,7 @@ impl Planned {
 pub enum GeneratedWorkload {
     Chat,
     SharedPrefix,
+    Agent,
 }
 
 #[derive(Deserialize)]
@@ -117,18 +118,34 @@ fn planned(r: SimRequest, source: PromptSource) -> Planned {
 }
 
 /// Generates a workload (`preset` for shared-prefix: A–D) and plans its requests.
+/// `max_context_tokens` ends a chat or agent session before a prompt longer than it (default:
+/// the generator's, 32k).
 pub fn generated(
     kind: GeneratedWorkload,
     preset: &str,
     seed: u64,
     max_requests: Option<usize>,
+    max_context_tokens: Option<u32>,
 ) -> Result<(Workload, Vec<Planned>), WorkloadError> {
     let (workload, requests) = match kind {
-        GeneratedWorkload::Chat => chat::generate(&chat::ChatParams {
-            seed,
-            max_requests: max_requests.unwrap_or(chat::ChatParams::default().max_requests),
-            ..chat::ChatParams::default()
-        })?,
+        GeneratedWorkload::Chat => {
+            let d = chat::ChatParams::default();
+            chat::generate(&chat::ChatParams {
+                seed,
+                max_requests: max_requests.unwrap_or(d.max_requests),
+                max_context_tokens: max_context_tokens.unwrap_or(d.max_context_tokens),
+                ..d
+            })?
+        }
+        GeneratedWorkload::Agent => {
+            let d = agent::AgentParams::default();
+            agent::generate(&agent::AgentParams {
+                seed,
+                max_requests: max_requests.unwrap_or(d.max_requests),
+                max_context_tokens: max_context_tokens.unwrap_or(d.max_context_tokens),
+                ..d
+            })?
+        }
         GeneratedWorkload::SharedPrefix => {
             let p = shared_prefix::SharedPrefixParams::preset(preset).ok_or_else(|| {
                 WorkloadError::InvalidParam {

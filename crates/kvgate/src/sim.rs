@@ -17,7 +17,7 @@ use kvgate_sim::cluster::{self, ClusterConfig, DEFAULT_SCRAPE_INTERVAL_MS};
 use kvgate_sim::events::{IndexConfig, IndexMode, LossRecovery};
 use kvgate_sim::profiles::Profile;
 use kvgate_sim::report::RunMetrics;
-use kvgate_sim::workload::{self, Workload, chat, shared_prefix};
+use kvgate_sim::workload::{self, Workload, agent, chat, shared_prefix};
 use serde::Serialize;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -26,6 +26,8 @@ pub enum GeneratedWorkload {
     Chat,
     /// llm-d's shared-prefix scenarios (see --preset).
     SharedPrefix,
+    /// Agent sessions: tool calls, tool pauses of seconds, parallel calls.
+    Agent,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -192,6 +194,10 @@ pub struct SimArgs {
     /// Tenants of the chat workload (default 8).
     #[arg(long)]
     chat_tenants: Option<u32>,
+    /// Chat and agent workloads: end a session before a prompt longer than this many tokens
+    /// (default 32768), as `kvgate loadgen --max-context-tokens`.
+    #[arg(long)]
+    max_context_tokens: Option<u32>,
     /// Every pod serves LoRA adapters with this many slots (vLLM `--max-loras`); unset: no LoRA.
     #[arg(long)]
     max_loras: Option<u32>,
@@ -369,8 +375,20 @@ fn load_workload(args: &SimArgs) -> Result<(Workload, Vec<SimRequest>)> {
             tenants: args
                 .chat_tenants
                 .unwrap_or(chat::ChatParams::default().tenants),
+            max_context_tokens: args
+                .max_context_tokens
+                .unwrap_or(chat::ChatParams::default().max_context_tokens),
             ..chat::ChatParams::default()
         })?,
+        (None, Some(GeneratedWorkload::Agent)) => {
+            let d = agent::AgentParams::default();
+            agent::generate(&agent::AgentParams {
+                seed: args.workload_seed,
+                max_requests: max.unwrap_or(d.max_requests),
+                max_context_tokens: args.max_context_tokens.unwrap_or(d.max_context_tokens),
+                ..d
+            })?
+        }
         (None, Some(GeneratedWorkload::SharedPrefix)) => {
             let preset =
                 shared_prefix::SharedPrefixParams::preset(&args.preset).with_context(|| {
@@ -382,7 +400,7 @@ fn load_workload(args: &SimArgs) -> Result<(Workload, Vec<SimRequest>)> {
                 ..preset
             })?
         }
-        (None, None) => bail!("give --trace FILE or --workload chat|shared-prefix"),
+        (None, None) => bail!("give --trace FILE or --workload chat|shared-prefix|agent"),
     };
     if let Some(n) = max
         && requests.len() > n

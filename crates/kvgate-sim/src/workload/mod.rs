@@ -1,10 +1,11 @@
 //! Workloads: trace readers (Mooncake JSONL, Azure CSV) and seeded generators (multi-turn chat,
-//! llm-d's shared-prefix scenarios), all producing [`SimRequest`]s in arrival order.
+//! llm-d's shared-prefix scenarios, agent sessions), all producing [`SimRequest`]s in arrival order.
 //!
 //! - [`load_trace`] reads a trace file and detects its format from the content: a first
 //!   non-empty line starting with `{` is Mooncake JSON Lines ([`mooncake`]); a CSV header with
 //!   `TIMESTAMP`, `ContextTokens`, `GeneratedTokens` is the Azure LLM trace ([`azure`]).
-//! - [`chat::generate`] and [`shared_prefix::generate`] build synthetic workloads from a seed.
+//! - [`chat::generate`], [`shared_prefix::generate`] and [`agent::generate`] build synthetic
+//!   workloads from a seed.
 //! - [`scale_rate`] speeds a workload up or down (arrival times ÷ `rate_scale`).
 //!
 //! Bad input policy: trace files are something a user passes on the command line, so a malformed
@@ -12,6 +13,7 @@
 //! never skipped silently, never a panic. Prompts are turned into block hashes through
 //! [`segments`], so the same sharing rules hold for traces and generators.
 
+pub mod agent;
 pub mod azure;
 pub mod chat;
 pub mod classes;
@@ -56,6 +58,8 @@ pub enum WorkloadParams {
     Chat(chat::ChatParams),
     /// llm-d / inference-perf shared-prefix groups.
     SharedPrefix(shared_prefix::SharedPrefixParams),
+    /// Agent sessions: tool calls, tool pauses and parallel calls.
+    Agent(agent::AgentParams),
 }
 
 impl WorkloadParams {
@@ -66,6 +70,7 @@ impl WorkloadParams {
             WorkloadParams::AzureTrace => "azure-trace",
             WorkloadParams::Chat(_) => "chat",
             WorkloadParams::SharedPrefix(_) => "shared-prefix",
+            WorkloadParams::Agent(_) => "agent",
         }
     }
 }
