@@ -41,6 +41,7 @@ pub fn args(target: String, trace: PathBuf) -> LoadgenArgs {
         workload: None,
         preset: "A".into(),
         workload_seed: 1,
+        max_context_tokens: None,
         rate_scale: 1.0,
         max_requests: None,
         max_concurrency: 64,
