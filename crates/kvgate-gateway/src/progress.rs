@@ -17,17 +17,22 @@
 //!
 //! A pod that exports none of those counters shows progress only by its tokens; one whose
 //! `/metrics` stops answering shows it only by its tokens too; a broken connection is a
-//! failure whatever the counters say.
+//! failure whatever the counters say. A `/metrics` slower than the scrape timeout (a busy CPU
+//! pod's API server) still shows progress: the timed-out scrape's answer is awaited apart, up
+//! to [`crate::scrape::LATE_SCRAPE_WAIT`], and its counters are read for progress only (the
+//! routing metrics stay the last timely ones). This matters with replicas: each sees only the
+//! tokens streamed through itself, so a pod streaming to the other replica's requests shows a
+//! replica none (the chaos soak's `--cluster` run cut 26 queued streams so before).
 //!
 //! The window ([`window`]): the silence being judged (the first-byte or idle-chunk timeout),
 //! but at least [`MIN_WINDOW`] and 4 scrape intervals, so that a scrape slower than the
 //! timeout under load still gets its chance. A pod that stops progressing is therefore caught
 //! within the timeout plus one window.
 //!
-//! Bound: two atomics per pod. The clock is a monotonic [`Instant`] read by the caller.
+//! Bound: three atomics per pod, and at most one late scrape answer awaited per pod. The clock is a monotonic [`Instant`] read by the caller.
 
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// Shortest look-back for progress, whatever the timeout being judged.
@@ -60,6 +65,8 @@ pub struct Progress {
     last: AtomicU64,
     /// The engine counters' sum at the previous scrape (`f64` bits); `u64::MAX`: none yet.
     counters: AtomicU64,
+    /// A timed-out scrape's answer is still awaited (at most one per pod).
+    late_scrape: AtomicBool,
 }
 
 const NO_COUNTERS: u64 = u64::MAX;
@@ -69,7 +76,18 @@ impl Progress {
         Progress {
             last: AtomicU64::new(0),
             counters: AtomicU64::new(NO_COUNTERS),
+            late_scrape: AtomicBool::new(false),
         }
+    }
+
+    /// Takes the pod's one place for a late scrape answer; `false` when one is awaited already.
+    pub fn begin_late_scrape(&self) -> bool {
+        !self.late_scrape.swap(true, Ordering::AcqRel)
+    }
+
+    /// Gives the place back.
+    pub fn end_late_scrape(&self) {
+        self.late_scrape.store(false, Ordering::Release);
     }
 
     /// A scrape at `now` read the engine counters' sum `total`: progress when it differs from

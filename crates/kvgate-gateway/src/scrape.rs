@@ -25,7 +25,10 @@
 //! other pod, when 3 in a row sufficed). A slow answer is a busy pod, not a dead one: the
 //! router keeps routing it on its last metrics and its own in-flight ledger, and a pod that
 //! stops serving is caught by the proxy (connection errors, first-byte timeouts: the breaker).
-//! Every failure is counted; the next successful scrape marks the pod healthy again.
+//! Every failure is counted; the next successful scrape marks the pod healthy again. A timed-out
+//! scrape's answer is still awaited apart (one per pod, at most [`LATE_SCRAPE_WAIT`]) and read
+//! for the engine's progress counters only ([`crate::progress`]): a slow `/metrics` is a busy
+//! pod's, and its queued requests keep waiting.
 
 use crate::pods::Pod;
 use crate::state::Shared;
@@ -41,6 +44,9 @@ use std::time::Duration;
 pub const MIN_SCRAPE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Scrape timeouts in a row that mark a pod unhealthy (other failures do at once).
 pub const SCRAPE_TIMEOUTS_TO_UNHEALTHY: u32 = 10;
+/// How long a timed-out scrape's answer is still awaited, apart from the scrape loop, for the
+/// engine's progress counters only ([`crate::progress`]).
+pub const LATE_SCRAPE_WAIT: Duration = Duration::from_secs(15);
 
 /// Largest `/metrics` body read from a pod (vLLM's is tens of KiB).
 pub const MAX_SCRAPE_BYTES: usize = 4 << 20;
@@ -347,14 +353,19 @@ pub async fn scrape_loop(shared: Arc<Shared>, pod: Arc<Pod>) {
 /// One scrape: updates the pod's metrics, health and KV capacity, and the scrape counters. For
 /// an engine of a data-parallel server, every engine of it is updated from the one scrape, each
 /// with its own `engine` series ([`parse_metrics_by_engine`]).
-pub async fn scrape_once(shared: &Shared, pod: &Pod) {
+pub async fn scrape_once(shared: &Arc<Shared>, pod: &Arc<Pod>) {
     let interval = shared.config().scrape_interval;
     let timeout = (interval * 4).max(MIN_SCRAPE_TIMEOUT);
     let ranks = match pod.rank {
         Some(_) => shared.pods.ranks_of(pod),
         None => Vec::new(),
     };
-    let result = tokio::time::timeout(timeout, fetch_metrics(shared, pod)).await;
+    let (s, p) = (shared.clone(), pod.clone());
+    let mut fetch = Box::pin(async move { fetch_metrics(&s, &p).await });
+    let result = tokio::time::timeout(timeout, &mut fetch).await;
+    if result.is_err() {
+        await_late_answer(pod, &ranks, fetch);
+    }
     if ranks.is_empty() {
         match result {
             Ok(Ok(text)) => scraped(shared, pod, &parse_metrics(&text)),
@@ -376,6 +387,39 @@ pub async fn scrape_once(shared: &Shared, pod: &Pod) {
         Ok(Err(why)) => ranks.iter().for_each(|r| scrape_failed(shared, r, &why)),
         Err(_) => ranks.iter().for_each(|r| scrape_timed_out(shared, r)),
     }
+}
+
+/// A scrape of `pod` that timed out: its answer is still awaited apart (at most one per pod, at
+/// most [`LATE_SCRAPE_WAIT`]), and the engine counters it brings count as progress only.
+fn await_late_answer(
+    pod: &Arc<Pod>,
+    ranks: &[Arc<Pod>],
+    fetch: std::pin::Pin<Box<impl Future<Output = Result<String, String>> + Send + 'static>>,
+) {
+    if !pod.progress.begin_late_scrape() {
+        return;
+    }
+    let (pod, ranks) = (pod.clone(), ranks.to_vec());
+    tokio::spawn(async move {
+        if let Ok(Ok(text)) = tokio::time::timeout(LATE_SCRAPE_WAIT, fetch).await {
+            let now = std::time::Instant::now();
+            if ranks.is_empty() {
+                if let Some(total) = parse_metrics(&text).engine_counters {
+                    pod.progress.on_counters(total, now);
+                }
+            } else {
+                let per = parse_metrics_by_engine(&text, pod.data_parallel_size);
+                for rank in &ranks {
+                    let r = rank.rank.and_then(|r| usize::try_from(r).ok()).unwrap_or(0);
+                    if let Some(total) = per.get(r).and_then(|m| m.engine_counters) {
+                        rank.progress.on_counters(total, now);
+                    }
+                }
+            }
+            tracing::debug!(pod = %pod.url, "a timed-out scrape answered late; its counters read for progress");
+        }
+        pod.progress.end_late_scrape();
+    });
 }
 
 /// A scrape of `pod` that answered `m`.

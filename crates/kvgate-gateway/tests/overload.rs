@@ -296,3 +296,38 @@ async fn requests_on_a_pod_that_dies_are_all_retried_whatever_the_budget() {
     );
     assert_idle(&gw, &[&live]).await;
 }
+
+#[tokio::test]
+async fn a_stream_queued_on_a_busy_pod_whose_metrics_answer_past_the_scrape_timeout_completes() {
+    // The pod's /metrics takes 1.5 s, past the 1 s scrape timeout, as a busy CPU pod's API
+    // server may: no scrape is timely, but the late answers' moving counters still show a busy
+    // engine, so the stream queued 4 s (past the 1 s idle-chunk timeout and its 2 s window)
+    // is waited for.
+    let pod = FakePod::start(Behavior::Queued {
+        wait_ms: 4_000,
+        chunks: 3,
+    })
+    .await;
+    let _busy = pod.keep_stepping();
+    let mut a = args(&[&pod]);
+    a.idle_chunk_timeout_ms = Some(1_000);
+    let gw = kvgate_gateway::Gateway::start(a).await.unwrap();
+    pod.state
+        .metrics_delay_ms
+        .store(1_500, std::sync::atomic::Ordering::SeqCst);
+    tokio::time::sleep(std::time::Duration::from_millis(3_000)).await;
+    let r = send(
+        &client(),
+        post(&gw, "/v1/chat/completions", &chat_body("q", true)),
+    )
+    .await;
+    let text = r.text();
+    assert!(!text.contains("\"error\""), "{text}");
+    assert!(text.contains("tok2"), "{text}");
+    assert!(metric(&gw, "kvgate_busy_waits_total{kind=\"idle_chunk\"}") >= 1.0);
+    assert_eq!(
+        metric(&gw, "kvgate_upstream_timeouts_total{kind=\"idle_chunk\"}"),
+        0.0
+    );
+    assert_idle(&gw, &[&pod]).await;
+}
