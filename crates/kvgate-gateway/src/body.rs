@@ -8,11 +8,13 @@
 //!
 //! A pod silent for longer than the idle-chunk timeout (`--idle-chunk-timeout-ms`) ends the
 //! request as an upstream error: a stream gets the same SSE error event and `[DONE]`, a whole
-//! body an error (the client sees the connection cut). Before the response's first token, the
-//! silence counts only while the pod makes no progress ([`crate::progress`]): a stream queued
-//! behind others on a busy pod has its headers and nothing else until its turn, and waits for
-//! it as long as the request timeout allows (`kvgate_busy_waits_total{kind="idle_chunk"}`).
-//! Once tokens flow, the idle-chunk timeout applies between chunks whatever the pod does.
+//! body an error (the client sees the connection cut). The silence counts only while the pod
+//! makes no progress ([`crate::progress`]): a stream queued behind others on a busy pod has its
+//! headers and nothing else until its turn, and a stream the engine preempted (its KV blocks
+//! taken for others: vLLM recomputes it later) falls silent between two tokens until it is
+//! scheduled again. Either waits as long as the request timeout allows
+//! (`kvgate_busy_waits_total{kind="idle_chunk"}`). A pod that streams nothing and steps nothing
+//! is cut within the timeout plus one progress window, before or after the first token.
 //!
 //! The request timeout (`--request-timeout-ms`, from admission) ends the response the same way
 //! with code `request_timeout`, counted as `kvgate_upstream_timeouts_total{kind="request"}` and
@@ -358,17 +360,17 @@ impl ObservedBody {
         }
     }
 
-    /// Whether a silence of the idle-chunk timeout is a busy pod's: no token yet, and the
-    /// pod progressed within the window (counted). Then the request keeps waiting.
+    /// Whether a silence of the idle-chunk timeout is a busy pod's: the pod progressed within
+    /// the window (counted). Then the request keeps waiting.
     fn busy_not_hung(&self) -> bool {
         let Some(t) = &self.tracker else {
             return false;
         };
-        let busy = t.first_token_at.is_none()
-            && t.guard
-                .pod()
-                .progress
-                .within(Instant::now(), self.progress_window);
+        let busy = t
+            .guard
+            .pod()
+            .progress
+            .within(Instant::now(), self.progress_window);
         if busy {
             t.shared
                 .metrics

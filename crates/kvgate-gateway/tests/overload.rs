@@ -73,6 +73,70 @@ async fn a_stream_queued_past_the_idle_chunk_timeout_on_a_busy_pod_completes() {
 }
 
 #[tokio::test]
+async fn a_stream_preempted_after_its_first_token_on_a_busy_pod_completes() {
+    // vLLM preempts a running request when its KV blocks are needed: the stream falls silent
+    // between two tokens while the engine steps others (CI cut 3 of 37 so on real pods).
+    let pod = FakePod::start(Behavior::Preempted {
+        wait_ms: 900,
+        chunks: 3,
+    })
+    .await;
+    let _busy = pod.keep_stepping();
+    let mut a = args(&[&pod]);
+    a.idle_chunk_timeout_ms = Some(300);
+    a.pod_failure_threshold = Some(1);
+    let gw = kvgate_gateway::Gateway::start(a).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let r = send(
+        &client(),
+        post(&gw, "/v1/chat/completions", &chat_body("p", true)),
+    )
+    .await;
+    let text = r.text();
+    assert!(!text.contains("\"error\""), "{text}");
+    assert!(text.contains("tok0") && text.contains("tok2"), "{text}");
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    assert!(metric(&gw, "kvgate_busy_waits_total{kind=\"idle_chunk\"}") >= 1.0);
+    assert_eq!(metric(&gw, "kvgate_upstream_timeouts_total"), 0.0);
+    assert_eq!(metric(&gw, "kvgate_pod_cooldowns_total"), 0.0);
+    assert_idle(&gw, &[&pod]).await;
+}
+
+#[tokio::test]
+async fn a_stream_stalled_after_its_first_token_on_a_pod_standing_still_is_cut() {
+    let pod = FakePod::start(Behavior::Preempted {
+        wait_ms: 5_000,
+        chunks: 3,
+    })
+    .await;
+    let mut a = args(&[&pod]);
+    a.idle_chunk_timeout_ms = Some(300);
+    let gw = kvgate_gateway::Gateway::start(a).await.unwrap();
+    let t0 = std::time::Instant::now();
+    let r = send(
+        &client(),
+        post(&gw, "/v1/chat/completions", &chat_body("s", true)),
+    )
+    .await;
+    let text = r.text();
+    assert!(text.contains("tok0"), "{text}");
+    assert!(
+        text.contains("\"code\":\"upstream_stream_error\""),
+        "{text}"
+    );
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(4),
+        "{:?}",
+        t0.elapsed()
+    );
+    assert_eq!(
+        metric(&gw, "kvgate_upstream_timeouts_total{kind=\"idle_chunk\"}"),
+        1.0
+    );
+    assert_idle(&gw, &[&pod]).await;
+}
+
+#[tokio::test]
 async fn a_stream_queued_on_a_pod_whose_engine_stands_still_is_cut_as_before() {
     let pod = FakePod::start(Behavior::Queued {
         wait_ms: 5_000,

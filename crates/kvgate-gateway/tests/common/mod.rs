@@ -36,6 +36,9 @@ pub enum Behavior {
     /// A stream queued behind others: headers (and a chat's role chunk) at once, the first
     /// token after `wait_ms`, then `chunks` content chunks 1 ms apart.
     Queued { wait_ms: u64, chunks: usize },
+    /// A stream the engine preempted after its first token: the first content chunk at once,
+    /// the second after `wait_ms`, then the rest of `chunks` 1 ms apart.
+    Preempted { wait_ms: u64, chunks: usize },
 }
 
 pub struct FakeState {
@@ -235,7 +238,7 @@ async fn completions(State(s): State<Arc<FakeState>>, req: Request) -> Response 
             return r;
         }
         Behavior::Normal { chunks, delay_ms } => (chunks, delay_ms, false),
-        Behavior::Queued { chunks, .. } => (chunks, 1, false),
+        Behavior::Queued { chunks, .. } | Behavior::Preempted { chunks, .. } => (chunks, 1, false),
         Behavior::DieAfter { chunks, delay_ms } | Behavior::HangAfter { chunks, delay_ms } => {
             (chunks, delay_ms, true)
         }
@@ -244,6 +247,10 @@ async fn completions(State(s): State<Arc<FakeState>>, req: Request) -> Response 
     let hang = matches!(behavior, Behavior::HangAfter { .. });
     let queued_ms = match behavior {
         Behavior::Queued { wait_ms, .. } => wait_ms,
+        _ => 0,
+    };
+    let preempted_ms = match behavior {
+        Behavior::Preempted { wait_ms, .. } => wait_ms,
         _ => 0,
     };
     let usage =
@@ -304,6 +311,8 @@ async fn completions(State(s): State<Arc<FakeState>>, req: Request) -> Response 
                 Some((i, ev)) => {
                     if i == first_content && queued_ms > 0 {
                         tokio::time::sleep(Duration::from_millis(queued_ms)).await;
+                    } else if i == first_content + 1 && preempted_ms > 0 {
+                        tokio::time::sleep(Duration::from_millis(preempted_ms)).await;
                     } else if i > 0 {
                         tokio::time::sleep(Duration::from_millis(delay_ms)).await;
                     }
