@@ -33,8 +33,7 @@ pub type BlockHash = u64;
 
 /// Default tokens per block (vLLM's CUDA default).
 pub const DEFAULT_BLOCK_SIZE_TOKENS: u32 = 16;
-/// Characters per token assumed in approximate mode (llm-d's `averageCharactersPerToken`).
-pub const DEFAULT_CHARS_PER_TOKEN: u32 = 4;
+use crate::request::DEFAULT_CHARS_PER_TOKEN;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BlockHasher {

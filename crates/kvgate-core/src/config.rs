@@ -27,9 +27,10 @@
 //! simulator, where options are measured, turns the switch on unless its `--router-config` says
 //! otherwise.
 
-use crate::blocks::{DEFAULT_BLOCK_SIZE_TOKENS, DEFAULT_CHARS_PER_TOKEN};
+use crate::blocks::DEFAULT_BLOCK_SIZE_TOKENS;
 use crate::index::DEFAULT_POD_CAPACITY_BLOCKS;
-use crate::predictor::ModelKind;
+use crate::predictor::{ModelKind, PredictorConfig};
+use crate::request::DEFAULT_CHARS_PER_TOKEN;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -668,6 +669,23 @@ impl RouterConfig {
         let cap = self.lru_capacity_per_server as f64;
         check("lru_capacity_per_server", cap, cap >= 1.0, ">= 1")?;
         Ok(())
+    }
+}
+
+/// The predictor side of a router config: here, beside the config, so that the predictor does
+/// not depend on the router's config.
+impl PredictorConfig {
+    /// The predictor a router config asks for: its model, drift adaptation and cold-start
+    /// sample count (`predictor_model`, `predictor_drift_adaptation`, `predictor_min_samples`),
+    /// every other field at its default. The gateway and the simulator both start here, so a
+    /// profile means the same predictor in both.
+    pub fn for_router(router: &RouterConfig) -> Self {
+        PredictorConfig {
+            model: router.predictor_model,
+            drift_detection: router.predictor_drift_adaptation,
+            min_samples: router.predictor_min_samples,
+            ..PredictorConfig::default()
+        }
     }
 }
 

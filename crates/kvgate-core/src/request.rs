@@ -58,7 +58,7 @@
 //!
 //! [`ParsedRequest::estimated_input_tokens`]: the exact count for token prompts, and
 //! `ceil(bytes / 4)` for text, 4 being llm-d's `averageCharactersPerToken`
-//! ([`crate::blocks::DEFAULT_CHARS_PER_TOKEN`]) applied to UTF-8 bytes of the rendering.
+//! ([`DEFAULT_CHARS_PER_TOKEN`]) applied to UTF-8 bytes of the rendering.
 //!
 //! # Malformed input
 //!
@@ -71,7 +71,9 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 use thiserror::Error;
 
-use crate::blocks::DEFAULT_CHARS_PER_TOKEN;
+/// Characters per token assumed where a prompt is not tokenized: the approximate block mode
+/// and a request's input-token estimate (llm-d's `averageCharactersPerToken`).
+pub const DEFAULT_CHARS_PER_TOKEN: u32 = 4;
 
 /// Path of the completions endpoint.
 pub const COMPLETIONS_PATH: &str = "/v1/completions";

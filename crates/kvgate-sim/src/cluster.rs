@@ -83,13 +83,12 @@ use kvgate_core::flow::saturation::{pod_headroom, waiting_estimate};
 use kvgate_core::flow::{
     Expiry, FlowConfig, FlowQueue, FlowRequest, Offer, Rejection, SaturationConfig,
 };
-use serde::Serialize;
 
 use crate::engine::{Engine, EngineRequest, LoraConfig};
 use crate::events::{IndexConfig, SimIndex};
 use crate::faults::{FaultPlan, FaultRecorder, MAX_RETRIES};
 use crate::profiles::Profile;
-use crate::report::{RunMetrics, RunRecorder};
+use crate::report::{FlowRunReport, RunMetrics, RunRecorder};
 use crate::{SIM_BLOCK_SIZE_TOKENS, SimRequest};
 
 /// Default scrape interval of pod metrics, as the gateway's default.
@@ -367,39 +366,6 @@ pub fn run(config: &ClusterConfig, requests: &[SimRequest]) -> RunMetrics {
 pub struct SimClass {
     pub priority: i32,
     pub tenant: u32,
-}
-
-/// What flow control did in a run (`RunMetrics::flow`).
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct FlowRunReport {
-    pub enabled: bool,
-    /// Arrivals that waited in the queue.
-    pub queued: u64,
-    /// Of those, released to a pod.
-    pub released: u64,
-    pub shed_sheddable: u64,
-    pub shed_tenant_share: u64,
-    pub shed_queue_full: u64,
-    pub shed_unavailable: u64,
-    pub evicted: u64,
-    pub expired: u64,
-    pub max_queue_len: u64,
-    /// Mean time released requests waited, ms.
-    pub mean_queue_ms: f64,
-    /// What the saturation detector saw at each release check with requests queued, summed
-    /// over pods: pods closed by KV usage, closed by their queue (or in-flight cap), open.
-    pub detector_pods_kv: u64,
-    pub detector_pods_queue: u64,
-    pub detector_pods_open: u64,
-    /// Of the open pods at those checks, the engine queue they had (sum of `waiting_estimate`).
-    pub detector_open_waiting: u64,
-    /// Per request (by id): its TTFT in ms, NaN when it was not served.
-    #[serde(skip)]
-    pub ttft_ms_by_request: Vec<f64>,
-    /// Per request (by id): the time it waited in the flow queue, ms (0 when dispatched at
-    /// once, NaN when never dispatched).
-    #[serde(skip)]
-    pub queue_ms_by_request: Vec<f64>,
 }
 
 /// [`run`] with every request tagged (`classes[id]`; a missing one is priority 0, tenant 0):

@@ -41,7 +41,7 @@
 
 use serde::Serialize;
 
-use crate::report::nearest_rank;
+use crate::stats::nearest_rank;
 
 /// Attempts after the first for a request whose pod died before its first token (the gateway's
 /// default `max_retries`).

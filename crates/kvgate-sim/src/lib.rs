@@ -14,6 +14,7 @@ pub mod faults;
 pub mod html;
 pub mod profiles;
 pub mod report;
+pub mod stats;
 pub mod workload;
 
 use kvgate_core::{AdapterId, BlockHash};

@@ -13,6 +13,7 @@ use kvgate_core::predictor::AccuracyReport;
 use serde::Serialize;
 
 use crate::engine::EngineMetrics;
+use crate::stats::nearest_rank;
 
 /// Samples kept per pod for the KV-usage / queue-length plots.
 pub const MAX_POD_SAMPLES: usize = 400;
@@ -47,13 +48,37 @@ impl Percentiles {
     }
 }
 
-/// Nearest-rank percentile of sorted samples.
-pub fn nearest_rank(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let rank = (q * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
+/// What flow control did in a run (`RunMetrics::flow`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct FlowRunReport {
+    pub enabled: bool,
+    /// Arrivals that waited in the queue.
+    pub queued: u64,
+    /// Of those, released to a pod.
+    pub released: u64,
+    pub shed_sheddable: u64,
+    pub shed_tenant_share: u64,
+    pub shed_queue_full: u64,
+    pub shed_unavailable: u64,
+    pub evicted: u64,
+    pub expired: u64,
+    pub max_queue_len: u64,
+    /// Mean time released requests waited, ms.
+    pub mean_queue_ms: f64,
+    /// What the saturation detector saw at each release check with requests queued, summed
+    /// over pods: pods closed by KV usage, closed by their queue (or in-flight cap), open.
+    pub detector_pods_kv: u64,
+    pub detector_pods_queue: u64,
+    pub detector_pods_open: u64,
+    /// Of the open pods at those checks, the engine queue they had (sum of `waiting_estimate`).
+    pub detector_open_waiting: u64,
+    /// Per request (by id): its TTFT in ms, NaN when it was not served.
+    #[serde(skip)]
+    pub ttft_ms_by_request: Vec<f64>,
+    /// Per request (by id): the time it waited in the flow queue, ms (0 when dispatched at
+    /// once, NaN when never dispatched).
+    #[serde(skip)]
+    pub queue_ms_by_request: Vec<f64>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
@@ -212,9 +237,9 @@ pub struct RunMetrics {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub routes: Vec<RouteRecord>,
     /// Flow control's account (`ClusterConfig::flow` on, or classes given); see
-    /// [`crate::cluster::FlowRunReport`].
+    /// [`FlowRunReport`].
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub flow: Option<crate::cluster::FlowRunReport>,
+    pub flow: Option<FlowRunReport>,
 }
 
 /// One routed attempt: the request, the pod, the gate's branch and the session's charge.

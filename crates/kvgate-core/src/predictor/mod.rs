@@ -240,19 +240,6 @@ pub struct PredictorConfigError {
 }
 
 impl PredictorConfig {
-    /// The predictor a router config asks for: its model, drift adaptation and cold-start
-    /// sample count (`predictor_model`, `predictor_drift_adaptation`, `predictor_min_samples`),
-    /// every other field at its default. The gateway and the simulator both start here, so a
-    /// profile means the same predictor in both.
-    pub fn for_router(router: &crate::RouterConfig) -> Self {
-        PredictorConfig {
-            model: router.predictor_model,
-            drift_detection: router.predictor_drift_adaptation,
-            min_samples: router.predictor_min_samples,
-            ..PredictorConfig::default()
-        }
-    }
-
     /// Checks every field; the first invalid one is reported.
     pub fn validate(&self) -> Result<(), PredictorConfigError> {
         match self.sanitize_report() {

@@ -27,12 +27,13 @@
 //! Bounds: the ledger holds one counter set per pod id; a decision allocates O(pods) and frees
 //! it; a ticket is a few words plus the pod's class name.
 
+pub mod adapter_book;
 pub mod ledger;
 pub mod pd;
 pub mod peers;
 
 use crate::DecisionRng;
-use crate::adapters::{AdapterBook, AdapterId};
+use crate::adapters::AdapterId;
 use crate::blocks::{BlockHash, SizedBlocks};
 use crate::config::RouterConfig;
 use crate::decision::Decision;
@@ -42,6 +43,7 @@ use crate::pod::{InFlight, PodId, PodSnapshot};
 use crate::policy::{PolicyKind, RequestSlo};
 use crate::predictor::{Features, LatencyPredictor, PredictorConfig};
 use crate::router::{PromptCut, Router};
+use adapter_book::AdapterBook;
 use ledger::{Ledger, Share, prefill_charge_tokens};
 use rand::SeedableRng;
 
