@@ -27,9 +27,19 @@ pub struct DecisionRecord {
     /// Flow control's class and the time the request waited in its queue (absent with flow
     /// control off).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub flow: Option<crate::flow::FlowNote>,
+    pub flow: Option<FlowNote>,
     #[serde(flatten)]
     pub decision: Decision,
+}
+
+/// What `/debug/decisions` shows of a request's flow control (`flow`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FlowNote {
+    pub priority: i32,
+    pub band: i32,
+    pub tenant: String,
+    /// Time spent in the flow queue, ms (0: dispatched at once).
+    pub queue_ms: f64,
 }
 
 pub struct DecisionLog {

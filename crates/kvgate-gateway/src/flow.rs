@@ -47,6 +47,7 @@
 //! Bounds: the core's (entries ≤ `max_queued_requests`, bytes ≤ `max_queued_bytes`); the
 //! predicted-TTFT table ≤ 2 × pods entries.
 
+pub use crate::decisions::FlowNote;
 use crate::errors::ApiError;
 use crate::state::Shared;
 use http::{HeaderMap, StatusCode};
@@ -64,7 +65,6 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use rustc_hash::FxHashMap;
-use serde::Serialize;
 use serde_json::Value;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
@@ -89,16 +89,6 @@ pub struct FlowClass {
     /// The priority came from the header (only then is it written into the pod's body).
     pub priority_from_header: bool,
     pub tenant: String,
-}
-
-/// What `/debug/decisions` shows of a request's flow control (`flow`).
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct FlowNote {
-    pub priority: i32,
-    pub band: i32,
-    pub tenant: String,
-    /// Time spent in the flow queue, ms (0: dispatched at once).
-    pub queue_ms: f64,
 }
 
 /// The driver's answer to a queued request.

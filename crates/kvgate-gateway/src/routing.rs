@@ -419,7 +419,7 @@ pub(crate) struct DecisionMeta<'a> {
     pub request_id: &'a str,
     pub attempt: u32,
     /// The request's flow-control class and queue time (flow control on).
-    pub flow: Option<&'a crate::flow::FlowNote>,
+    pub flow: Option<&'a crate::decisions::FlowNote>,
     /// The driver can hand a request over from a prefill pod to a decode pod (the HTTP proxy
     /// and the ext_proc picker): the session routes it in two stages when the fleet has pods of
     /// a dedicated role ([`kvgate_core::RouterSession::route_pd`]). Else whole requests only.
