@@ -49,6 +49,8 @@
 
 pub use crate::decisions::FlowNote;
 use crate::errors::ApiError;
+use crate::metrics::band_label;
+pub use crate::metrics::{ClassLabels, DispatchLabels, FlowMetrics, ShedLabels};
 use crate::state::Shared;
 use http::{HeaderMap, StatusCode};
 use kvgate_core::PodId;
@@ -58,12 +60,6 @@ use kvgate_core::flow::{
     fleet_bulk_headroom, fleet_saturation,
 };
 use parking_lot::Mutex;
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::Registry;
 use rustc_hash::FxHashMap;
 use serde_json::Value;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -101,123 +97,6 @@ enum Verdict {
     },
     Expired(Expiry, f64),
     Evicted,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ClassLabels {
-    pub band: String,
-    pub tenant: String,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct DispatchLabels {
-    pub band: String,
-    pub tenant: String,
-    pub path: String,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ShedLabels {
-    pub band: String,
-    pub tenant: String,
-    pub reason: String,
-}
-
-fn queue_time_buckets() -> Histogram {
-    // 1 ms … ~33 s.
-    Histogram::new(exponential_buckets(0.001, 2.0, 16))
-}
-
-/// The `kvgate_flow_*` metrics (see the module docs).
-pub struct FlowMetrics {
-    pub queued: Family<ClassLabels, Gauge>,
-    pub queue_time_seconds: Family<ClassLabels, Histogram, fn() -> Histogram>,
-    pub dispatched: Family<DispatchLabels, Counter>,
-    pub shed: Family<ShedLabels, Counter>,
-    pub cancelled: Counter,
-}
-
-impl Default for FlowMetrics {
-    fn default() -> Self {
-        FlowMetrics {
-            queued: Family::default(),
-            queue_time_seconds: Family::new_with_constructor(
-                queue_time_buckets as fn() -> Histogram,
-            ),
-            dispatched: Family::default(),
-            shed: Family::default(),
-            cancelled: Counter::default(),
-        }
-    }
-}
-
-/// Every reason `kvgate_flow_shed_total` counts.
-const SHED_REASONS: [&str; 7] = [
-    "flow_unavailable",
-    "flow_shed",
-    "flow_tenant_share",
-    "flow_queue_full",
-    "flow_evicted",
-    "flow_queue_ttl",
-    "request_timeout",
-];
-
-impl FlowMetrics {
-    /// Drops every series of a tenant the queue forgot (its place went to a newcomer), so
-    /// the label sets stay bounded by `max_tenants` + 1 names however many come and go.
-    pub fn forget_tenant(&self, tenant: &str) {
-        let tenant = tenant.to_string();
-        for band in kvgate_core::flow::MIN_PRIORITY..=kvgate_core::flow::MAX_PRIORITY {
-            let class = ClassLabels {
-                band: band_label(band),
-                tenant: tenant.clone(),
-            };
-            self.queued.remove(&class);
-            self.queue_time_seconds.remove(&class);
-            for path in ["direct", "queued"] {
-                self.dispatched.remove(&DispatchLabels {
-                    band: class.band.clone(),
-                    tenant: tenant.clone(),
-                    path: path.into(),
-                });
-            }
-            for reason in SHED_REASONS {
-                self.shed.remove(&ShedLabels {
-                    band: class.band.clone(),
-                    tenant: tenant.clone(),
-                    reason: reason.into(),
-                });
-            }
-        }
-    }
-
-    pub fn register(&self, r: &mut Registry) {
-        r.register(
-            "flow_queued",
-            "Requests in the flow queue by priority band and tenant",
-            self.queued.clone(),
-        );
-        r.register(
-            "flow_queue_time_seconds",
-            "Time requests released from the flow queue waited, by band and tenant",
-            self.queue_time_seconds.clone(),
-        );
-        r.register(
-            "flow_dispatched",
-            "Requests flow control let through, by band, tenant and path (direct or queued)",
-            self.dispatched.clone(),
-        );
-        r.register(
-            "flow_shed",
-            "Requests flow control refused or dropped, by band, tenant and reason",
-            self.shed.clone(),
-        );
-        r.register(
-            "flow_cancelled",
-            "Queued requests whose client went away",
-            self.cancelled.clone(),
-        );
-    }
 }
 
 /// The gateway's flow-control state (in [`Shared::flow`]).
@@ -475,10 +354,6 @@ pub fn forward_priority(cfg: &FlowConfig, class: &FlowClass, body: &mut Value) -
         return true;
     }
     false
-}
-
-fn band_label(band: i32) -> String {
-    band.to_string()
 }
 
 fn rejection_error(r: Rejection, cfg: &FlowConfig) -> ApiError {

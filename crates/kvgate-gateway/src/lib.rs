@@ -46,7 +46,7 @@
 //! | `errors` | OpenAI-style error bodies; `request_error`, `no_healthy_pod`, `upstream_failed`, `log_reject`, `reject` |
 //! | `request_id` | the `x-request-id` every answer carries (the client's when usable, else a fresh one) |
 //! | `slo` | `x-slo-ttft-ms` / `x-slo-tpot-ms` (and `x-llm-d-slo-*`) → objectives, or 400 (they route only with `slo_routing`) |
-//! | `metrics` | kvgate's own Prometheus metrics; `timeout_label` |
+//! | `metrics` | kvgate's own Prometheus metrics (also the connection, flow, P/D and cluster metric sets their modules fill); `timeout_label` |
 //! | `decisions` | the bounded `/debug/decisions` ring |
 //! | `admin` | the admin listener: metrics, `/debug/decisions`, `/debug/config`, `/debug/score` (dry-run prefix scores), health |
 //! | `ext_proc` | `--ext-proc-listen`: Envoy ext_proc endpoint picker (GAIE protocol), the stream's state machine; the same `routing` and session as the proxy |

@@ -41,7 +41,8 @@
 //! Bounds: at most `max_connections` connection tasks, each with one [`ConnState`] and two
 //! timers.
 
-use crate::metrics::{TimeoutLabel, timeout_label};
+pub use crate::metrics::ConnectionMetrics;
+use crate::metrics::timeout_label;
 use crate::state::Shared;
 use axum::body::Body;
 use bytes::Bytes;
@@ -50,10 +51,6 @@ use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::Registry;
 use std::convert::Infallible;
 use std::io;
 use std::pin::Pin;
@@ -70,44 +67,6 @@ use tokio::time::{Instant, Sleep};
 const ACCEPT_PAUSE_MIN: Duration = Duration::from_millis(5);
 /// Longest pause after accept errors in a row.
 const ACCEPT_PAUSE_MAX: Duration = Duration::from_secs(1);
-
-/// The traffic listener's connection metrics (registered with the gateway's).
-#[derive(Default)]
-pub struct ConnectionMetrics {
-    /// Connections open now.
-    pub open: Gauge,
-    /// Connections closed at accept because `max_connections` were open.
-    pub refused: Counter,
-    /// Connections closed by a timeout, by kind: `header_read`, `idle` or `client_write`.
-    pub timeouts: Family<TimeoutLabel, Counter>,
-    /// Errors of `accept` itself (each pauses accepting briefly).
-    pub accept_errors: Counter,
-}
-
-impl ConnectionMetrics {
-    pub(crate) fn register(&self, r: &mut Registry) {
-        r.register(
-            "open_connections",
-            "Connections open on the traffic listener",
-            self.open.clone(),
-        );
-        r.register(
-            "connections_refused",
-            "Traffic connections closed at accept because max_connections were open",
-            self.refused.clone(),
-        );
-        r.register(
-            "connection_timeouts",
-            "Traffic connections closed by a timeout: header_read (no whole request head in time), idle (keep-alive with nothing in flight) or client_write (the client accepted no bytes)",
-            self.timeouts.clone(),
-        );
-        r.register(
-            "accept_errors",
-            "Errors accepting traffic connections (e.g. too many open files); each pauses accepting briefly",
-            self.accept_errors.clone(),
-        );
-    }
-}
 
 /// The per-connection timeouts, from the config in force when the connection was accepted.
 #[derive(Debug, Clone, Copy)]

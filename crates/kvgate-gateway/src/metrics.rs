@@ -4,6 +4,9 @@
 //! names, `branch` one of the policies' fixed reasons, `status` one of [`Status`], `reason` one
 //! of the fixed rejection reasons, `class` one of the predictor's pod classes (≤ 64, the
 //! predictor's `max_classes`).
+//!
+//! The metric sets of the traffic connections, flow control, P/D and `--cluster` are defined
+//! here too (their modules fill them).
 
 use crate::pods::PodLabel;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -158,14 +161,14 @@ pub struct Metrics {
     /// 1 while a pod's engine index is stale (the routed index stands in).
     pub kv_events_stale: Family<PodLabel, Gauge>,
     /// The traffic listener's connections ([`crate::listener`]).
-    pub connections: crate::listener::ConnectionMetrics,
+    pub connections: ConnectionMetrics,
     /// `--cluster`'s metrics ([`crate::cluster`]; zeros without it).
-    pub cluster: crate::cluster::ClusterMetrics,
+    pub cluster: ClusterMetrics,
     pub registry: Registry,
     /// `kvgate_flow_*` ([`crate::flow`]).
-    pub flow: crate::flow::FlowMetrics,
+    pub flow: FlowMetrics,
     /// `kvgate_pd_*` ([`crate::pd`]).
-    pub pd: crate::pd::PdMetrics,
+    pub pd: PdMetrics,
 }
 
 impl Default for Metrics {
@@ -542,5 +545,366 @@ impl Metrics {
 pub fn timeout_label(kind: &'static str) -> TimeoutLabel {
     TimeoutLabel {
         kind: kind.to_string(),
+    }
+}
+
+// The metric sets below are filled by their modules: connections (`crate::listener`), flow
+// control (`crate::flow`), P/D (`crate::pd`), `--cluster` (`crate::cluster`).
+
+/// The traffic listener's connection metrics (registered with the gateway's).
+#[derive(Default)]
+pub struct ConnectionMetrics {
+    /// Connections open now.
+    pub open: Gauge,
+    /// Connections closed at accept because `max_connections` were open.
+    pub refused: Counter,
+    /// Connections closed by a timeout, by kind: `header_read`, `idle` or `client_write`.
+    pub timeouts: Family<TimeoutLabel, Counter>,
+    /// Errors of `accept` itself (each pauses accepting briefly).
+    pub accept_errors: Counter,
+}
+
+impl ConnectionMetrics {
+    pub(crate) fn register(&self, r: &mut Registry) {
+        r.register(
+            "open_connections",
+            "Connections open on the traffic listener",
+            self.open.clone(),
+        );
+        r.register(
+            "connections_refused",
+            "Traffic connections closed at accept because max_connections were open",
+            self.refused.clone(),
+        );
+        r.register(
+            "connection_timeouts",
+            "Traffic connections closed by a timeout: header_read (no whole request head in time), idle (keep-alive with nothing in flight) or client_write (the client accepted no bytes)",
+            self.timeouts.clone(),
+        );
+        r.register(
+            "accept_errors",
+            "Errors accepting traffic connections (e.g. too many open files); each pauses accepting briefly",
+            self.accept_errors.clone(),
+        );
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClassLabels {
+    pub band: String,
+    pub tenant: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DispatchLabels {
+    pub band: String,
+    pub tenant: String,
+    pub path: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ShedLabels {
+    pub band: String,
+    pub tenant: String,
+    pub reason: String,
+}
+
+fn queue_time_buckets() -> Histogram {
+    // 1 ms … ~33 s.
+    Histogram::new(exponential_buckets(0.001, 2.0, 16))
+}
+
+/// The `kvgate_flow_*` metrics (see [`crate::flow`]'s docs).
+pub struct FlowMetrics {
+    pub queued: Family<ClassLabels, Gauge>,
+    pub queue_time_seconds: Family<ClassLabels, Histogram, fn() -> Histogram>,
+    pub dispatched: Family<DispatchLabels, Counter>,
+    pub shed: Family<ShedLabels, Counter>,
+    pub cancelled: Counter,
+}
+
+impl Default for FlowMetrics {
+    fn default() -> Self {
+        FlowMetrics {
+            queued: Family::default(),
+            queue_time_seconds: Family::new_with_constructor(
+                queue_time_buckets as fn() -> Histogram,
+            ),
+            dispatched: Family::default(),
+            shed: Family::default(),
+            cancelled: Counter::default(),
+        }
+    }
+}
+
+/// Every reason `kvgate_flow_shed_total` counts.
+const SHED_REASONS: [&str; 7] = [
+    "flow_unavailable",
+    "flow_shed",
+    "flow_tenant_share",
+    "flow_queue_full",
+    "flow_evicted",
+    "flow_queue_ttl",
+    "request_timeout",
+];
+
+impl FlowMetrics {
+    /// Drops every series of a tenant the queue forgot (its place went to a newcomer), so
+    /// the label sets stay bounded by `max_tenants` + 1 names however many come and go.
+    pub fn forget_tenant(&self, tenant: &str) {
+        let tenant = tenant.to_string();
+        for band in kvgate_core::flow::MIN_PRIORITY..=kvgate_core::flow::MAX_PRIORITY {
+            let class = ClassLabels {
+                band: band_label(band),
+                tenant: tenant.clone(),
+            };
+            self.queued.remove(&class);
+            self.queue_time_seconds.remove(&class);
+            for path in ["direct", "queued"] {
+                self.dispatched.remove(&DispatchLabels {
+                    band: class.band.clone(),
+                    tenant: tenant.clone(),
+                    path: path.into(),
+                });
+            }
+            for reason in SHED_REASONS {
+                self.shed.remove(&ShedLabels {
+                    band: class.band.clone(),
+                    tenant: tenant.clone(),
+                    reason: reason.into(),
+                });
+            }
+        }
+    }
+
+    pub fn register(&self, r: &mut Registry) {
+        r.register(
+            "flow_queued",
+            "Requests in the flow queue by priority band and tenant",
+            self.queued.clone(),
+        );
+        r.register(
+            "flow_queue_time_seconds",
+            "Time requests released from the flow queue waited, by band and tenant",
+            self.queue_time_seconds.clone(),
+        );
+        r.register(
+            "flow_dispatched",
+            "Requests flow control let through, by band, tenant and path (direct or queued)",
+            self.dispatched.clone(),
+        );
+        r.register(
+            "flow_shed",
+            "Requests flow control refused or dropped, by band, tenant and reason",
+            self.shed.clone(),
+        );
+        r.register(
+            "flow_cancelled",
+            "Queued requests whose client went away",
+            self.cancelled.clone(),
+        );
+    }
+}
+
+pub(crate) fn band_label(band: i32) -> String {
+    band.to_string()
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabel {
+    pub route: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StageLabels {
+    pub stage: &'static str,
+    pub outcome: &'static str,
+}
+
+/// `kvgate_pd_*`; see [`crate::pd`]'s docs.
+pub struct PdMetrics {
+    pub requests: Family<RouteLabel, Counter>,
+    pub stages: Family<StageLabels, Counter>,
+    pub prefill_ms: Histogram,
+}
+
+impl Default for PdMetrics {
+    fn default() -> Self {
+        PdMetrics {
+            requests: Family::default(),
+            stages: Family::default(),
+            // 0.5 ms … ~16 s, as the other latency histograms.
+            prefill_ms: Histogram::new(exponential_buckets(0.5, 2.0, 16)),
+        }
+    }
+}
+
+impl PdMetrics {
+    pub fn register(&self, r: &mut prometheus_client::registry::Registry) {
+        r.register(
+            "pd_requests",
+            "Routing decisions in a fleet with P/D roles: split (prefill pod + decode pod) or whole (one pod)",
+            self.requests.clone(),
+        );
+        r.register(
+            "pd_stage",
+            "P/D stages by outcome: prefill ok | failed | no_transfer_params | client_error, decode ok | failed",
+            self.stages.clone(),
+        );
+        r.register(
+            "pd_prefill_ms",
+            "Duration of P/D prefill calls that returned transfer parameters, ms",
+            self.prefill_ms.clone(),
+        );
+    }
+
+    pub fn route(&self, route: &'static str) {
+        self.requests.get_or_create(&RouteLabel { route }).inc();
+    }
+
+    pub fn stage(&self, stage: &'static str, outcome: &'static str) {
+        self.stages
+            .get_or_create(&StageLabels { stage, outcome })
+            .inc();
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClusterReasonLabel {
+    pub reason: &'static str,
+}
+
+/// `kvgate_cluster_*` (all zero with no `--cluster`).
+#[derive(Debug, Default, Clone)]
+pub struct ClusterMetrics {
+    pub connected: Gauge,
+    pub peers: Gauge,
+    pub remote_requests: Gauge,
+    pub divergence_seconds: Gauge<f64, AtomicU64>,
+    pub messages_sent: Counter,
+    pub bytes_sent: Counter,
+    pub messages_received: Counter,
+    pub events_dropped: Family<ClusterReasonLabel, Counter>,
+    pub events_applied: Counter,
+    pub duplicates: Counter,
+    pub repairs: Counter,
+    pub expired_peers: Counter,
+    pub expired_requests: Counter,
+    pub decode_errors: Counter,
+    pub unknown_pod: Counter,
+    pub index_blocks_received: Counter,
+    pub samples_applied: Counter,
+    pub reconnects: Counter,
+    pub delivery_seconds: DeliveryHistogram,
+}
+
+/// [`ClusterMetrics::delivery_seconds`]: a histogram with buckets from 100 µs to 3.3 s.
+#[derive(Debug, Clone)]
+pub struct DeliveryHistogram(pub Histogram);
+
+impl Default for DeliveryHistogram {
+    fn default() -> Self {
+        DeliveryHistogram(Histogram::new(exponential_buckets(0.000_1, 2.0, 16)))
+    }
+}
+
+impl ClusterMetrics {
+    pub fn register(&self, r: &mut Registry) {
+        let r = r.sub_registry_with_prefix("cluster");
+        r.register(
+            "connected",
+            "1 while connected to the cluster's NATS server",
+            self.connected.clone(),
+        );
+        r.register(
+            "peers",
+            "Other replicas heard from within their lease",
+            self.peers.clone(),
+        );
+        r.register(
+            "remote_requests",
+            "Other replicas' requests charged to this replica's in-flight ledger",
+            self.remote_requests.clone(),
+        );
+        r.register(
+            "divergence_seconds",
+            "How stale the view of the other replicas may be: seconds since the NATS disconnect, else since the stalest peer was heard from",
+            self.divergence_seconds.clone(),
+        );
+        r.register(
+            "messages_sent",
+            "Cluster messages published",
+            self.messages_sent.clone(),
+        );
+        r.register(
+            "bytes_sent",
+            "Payload bytes of the cluster messages published",
+            self.bytes_sent.clone(),
+        );
+        r.register(
+            "messages_received",
+            "Cluster messages received from other replicas",
+            self.messages_received.clone(),
+        );
+        r.register(
+            "events_dropped",
+            "Routing events not published: queue_full or disconnected",
+            self.events_dropped.clone(),
+        );
+        r.register(
+            "events_applied",
+            "Other replicas' routing events applied",
+            self.events_applied.clone(),
+        );
+        r.register(
+            "duplicates",
+            "Cluster messages refused as already seen",
+            self.duplicates.clone(),
+        );
+        r.register(
+            "repairs",
+            "Corrections made by other replicas' snapshots (divergence found)",
+            self.repairs.clone(),
+        );
+        r.register(
+            "expired_peers",
+            "Replicas whose lease ran out (their charges returned)",
+            self.expired_peers.clone(),
+        );
+        r.register(
+            "expired_requests",
+            "Requests returned by lease expiry",
+            self.expired_requests.clone(),
+        );
+        r.register(
+            "decode_errors",
+            "Cluster messages that did not decode (skipped)",
+            self.decode_errors.clone(),
+        );
+        r.register(
+            "unknown_pod",
+            "Other replicas' events naming a pod this replica does not have (skipped)",
+            self.unknown_pod.clone(),
+        );
+        r.register(
+            "index_blocks_received",
+            "Routed-index blocks received from other replicas' warm-up answers",
+            self.index_blocks_received.clone(),
+        );
+        r.register(
+            "samples_applied",
+            "Other replicas' training samples the predictor learnt from",
+            self.samples_applied.clone(),
+        );
+        r.register(
+            "reconnects",
+            "Connections to NATS made after the first",
+            self.reconnects.clone(),
+        );
+        r.register(
+            "delivery_seconds",
+            "Time from a peer queueing the oldest event of a message to the message arriving here (wall clocks: across machines it includes their skew)",
+            self.delivery_seconds.0.clone(),
+        );
     }
 }

@@ -33,6 +33,7 @@
 
 use crate::config::GatewayConfig;
 use crate::lifecycle::TicketGuard;
+pub use crate::metrics::{PdMetrics, RouteLabel, StageLabels};
 use crate::pods::Pod;
 use crate::state::Shared;
 use crate::upstream::{Sent, attempt_failed, send, upstream_request};
@@ -40,74 +41,11 @@ use bytes::Bytes;
 use http::{HeaderMap, Method};
 use http_body_util::{BodyExt, Limited};
 use kvgate_core::Observed;
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use serde_json::Value;
 use std::time::Instant;
 
 /// Largest prefill answer read (a one-token completion with its transfer parameters is ~1 KiB).
 pub const MAX_PREFILL_ANSWER_BYTES: usize = 1 << 20;
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RouteLabel {
-    pub route: &'static str,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct StageLabels {
-    pub stage: &'static str,
-    pub outcome: &'static str,
-}
-
-/// `kvgate_pd_*`; see the module docs.
-pub struct PdMetrics {
-    pub requests: Family<RouteLabel, Counter>,
-    pub stages: Family<StageLabels, Counter>,
-    pub prefill_ms: Histogram,
-}
-
-impl Default for PdMetrics {
-    fn default() -> Self {
-        PdMetrics {
-            requests: Family::default(),
-            stages: Family::default(),
-            // 0.5 ms … ~16 s, as the other latency histograms.
-            prefill_ms: Histogram::new(exponential_buckets(0.5, 2.0, 16)),
-        }
-    }
-}
-
-impl PdMetrics {
-    pub fn register(&self, r: &mut prometheus_client::registry::Registry) {
-        r.register(
-            "pd_requests",
-            "Routing decisions in a fleet with P/D roles: split (prefill pod + decode pod) or whole (one pod)",
-            self.requests.clone(),
-        );
-        r.register(
-            "pd_stage",
-            "P/D stages by outcome: prefill ok | failed | no_transfer_params | client_error, decode ok | failed",
-            self.stages.clone(),
-        );
-        r.register(
-            "pd_prefill_ms",
-            "Duration of P/D prefill calls that returned transfer parameters, ms",
-            self.prefill_ms.clone(),
-        );
-    }
-
-    pub fn route(&self, route: &'static str) {
-        self.requests.get_or_create(&RouteLabel { route }).inc();
-    }
-
-    pub fn stage(&self, stage: &'static str, outcome: &'static str) {
-        self.stages
-            .get_or_create(&StageLabels { stage, outcome })
-            .inc();
-    }
-}
 
 /// The body of the prefill call: the client's request as one non-stream token that keeps its
 /// KV for a remote decode.

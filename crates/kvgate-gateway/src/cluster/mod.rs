@@ -52,6 +52,7 @@
 
 pub mod wire;
 
+pub use crate::metrics::{ClusterMetrics, ClusterReasonLabel, DeliveryHistogram};
 use crate::pods::Pod;
 use crate::state::Shared;
 use bytes::Bytes;
@@ -60,12 +61,6 @@ use kvgate_core::index::PrefixIndex;
 use kvgate_core::session::peers::{PeerBook, PeerConfig, PeerEvent, SnapshotEntry};
 use kvgate_core::{BlockHash, PodId, TrainingSample};
 use parking_lot::Mutex;
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::Registry;
 use rustc_hash::FxHashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -114,146 +109,6 @@ pub fn valid_name(name: &str) -> bool {
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabel {
-    pub reason: &'static str,
-}
-
-/// `kvgate_cluster_*` (all zero with no `--cluster`).
-#[derive(Debug, Default, Clone)]
-pub struct ClusterMetrics {
-    pub connected: Gauge,
-    pub peers: Gauge,
-    pub remote_requests: Gauge,
-    pub divergence_seconds: Gauge<f64, AtomicU64>,
-    pub messages_sent: Counter,
-    pub bytes_sent: Counter,
-    pub messages_received: Counter,
-    pub events_dropped: Family<ReasonLabel, Counter>,
-    pub events_applied: Counter,
-    pub duplicates: Counter,
-    pub repairs: Counter,
-    pub expired_peers: Counter,
-    pub expired_requests: Counter,
-    pub decode_errors: Counter,
-    pub unknown_pod: Counter,
-    pub index_blocks_received: Counter,
-    pub samples_applied: Counter,
-    pub reconnects: Counter,
-    pub delivery_seconds: DeliveryHistogram,
-}
-
-/// [`ClusterMetrics::delivery_seconds`]: a histogram with buckets from 100 µs to 3.3 s.
-#[derive(Debug, Clone)]
-pub struct DeliveryHistogram(pub Histogram);
-
-impl Default for DeliveryHistogram {
-    fn default() -> Self {
-        DeliveryHistogram(Histogram::new(exponential_buckets(0.000_1, 2.0, 16)))
-    }
-}
-
-impl ClusterMetrics {
-    pub fn register(&self, r: &mut Registry) {
-        let r = r.sub_registry_with_prefix("cluster");
-        r.register(
-            "connected",
-            "1 while connected to the cluster's NATS server",
-            self.connected.clone(),
-        );
-        r.register(
-            "peers",
-            "Other replicas heard from within their lease",
-            self.peers.clone(),
-        );
-        r.register(
-            "remote_requests",
-            "Other replicas' requests charged to this replica's in-flight ledger",
-            self.remote_requests.clone(),
-        );
-        r.register(
-            "divergence_seconds",
-            "How stale the view of the other replicas may be: seconds since the NATS disconnect, else since the stalest peer was heard from",
-            self.divergence_seconds.clone(),
-        );
-        r.register(
-            "messages_sent",
-            "Cluster messages published",
-            self.messages_sent.clone(),
-        );
-        r.register(
-            "bytes_sent",
-            "Payload bytes of the cluster messages published",
-            self.bytes_sent.clone(),
-        );
-        r.register(
-            "messages_received",
-            "Cluster messages received from other replicas",
-            self.messages_received.clone(),
-        );
-        r.register(
-            "events_dropped",
-            "Routing events not published: queue_full or disconnected",
-            self.events_dropped.clone(),
-        );
-        r.register(
-            "events_applied",
-            "Other replicas' routing events applied",
-            self.events_applied.clone(),
-        );
-        r.register(
-            "duplicates",
-            "Cluster messages refused as already seen",
-            self.duplicates.clone(),
-        );
-        r.register(
-            "repairs",
-            "Corrections made by other replicas' snapshots (divergence found)",
-            self.repairs.clone(),
-        );
-        r.register(
-            "expired_peers",
-            "Replicas whose lease ran out (their charges returned)",
-            self.expired_peers.clone(),
-        );
-        r.register(
-            "expired_requests",
-            "Requests returned by lease expiry",
-            self.expired_requests.clone(),
-        );
-        r.register(
-            "decode_errors",
-            "Cluster messages that did not decode (skipped)",
-            self.decode_errors.clone(),
-        );
-        r.register(
-            "unknown_pod",
-            "Other replicas' events naming a pod this replica does not have (skipped)",
-            self.unknown_pod.clone(),
-        );
-        r.register(
-            "index_blocks_received",
-            "Routed-index blocks received from other replicas' warm-up answers",
-            self.index_blocks_received.clone(),
-        );
-        r.register(
-            "samples_applied",
-            "Other replicas' training samples the predictor learnt from",
-            self.samples_applied.clone(),
-        );
-        r.register(
-            "reconnects",
-            "Connections to NATS made after the first",
-            self.reconnects.clone(),
-        );
-        r.register(
-            "delivery_seconds",
-            "Time from a peer queueing the oldest event of a message to the message arriving here (wall clocks: across machines it includes their skew)",
-            self.delivery_seconds.0.clone(),
-        );
-    }
 }
 
 /// This replica's view of one of its own requests (what its snapshots say).
@@ -387,7 +242,7 @@ impl Cluster {
         if self.queue.try_send(e).is_err() {
             self.metrics(shared)
                 .events_dropped
-                .get_or_create(&ReasonLabel {
+                .get_or_create(&ClusterReasonLabel {
                     reason: "queue_full",
                 })
                 .inc();
@@ -663,7 +518,7 @@ async fn send(
     let m = &shared.metrics.cluster;
     if !cluster.is_connected() {
         m.events_dropped
-            .get_or_create(&ReasonLabel {
+            .get_or_create(&ClusterReasonLabel {
                 reason: "disconnected",
             })
             .inc_by(events.len() as u64);
@@ -698,7 +553,7 @@ async fn send(
             }
             Err(e) => {
                 m.events_dropped
-                    .get_or_create(&ReasonLabel {
+                    .get_or_create(&ClusterReasonLabel {
                         reason: "disconnected",
                     })
                     .inc_by(n as u64);
@@ -986,6 +841,8 @@ mod tests {
     use kvgate_core::policy::PolicyKind;
     use kvgate_core::predictor::PredictorConfig;
     use kvgate_core::{InFlight, RouterSession};
+    use prometheus_client::metrics::histogram::Histogram;
+    use prometheus_client::registry::Registry;
 
     fn cluster() -> (Cluster, mpsc::Receiver<Event>) {
         let (tx, rx) = mpsc::channel(QUEUE_EVENTS);
