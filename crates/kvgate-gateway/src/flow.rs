@@ -49,6 +49,8 @@
 
 pub use crate::decisions::FlowNote;
 use crate::errors::ApiError;
+use crate::flow_gate::Verdict;
+pub use crate::flow_gate::{FlowGate, Turn};
 use crate::metrics::band_label;
 pub use crate::metrics::{ClassLabels, DispatchLabels, FlowMetrics, ShedLabels};
 use crate::state::Shared;
@@ -56,13 +58,11 @@ use http::{HeaderMap, StatusCode};
 use kvgate_core::PodId;
 use kvgate_core::flow::saturation::pod_headroom;
 use kvgate_core::flow::{
-    Expiry, FlowConfig, FlowQueue, FlowRequest, Offer, Rejection, Room, Saturation,
-    fleet_bulk_headroom, fleet_saturation,
+    Expiry, FlowConfig, FlowRequest, Offer, Rejection, Room, Saturation, fleet_bulk_headroom,
+    fleet_saturation,
 };
-use parking_lot::Mutex;
-use rustc_hash::FxHashMap;
 use serde_json::Value;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tokio::sync::{Notify, oneshot};
@@ -85,130 +85,6 @@ pub struct FlowClass {
     /// The priority came from the header (only then is it written into the pod's body).
     pub priority_from_header: bool,
     pub tenant: String,
-}
-
-/// The driver's answer to a queued request.
-#[derive(Debug)]
-enum Verdict {
-    /// Route now, to a pod outside `closed` (the pods without headroom for it at release).
-    Go {
-        queued_ms: f64,
-        closed: Vec<PodId>,
-    },
-    Expired(Expiry, f64),
-    Evicted,
-}
-
-/// The gateway's flow-control state (in [`Shared::flow`]).
-pub struct FlowGate {
-    queue: Mutex<FlowQueue<oneshot::Sender<Verdict>>>,
-    /// Requests let go (at once or from the queue) and not yet routed.
-    dispatching: Arc<AtomicU32>,
-    /// Latest predicted TTFT per pod name (from decisions).
-    predicted_ttft_ms: Mutex<FxHashMap<String, f64>>,
-    wake: Arc<Notify>,
-    driver_started: AtomicBool,
-    epoch: tokio::time::Instant,
-}
-
-impl Default for FlowGate {
-    fn default() -> Self {
-        FlowGate {
-            queue: Mutex::new(FlowQueue::new()),
-            dispatching: Arc::default(),
-            predicted_ttft_ms: Mutex::default(),
-            wake: Arc::default(),
-            driver_started: AtomicBool::new(false),
-            epoch: tokio::time::Instant::now(),
-        }
-    }
-}
-
-/// A request's permission to route: held until its first decision is made (dropping it
-/// tells the driver the fleet's ledger now counts the request).
-pub struct Turn {
-    dispatching: Option<Arc<AtomicU32>>,
-    wake: Option<Arc<Notify>>,
-    pub note: Option<FlowNote>,
-    /// Time spent queued.
-    pub queued: Duration,
-    /// Pods without headroom for the request when the queue released it: its first decision
-    /// excludes them (dispatch by headroom; empty for a request let through at once).
-    pub closed: Vec<PodId>,
-}
-
-impl Turn {
-    fn free() -> Turn {
-        Turn {
-            dispatching: None,
-            wake: None,
-            note: None,
-            queued: Duration::ZERO,
-            closed: Vec::new(),
-        }
-    }
-}
-
-impl Drop for Turn {
-    fn drop(&mut self) {
-        if let Some(d) = self.dispatching.take() {
-            d.fetch_sub(1, Ordering::AcqRel);
-        }
-        if let Some(w) = self.wake.take() {
-            w.notify_one();
-        }
-    }
-}
-
-impl FlowGate {
-    fn now_ms(&self) -> f64 {
-        self.epoch.elapsed().as_secs_f64() * 1e3
-    }
-
-    fn ms_at(&self, t: tokio::time::Instant) -> f64 {
-        t.saturating_duration_since(self.epoch).as_secs_f64() * 1e3
-    }
-
-    /// Notes a decision's predicted TTFT per pod (the detector's third signal).
-    pub fn observe_decision(&self, decision: &kvgate_core::Decision, pods: usize) {
-        let mut map = self.predicted_ttft_ms.lock();
-        if map.len() > 2 * pods.max(1) {
-            map.clear();
-        }
-        for p in &decision.pods {
-            if let Some(v) = map.get_mut(&p.id) {
-                *v = p.predicted_ttft_ms;
-            } else {
-                map.insert(p.id.clone(), p.predicted_ttft_ms);
-            }
-        }
-    }
-
-    /// A routed request finished: wakes the driver (its pod has room again).
-    pub fn request_finished(&self) {
-        if self.driver_started.load(Ordering::Acquire) {
-            self.wake.notify_one();
-        }
-    }
-
-    /// Requests in the queue now.
-    pub fn queued(&self) -> usize {
-        self.queue.lock().len()
-    }
-
-    /// Refreshes `kvgate_flow_queued` (called before `/metrics` is encoded).
-    pub fn refresh_gauges(&self, m: &FlowMetrics) {
-        let q = self.queue.lock();
-        m.queued.clear();
-        for (band, tenant, n) in q.queued_by_class() {
-            m.queued
-                .get_or_create(&ClassLabels {
-                    band: band.to_string(),
-                    tenant: q.tenant_name(tenant).to_string(),
-                })
-                .set(i64::try_from(n).unwrap_or(i64::MAX));
-        }
-    }
 }
 
 /// What the driver needs of the fleet at a release: the saturation, the bulk headroom, and

@@ -40,6 +40,7 @@
 //! | `sse` | SSE event splitting, first-content and usage detection, usage stripping |
 //! | `limits` | `Admission` (concurrency limit and bounded queue, shared with ext_proc); `AdmissionLayer`, the traffic listener's tower layer (429) |
 //! | `flow` | flow control (`[flow_control]`, off by default): a request's class (priority, tenant), `wait_turn` before the first decision (the core's `FlowQueue` and saturation detector, a driver task releasing by headroom), 429/503 with `Retry-After`, `kvgate_flow_*` metrics |
+//! | `flow_gate` | flow control's state in `Shared` (`FlowGate`: the core's queue, requests let go and not yet routed, predicted TTFTs, the driver's wake-up); a request's `Turn` |
 //! | `auth` | optional API keys (Bearer) on `/v1/*`, compared in constant time; `AuthLayer`, the traffic listener's tower layer (401) |
 //! | `log_limit` | per-kind rate limit of the per-request log lines (rejections, failures) a flood can trigger, with "suppressed K" summaries |
 //! | `models` | `GET /v1/models`: the pods' lists merged (linear, off the async workers, at most 10,000 ids) |
@@ -78,6 +79,7 @@ pub mod discovery;
 pub mod errors;
 pub mod ext_proc;
 pub mod flow;
+pub mod flow_gate;
 pub mod kv_events;
 pub mod lifecycle;
 pub mod limits;

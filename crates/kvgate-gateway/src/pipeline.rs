@@ -11,7 +11,8 @@
 
 use crate::config::GatewayConfig;
 use crate::errors::ApiError;
-use crate::flow::{FlowClass, Turn};
+use crate::flow::FlowClass;
+use crate::flow_gate::Turn;
 use crate::limits::Slot;
 use crate::routing::Prepared;
 use crate::state::Shared;

@@ -48,8 +48,8 @@ pub struct Shared {
     pub admission: crate::limits::Admission,
     /// Request-body bytes held now (`max_body_bytes_in_flight` bounds it).
     pub body_budget: Arc<crate::limits::BodyBudget>,
-    /// Flow control's queue and driver state ([`crate::flow`]).
-    pub flow: crate::flow::FlowGate,
+    /// Flow control's queue and driver state ([`crate::flow_gate`], driven by [`crate::flow`]).
+    pub flow: crate::flow_gate::FlowGate,
     /// Set by [`crate::Gateway::shutdown`]: `/readyz` answers 503.
     pub shutting_down: std::sync::atomic::AtomicBool,
     /// Set when [`crate::Gateway::shutdown`]'s grace is over: streams in flight end with an SSE
@@ -92,7 +92,7 @@ impl Shared {
                 config.max_queued_requests,
             ),
             body_budget: Arc::default(),
-            flow: crate::flow::FlowGate::default(),
+            flow: crate::flow_gate::FlowGate::default(),
             decisions: DecisionLog::new(config.decision_log_size),
             config: ArcSwap::from_pointee(config),
             pods: PodTable::default(),
