@@ -6,6 +6,7 @@
 //! tells how close a guess was. The `Authorization` header is never logged, and it is forwarded
 //! to pods only with `--forward-authorization`.
 
+pub use crate::config::ApiKeys;
 use crate::errors::{ApiError, reject};
 use crate::request_id::request_id;
 use crate::state::Shared;
@@ -15,68 +16,7 @@ use http::{HeaderValue, StatusCode, header};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use subtle::ConstantTimeEq;
 use tower::{Layer, Service};
-
-/// The configured API keys, as digests. Its `Debug` shows only how many there are.
-#[derive(Clone, Default, PartialEq, Eq)]
-pub struct ApiKeys(Vec<[u8; 16]>);
-
-impl std::fmt::Debug for ApiKeys {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "ApiKeys({} keys)", self.0.len())
-    }
-}
-
-fn digest(key: &[u8]) -> [u8; 16] {
-    xxhash_rust::xxh3::xxh3_128(key).to_le_bytes()
-}
-
-impl ApiKeys {
-    /// Empty keys are ignored (a trailing comma in `KVGATE_API_KEYS`).
-    pub fn new<'a>(keys: impl IntoIterator<Item = &'a str>) -> Self {
-        ApiKeys(
-            keys.into_iter()
-                .map(str::trim)
-                .filter(|k| !k.is_empty())
-                .map(|k| digest(k.as_bytes()))
-                .collect(),
-        )
-    }
-
-    /// No key configured: the listener is open.
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    /// How many keys are accepted (`/debug/config` shows this, never the keys).
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    /// Whether an `Authorization` header value is `Bearer <one of the keys>`; every key is
-    /// compared, in constant time.
-    pub fn allows(&self, authorization: Option<&HeaderValue>) -> bool {
-        let Some(key) = authorization.and_then(|v| bearer_token(v.as_bytes())) else {
-            return false;
-        };
-        let presented = digest(key);
-        self.0
-            .iter()
-            .fold(subtle::Choice::from(0), |ok, k| ok | k.ct_eq(&presented))
-            .into()
-    }
-}
-
-/// The token of `Bearer <token>` (scheme case-insensitive).
-fn bearer_token(value: &[u8]) -> Option<&[u8]> {
-    let (scheme, rest) = value.split_at_checked(7)?;
-    if !scheme.eq_ignore_ascii_case(b"bearer ") {
-        return None;
-    }
-    let token = rest.trim_ascii();
-    (!token.is_empty()).then_some(token)
-}
 
 /// The traffic listener's API-key check, as a tower layer: with keys configured, a `/v1/*`
 /// request without `Authorization: Bearer <key>` gets 401 (`invalid_api_key`,
@@ -156,6 +96,7 @@ fn unauthorized(shared: &Shared, rid: &str) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::bearer_token;
 
     #[test]
     fn only_a_configured_bearer_key_is_allowed() {
@@ -190,7 +131,7 @@ mod tests {
         Auth<tower::util::BoxCloneSyncService<Request, Response, std::convert::Infallible>>,
     ) {
         let mut config =
-            crate::config::GatewayConfig::resolve(&crate::serve::ServeArgs::default(), None)
+            crate::config::GatewayConfig::resolve(&crate::config::ServeArgs::default(), None)
                 .expect("defaults are valid");
         config.api_keys = ApiKeys::new(keys.iter().copied());
         let shared = Shared::new(config);

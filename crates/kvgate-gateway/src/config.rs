@@ -46,15 +46,20 @@
 //! Listener addresses, slots and queue, the connection cap, the connect timeout, the decision ring's size and the seed
 //! are read at start only ([`GatewayConfig::keep_start_only`]). [`ConfigDump`] is the config in
 //! force as the admin listener's `GET /debug/config` shows it.
+//!
+//! The config's plain data lives here too, so this module needs none of the modules that use
+//! it: [`ServeArgs`] (one field per `kvgate serve` flag), [`DiscoveryKind`], [`ApiKeys`],
+//! [`ClusterConfig`] (with [`valid_name`] and its defaults).
 
 use crate::pods::PodEntry;
-use crate::serve::ServeArgs;
+use http::HeaderValue;
 use kvgate_core::policy::PolicyKind;
 use kvgate_core::{PodRole, RouterConfig};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
+use subtle::ConstantTimeEq;
 use thiserror::Error;
 
 /// Default cap on a request body (a long-context prompt is a few MiB of JSON).
@@ -451,7 +456,7 @@ pub struct GatewayConfig {
     /// Pods that publish KV-cache events.
     pub pod_events: Vec<PodEvents>,
     /// `--api-key`: keys required on /v1/* (empty: no authentication).
-    pub api_keys: crate::auth::ApiKeys,
+    pub api_keys: ApiKeys,
     /// `--forward-authorization`: pass the client's Authorization header to the pods.
     pub forward_authorization: bool,
     /// `--shutdown-grace-ms`: how long in-flight requests may run after SIGTERM.
@@ -477,7 +482,7 @@ pub struct GatewayConfig {
     /// `[flow_control]` (see `kvgate_core::flow`); `enabled = false` by default.
     pub flow: kvgate_core::flow::FlowConfig,
     /// `--cluster`: active-active replicas over NATS ([`crate::cluster`]; start only).
-    pub cluster: Option<crate::cluster::ClusterConfig>,
+    pub cluster: Option<ClusterConfig>,
 }
 
 impl GatewayConfig {
@@ -638,18 +643,15 @@ impl GatewayConfig {
                     .cluster_name
                     .clone()
                     .or_else(|| file.cluster_name.clone())
-                    .unwrap_or_else(|| crate::cluster::DEFAULT_CLUSTER_NAME.to_string());
-                if !crate::cluster::valid_name(&name) {
+                    .unwrap_or_else(|| DEFAULT_CLUSTER_NAME.to_string());
+                if !valid_name(&name) {
                     return Err(ConfigError::BadCluster(format!(
                         "invalid cluster name {name:?}: 1-64 of A-Z a-z 0-9 _ -"
                     )));
                 }
-                let lease = positive_ms(
-                    file.cluster_lease_ms,
-                    crate::cluster::DEFAULT_LEASE_MS,
-                    "cluster_lease_ms",
-                )?;
-                Some(crate::cluster::ClusterConfig {
+                let lease =
+                    positive_ms(file.cluster_lease_ms, DEFAULT_LEASE_MS, "cluster_lease_ms")?;
+                Some(ClusterConfig {
                     url,
                     name,
                     lease,
@@ -696,7 +698,7 @@ impl GatewayConfig {
             router,
             index,
             pod_events,
-            api_keys: crate::auth::ApiKeys::new(args.api_key.iter().map(String::as_str)),
+            api_keys: ApiKeys::new(args.api_key.iter().map(String::as_str)),
             forward_authorization: args.forward_authorization,
             shutdown_grace: Duration::from_millis(
                 args.shutdown_grace_ms.unwrap_or(DEFAULT_SHUTDOWN_GRACE_MS),
@@ -931,6 +933,209 @@ fn check_pod_url(url: &str) -> Result<(), ConfigError> {
         return Err(bad());
     }
     Ok(())
+}
+
+/// What `kvgate serve` was asked for: one field per flag, `None` (or empty, or false) where
+/// the flag was not given, so the config file and the defaults fill in (see
+/// [`GatewayConfig::resolve`]). The flags themselves (names, help, defaults shown, the
+/// `KVGATE_API_KEYS` variable) are the binary's (`kvgate serve --help`); each field is named
+/// after its flag.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ServeArgs {
+    /// `--listen`: the traffic listener (OpenAI API).
+    pub listen: Option<SocketAddr>,
+    /// `--admin-listen`: the admin listener.
+    pub admin_listen: Option<SocketAddr>,
+    /// `--pod URL[,events=…,replay=…][,model=NAME][,class=NAME]`, repeatable.
+    pub pod: Vec<String>,
+    /// `--index`: which prefix index routes.
+    pub index: Option<IndexKind>,
+    /// `--tokenizer`: the served model's tokenizer.json, for token mode.
+    pub tokenizer: Option<PathBuf>,
+    /// `--chat-template`: a Jinja chat template replacing the one next to `--tokenizer`.
+    pub chat_template: Option<PathBuf>,
+    /// `--tokenization-cache-mib`: token mode's tokenization reuse budget (0: off; default 64).
+    pub tokenization_cache_mib: Option<usize>,
+    /// `--config`: the config file (TOML or YAML), reloaded when it changes.
+    pub config: Option<PathBuf>,
+    /// `--policy`: the routing policy by name.
+    pub policy: Option<String>,
+    /// `--scrape-interval-ms`: how often each pod's /metrics is scraped.
+    pub scrape_interval_ms: Option<u64>,
+    /// `--seed`: the seed of the decision RNG.
+    pub seed: Option<u64>,
+    /// `--no-response-headers`: no x-kvgate-pod / x-kvgate-branch on responses.
+    pub no_response_headers: bool,
+    /// `--capture`: the Mooncake JSONL file served requests are appended to.
+    pub capture: Option<PathBuf>,
+    /// `--ext-proc-listen`: also serve the Envoy ext_proc endpoint picker here.
+    pub ext_proc_listen: Option<SocketAddr>,
+    /// `--max-concurrent-requests`: requests served at once.
+    pub max_concurrent_requests: Option<usize>,
+    /// `--max-queued-requests`: requests waiting for a slot.
+    pub max_queued_requests: Option<usize>,
+    /// `--api-key` (repeatable) or `KVGATE_API_KEYS`: the accepted API keys.
+    pub api_key: Vec<String>,
+    /// `--forward-authorization`: forward the client's Authorization header.
+    pub forward_authorization: bool,
+    /// `--shutdown-grace-ms`: how long in-flight requests may still run on shutdown.
+    pub shutdown_grace_ms: Option<u64>,
+    /// `--connect-timeout-ms`: the upstream TCP connect timeout.
+    pub connect_timeout_ms: Option<u64>,
+    /// `--first-byte-timeout-ms`: the longest wait for a pod's response headers.
+    pub first_byte_timeout_ms: Option<u64>,
+    /// `--idle-chunk-timeout-ms`: the longest silence between two chunks.
+    pub idle_chunk_timeout_ms: Option<u64>,
+    /// `--max-prompt-tokens`: the longest prompt accepted.
+    pub max_prompt_tokens: Option<u32>,
+    /// `--discovery`: where pods come from besides `--pod` and the config file.
+    pub discovery: Option<DiscoveryKind>,
+    /// `--selector`: with kubernetes discovery, the model-server Pods' label selector.
+    pub selector: Option<String>,
+    /// `--namespace`: with kubernetes discovery, the Pods' namespace.
+    pub namespace: Option<String>,
+    /// `--target-port`: with kubernetes discovery, the model server's port.
+    pub target_port: Option<u16>,
+    /// `--request-timeout-ms`: the longest life of one request.
+    pub request_timeout_ms: Option<u64>,
+    /// `--shutdown-drain-ms`: how long /readyz answers 503 before the listener closes.
+    pub shutdown_drain_ms: Option<u64>,
+    /// `--pod-failure-threshold`: mid-body failures in a row before a pod is avoided.
+    pub pod_failure_threshold: Option<u32>,
+    /// `--pod-failure-cooldown-ms`: how long such a pod is avoided.
+    pub pod_failure_cooldown_ms: Option<u64>,
+    /// `--max-connections`: traffic connections open at once.
+    pub max_connections: Option<usize>,
+    /// `--header-read-timeout-ms`: the longest wait for a whole request head.
+    pub header_read_timeout_ms: Option<u64>,
+    /// `--idle-connection-timeout-ms`: the life of a keep-alive connection with nothing in flight.
+    pub idle_connection_timeout_ms: Option<u64>,
+    /// `--client-write-timeout-ms`: the longest a client may accept no byte of its response.
+    pub client_write_timeout_ms: Option<u64>,
+    /// `--cluster nats://HOST:PORT`: share routing state with the other replicas there.
+    pub cluster: Option<String>,
+    /// `--cluster-name`: the fleet's name on that NATS server.
+    pub cluster_name: Option<String>,
+}
+
+/// `--discovery`; [`DiscoveryKind::help`] says what each is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum DiscoveryKind {
+    #[default]
+    Static,
+    Kubernetes,
+}
+
+impl DiscoveryKind {
+    /// Every kind, in the order `kvgate serve --help` lists them.
+    pub const ALL: [DiscoveryKind; 2] = [DiscoveryKind::Static, DiscoveryKind::Kubernetes];
+
+    /// The name in `--discovery`.
+    pub fn name(self) -> &'static str {
+        match self {
+            DiscoveryKind::Static => "static",
+            DiscoveryKind::Kubernetes => "kubernetes",
+        }
+    }
+
+    /// What the kind is, as `kvgate serve --help` says it.
+    pub fn help(self) -> &'static str {
+        match self {
+            DiscoveryKind::Static => "Only `--pod` and the config file's pods",
+            DiscoveryKind::Kubernetes => {
+                "Also the ready Pods matching `--selector` (a build with `--features k8s`)"
+            }
+        }
+    }
+}
+
+/// The configured API keys, as digests. Its `Debug` shows only how many there are.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct ApiKeys(Vec<[u8; 16]>);
+
+impl std::fmt::Debug for ApiKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ApiKeys({} keys)", self.0.len())
+    }
+}
+
+fn digest(key: &[u8]) -> [u8; 16] {
+    xxhash_rust::xxh3::xxh3_128(key).to_le_bytes()
+}
+
+impl ApiKeys {
+    /// Empty keys are ignored (a trailing comma in `KVGATE_API_KEYS`).
+    pub fn new<'a>(keys: impl IntoIterator<Item = &'a str>) -> Self {
+        ApiKeys(
+            keys.into_iter()
+                .map(str::trim)
+                .filter(|k| !k.is_empty())
+                .map(|k| digest(k.as_bytes()))
+                .collect(),
+        )
+    }
+
+    /// No key configured: the listener is open.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// How many keys are accepted (`/debug/config` shows this, never the keys).
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether an `Authorization` header value is `Bearer <one of the keys>`; every key is
+    /// compared, in constant time.
+    pub fn allows(&self, authorization: Option<&HeaderValue>) -> bool {
+        let Some(key) = authorization.and_then(|v| bearer_token(v.as_bytes())) else {
+            return false;
+        };
+        let presented = digest(key);
+        self.0
+            .iter()
+            .fold(subtle::Choice::from(0), |ok, k| ok | k.ct_eq(&presented))
+            .into()
+    }
+}
+
+/// The token of `Bearer <token>` (scheme case-insensitive).
+pub(crate) fn bearer_token(value: &[u8]) -> Option<&[u8]> {
+    let (scheme, rest) = value.split_at_checked(7)?;
+    if !scheme.eq_ignore_ascii_case(b"bearer ") {
+        return None;
+    }
+    let token = rest.trim_ascii();
+    (!token.is_empty()).then_some(token)
+}
+
+/// Default lease of a silent peer.
+pub const DEFAULT_LEASE_MS: u64 = 3_000;
+
+/// Default cluster name (the NATS subject prefix `kvgate.<name>.`).
+pub const DEFAULT_CLUSTER_NAME: &str = "default";
+
+/// `--cluster` and its companions (read at start only).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterConfig {
+    /// The NATS server, `nats://HOST:PORT`.
+    pub url: String,
+    /// Subject prefix: several fleets can share one NATS server.
+    pub name: String,
+    pub lease: Duration,
+    /// Publish each normally completed request's training sample and learn from the peers'
+    /// (`cluster_share_samples`, default true): every replica's predictor then learns from
+    /// the fleet's requests, as one router's would.
+    pub share_samples: bool,
+}
+
+/// A valid cluster name: 1–64 of `A-Za-z0-9_-` (it becomes a NATS subject token).
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 #[cfg(test)]

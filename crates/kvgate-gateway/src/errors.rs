@@ -180,7 +180,7 @@ mod tests {
     #[test]
     fn a_flood_of_rejections_is_counted_exactly_and_logged_at_most_n_times_a_second_per_code() {
         let shared = crate::state::Shared::new(
-            crate::config::GatewayConfig::resolve(&crate::serve::ServeArgs::default(), None)
+            crate::config::GatewayConfig::resolve(&crate::config::ServeArgs::default(), None)
                 .unwrap(),
         );
         let captured = Captured::default();

@@ -597,7 +597,7 @@ mod tests {
     use super::*;
 
     fn shared(keys: &[&str]) -> Arc<Shared> {
-        let args = crate::serve::ServeArgs {
+        let args = crate::config::ServeArgs {
             api_key: keys.iter().map(|k| k.to_string()).collect(),
             ..Default::default()
         };
@@ -743,7 +743,7 @@ mod tests {
     #[tokio::test]
     async fn a_forgotten_tenants_series_leave_the_metrics() {
         let mut config =
-            crate::config::GatewayConfig::resolve(&crate::serve::ServeArgs::default(), None)
+            crate::config::GatewayConfig::resolve(&crate::config::ServeArgs::default(), None)
                 .unwrap();
         config.flow.enabled = true;
         config.flow.max_tenants = 1;

@@ -19,7 +19,7 @@
 //!
 //! | module | one job |
 //! |---|---|
-//! | `config` | `GatewayConfig` from defaults, config file and flags; `ConfigDump` (`/debug/config`) |
+//! | `config` | `GatewayConfig` from defaults, config file and flags; `ConfigDump` (`/debug/config`); the plain data it is made of: `ServeArgs` (one option per flag; the clap flags are the binary's `serve_cli.rs`), `DiscoveryKind`, `ApiKeys`, `ClusterConfig` |
 //! | `reload` | re-read the config file on change; keep the old one if invalid |
 //! | `discovery` | `--discovery`: static, or `kubernetes` (feature `k8s`: watch ready Pods by label, keep them in the pod table) |
 //! | `pods` | the pod table and health (in-flight counters are the session's ledger); a data-parallel server (`dp=N`) is N engine pods `URL#dp<r>` at one URL |
@@ -41,7 +41,7 @@
 //! | `limits` | `Admission` (concurrency limit and bounded queue, shared with ext_proc); `AdmissionLayer`, the traffic listener's tower layer (429) |
 //! | `flow` | flow control (`[flow_control]`, off by default): a request's class (priority, tenant), `wait_turn` before the first decision (the core's `FlowQueue` and saturation detector, a driver task releasing by headroom), 429/503 with `Retry-After`, `kvgate_flow_*` metrics |
 //! | `flow_gate` | flow control's state in `Shared` (`FlowGate`: the core's queue, requests let go and not yet routed, predicted TTFTs, the driver's wake-up); a request's `Turn` |
-//! | `auth` | optional API keys (Bearer) on `/v1/*`, compared in constant time; `AuthLayer`, the traffic listener's tower layer (401) |
+//! | `auth` | optional API keys (Bearer) on `/v1/*`, compared in constant time (`ApiKeys`, in `config`); `AuthLayer`, the traffic listener's tower layer (401) |
 //! | `log_limit` | per-kind rate limit of the per-request log lines (rejections, failures) a flood can trigger, with "suppressed K" summaries |
 //! | `models` | `GET /v1/models`: the pods' lists merged (linear, off the async workers, at most 10,000 ids) |
 //! | `errors` | OpenAI-style error bodies; `request_error`, `no_healthy_pod`, `upstream_failed`, `log_reject`, `reject` |
@@ -58,7 +58,7 @@
 //! | `chat_template` | the model's chat template (next to `--tokenizer`, or `--chat-template FILE`), rendered as vLLM does (minijinja), so chat prompts cut into the engine's token blocks |
 //! | `capture` | `--capture FILE`: served requests as Mooncake JSONL (no text), for replay |
 //! | `trainer` | background retraining of the predictor's tree models; swaps them in under the lock |
-//! | `serve` | `ServeArgs` (plain options, one per flag; the clap flags are the binary's `serve_cli.rs`), `Gateway::start`, `serve` |
+//! | `serve` | `Gateway::start`, `serve` (`ServeArgs` is `config`'s, re-exported) |
 //!
 //! Memory bounds: traffic connections ≤ `max_connections` (8,192); requests in service ≤ `max_concurrent_requests` (1024), waiting ≤
 //! `max_queued_requests` (1024); request bodies ≤ `max_body_bytes` (32 MiB); scraped bodies ≤ 4 MiB;
@@ -106,5 +106,5 @@ pub mod tokenizer;
 pub mod trainer;
 pub mod upstream;
 
-pub use config::GatewayConfig;
-pub use serve::{Gateway, ServeArgs, ServeError, init_tracing, init_tracing_with_default, serve};
+pub use config::{GatewayConfig, ServeArgs};
+pub use serve::{Gateway, ServeError, init_tracing, init_tracing_with_default, serve};

@@ -451,7 +451,7 @@ mod tests {
     }
 
     fn shared_with_limits(max_concurrent: usize, max_queued: usize) -> Arc<Shared> {
-        let args = crate::serve::ServeArgs {
+        let args = crate::config::ServeArgs {
             max_concurrent_requests: Some(max_concurrent),
             max_queued_requests: Some(max_queued),
             ..Default::default()

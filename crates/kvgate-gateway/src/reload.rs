@@ -9,8 +9,7 @@
 //! running values ([`GatewayConfig::keep_start_only`]; a change is logged as needing a restart),
 //! so that `/debug/config` shows what is in force.
 
-use crate::config::{FileConfig, GatewayConfig};
-use crate::serve::ServeArgs;
+use crate::config::{FileConfig, GatewayConfig, ServeArgs};
 use crate::state::Shared;
 use std::path::Path;
 use std::sync::Arc;
@@ -31,7 +30,7 @@ pub fn stamp(path: &Path) -> Stamp {
 /// Re-reads the config file and applies it; Err (old config kept) when it is invalid.
 pub fn reload_now(shared: &Arc<Shared>, args: &ServeArgs, path: &Path) -> Result<(), String> {
     let discovery_supplies_pods =
-        args.discovery.unwrap_or_default() != crate::discovery::DiscoveryKind::Static;
+        args.discovery.unwrap_or_default() != crate::config::DiscoveryKind::Static;
     let result = FileConfig::load_reloaded(path)
         .and_then(|file| GatewayConfig::resolve(args, Some(&file)))
         .and_then(|new| new.check_reloaded(discovery_supplies_pods).map(|()| new))
@@ -185,7 +184,7 @@ mod tests {
         let path = temp_config("discovery", "pods = [\"http://127.0.0.1:9\"]\n");
         let args = ServeArgs {
             config: Some(path.clone()),
-            discovery: Some(crate::discovery::DiscoveryKind::Kubernetes),
+            discovery: Some(crate::config::DiscoveryKind::Kubernetes),
             ..ServeArgs::default()
         };
         let config = GatewayConfig::from_args(&args).unwrap();

@@ -1,102 +1,20 @@
-//! `kvgate serve`: its options, start-up and shutdown of one gateway.
+//! `kvgate serve`: start-up and shutdown of one gateway (its options, [`ServeArgs`], are
+//! [`crate::config`]'s).
 //!
 //! [`Gateway::start`] binds both listeners (port 0 allowed, for tests), scrapes every pod once,
 //! then spawns the scrape loops, the config watcher and the two HTTP servers. Dropping the
 //! [`Gateway`] stops them.
 
+use crate::config::DiscoveryKind;
+pub use crate::config::ServeArgs;
 use crate::config::{ConfigError, GatewayConfig};
-use crate::discovery::DiscoveryKind;
 use crate::state::Shared;
 use kvgate_core::InFlight;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
-
-/// What `kvgate serve` was asked for: one field per flag, `None` (or empty, or false) where
-/// the flag was not given, so the config file and the defaults fill in (see
-/// [`GatewayConfig::resolve`]). The flags themselves (names, help, defaults shown, the
-/// `KVGATE_API_KEYS` variable) are the binary's (`kvgate serve --help`); each field is named
-/// after its flag.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct ServeArgs {
-    /// `--listen`: the traffic listener (OpenAI API).
-    pub listen: Option<SocketAddr>,
-    /// `--admin-listen`: the admin listener.
-    pub admin_listen: Option<SocketAddr>,
-    /// `--pod URL[,events=…,replay=…][,model=NAME][,class=NAME]`, repeatable.
-    pub pod: Vec<String>,
-    /// `--index`: which prefix index routes.
-    pub index: Option<crate::config::IndexKind>,
-    /// `--tokenizer`: the served model's tokenizer.json, for token mode.
-    pub tokenizer: Option<PathBuf>,
-    /// `--chat-template`: a Jinja chat template replacing the one next to `--tokenizer`.
-    pub chat_template: Option<PathBuf>,
-    /// `--tokenization-cache-mib`: token mode's tokenization reuse budget (0: off; default 64).
-    pub tokenization_cache_mib: Option<usize>,
-    /// `--config`: the config file (TOML or YAML), reloaded when it changes.
-    pub config: Option<PathBuf>,
-    /// `--policy`: the routing policy by name.
-    pub policy: Option<String>,
-    /// `--scrape-interval-ms`: how often each pod's /metrics is scraped.
-    pub scrape_interval_ms: Option<u64>,
-    /// `--seed`: the seed of the decision RNG.
-    pub seed: Option<u64>,
-    /// `--no-response-headers`: no x-kvgate-pod / x-kvgate-branch on responses.
-    pub no_response_headers: bool,
-    /// `--capture`: the Mooncake JSONL file served requests are appended to.
-    pub capture: Option<PathBuf>,
-    /// `--ext-proc-listen`: also serve the Envoy ext_proc endpoint picker here.
-    pub ext_proc_listen: Option<SocketAddr>,
-    /// `--max-concurrent-requests`: requests served at once.
-    pub max_concurrent_requests: Option<usize>,
-    /// `--max-queued-requests`: requests waiting for a slot.
-    pub max_queued_requests: Option<usize>,
-    /// `--api-key` (repeatable) or `KVGATE_API_KEYS`: the accepted API keys.
-    pub api_key: Vec<String>,
-    /// `--forward-authorization`: forward the client's Authorization header.
-    pub forward_authorization: bool,
-    /// `--shutdown-grace-ms`: how long in-flight requests may still run on shutdown.
-    pub shutdown_grace_ms: Option<u64>,
-    /// `--connect-timeout-ms`: the upstream TCP connect timeout.
-    pub connect_timeout_ms: Option<u64>,
-    /// `--first-byte-timeout-ms`: the longest wait for a pod's response headers.
-    pub first_byte_timeout_ms: Option<u64>,
-    /// `--idle-chunk-timeout-ms`: the longest silence between two chunks.
-    pub idle_chunk_timeout_ms: Option<u64>,
-    /// `--max-prompt-tokens`: the longest prompt accepted.
-    pub max_prompt_tokens: Option<u32>,
-    /// `--discovery`: where pods come from besides `--pod` and the config file.
-    pub discovery: Option<crate::discovery::DiscoveryKind>,
-    /// `--selector`: with kubernetes discovery, the model-server Pods' label selector.
-    pub selector: Option<String>,
-    /// `--namespace`: with kubernetes discovery, the Pods' namespace.
-    pub namespace: Option<String>,
-    /// `--target-port`: with kubernetes discovery, the model server's port.
-    pub target_port: Option<u16>,
-    /// `--request-timeout-ms`: the longest life of one request.
-    pub request_timeout_ms: Option<u64>,
-    /// `--shutdown-drain-ms`: how long /readyz answers 503 before the listener closes.
-    pub shutdown_drain_ms: Option<u64>,
-    /// `--pod-failure-threshold`: mid-body failures in a row before a pod is avoided.
-    pub pod_failure_threshold: Option<u32>,
-    /// `--pod-failure-cooldown-ms`: how long such a pod is avoided.
-    pub pod_failure_cooldown_ms: Option<u64>,
-    /// `--max-connections`: traffic connections open at once.
-    pub max_connections: Option<usize>,
-    /// `--header-read-timeout-ms`: the longest wait for a whole request head.
-    pub header_read_timeout_ms: Option<u64>,
-    /// `--idle-connection-timeout-ms`: the life of a keep-alive connection with nothing in flight.
-    pub idle_connection_timeout_ms: Option<u64>,
-    /// `--client-write-timeout-ms`: the longest a client may accept no byte of its response.
-    pub client_write_timeout_ms: Option<u64>,
-    /// `--cluster nats://HOST:PORT`: share routing state with the other replicas there.
-    pub cluster: Option<String>,
-    /// `--cluster-name`: the fleet's name on that NATS server.
-    pub cluster_name: Option<String>,
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -153,7 +71,7 @@ impl Gateway {
         // Flags checked (and a build without `k8s` refused) before anything is bound.
         crate::discovery::kubernetes_target(&args)?;
         #[cfg(not(feature = "k8s"))]
-        if args.discovery == Some(crate::discovery::DiscoveryKind::Kubernetes) {
+        if args.discovery == Some(DiscoveryKind::Kubernetes) {
             return Err(crate::discovery::DiscoveryError::NotBuilt.into());
         }
         let tokenizer = crate::tokenizer::GatewayTokenizer::load(

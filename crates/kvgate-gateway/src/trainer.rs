@@ -77,7 +77,7 @@ pub async fn train_due(shared: &Shared) -> usize {
 mod tests {
     use super::*;
     use crate::config::GatewayConfig;
-    use crate::serve::ServeArgs;
+    use crate::config::ServeArgs;
     use kvgate_core::predictor::{Features, ModelKind};
 
     fn shared(model: ModelKind) -> Arc<Shared> {

@@ -52,6 +52,7 @@
 
 pub mod wire;
 
+pub use crate::config::{ClusterConfig, DEFAULT_CLUSTER_NAME, DEFAULT_LEASE_MS, valid_name};
 pub use crate::metrics::{ClusterMetrics, ClusterReasonLabel, DeliveryHistogram};
 use crate::pods::Pod;
 use crate::state::Shared;
@@ -83,33 +84,6 @@ pub const EXPIRE_TICK: Duration = Duration::from_millis(250);
 pub const INDEX_CHUNK_BLOCKS: usize = 8_192;
 /// Newest blocks per pod a warm-up answer carries.
 pub const MAX_INDEX_BLOCKS_PER_POD: usize = 65_536;
-/// Default lease of a silent peer.
-pub const DEFAULT_LEASE_MS: u64 = 3_000;
-/// Default cluster name (the NATS subject prefix `kvgate.<name>.`).
-pub const DEFAULT_CLUSTER_NAME: &str = "default";
-
-/// `--cluster` and its companions (read at start only).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClusterConfig {
-    /// The NATS server, `nats://HOST:PORT`.
-    pub url: String,
-    /// Subject prefix: several fleets can share one NATS server.
-    pub name: String,
-    pub lease: Duration,
-    /// Publish each normally completed request's training sample and learn from the peers'
-    /// (`cluster_share_samples`, default true): every replica's predictor then learns from
-    /// the fleet's requests, as one router's would.
-    pub share_samples: bool,
-}
-
-/// A valid cluster name: 1–64 of `A-Za-z0-9_-` (it becomes a NATS subject token).
-pub fn valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 64
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-}
 
 /// This replica's view of one of its own requests (what its snapshots say).
 #[derive(Debug, Clone, Copy)]
@@ -908,7 +882,7 @@ mod tests {
     async fn a_batch_is_stamped_with_its_oldest_events_queue_time() {
         let (c, _rx) = cluster();
         let shared = Shared::new(
-            crate::config::GatewayConfig::resolve(&crate::serve::ServeArgs::default(), None)
+            crate::config::GatewayConfig::resolve(&crate::config::ServeArgs::default(), None)
                 .unwrap(),
         );
         let before = unix_us();
@@ -995,7 +969,7 @@ mod tests {
     #[tokio::test]
     async fn a_snapshot_goes_out_after_the_queued_events_it_reflects_so_peers_count_them_once() {
         let shared = Shared::new(
-            crate::config::GatewayConfig::resolve(&crate::serve::ServeArgs::default(), None)
+            crate::config::GatewayConfig::resolve(&crate::config::ServeArgs::default(), None)
                 .unwrap(),
         );
         let (c, mut rx) = cluster();
@@ -1031,7 +1005,7 @@ mod tests {
     async fn a_peers_training_sample_teaches_this_replicas_predictor_unless_sharing_is_off() {
         for share in [true, false] {
             let shared = Shared::new(
-                crate::config::GatewayConfig::resolve(&crate::serve::ServeArgs::default(), None)
+                crate::config::GatewayConfig::resolve(&crate::config::ServeArgs::default(), None)
                     .unwrap(),
             );
             shared.pods.replace(

@@ -10,43 +10,13 @@
 #[cfg(feature = "k8s")]
 pub mod kubernetes;
 
-use crate::serve::ServeArgs;
+pub use crate::config::DiscoveryKind;
+use crate::config::ServeArgs;
 use crate::state::Shared;
 use std::sync::Arc;
 
 /// Default port of the model server on a discovered Pod (vLLM's default).
 pub const DEFAULT_TARGET_PORT: u16 = 8000;
-
-/// `--discovery`; [`DiscoveryKind::help`] says what each is.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum DiscoveryKind {
-    #[default]
-    Static,
-    Kubernetes,
-}
-
-impl DiscoveryKind {
-    /// Every kind, in the order `kvgate serve --help` lists them.
-    pub const ALL: [DiscoveryKind; 2] = [DiscoveryKind::Static, DiscoveryKind::Kubernetes];
-
-    /// The name in `--discovery`.
-    pub fn name(self) -> &'static str {
-        match self {
-            DiscoveryKind::Static => "static",
-            DiscoveryKind::Kubernetes => "kubernetes",
-        }
-    }
-
-    /// What the kind is, as `kvgate serve --help` says it.
-    pub fn help(self) -> &'static str {
-        match self {
-            DiscoveryKind::Static => "Only `--pod` and the config file's pods",
-            DiscoveryKind::Kubernetes => {
-                "Also the ready Pods matching `--selector` (a build with `--features k8s`)"
-            }
-        }
-    }
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum DiscoveryError {
