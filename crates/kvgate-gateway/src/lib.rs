@@ -36,7 +36,8 @@
 //! | `proxy` | the HTTP handlers of the traffic listener (`traffic_router`), the retry loop |
 //! | `pd` | prefill/decode disaggregation on the HTTP proxy: the prefill call (`max_tokens: 1`, `kv_transfer_params.do_remote_decode`), its `kv_transfer_params` handed to the decode pod with the client's request, `kvgate_pd_*` metrics; retries in `proxy` |
 //! | `upstream` | forwarding to a pod: the upstream request (hop-by-hop, `Authorization`, `x-request-id`), the client's response headers, the `include_usage` rewrite, `send` (first-byte and request timeouts), failed-attempt counting |
-//! | `body` | the response body: pass-through, observation, end-of-request accounting; `GraceEnd` (streams end cleanly when the shutdown grace is over) |
+//! | `body` | the response body: pass-through, observation, end-of-request accounting; streams end cleanly when the shutdown grace is over |
+//! | `grace` | `GraceEnd`: the end of the shutdown grace, told to every stream in flight |
 //! | `sse` | SSE event splitting, first-content and usage detection, usage stripping |
 //! | `limits` | `Admission` (concurrency limit and bounded queue, shared with ext_proc); `AdmissionLayer`, the traffic listener's tower layer (429) |
 //! | `flow` | flow control (`[flow_control]`, off by default): a request's class (priority, tenant), `wait_turn` before the first decision (the core's `FlowQueue` and saturation detector, a driver task releasing by headroom), 429/503 with `Retry-After`, `kvgate_flow_*` metrics |
@@ -80,6 +81,7 @@ pub mod errors;
 pub mod ext_proc;
 pub mod flow;
 pub mod flow_gate;
+pub mod grace;
 pub mod kv_events;
 pub mod lifecycle;
 pub mod limits;

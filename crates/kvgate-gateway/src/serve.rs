@@ -249,7 +249,7 @@ impl Gateway {
     /// [`Gateway::begin_drain`]), then the traffic listener stops accepting
     /// (idle keep-alive connections are closed) while in-flight requests, streams included,
     /// may finish for up to `grace`. Streams still in flight then end with the `shutting_down`
-    /// SSE error event and `[DONE]` (see [`crate::body::GraceEnd`]), given up to
+    /// SSE error event and `[DONE]` (see [`crate::grace::GraceEnd`]), given up to
     /// [`GRACE_END_WRITE`] to reach their clients; the other requests are cut. Then every task of
     /// the gateway stops.
     pub async fn shutdown(mut self, grace: std::time::Duration) {

@@ -54,7 +54,7 @@ pub struct Shared {
     pub shutting_down: std::sync::atomic::AtomicBool,
     /// Set when [`crate::Gateway::shutdown`]'s grace is over: streams in flight end with an SSE
     /// error event and `[DONE]`.
-    pub grace_end: Arc<crate::body::GraceEnd>,
+    pub grace_end: Arc<crate::grace::GraceEnd>,
     /// Retries in flight, bounded by the requests in flight ([`crate::retry_budget`]).
     pub retry_budget: Arc<crate::retry_budget::RetryBudget>,
     /// Pods found by `--discovery` (routed to besides the config's pods). Its lock also
