@@ -6,7 +6,8 @@
 //! has its own window of [`WINDOW`]; at most [`LINES_PER_WINDOW`] lines of a kind are logged
 //! per window, the rest are counted. The count is reported as one warn line,
 //! `kind=… suppressed=K "similar log lines suppressed"`, by the next line of that kind after its
-//! window, or by [`summarise`] (every [`WINDOW`]) when no line of that kind comes any more.
+//! window, or by a task of [`crate::serve`] (every [`WINDOW`]) when no line of that kind comes
+//! any more.
 //! Counters (`kvgate_rejected_requests` and the others) are never limited: they count every
 //! request.
 //!
@@ -122,24 +123,13 @@ impl LogLimiter {
     }
 }
 
-fn report(kind: &'static str, suppressed: u64) {
+pub(crate) fn report(kind: &'static str, suppressed: u64) {
     tracing::warn!(
         kind,
         suppressed,
         window_ms = WINDOW.as_millis() as u64,
         "similar log lines suppressed"
     );
-}
-
-/// Reports the suppressed lines of kinds that went quiet, every [`WINDOW`], until dropped.
-pub async fn summarise(shared: std::sync::Arc<crate::state::Shared>) {
-    let mut ticker = tokio::time::interval(WINDOW);
-    loop {
-        ticker.tick().await;
-        for (kind, n) in shared.log_limit.flush(Instant::now()) {
-            report(kind, n);
-        }
-    }
 }
 
 #[cfg(test)]

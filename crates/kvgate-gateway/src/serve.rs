@@ -172,7 +172,7 @@ impl Gateway {
             tasks.extend(crate::cluster::start(&shared, cluster).await);
         }
         tasks.push(tokio::spawn(crate::trainer::run(shared.clone())));
-        tasks.push(tokio::spawn(crate::log_limit::summarise(shared.clone())));
+        tasks.push(tokio::spawn(summarise_log_lines(shared.clone())));
         match crate::discovery::start(&shared, &args).await {
             Ok(task) => tasks.extend(task),
             Err(e) => {
@@ -347,6 +347,18 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
     );
     gw.drain_and_shutdown(drain, grace, stop_signal()).await;
     Ok(())
+}
+
+/// Reports the suppressed log lines ([`crate::log_limit`]) of kinds that went quiet, every
+/// [`crate::log_limit::WINDOW`], until dropped.
+async fn summarise_log_lines(shared: std::sync::Arc<crate::state::Shared>) {
+    let mut ticker = tokio::time::interval(crate::log_limit::WINDOW);
+    loop {
+        ticker.tick().await;
+        for (kind, n) in shared.log_limit.flush(std::time::Instant::now()) {
+            crate::log_limit::report(kind, n);
+        }
+    }
 }
 
 /// SIGTERM or Ctrl-C.
