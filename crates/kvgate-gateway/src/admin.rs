@@ -163,11 +163,11 @@ async fn score(shared: Arc<Shared>, path: &str, req: axum::extract::Request) -> 
     .await
     {
         Ok(read) => read,
-        Err(e) => return crate::errors::reject(&shared, e, &rid),
+        Err(e) => return crate::reject::reject(&shared, e, &rid),
     };
     let prepared = match crate::routing::prepare(&shared, &cfg, path, &body, &headers).await {
         Ok(p) => p,
-        Err(e) => return crate::errors::reject(&shared, e, &rid),
+        Err(e) => return crate::reject::reject(&shared, e, &rid),
     };
     let request = prepared.route_request();
     let mut snaps: Vec<_> = shared.pods.all().iter().map(|p| p.snapshot()).collect();

@@ -7,7 +7,8 @@
 //! to pods only with `--forward-authorization`.
 
 pub use crate::config::ApiKeys;
-use crate::errors::{ApiError, reject};
+use crate::errors::ApiError;
+use crate::reject::reject;
 use crate::request_id::request_id;
 use crate::state::Shared;
 use axum::extract::Request;

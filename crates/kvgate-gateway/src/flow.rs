@@ -305,7 +305,7 @@ pub fn retry_after(err: &ApiError) -> bool {
 /// The error as the client's answer, with `Retry-After` when [`retry_after`] says so.
 pub fn reject(shared: &Shared, err: ApiError, request_id: &str) -> axum::response::Response {
     let retry = retry_after(&err);
-    let mut resp = crate::errors::reject(shared, err, request_id);
+    let mut resp = crate::reject::reject(shared, err, request_id);
     if retry {
         resp.headers_mut().insert(
             http::header::RETRY_AFTER,

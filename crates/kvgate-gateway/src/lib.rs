@@ -45,7 +45,8 @@
 //! | `auth` | optional API keys (Bearer) on `/v1/*`, compared in constant time (`ApiKeys`, in `config`); `AuthLayer`, the traffic listener's tower layer (401) |
 //! | `log_limit` | per-kind rate limit of the per-request log lines (rejections, failures) a flood can trigger, with "suppressed K" summaries |
 //! | `models` | `GET /v1/models`: the pods' lists merged (linear, off the async workers, at most 10,000 ids) |
-//! | `errors` | OpenAI-style error bodies; `request_error`, `no_healthy_pod`, `upstream_failed`, `log_reject`, `reject` |
+//! | `errors` | OpenAI-style error bodies; `request_error`, `no_healthy_pod`, `upstream_failed` |
+//! | `reject` | a request the gateway answers itself, counted and logged (rate limited): `log_reject`, `reject` |
 //! | `request_id` | the `x-request-id` every answer carries (the client's when usable, else a fresh one) |
 //! | `slo` | `x-slo-ttft-ms` / `x-slo-tpot-ms` (and `x-llm-d-slo-*`) → objectives, or 400 (they route only with `slo_routing`) |
 //! | `metrics` | kvgate's own Prometheus metrics (also the connection, flow, P/D and cluster metric sets their modules fill); `timeout_label` |
@@ -94,6 +95,7 @@ pub(crate) mod pipeline;
 pub mod pods;
 pub mod progress;
 pub mod proxy;
+pub mod reject;
 pub mod reload;
 pub mod request_id;
 pub mod retry_budget;

@@ -25,7 +25,8 @@
 //! the limits hold for the gateway as a whole, whichever listener a request came in on (its
 //! bodies come from Envoy, which buffers them; the body budget is the HTTP listener's).
 
-use crate::errors::{ApiError, reject};
+use crate::errors::ApiError;
+use crate::reject::reject;
 use crate::request_id::request_id;
 use crate::state::Shared;
 use axum::body::Body;

@@ -12,8 +12,9 @@
 //! warn (rate limited, see [`crate::log_limit`]). Entries without a string `id` are not models
 //! (OpenAI's `Model` object requires one) and are dropped too.
 
-use crate::errors::{no_healthy_pod, reject, upstream_failed};
+use crate::errors::{no_healthy_pod, upstream_failed};
 use crate::pods::Pod;
+use crate::reject::reject;
 use crate::request_id::request_id;
 use crate::state::Shared;
 use axum::body::Body;

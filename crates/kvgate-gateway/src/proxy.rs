@@ -25,7 +25,8 @@
 //! Bounds: request bodies up to `max_body_bytes` (413 beyond); the rest is per request.
 
 use crate::body::{ObservedBody, Tracker};
-use crate::errors::{ApiError, no_healthy_pod, reject, upstream_failed};
+use crate::errors::{ApiError, no_healthy_pod, upstream_failed};
+use crate::reject::reject;
 use crate::request_id::request_id;
 use crate::routing::{DecisionMeta, Pick, Prepared, Routed};
 use crate::state::Shared;

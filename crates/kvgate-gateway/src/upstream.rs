@@ -18,9 +18,9 @@
 
 use crate::body::BodyTimeouts;
 use crate::config::GatewayConfig;
-use crate::errors::reject;
 use crate::metrics::{Status, timeout_label};
 use crate::pods::Pod;
+use crate::reject::reject;
 use crate::state::Shared;
 use axum::response::Response;
 use bytes::Bytes;

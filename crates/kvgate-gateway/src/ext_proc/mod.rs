@@ -294,7 +294,7 @@ impl Exchange {
     }
 
     fn reject(&self, err: ApiError) -> Outcome {
-        crate::errors::log_reject(&self.shared, &err, &self.request_id);
+        crate::reject::log_reject(&self.shared, &err, &self.request_id);
         Outcome::Done(Box::new(immediate(&err, &self.request_id)))
     }
 
