@@ -39,7 +39,8 @@
 //! | `body` | the response body: pass-through, observation, end-of-request accounting; streams end cleanly when the shutdown grace is over |
 //! | `grace` | `GraceEnd`: the end of the shutdown grace, told to every stream in flight |
 //! | `sse` | SSE event splitting, first-content and usage detection, usage stripping |
-//! | `limits` | `Admission` (concurrency limit and bounded queue, shared with ext_proc); `AdmissionLayer`, the traffic listener's tower layer (429) |
+//! | `limits` | `Admission` (concurrency limit and bounded queue, shared with ext_proc), `Slot`, the body budget, `read_body_within` |
+//! | `admission` | `AdmissionLayer`, the traffic listener's tower layer: body read, then a slot of `limits::Admission` (429) |
 //! | `flow` | flow control (`[flow_control]`, off by default): a request's class (priority, tenant), `wait_turn` before the first decision (the core's `FlowQueue` and saturation detector, a driver task releasing by headroom), 429/503 with `Retry-After`, `kvgate_flow_*` metrics |
 //! | `flow_gate` | flow control's state in `Shared` (`FlowGate`: the core's queue, requests let go and not yet routed, predicted TTFTs, the driver's wake-up); a request's `Turn` |
 //! | `auth` | optional API keys (Bearer) on `/v1/*`, compared in constant time (`ApiKeys`, in `config`); `AuthLayer`, the traffic listener's tower layer (401) |
@@ -69,6 +70,7 @@
 //! session's in-flight ledger one counter set and one generation per pod id.
 
 pub mod admin;
+pub mod admission;
 pub mod auth;
 pub mod body;
 pub mod breaker;

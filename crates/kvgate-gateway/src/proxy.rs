@@ -52,7 +52,7 @@ pub fn traffic_router(shared: Arc<Shared>) -> axum::Router {
         .route("/v1/models", get(crate::models::models))
         .route("/v1/{*rest}", any(passthrough))
         .fallback(not_found)
-        .layer(crate::limits::AdmissionLayer::new(shared.clone()))
+        .layer(crate::admission::AdmissionLayer::new(shared.clone()))
         // Outermost: a request without a valid key takes no slot.
         .layer(crate::auth::AuthLayer::new(shared.clone()))
         .with_state(shared)
