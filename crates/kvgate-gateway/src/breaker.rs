@@ -24,21 +24,12 @@
 //! - after the cooldown the count is still at the threshold (half-open): one more failure opens
 //!   the breaker again at once, one success closes it.
 //!
-//! Bound: two atomics per pod. Time is a monotonic clock read by the caller.
+//! Bound: two atomics per pod (each pod's [`Breaker`], held in its [`crate::pods::Pod`]). Time
+//! is a monotonic clock read by the caller.
 
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
-
-/// Origin of the breaker's clock (nanoseconds since the first use in this process).
-fn base() -> Instant {
-    static BASE: OnceLock<Instant> = OnceLock::new();
-    *BASE.get_or_init(Instant::now)
-}
-
-fn nanos(at: Instant) -> u64 {
-    u64::try_from(at.saturating_duration_since(base()).as_nanos()).unwrap_or(u64::MAX)
-}
+pub use crate::pods::{Breaker, Trip};
+use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 /// Counts one failure of `pod` in its breaker (`why`: for the log line); when that opens the
 /// breaker, `kvgate_pod_cooldowns_total{pod}` counts it and a warning says so.
@@ -151,75 +142,10 @@ pub fn panic_route(
     }
 }
 
-/// One pod's breaker.
-#[derive(Debug, Default)]
-pub struct Breaker {
-    /// Failures in a row (saturating).
-    failures: AtomicU32,
-    /// Avoided until this time (nanoseconds since [`base`]); 0: not avoided.
-    open_until: AtomicU64,
-}
-
-/// What [`Breaker::failure`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Trip {
-    /// Below the threshold.
-    Counted(u32),
-    /// The breaker opened: the pod is avoided until the cooldown ends.
-    Opened(u32),
-    /// At or past the threshold, but the breaker may not avoid another pod now: the pod stays
-    /// routable (the next failure asks again).
-    Withheld(u32),
-}
-
-impl Breaker {
-    /// A response ended normally: the count goes back to 0.
-    pub fn success(&self) {
-        self.failures.store(0, Ordering::Relaxed);
-    }
-
-    /// A response died mid-body at `now`; `may_open`: whether the breaker may avoid this pod
-    /// (the share of pods avoided at once is bounded).
-    pub fn failure(
-        &self,
-        now: Instant,
-        threshold: u32,
-        cooldown: Duration,
-        may_open: bool,
-    ) -> Trip {
-        let n = self
-            .failures
-            .fetch_add(1, Ordering::Relaxed)
-            .saturating_add(1);
-        if n == u32::MAX {
-            self.failures.store(threshold, Ordering::Relaxed);
-        }
-        if n < threshold.max(1) {
-            return Trip::Counted(n);
-        }
-        if !may_open {
-            return Trip::Withheld(n);
-        }
-        let until = nanos(now + cooldown).max(1);
-        self.open_until.store(until, Ordering::Relaxed);
-        Trip::Opened(n)
-    }
-
-    /// Whether the pod is avoided at `now`.
-    pub fn is_open(&self, now: Instant) -> bool {
-        let until = self.open_until.load(Ordering::Relaxed);
-        until != 0 && nanos(now) < until
-    }
-
-    /// Failures in a row so far.
-    pub fn failures(&self) -> u32 {
-        self.failures.load(Ordering::Relaxed)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     const COOL: Duration = Duration::from_secs(10);
 

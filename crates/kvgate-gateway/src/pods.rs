@@ -16,13 +16,18 @@
 //! form every log line, metric label, `/debug/*` page and `x-kvgate-pod` header shows, has it
 //! redacted ([`redact_userinfo`]); only [`Pod::connect_url`] (the requests to the pod) and the
 //! lookups by configured URL ([`PodTable::by_url`]) see the real one.
+//!
+//! Each pod's failure [`Breaker`] is here too (its state; when it counts and what it avoids is
+//! [`crate::breaker`]'s).
 
 use crate::scrape::PodMetrics;
 use arc_swap::ArcSwap;
 use kvgate_core::{AdapterId, InFlight, LoraSlots, PodId, PodRole, PodSnapshot};
 use parking_lot::Mutex;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 /// Largest pod id the routed index accepts.
 pub const MAX_PODS: usize = 65_536;
@@ -101,7 +106,7 @@ pub struct Pod {
     /// Scrapes in a row that timed out (see `scrape::SCRAPE_TIMEOUTS_TO_UNHEALTHY`).
     pub scrape_timeouts_in_a_row: std::sync::atomic::AtomicU32,
     /// Responses dying mid-body: the pod is avoided for a cooldown even while it scrapes fine.
-    pub breaker: crate::breaker::Breaker,
+    pub breaker: Breaker,
     /// Whether its engine steps: a silence is a busy pod's, not a hung one's, while it does.
     pub progress: crate::progress::Progress,
     /// Set when a reload removed the pod; its scrape loop stops.
@@ -134,7 +139,7 @@ impl Pod {
             healthy: AtomicBool::new(false),
             outages: AtomicU64::new(0),
             scrape_timeouts_in_a_row: std::sync::atomic::AtomicU32::new(0),
-            breaker: crate::breaker::Breaker::default(),
+            breaker: Breaker::default(),
             progress: crate::progress::Progress::new(),
             removed: AtomicBool::new(false),
             scraped: Mutex::new(Scraped {
@@ -399,6 +404,84 @@ pub fn redact_userinfo(url: &str) -> String {
     match rest[..authority_len].rfind('@') {
         Some(at) => format!("{}***{}", &url[..scheme_end], &rest[at..]),
         None => url.to_string(),
+    }
+}
+
+// Each pod's failure breaker (when it counts and what it avoids: `crate::breaker`).
+
+/// Origin of the breaker's clock (nanoseconds since the first use in this process).
+fn base() -> Instant {
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    *BASE.get_or_init(Instant::now)
+}
+
+fn nanos(at: Instant) -> u64 {
+    u64::try_from(at.saturating_duration_since(base()).as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// One pod's breaker.
+#[derive(Debug, Default)]
+pub struct Breaker {
+    /// Failures in a row (saturating).
+    failures: AtomicU32,
+    /// Avoided until this time (nanoseconds since [`base`]); 0: not avoided.
+    open_until: AtomicU64,
+}
+
+/// What [`Breaker::failure`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trip {
+    /// Below the threshold.
+    Counted(u32),
+    /// The breaker opened: the pod is avoided until the cooldown ends.
+    Opened(u32),
+    /// At or past the threshold, but the breaker may not avoid another pod now: the pod stays
+    /// routable (the next failure asks again).
+    Withheld(u32),
+}
+
+impl Breaker {
+    /// A response ended normally: the count goes back to 0.
+    pub fn success(&self) {
+        self.failures.store(0, Ordering::Relaxed);
+    }
+
+    /// A response died mid-body at `now`; `may_open`: whether the breaker may avoid this pod
+    /// (the share of pods avoided at once is bounded).
+    pub fn failure(
+        &self,
+        now: Instant,
+        threshold: u32,
+        cooldown: Duration,
+        may_open: bool,
+    ) -> Trip {
+        let n = self
+            .failures
+            .fetch_add(1, Ordering::Relaxed)
+            .saturating_add(1);
+        if n == u32::MAX {
+            self.failures.store(threshold, Ordering::Relaxed);
+        }
+        if n < threshold.max(1) {
+            return Trip::Counted(n);
+        }
+        if !may_open {
+            return Trip::Withheld(n);
+        }
+        let until = nanos(now + cooldown).max(1);
+        self.open_until.store(until, Ordering::Relaxed);
+        Trip::Opened(n)
+    }
+
+    /// Whether the pod is avoided at `now`.
+    pub fn is_open(&self, now: Instant) -> bool {
+        let until = self.open_until.load(Ordering::Relaxed);
+        until != 0 && nanos(now) < until
+    }
+
+    /// Failures in a row so far.
+    pub fn failures(&self) -> u32 {
+        self.failures.load(Ordering::Relaxed)
     }
 }
 
