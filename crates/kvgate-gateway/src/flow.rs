@@ -697,7 +697,7 @@ mod tests {
         let pods = s.pods.all();
         for (p, kv) in pods.iter().zip([0.9, 0.6, 0.2]) {
             p.healthy.store(true, Ordering::Relaxed);
-            p.apply_metrics(&crate::scrape::PodMetrics {
+            p.apply_metrics(&crate::pods::PodMetrics {
                 running: Some(1),
                 waiting: Some(0),
                 kv_usage: Some(kv),

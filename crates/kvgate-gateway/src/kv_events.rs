@@ -34,7 +34,7 @@
 
 use crate::config::{IndexKind, PodEvents};
 use crate::pods::Pod;
-use crate::scrape::PodMetrics;
+use crate::pods::PodMetrics;
 use crate::state::Shared;
 use bytes::Bytes;
 use kvgate_core::index::PrefixIndex;

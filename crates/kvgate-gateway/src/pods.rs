@@ -17,17 +17,54 @@
 //! redacted ([`redact_userinfo`]); only [`Pod::connect_url`] (the requests to the pod) and the
 //! lookups by configured URL ([`PodTable::by_url`]) see the real one.
 //!
-//! Each pod's failure [`Breaker`] is here too (its state; when it counts and what it avoids is
-//! [`crate::breaker`]'s).
+//! Also here: what a scrape reads of a pod ([`PodMetrics`], parsed by [`crate::scrape`]), and each
+//! pod's failure [`Breaker`] (its state; when it counts and what it avoids: [`crate::breaker`]).
 
-use crate::scrape::PodMetrics;
 use arc_swap::ArcSwap;
-use kvgate_core::{AdapterId, InFlight, LoraSlots, PodId, PodRole, PodSnapshot};
+use kvgate_core::{AdapterId, AdapterSet, InFlight, LoraSlots, PodId, PodRole, PodSnapshot};
 use parking_lot::Mutex;
 use std::sync::Arc;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+/// What one scrape told us about a pod. `None`: the series was absent.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PodMetrics {
+    pub running: Option<u32>,
+    pub waiting: Option<u32>,
+    /// 0..=1.
+    pub kv_usage: Option<f64>,
+    pub block_size: Option<u32>,
+    pub num_gpu_blocks: Option<u32>,
+    /// The `model_name` label of `vllm:num_requests_running` (the engine index's chain seed).
+    pub model_name: Option<String>,
+    /// LoRA: the newest series of `vllm:lora_requests_info` (see [`LoraInfo`]).
+    pub lora: Option<LoraInfo>,
+    /// `vllm:num_requests_waiting_by_reason{reason="deferred"}`, summed over engines: requests
+    /// waiting for a LoRA slot.
+    pub deferred: Option<u32>,
+    /// The engine's progress counters, summed: `vllm:prompt_tokens_total`,
+    /// `vllm:generation_tokens_total`, `vllm:iteration_tokens_total_count` (and SGLang's
+    /// `sglang:prompt_tokens_total`, `sglang:generation_tokens_total`); `None` when the pod
+    /// exports none. Only whether it moved matters ([`crate::progress`]).
+    pub engine_counters: Option<f64>,
+    /// Lines that were neither comments, blank, nor a parseable sample.
+    pub skipped_lines: u64,
+}
+
+/// The newest series of `vllm:lora_requests_info`: a gauge whose value is a timestamp and whose
+/// old label sets linger, so the series with the highest value is the current one. Its
+/// `waiting_lora_adapters` label is not read (vLLM 0.32 fills it with the running list).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LoraInfo {
+    /// `max_lora`: adapter slots.
+    pub max_loras: u32,
+    /// `running_lora_adapters` (comma-separated names; ≤ `MAX_TRACKED_ADAPTERS` kept).
+    pub running: AdapterSet,
+    /// The series' value (its timestamp), to pick the newest.
+    pub newest: f64,
+}
 
 /// Largest pod id the routed index accepts.
 pub const MAX_PODS: usize = 65_536;

@@ -31,6 +31,7 @@
 //! pod's, and its queued requests keep waiting.
 
 use crate::pods::Pod;
+pub use crate::pods::{LoraInfo, PodMetrics};
 use crate::state::Shared;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
@@ -50,44 +51,6 @@ pub const LATE_SCRAPE_WAIT: Duration = Duration::from_secs(15);
 
 /// Largest `/metrics` body read from a pod (vLLM's is tens of KiB).
 pub const MAX_SCRAPE_BYTES: usize = 4 << 20;
-
-/// What one scrape told us about a pod. `None`: the series was absent.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct PodMetrics {
-    pub running: Option<u32>,
-    pub waiting: Option<u32>,
-    /// 0..=1.
-    pub kv_usage: Option<f64>,
-    pub block_size: Option<u32>,
-    pub num_gpu_blocks: Option<u32>,
-    /// The `model_name` label of `vllm:num_requests_running` (the engine index's chain seed).
-    pub model_name: Option<String>,
-    /// LoRA: the newest series of `vllm:lora_requests_info` (see [`LoraInfo`]).
-    pub lora: Option<LoraInfo>,
-    /// `vllm:num_requests_waiting_by_reason{reason="deferred"}`, summed over engines: requests
-    /// waiting for a LoRA slot.
-    pub deferred: Option<u32>,
-    /// The engine's progress counters, summed: `vllm:prompt_tokens_total`,
-    /// `vllm:generation_tokens_total`, `vllm:iteration_tokens_total_count` (and SGLang's
-    /// `sglang:prompt_tokens_total`, `sglang:generation_tokens_total`); `None` when the pod
-    /// exports none. Only whether it moved matters ([`crate::progress`]).
-    pub engine_counters: Option<f64>,
-    /// Lines that were neither comments, blank, nor a parseable sample.
-    pub skipped_lines: u64,
-}
-
-/// The newest series of `vllm:lora_requests_info`: a gauge whose value is a timestamp and whose
-/// old label sets linger, so the series with the highest value is the current one. Its
-/// `waiting_lora_adapters` label is not read (vLLM 0.32 fills it with the running list).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct LoraInfo {
-    /// `max_lora`: adapter slots.
-    pub max_loras: u32,
-    /// `running_lora_adapters` (comma-separated names; ≤ `MAX_TRACKED_ADAPTERS` kept).
-    pub running: AdapterSet,
-    /// The series' value (its timestamp), to pick the newest.
-    pub newest: f64,
-}
 
 /// One parsed sample line: name, raw label block (without braces), value.
 struct Sample<'a> {
