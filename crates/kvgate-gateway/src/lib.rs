@@ -27,7 +27,7 @@
 //! | `progress` | whether a pod's engine steps (its scraped counters moved, or it streamed a token): a silence from a progressing pod is a busy pod's, not a failure |
 //! | `retry_budget` | retries in flight ≤ 20 % of the requests in flight (at least 3), so that retries cannot multiply an overload |
 //! | `scrape` | tolerant `/metrics` parser (incl. LoRA slots: the newest `vllm:lora_requests_info`, deferred requests; a DP server's series split by `engine` label) and the scrape loop |
-//! | `state` | what all tasks share; the core's `RouterSession` behind one mutex (`Shared::session`) |
+//! | `state` | what all tasks share; the core's `RouterSession` behind one mutex (`Shared::session`); `ReplicaLink`, what the gateway tells `--cluster`'s other replicas (implemented by `cluster::Cluster`) |
 //! | `pipeline` | the first half of every completion, for both transports: prepare, flow class and cost, the flow turn (`pipeline::ready`) |
 //! | `routing` | what both data paths share: `prepare` (parse, SLO headers, blocks, `max_prompt_tokens`, `--capture` ticket), `decide_for` (one decision through the session, recorded in `/debug/decisions`), `least_loaded` |
 //! | `lifecycle` | `TicketGuard`: a request's session ticket with its pod; first token, tokens, finish, returned once in `Drop` on every ending |

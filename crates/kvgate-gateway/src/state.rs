@@ -7,22 +7,60 @@
 
 use crate::config::GatewayConfig;
 use crate::decisions::DecisionLog;
-use crate::metrics::Metrics;
-use crate::pods::PodTable;
+use crate::metrics::{ClusterMetrics, Metrics};
+use crate::pods::{Pod, PodTable};
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use kvgate_core::RouterSession;
 use kvgate_core::predictor::{LatencyPredictor, PredictorConfig};
+use kvgate_core::{BlockHash, RouterSession, TrainingSample};
 use parking_lot::Mutex;
 use std::sync::Arc;
 use std::time::Duration;
 
 /// The upstream client (hyper-util legacy: pooled keep-alive, frame-by-frame bodies).
 pub type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
+
+/// `--cluster`'s link to the other replicas, as the rest of the gateway uses it: the request
+/// transitions [`crate::lifecycle::TicketGuard`] reports, and the gauges refreshed before
+/// `/metrics` is encoded. Implemented by [`crate::cluster::Cluster`] (set at start in
+/// [`Shared::cluster`]); a trait, so that this module does not depend on the cluster's.
+pub trait ReplicaLink: Send + Sync {
+    /// A request was routed to `pod` (its prompt's `blocks`); returns its id for the
+    /// transitions below.
+    fn routed(
+        &self,
+        shared: &Shared,
+        pod: &Pod,
+        blocks: &[BlockHash],
+        input_tokens: u32,
+        prefill_tokens: u64,
+    ) -> u64;
+
+    /// The request's first token (with the training sample learnt at it, if any).
+    fn first_token(
+        &self,
+        shared: &Shared,
+        request: u64,
+        decode_tokens: u64,
+        sample: Option<TrainingSample>,
+    );
+
+    /// `tokens` more decode tokens.
+    fn tokens(&self, shared: &Shared, request: u64, tokens: u64);
+
+    /// The request ended (with its training sample when it completed normally).
+    fn finish(&self, shared: &Shared, request: u64, sample: Option<TrainingSample>);
+
+    /// Refreshes `kvgate_cluster_*`'s gauges.
+    fn refresh_gauges(&self, m: &ClusterMetrics);
+
+    /// The implementation itself, for [`crate::cluster::Cluster::of`].
+    fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync>;
+}
 
 pub struct Shared {
     config: ArcSwap<GatewayConfig>,
@@ -37,8 +75,8 @@ pub struct Shared {
     pub client: UpstreamClient,
     /// Token mode's tokenizer (`--tokenizer FILE`, else the built-in cl100k), set at start.
     pub tokenizer: std::sync::OnceLock<crate::tokenizer::GatewayTokenizer>,
-    /// `--cluster`: this replica's membership (set at start).
-    pub cluster: std::sync::OnceLock<Arc<crate::cluster::Cluster>>,
+    /// `--cluster`: this replica's membership (set at start; [`crate::cluster::Cluster`]).
+    pub cluster: std::sync::OnceLock<Arc<dyn ReplicaLink>>,
     /// Token mode's tokenization reuse (`--tokenization-cache-mib`), set at start with the
     /// tokenizer; unset, every prompt is tokenized whole.
     pub token_cache: std::sync::OnceLock<Arc<crate::token_cache::TokenCache>>,

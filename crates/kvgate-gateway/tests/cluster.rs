@@ -10,6 +10,7 @@ mod common;
 
 use common::*;
 use kvgate_core::InFlight;
+use kvgate_gateway::cluster::Cluster;
 use kvgate_gateway::cluster::wire::{self, Event, Message};
 use kvgate_gateway::{Gateway, ServeArgs};
 use std::path::PathBuf;
@@ -133,7 +134,7 @@ const NO_EXPLORE: &str = "[router]\nepsilon_explore_sticky = 0.0\n";
 /// Waits until every gateway is connected and knows `peers` other replicas.
 async fn joined(gws: &[&Gateway], peers: usize) {
     for gw in gws {
-        let c = gw.shared().cluster.get().expect("cluster on").clone();
+        let c = Cluster::of(gw.shared()).expect("cluster on");
         eventually("connected and peers known", || {
             c.is_connected() && c.peers.lock().stats().peers >= peers
         })
@@ -399,7 +400,7 @@ async fn nats_killed_mid_run_fails_no_request_and_the_replicas_converge_after_it
     let (la, lb) = (load(&a), load(&b));
     tokio::time::sleep(Duration::from_millis(150)).await;
     nats.kill();
-    let ca = a.shared().cluster.get().unwrap().clone();
+    let ca = Cluster::of(a.shared()).unwrap();
     eventually("A notices NATS is gone", || !ca.is_connected()).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(metric(&a, "kvgate_cluster_connected"), 0.0);
@@ -435,7 +436,7 @@ async fn nats_killed_mid_run_fails_no_request_and_the_replicas_converge_after_it
     // NATS back: the snapshots bring B up to date with A's stream.
     let t = Instant::now();
     nats.up();
-    let cb = b.shared().cluster.get().unwrap().clone();
+    let cb = Cluster::of(b.shared()).unwrap();
     eventually("both reconnected", || {
         ca.is_connected() && cb.is_connected()
     })
@@ -651,13 +652,13 @@ async fn a_dead_replicas_charges_expire_after_its_lease_and_a_leaving_one_is_rel
     let a2 = replica(&pods, &nats).await;
     joined(&[&a2], 1).await;
     eventually("B knows A2", || {
-        b.shared().cluster.get().unwrap().peers.lock().stats().peers == 1
+        Cluster::of(b.shared()).unwrap().peers.lock().stats().peers == 1
     })
     .await;
     a2.shutdown(Duration::from_millis(100)).await;
     let left = Instant::now();
     eventually("B forgot A2", || {
-        b.shared().cluster.get().unwrap().peers.lock().stats().peers == 0
+        Cluster::of(b.shared()).unwrap().peers.lock().stats().peers == 0
     })
     .await;
     assert!(

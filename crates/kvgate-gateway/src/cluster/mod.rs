@@ -55,7 +55,7 @@ pub mod wire;
 pub use crate::config::{ClusterConfig, DEFAULT_CLUSTER_NAME, DEFAULT_LEASE_MS, valid_name};
 pub use crate::metrics::{ClusterMetrics, ClusterReasonLabel, DeliveryHistogram};
 use crate::pods::Pod;
-use crate::state::Shared;
+use crate::state::{ReplicaLink, Shared};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use kvgate_core::index::PrefixIndex;
@@ -134,6 +134,45 @@ impl std::fmt::Debug for Cluster {
     }
 }
 
+impl ReplicaLink for Cluster {
+    fn routed(
+        &self,
+        shared: &Shared,
+        pod: &Pod,
+        blocks: &[BlockHash],
+        input_tokens: u32,
+        prefill_tokens: u64,
+    ) -> u64 {
+        Cluster::routed(self, shared, pod, blocks, input_tokens, prefill_tokens)
+    }
+
+    fn first_token(
+        &self,
+        shared: &Shared,
+        request: u64,
+        decode_tokens: u64,
+        sample: Option<TrainingSample>,
+    ) {
+        Cluster::first_token(self, shared, request, decode_tokens, sample)
+    }
+
+    fn tokens(&self, shared: &Shared, request: u64, tokens: u64) {
+        Cluster::tokens(self, shared, request, tokens)
+    }
+
+    fn finish(&self, shared: &Shared, request: u64, sample: Option<TrainingSample>) {
+        Cluster::finish(self, shared, request, sample)
+    }
+
+    fn refresh_gauges(&self, m: &ClusterMetrics) {
+        Cluster::refresh_gauges(self, m)
+    }
+
+    fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
+        self
+    }
+}
+
 /// The decision RNG's seed of a replica: its configured `seed` mixed with its (random) replica
 /// id. Replicas usually share one config file, and with one seed their sessions would draw the
 /// same numbers in lockstep, so two replicas deciding at the same moment would explore together
@@ -188,6 +227,11 @@ fn direct_subject(name: &str, replica: u64) -> String {
 }
 
 impl Cluster {
+    /// This replica's membership, when `--cluster` started one ([`Shared::cluster`]).
+    pub fn of(shared: &Shared) -> Option<Arc<Cluster>> {
+        shared.cluster.get()?.clone().into_any().downcast().ok()
+    }
+
     fn metrics<'a>(&self, shared: &'a Shared) -> &'a ClusterMetrics {
         &shared.metrics.cluster
     }
@@ -800,7 +844,7 @@ async fn answer_sync(shared: &Shared, cluster: &Cluster, client: &async_nats::Cl
 /// Says goodbye (the peers release this replica's charges at once); best effort, bounded by
 /// `wait`.
 pub async fn leave(shared: &Shared, wait: Duration) {
-    let Some(cluster) = shared.cluster.get() else {
+    let Some(cluster) = Cluster::of(shared) else {
         return;
     };
     let _ = tokio::time::timeout(wait, cluster.queue.send(Event::Bye)).await;
