@@ -1,5 +1,6 @@
-//! Flow control in the gateway: the thin driver around the core's [`FlowQueue`]
-//! (`kvgate_core::flow`: the discipline, the rules, the saturation detector, every default).
+//! Flow control in the gateway: the thin driver around the core's
+//! [`FlowQueue`](kvgate_core::flow::FlowQueue) (`kvgate_core::flow`: the discipline, the rules,
+//! the saturation detector, every default).
 //!
 //! Both data paths call [`wait_turn`] after [`crate::routing::prepare`] and before the first
 //! [`crate::routing::decide_for`]: with `[flow_control] enabled = false` (the default) it

@@ -6,7 +6,7 @@
 //! has its own window of [`WINDOW`]; at most [`LINES_PER_WINDOW`] lines of a kind are logged
 //! per window, the rest are counted. The count is reported as one warn line,
 //! `kind=… suppressed=K "similar log lines suppressed"`, by the next line of that kind after its
-//! window, or by a task of [`crate::serve`] (every [`WINDOW`]) when no line of that kind comes
+//! window, or by a task of [`crate::serve`](mod@crate::serve) (every [`WINDOW`]) when no line of that kind comes
 //! any more.
 //! Counters (`kvgate_rejected_requests` and the others) are never limited: they count every
 //! request.
