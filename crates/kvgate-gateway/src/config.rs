@@ -968,6 +968,9 @@ pub struct ServeArgs {
     pub no_response_headers: bool,
     /// `--capture`: the Mooncake JSONL file served requests are appended to.
     pub capture: Option<PathBuf>,
+    /// `--decisions-log`: the JSON-lines file every routed request's decision record, with
+    /// its outcome, is appended to.
+    pub decisions_log: Option<PathBuf>,
     /// `--ext-proc-listen`: also serve the Envoy ext_proc endpoint picker here.
     pub ext_proc_listen: Option<SocketAddr>,
     /// `--max-concurrent-requests`: requests served at once.

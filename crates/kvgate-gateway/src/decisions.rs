@@ -1,11 +1,17 @@
-//! The `/debug/decisions` ring: the last N decisions with their explanations.
+//! The `/debug/decisions` ring: the last N decisions with their explanations; and, with
+//! `--decisions-log FILE`, every routed request's record completed with what then happened
+//! (`observed`, `ended_ms`), one JSON line per request when it ends ([`crate::jsonl`]).
 //!
-//! Bound: at most `capacity` records (config `decision_log_size`, default 256), each O(pods).
+//! Bound: at most `capacity` records (config `decision_log_size`, default 256), each O(pods);
+//! the file's queue at most [`crate::jsonl::QUEUE`] records (more are dropped, counted in
+//! `kvgate_decisions_log_dropped_total`).
 
-use kvgate_core::Decision;
+use crate::jsonl::JsonLines;
+use kvgate_core::{Decision, PodSnapshot};
 use parking_lot::Mutex;
 use serde::Serialize;
 use std::collections::VecDeque;
+use std::sync::OnceLock;
 
 /// One logged decision: the core's `Decision` serialisation plus request id and time.
 #[derive(Debug, Clone, Serialize)]
@@ -28,8 +34,57 @@ pub struct DecisionRecord {
     /// control off).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub flow: Option<FlowNote>,
+    /// Each pod's load as the decision saw it: its scraped queue and KV use, and the session's
+    /// in-flight ledger (kvgate's own requests, this one not yet charged).
+    pub load: Vec<PodLoad>,
+    /// `--decisions-log` only: what a stream did, measured (absent for a whole-body answer,
+    /// whose first byte is its end, and for an attempt that ended without an answer: an
+    /// error, a client gone, a retry elsewhere).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub observed: Option<Outcome>,
+    /// `--decisions-log` only: when the request ended, ms since the Unix epoch.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ended_ms: Option<u64>,
     #[serde(flatten)]
     pub decision: Decision,
+}
+
+/// One pod's load at a decision ([`DecisionRecord::load`]).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PodLoad {
+    pub id: String,
+    /// The pod's own `num_requests_waiting` / `running` and KV-cache use, last scrape.
+    pub waiting: u32,
+    pub running: u32,
+    pub kv_usage: f64,
+    /// The session's ledger for the pod: requests, uncached prompt tokens not yet past their
+    /// first token, decode tokens of requests past it.
+    pub in_flight_requests: u32,
+    pub in_flight_prefill_tokens: u64,
+    pub in_flight_decode_tokens: u64,
+}
+
+impl PodLoad {
+    pub fn of(snap: &PodSnapshot) -> Self {
+        PodLoad {
+            id: snap.name.clone(),
+            waiting: snap.waiting,
+            running: snap.running,
+            kv_usage: snap.kv_usage,
+            in_flight_requests: snap.in_flight.requests,
+            in_flight_prefill_tokens: snap.in_flight.prefill_tokens,
+            in_flight_decode_tokens: snap.in_flight.decode_tokens,
+        }
+    }
+}
+
+/// What a request did ([`DecisionRecord::observed`]): the predictor's training figures.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Outcome {
+    /// Dispatch to first token, ms.
+    pub ttft_ms: f64,
+    /// Mean time per output token after the first, ms (`None` under two tokens).
+    pub tpot_ms: Option<f64>,
 }
 
 /// What `/debug/decisions` shows of a request's flow control (`flow`).
@@ -45,6 +100,8 @@ pub struct FlowNote {
 pub struct DecisionLog {
     ring: Mutex<VecDeque<DecisionRecord>>,
     capacity: usize,
+    /// `--decisions-log FILE`, set at start.
+    file: OnceLock<JsonLines<DecisionRecord>>,
 }
 
 impl DecisionLog {
@@ -53,6 +110,26 @@ impl DecisionLog {
         DecisionLog {
             ring: Mutex::new(VecDeque::with_capacity(capacity.min(4096))),
             capacity,
+            file: OnceLock::new(),
+        }
+    }
+
+    /// Starts writing every routed request's completed record to `file`.
+    pub fn set_file(&self, file: JsonLines<DecisionRecord>) {
+        let _ = self.file.set(file);
+    }
+
+    /// Whether `--decisions-log` is on (then a request's guard carries its record to its end).
+    pub fn logs_outcomes(&self) -> bool {
+        self.file.get().is_some()
+    }
+
+    /// A request ended: its record, completed, goes to the file (if any).
+    pub fn ended(&self, mut record: DecisionRecord, observed: Option<Outcome>, ended_ms: u64) {
+        if let Some(file) = self.file.get() {
+            record.observed = observed;
+            record.ended_ms = Some(ended_ms);
+            file.send(record);
         }
     }
 
@@ -88,6 +165,9 @@ mod tests {
                 slo_tpot_ms: None,
                 charged_prefill_tokens: 0,
                 flow: None,
+                load: vec![],
+                observed: None,
+                ended_ms: None,
                 decision: Decision {
                     pod: "p".into(),
                     pod_id: PodId(0),

@@ -51,7 +51,8 @@
 //! | `request_id` | the `x-request-id` every answer carries (the client's when usable, else a fresh one) |
 //! | `slo` | `x-slo-ttft-ms` / `x-slo-tpot-ms` (and `x-llm-d-slo-*`) → objectives, or 400 (they route only with `slo_routing`) |
 //! | `metrics` | kvgate's own Prometheus metrics (also the connection, flow, P/D and cluster metric sets their modules fill); `timeout_label` |
-//! | `decisions` | the bounded `/debug/decisions` ring |
+//! | `decisions` | the bounded `/debug/decisions` ring; `--decisions-log`: each routed request's record completed with its outcome |
+//! | `jsonl` | an append-only JSON-lines file written by its own thread through a bounded queue |
 //! | `admin` | the admin listener: metrics, `/debug/decisions`, `/debug/config`, `/debug/score` (dry-run prefix scores), health |
 //! | `ext_proc` | `--ext-proc-listen`: Envoy ext_proc endpoint picker (GAIE protocol), the stream's state machine; the same `routing` and session as the proxy |
 //! | `ext_proc::protocol` | the protocol's messages: header values, response status, subset hint read; routing answers (header mutation, `envoy.lb` metadata), streamed body chunks, immediate errors built |
@@ -65,7 +66,7 @@
 //!
 //! Memory bounds: traffic connections ≤ `max_connections` (8,192); requests in service ≤ `max_concurrent_requests` (1024), waiting ≤
 //! `max_queued_requests` (1024); request bodies ≤ `max_body_bytes` (32 MiB); scraped bodies ≤ 4 MiB;
-//! decision ring ≤ `decision_log_size` (256) records; SSE events inspected ≤ 1 MiB each;
+//! decision ring ≤ `decision_log_size` (256) records; `--decisions-log` queue ≤ 4,096 records; SSE events inspected ≤ 1 MiB each;
 //! non-stream bodies copied for usage ≤ 1 MiB; routed index as in the core (≤ 96 B/block); the
 //! session's in-flight ledger one counter set and one generation per pod id.
 
@@ -85,6 +86,7 @@ pub mod ext_proc;
 pub mod flow;
 pub mod flow_gate;
 pub mod grace;
+pub mod jsonl;
 pub mod kv_events;
 pub mod lifecycle;
 pub mod limits;

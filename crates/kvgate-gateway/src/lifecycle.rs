@@ -13,6 +13,7 @@
 //! transitions of their own sessions.
 
 use crate::cluster::TOKENS_PER_EVENT;
+use crate::decisions::{DecisionRecord, Outcome};
 use crate::pods::Pod;
 use crate::state::Shared;
 use kvgate_core::{BlockHash, Observed, Ticket};
@@ -25,6 +26,8 @@ pub struct TicketGuard {
     ticket: Option<Ticket>,
     /// With `--cluster`: the request's id there and decode tokens not yet reported.
     shared_as: Option<(u64, u64)>,
+    /// With `--decisions-log`: the request's decision record, completed at its end.
+    record: Option<Box<DecisionRecord>>,
 }
 
 impl std::fmt::Debug for TicketGuard {
@@ -55,7 +58,14 @@ impl TicketGuard {
             pod,
             ticket: Some(ticket),
             shared_as,
+            record: None,
         }
+    }
+
+    /// Keeps the request's decision record, to complete and log when the request ends
+    /// (`--decisions-log`).
+    pub fn keep_record(&mut self, record: DecisionRecord) {
+        self.record = Some(Box::new(record));
     }
 
     /// A request the router does not decide (other `/v1/*`, bodiless): charged as one request
@@ -140,6 +150,16 @@ impl TicketGuard {
                     prefix_score = f.prefix_score,
                     "training sample"
                 );
+            }
+            if let Some(record) = self.record.take() {
+                let outcome = observed.as_ref().map(|o| Outcome {
+                    ttft_ms: o.ttft_ms,
+                    tpot_ms: o.tpot_ms,
+                });
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+                self.shared.decisions.ended(*record, outcome, now);
             }
             self.shared.session.lock().finish(t, observed);
             if let (Some(c), Some((id, _))) = (self.shared.cluster.get(), self.shared_as.take()) {

@@ -136,6 +136,8 @@ pub struct Metrics {
     pub discovered_pods: Gauge,
     /// `--capture` records dropped because the writer fell behind (0 without `--capture`).
     pub capture_dropped: Counter,
+    /// `--decisions-log` records dropped because the writer fell behind or stopped.
+    pub decisions_log_dropped: Counter,
     /// Prompts the `--tokenizer` could not encode (they score cold).
     pub tokenizer_errors: Counter,
     /// Prompts tokenized in token mode (one per request; a prompt rejected by its length alone
@@ -243,6 +245,7 @@ impl Metrics {
             discovery_errors: Counter::default(),
             discovered_pods: Gauge::default(),
             capture_dropped: Counter::default(),
+            decisions_log_dropped: Counter::default(),
             tokenizer_errors: Counter::default(),
             tokenizations: Counter::default(),
             tokenization_reused_bytes: Counter::default(),
@@ -478,6 +481,11 @@ impl Metrics {
             "capture_dropped",
             "Captured requests not written because the capture writer fell behind",
             self.capture_dropped.clone(),
+        );
+        r.register(
+            "decisions_log_dropped",
+            "Decision records not written to --decisions-log because its writer fell behind or stopped",
+            self.decisions_log_dropped.clone(),
         );
         r.register(
             "tokenizer_errors",

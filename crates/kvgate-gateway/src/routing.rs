@@ -6,7 +6,7 @@
 //! limit on its own, so the two enforce the same rules.
 
 use crate::config::{GatewayConfig, IndexKind};
-use crate::decisions::DecisionRecord;
+use crate::decisions::{DecisionRecord, PodLoad};
 use crate::errors::ApiError;
 use crate::lifecycle::TicketGuard;
 use crate::pods::Pod;
@@ -503,7 +503,7 @@ pub(crate) fn decide_for(
         .iter()
         .find(|s| s.id == decision.pod_id)
         .map_or(request.blocks, |s| request.cut().blocks_for(s).0);
-    let guard = TicketGuard::new(shared.clone(), pod.clone(), routed.ticket, blocks);
+    let mut guard = TicketGuard::new(shared.clone(), pod.clone(), routed.ticket, blocks);
     let branch = decision.branch.as_str();
     if let Some(e) = decision.pods.iter().find(|p| p.id == decision.pod) {
         shared
@@ -515,14 +515,17 @@ pub(crate) fn decide_for(
             .predicted_tpot_ms
             .observe(e.predicted_tpot_ms);
     }
-    record_decision(
+    if let Some(record) = record_decision(
         shared,
         request,
+        &snaps,
         meta,
         policy,
         charged_prefill_tokens,
         decision,
-    );
+    ) {
+        guard.keep_record(record);
+    }
     Pick::Routed(Box::new(Routed {
         pod,
         guard,
@@ -531,15 +534,18 @@ pub(crate) fn decide_for(
     }))
 }
 
+/// Records the decision in `/debug/decisions`; with `--decisions-log`, returns the record for
+/// the request's guard to complete when the request ends.
 fn record_decision(
     shared: &Shared,
     request: &RouteRequest<'_>,
+    snaps: &[kvgate_core::PodSnapshot],
     meta: DecisionMeta<'_>,
     policy: &'static str,
     charged_prefill_tokens: u64,
     decision: kvgate_core::Decision,
-) {
-    shared.decisions.push(DecisionRecord {
+) -> Option<DecisionRecord> {
+    let record = DecisionRecord {
         request_id: meta.request_id.to_string(),
         timestamp_ms: SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -551,8 +557,14 @@ fn record_decision(
         slo_tpot_ms: request.slo.tpot_ms,
         charged_prefill_tokens,
         flow: meta.flow.cloned(),
+        load: snaps.iter().map(PodLoad::of).collect(),
+        observed: None,
+        ended_ms: None,
         decision,
-    });
+    };
+    let kept = shared.decisions.logs_outcomes().then(|| record.clone());
+    shared.decisions.push(record);
+    kept
 }
 
 /// A two-stage route: a guard per stage, the decision recorded (the prefill pick, with the
@@ -600,7 +612,7 @@ fn split_pick(
         prefill,
         blocks_of(prefill_pod.id),
     );
-    let decode_guard = TicketGuard::new(
+    let mut decode_guard = TicketGuard::new(
         shared.clone(),
         decode_pod.clone(),
         decode,
@@ -608,14 +620,18 @@ fn split_pick(
     );
     let branch = decision.branch.as_str();
     shared.metrics.pd.route("split");
-    record_decision(
+    // The client's first token comes from the decode pod: its guard completes the record.
+    if let Some(record) = record_decision(
         shared,
         request,
+        snaps,
         meta,
         policy,
         charged_prefill_tokens,
         decision,
-    );
+    ) {
+        decode_guard.keep_record(record);
+    }
     Pick::Split(Box::new(SplitRouted {
         prefill_pod,
         prefill_guard,

@@ -30,6 +30,11 @@ pub enum ServeError {
         path: String,
         source: std::io::Error,
     },
+    #[error("cannot open decisions log {path}: {source}")]
+    DecisionsLog {
+        path: String,
+        source: std::io::Error,
+    },
     #[error(transparent)]
     Tokenizer(#[from] crate::tokenizer::TokenizerError),
     #[error("the traffic and admin listeners must differ ({0})")]
@@ -129,6 +134,15 @@ impl Gateway {
                         source,
                     })?;
             let _ = shared.capture.set(capture);
+        }
+        if let Some(path) = &args.decisions_log {
+            let file =
+                crate::jsonl::JsonLines::open(path, shared.metrics.decisions_log_dropped.clone())
+                    .map_err(|source| ServeError::DecisionsLog {
+                    path: path.display().to_string(),
+                    source,
+                })?;
+            shared.decisions.set_file(file);
         }
         if config.pods.is_empty() && args.discovery.unwrap_or_default() == DiscoveryKind::Static {
             // Kept as before (a start has no previous config to fall back on), but said: every

@@ -65,6 +65,11 @@ pub struct ServeCli {
     /// span ids, no text), for `kvgate sim --trace FILE`.
     #[arg(long, value_name = "FILE")]
     pub capture: Option<PathBuf>,
+    /// Append one JSON line per routed request to FILE when it ends: its decision as
+    /// /debug/decisions shows it (each pod's predicted TTFT, prefix score, load), the branch,
+    /// and the TTFT / TPOT observed.
+    #[arg(long, value_name = "FILE")]
+    pub decisions_log: Option<PathBuf>,
     /// Also serve the Envoy ext_proc endpoint-picker protocol (gRPC
     /// `envoy.service.ext_proc.v3.ExternalProcessor`, plus gRPC health) on ADDR, e.g.
     /// 127.0.0.1:9002; see deploy/envoy/.
@@ -199,6 +204,7 @@ impl From<ServeCli> for ServeArgs {
             seed: cli.seed,
             no_response_headers: cli.no_response_headers,
             capture: cli.capture,
+            decisions_log: cli.decisions_log,
             ext_proc_listen: cli.ext_proc_listen,
             max_concurrent_requests: cli.max_concurrent_requests,
             max_queued_requests: cli.max_queued_requests,
@@ -303,6 +309,7 @@ mod tests {
             "--seed=4",
             "--no-response-headers",
             "--capture=cap.jsonl",
+            "--decisions-log=dec.jsonl",
             "--ext-proc-listen=127.0.0.1:5",
             "--max-concurrent-requests=6",
             "--max-queued-requests=7",
@@ -347,6 +354,7 @@ mod tests {
             seed: Some(4),
             no_response_headers: true,
             capture: Some(PathBuf::from("cap.jsonl")),
+            decisions_log: Some(PathBuf::from("dec.jsonl")),
             ext_proc_listen: addr(5),
             max_concurrent_requests: Some(6),
             max_queued_requests: Some(7),
