@@ -1,19 +1,22 @@
 """Do two vLLM CPU pods on one machine slow each other? Measures pod A's prefill and decode speed
-with pod B idle, then with pod B kept busy, and the CPU that each pod's processes use meanwhile.
+on an idle machine, then each pod's throughput alone and with the other busy, and the CPU each
+pod's processes use meanwhile.
 Python standard library only.
 
     layout.py POD_A_URL POD_B_URL --pgid-a PGID --pgid-b PGID [--label L] [--rounds 3]
-              [--busy-concurrency 4] [--json FILE]
+              [--concurrency 2] [--seconds 30] [--json FILE]
 
 The probes are speed.py's (a fresh ~1,000-token prompt with max_tokens 1: ms per 1,000 prompt
 tokens; a streamed 33-token completion on a short prompt: ms per token between the first token
 and the last), the fastest of ROUNDS each, so that a probe measures the pod and not a hiccup.
-"B busy": BUSY_CONCURRENCY client threads send B fresh ~1,000-token prompts with 16 output
-tokens, back to back, for the whole probe of A (and one second before it). CPU: the sum of
-utime + stime over every process in each pod's process group (pod.sh starts each pod with
-setsid, so its API server, engine core and helpers share one group), over the probe, in cores
-(1.0 = one core busy the whole time). A pod whose engine spins after each read (vLLM's
-multiprocess executor: shm_broadcast's busy loop) uses more than one core while busy.
+Then each pod's throughput alone and with the other busy: CONCURRENCY clients per busy pod send
+it fresh ~1,000-token prompts with 16 output tokens back to back for SECONDS (after 2 s of
+warm-up): p0 alone, p1 alone, both at once; per pod, requests completed per second and their
+mean latency. Two machines would keep each pod's throughput with both busy equal to its own
+alone (ratio 1.0). CPU: the sum of utime + stime over every process in each pod's process group
+(pod.sh starts each pod with setsid, so its API server, engine core and workers share one
+group), in cores (1.0 = one core busy the whole time). A pod whose engine spins after each read
+(vLLM's multiprocess executor: shm_broadcast's busy loop) uses more than one core while busy.
 """
 import argparse
 import json
@@ -61,20 +64,6 @@ def group_size(pgid):
     return n
 
 
-def keep_busy(url, model, stop, sent, tag):
-    lines = "".join(f"def h{i}(x): return x + {i}\n" for i in range(80))  # ~1,000 tokens
-    i = 0
-    while not stop.is_set():
-        i += 1
-        body = {"model": model, "prompt": f"# busy {tag}-{i}\n{lines}", "max_tokens": 16,
-                "ignore_eos": True, "temperature": 0.0}
-        try:
-            speed.post(url, body, 300).read()
-            sent.append(1)
-        except Exception:  # a failure shows as fewer requests served, printed
-            time.sleep(0.1)
-
-
 def probe(url, model, rounds):
     tag = time.time_ns()
     prefill = min(speed.prefill_ms_per_1k(url, model, f"{tag}p{k}", 300)[0] for k in range(rounds))
@@ -87,28 +76,57 @@ def warm(url, model):
                300).read()
 
 
-def measure(a, b, pgid_a, pgid_b, model, rounds, busy, b_busy):
+def load(urls, model, concurrency, seconds):
+    """Keeps each pod in `urls` busy with `concurrency` clients for `seconds`; per pod: requests
+    completed, their mean latency (s) and its process group's CPU (cores)."""
     stop = threading.Event()
-    sent = []
-    threads = []
-    if b_busy:
-        tag = f"busy{time.time_ns()}"
-        threads = [threading.Thread(target=keep_busy, args=(b, model, stop, sent, f"{tag}-{k}"),
-                                    daemon=True) for k in range(busy)]
-        for t in threads:
-            t.start()
-        time.sleep(1.0)
-    ca0, cb0, t0 = group_cpu_s(pgid_a), group_cpu_s(pgid_b), time.monotonic()
-    prefill, decode = probe(a, model, rounds)
-    ca1, cb1, t1 = group_cpu_s(pgid_a), group_cpu_s(pgid_b), time.monotonic()
+    done = {u: [] for u in urls}
+    lat = {u: [] for u in urls}
+
+    def client(u, k):
+        lines = "".join(f"def h{i}(x): return x + {i}\n" for i in range(80))  # ~1,000 tokens
+        i = 0
+        while not stop.is_set():
+            i += 1
+            body = {"model": model, "prompt": f"# load {time.time_ns()}-{k}-{i}\n{lines}",
+                    "max_tokens": 16, "ignore_eos": True, "temperature": 0.0}
+            t = time.monotonic()
+            try:
+                speed.post(u, body, 300).read()
+            except Exception:
+                continue
+            if not stop.is_set():
+                done[u].append(1)
+                lat[u].append(time.monotonic() - t)
+
+    threads = [threading.Thread(target=client, args=(u, k), daemon=True)
+               for u in urls for k in range(concurrency)]
+    for t in threads:
+        t.start()
+    time.sleep(2.0)  # the clients in flight before counting
+    for u in urls:
+        done[u].clear()
+        lat[u].clear()
+    return threads, stop, done, lat
+
+
+def measure(pods, pgids, model, concurrency, seconds, busy):
+    """Loads the pods in `busy` (indexes) for `seconds`; per pod in `busy`: requests/s, mean
+    latency, and every pod's CPU in cores."""
+    urls = [pods[i] for i in busy]
+    threads, stop, done, lat = load(urls, model, concurrency, seconds)
+    c0, t0 = [group_cpu_s(g) for g in pgids], time.monotonic()
+    time.sleep(seconds)
+    c1, t1 = [group_cpu_s(g) for g in pgids], time.monotonic()
+    rates = {u: len(done[u]) / (t1 - t0) for u in urls}
+    lats = {u: (sum(lat[u]) / len(lat[u]) if lat[u] else float("nan")) for u in urls}
     stop.set()
     for t in threads:
         t.join(timeout=300)
-    span = t1 - t0
-    return {"b_busy": b_busy, "prefill_ms_per_1k": round(prefill, 1),
-            "decode_ms_per_token": round(decode, 2), "cpu_a_cores": round((ca1 - ca0) / span, 2),
-            "cpu_b_cores": round((cb1 - cb0) / span, 2), "b_requests_served": len(sent),
-            "span_s": round(span, 1)}
+    return {"busy": [f"p{i}" for i in busy],
+            "requests_per_s": {f"p{i}": round(rates[pods[i]], 3) for i in busy},
+            "latency_s": {f"p{i}": round(lats[pods[i]], 3) for i in busy},
+            "cpu_cores": {f"p{i}": round((c1[i] - c0[i]) / (t1 - t0), 2) for i in range(len(pods))}}
 
 
 def main():
@@ -120,26 +138,31 @@ def main():
     p.add_argument("--model", default="tiny")
     p.add_argument("--label", default="")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--busy-concurrency", type=int, default=4)
+    p.add_argument("--concurrency", type=int, default=2)
+    p.add_argument("--seconds", type=float, default=30)
     p.add_argument("--json", default="")
     args = p.parse_args()
-    warm(args.pod_a, args.model)
-    warm(args.pod_b, args.model)
-    out = {"label": args.label, "processes_a": group_size(args.pgid_a),
-           "processes_b": group_size(args.pgid_b), "runs": []}
-    for b_busy in (False, True):
-        r = measure(args.pod_a, args.pod_b, args.pgid_a, args.pgid_b, args.model, args.rounds,
-                    args.busy_concurrency, b_busy)
-        out["runs"].append(r)
-        print(f"{args.label}: B {'busy' if b_busy else 'idle'}: A prefill {r['prefill_ms_per_1k']} ms/1k, "
-              f"decode {r['decode_ms_per_token']} ms/token; CPU A {r['cpu_a_cores']} cores, "
-              f"B {r['cpu_b_cores']} cores (B served {r['b_requests_served']} in {r['span_s']} s)",
-              flush=True)
-    idle, busy = out["runs"]
-    out["slowdown_prefill"] = round(busy["prefill_ms_per_1k"] / idle["prefill_ms_per_1k"], 2)
-    out["slowdown_decode"] = round(busy["decode_ms_per_token"] / idle["decode_ms_per_token"], 2)
-    print(f"{args.label}: A slowed by B busy: prefill x{out['slowdown_prefill']}, "
-          f"decode x{out['slowdown_decode']}; processes per pod {out['processes_a']} / {out['processes_b']}")
+    pods, pgids = [args.pod_a, args.pod_b], [args.pgid_a, args.pgid_b]
+    for u in pods:
+        warm(u, args.model)
+    out = {"label": args.label, "processes": [group_size(g) for g in pgids]}
+    prefill, decode = probe(args.pod_a, args.model, args.rounds)
+    out["a_alone_idle"] = {"prefill_ms_per_1k": round(prefill, 1), "decode_ms_per_token": round(decode, 2)}
+    print(f"{args.label}: p0 alone, idle machine: prefill {prefill:.1f} ms/1k, decode {decode:.2f} ms/token; "
+          f"processes per pod {out['processes']}", flush=True)
+    runs = []
+    for busy in ([0], [1], [0, 1]):
+        r = measure(pods, pgids, args.model, args.concurrency, args.seconds, busy)
+        runs.append(r)
+        print(f"{args.label}: busy {'+'.join(r['busy'])}: requests/s {r['requests_per_s']}, "
+              f"latency s {r['latency_s']}, CPU cores {r['cpu_cores']}", flush=True)
+    out["runs"] = runs
+    alone = {**runs[0]["requests_per_s"], **runs[1]["requests_per_s"]}
+    both = runs[2]["requests_per_s"]
+    out["throughput_both_over_alone"] = {k: round(both[k] / alone[k], 2) if alone[k] else None
+                                         for k in both}
+    print(f"{args.label}: each pod's throughput with both busy / alone: "
+          f"{out['throughput_both_over_alone']} (1.0: as two machines)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -4,12 +4,15 @@
 #   scripts/real-vllm/layout.sh [OUT_DIR]     (default /var/tmp/kvgate-layout)
 # For each layout, pods la (core 0) and lb (core 1) of the tiny model are started with
 # scripts/real-vllm/pod.sh (as the fleet's and peers.sh's pods: 1 GiB of KV, prefix caching, KV
-# events), and layout.py measures la's prefill and decode speed with lb idle, then with lb kept
-# busy, and each pod's CPU use meanwhile. Layouts (LAYOUTS, comma list, default mp,uni):
+# events), and layout.py measures la's prefill and decode speed on an idle machine, then each
+# pod's throughput alone and with the other busy (1.0: as two machines), and each pod's CPU. Layouts (LAYOUTS, comma list, default mp,uni):
 #   mp   vLLM's default on CPU: API server + engine-core process (multiprocess executor, whose
 #        shared-memory queue busy-waits up to 1 s after each read)
 #   uni  VLLM_ENABLE_V1_MULTIPROCESSING=0 and --distributed-executor-backend uni (vLLM's CPU
 #        platform turns `uni` back into `mp` unless multiprocessing is off)
+#   uni-pin, mp-pin  the same, each pod's every process and thread held on its core
+#        (KVGATE_VLLM_PIN=1: pod.sh starts it under `taskset -c CORE`; vLLM then checks the
+#        machine's free memory against --gpu-memory-utilization, set to 0.4)
 # Needs a quiet machine (no build, no other pods: stop the test fleet first, fleet.sh down) and
 # the vLLM venv and model of fleet.sh. Writes OUT_DIR/<layout>.json and prints a line per probe.
 set -euo pipefail
@@ -30,7 +33,9 @@ for layout in "${layouts[@]}"; do
   case "$layout" in
     mp) env=() extra=() ;;
     uni) env=(VLLM_ENABLE_V1_MULTIPROCESSING=0) extra=(--distributed-executor-backend uni) ;;
-    *) echo "unknown layout $layout (mp|uni)" >&2; exit 2 ;;
+    mp-pin) env=(KVGATE_VLLM_PIN=1) extra=(--gpu-memory-utilization 0.4) ;;
+    uni-pin) env=(VLLM_ENABLE_V1_MULTIPROCESSING=0 KVGATE_VLLM_PIN=1) extra=(--distributed-executor-backend uni --gpu-memory-utilization 0.4) ;;
+    *) echo "unknown layout $layout (mp|uni|mp-pin|uni-pin)" >&2; exit 2 ;;
   esac
   stop
   env "${env[@]}" $here/pod.sh start la "$model" "$port" $((port + 50)) 0 "${extra[@]}" &

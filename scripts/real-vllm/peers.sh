@@ -16,6 +16,12 @@
 #   REQUESTS   100; RATE_SCALE 1.0 (arrivals × F). Per workload: REQUESTS_CHAT, RATE_SCALE_AGENT,
 #              RATE_SCALE_SHARED_PREFIX, … override them.
 #   ROUTERS    comma list (default: all below; with PODS=mock kvgate-routed,round-robin).
+#   LAYOUT     uni-pin (default) | mp: the real pods' process layout. uni-pin: vLLM's in-process
+#              `uni` executor (VLLM_ENABLE_V1_MULTIPROCESSING=0) and each pod held on its core
+#              (taskset): two pods then serve as two machines (scripts/real-vllm/layout.sh: each
+#              pod's throughput with both busy 0.97-1.00 of its own alone, against 0.59-0.64 with
+#              vLLM's default `mp`, whose engine busy-waits on a second core). Recorded in
+#              params.json: sittings of one layout only are merged.
 #   PODS       vllm (default) | mock: `kvgate mock-pod` pods (the tiny model's profile,
 #              MOCK_TIME_SCALE 1), restarted before every run: a dry run of the harness, not a
 #              measurement (no kvgate-engine, no vllm-kv).
@@ -33,6 +39,8 @@
 #   .pods-before.json, .pods-after.json  the pods' prefix-cache counters around the run
 #   .quiet.json     quiet.py's watch of the run; .quiet-pre.txt the check before it
 #   .router.log, .loadgen.log
+#   .decisions.jsonl (kvgate routers) kvgate serve --decisions-log: every decision with each pod's
+#                   prediction and load, and the TTFT observed (scripts/real-vllm/decisions_table.py)
 #   .meta.json      written last: the run is complete (a rerun skips it). Its sitting, order in
 #                   the round, times, disturbed or not, the hit rate.
 # OUT_DIR/<workload>/params.json holds the workload's parameters: a rerun with other parameters
@@ -72,6 +80,13 @@ case "$pods_kind" in
   *) echo "PODS must be vllm or mock, not $pods_kind" >&2; exit 2 ;;
 esac
 routers=${ROUTERS:-$default_routers}
+layout=${LAYOUT:-uni-pin}
+case "$layout" in
+  uni-pin) layout_env=(VLLM_ENABLE_V1_MULTIPROCESSING=0 KVGATE_VLLM_PIN=1)
+           layout_args=(--distributed-executor-backend uni --gpu-memory-utilization 0.4) ;;
+  mp) layout_env=() layout_args=() ;;
+  *) echo "LAYOUT must be uni-pin or mp, not $layout" >&2; exit 2 ;;
+esac
 quiet_pct=${QUIET_PCT:-5} quiet_s=${QUIET_SECONDS:-5}
 quiet_tries=${QUIET_TRIES:-10} quiet_wait=${QUIET_WAIT_S:-30}
 kvgate=${KVGATE_BIN:-$root/target/release/kvgate}
@@ -112,6 +127,7 @@ for w in "${wl[@]}"; do
   mkdir -p "$out/$w"
   n=$(wopt REQUESTS "$w" 100) rate=$(wopt RATE_SCALE "$w" 1.0)
   params=(workload="$w" requests="$n" rate_scale="$rate" pods="$pods_kind")
+  [ "$pods_kind" = vllm ] && params+=(layout="$layout")
   case "$w" in
     mooncake)
       trace=${MOONCAKE_TRACE:-$root/../shared/traces/mooncake_fast25_conversation_trace.jsonl}
@@ -181,9 +197,9 @@ start_pods() {
   else
     $here/pod.sh stop b0 || true
     $here/pod.sh stop b1 || true
-    $here/pod.sh start b0 "$model" "$port" $((port + 50)) 0 --enable-scale-out &
+    env "${layout_env[@]}" $here/pod.sh start b0 "$model" "$port" $((port + 50)) 0 --enable-scale-out "${layout_args[@]}" &
     local a=$!
-    $here/pod.sh start b1 "$model" $((port + 1)) $((port + 51)) 1 --enable-scale-out &
+    env "${layout_env[@]}" $here/pod.sh start b1 "$model" $((port + 1)) $((port + 51)) 1 --enable-scale-out "${layout_args[@]}" &
     local b=$!
     wait $a
     wait $b
@@ -264,20 +280,21 @@ rp0="tcp://127.0.0.1:$((port + 50))" rp1="tcp://127.0.0.1:$((port + 51))"
 
 start_router() { # name log
   local name=$1 log=$2
+  local decisions="${log%.router.log}.decisions.jsonl"
   case "$name" in
     kvgate-routed)
       "$kvgate" serve --listen "127.0.0.1:$gw" --admin-listen "127.0.0.1:$((gw + 10))" \
-        --policy affinity-gate --pod "$p0" --pod "$p1" 2> "$log" &
+        --policy affinity-gate --pod "$p0" --pod "$p1" --decisions-log "$decisions" 2> "$log" &
       ;;
     kvgate-engine)
       "$kvgate" serve --listen "127.0.0.1:$gw" --admin-listen "127.0.0.1:$((gw + 10))" \
         --policy affinity-gate --index engine --tokenizer "$model/tokenizer.json" \
         --pod "$p0,events=$ev0,replay=$rp0,model=tiny" \
-        --pod "$p1,events=$ev1,replay=$rp1,model=tiny" 2> "$log" &
+        --pod "$p1,events=$ev1,replay=$rp1,model=tiny" --decisions-log "$decisions" 2> "$log" &
       ;;
     round-robin)
       "$kvgate" serve --listen "127.0.0.1:$gw" --admin-listen "127.0.0.1:$((gw + 10))" \
-        --policy round-robin --pod "$p0" --pod "$p1" 2> "$log" &
+        --policy round-robin --pod "$p0" --pod "$p1" --decisions-log "$decisions" 2> "$log" &
       ;;
     sglang-cache)
       "$bench/bin/python" -m sglang_router.launch_router --host 127.0.0.1 --port "$gw" \
@@ -320,7 +337,7 @@ run_cell() { # WORKLOAD ROUND ROUTER POSITION
   local w=$1 k=$2 name=$3 position=$4
   local cell="$out/$w/round-$k/$name"
   mkdir -p "$out/$w/round-$k"
-  rm -f "$cell".{json,requests.jsonl,pods-before.json,pods-after.json,quiet.json,quiet-pre.txt}
+  rm -f "$cell".{json,requests.jsonl,decisions.jsonl,pods-before.json,pods-after.json,quiet.json,quiet-pre.txt}
   fresh_pods
   # shellcheck disable=SC2046
   if [ "$quiet_pct" != off ]; then

@@ -17,6 +17,8 @@
 # ${KVGATE_CPUINFO:-/proc/cpuinfo}), else float32 (on an AVX2-only CPU bf16 is emulated, and
 # slower); ${KVGATE_VLLM_DTYPE} overrides the choice, and a `--dtype` among the vllm args wins
 # over both. The dtype a pod runs with is written to $run/NAME.dtype.
+# KVGATE_VLLM_PIN=1 starts the pod under `taskset -c CORE` (every process and thread on its core;
+# scripts/real-vllm/layout.sh measures what that does); `restart` does not keep it.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 run=${KVGATE_VLLM_RUN:-/tmp/kvgate-vllm}
@@ -63,7 +65,9 @@ start)
   echo "$dtype" > "$run/$name.dtype"
   VLLM_TARGET_DEVICE=cpu VLLM_CPU_KVCACHE_SPACE=${KVGATE_VLLM_KV_GIB:-1} \
   VLLM_CPU_OMP_THREADS_BIND=$core VLLM_SERVER_DEV_MODE=1 \
-  setsid "$venv/bin/python" -m vllm.entrypoints.openai.api_server \
+  pin=()
+  [ "${KVGATE_VLLM_PIN:-0}" = 1 ] && pin=(taskset -c "$core")
+  setsid "${pin[@]}" "$venv/bin/python" -m vllm.entrypoints.openai.api_server \
     --model "$model" --served-model-name tiny --host 127.0.0.1 --port "$port" \
     --enable-prefix-caching --max-model-len 4096 "${dtype_arg[@]}" \
     --kv-events-config "{\"enable_kv_cache_events\": true, \"publisher\": \"zmq\", \"endpoint\": \"$events\", \"replay_endpoint\": \"tcp://127.0.0.1:$replay\"}" \
