@@ -11,8 +11,7 @@
 #   uni  VLLM_ENABLE_V1_MULTIPROCESSING=0 and --distributed-executor-backend uni (vLLM's CPU
 #        platform turns `uni` back into `mp` unless multiprocessing is off)
 #   uni-pin, mp-pin  the same, each pod's every process and thread held on its core
-#        (KVGATE_VLLM_PIN=1: pod.sh starts it under `taskset -c CORE`; vLLM then checks the
-#        machine's free memory against --gpu-memory-utilization, set to 0.4)
+#        (KVGATE_VLLM_PIN=1: pod.sh starts it under `taskset -c CORE`)
 # Needs a quiet machine (no build, no other pods: stop the test fleet first, fleet.sh down) and
 # the vLLM venv and model of fleet.sh. Writes OUT_DIR/<layout>.json and prints a line per probe.
 set -euo pipefail
@@ -33,8 +32,8 @@ for layout in "${layouts[@]}"; do
   case "$layout" in
     mp) env=() extra=() ;;
     uni) env=(VLLM_ENABLE_V1_MULTIPROCESSING=0) extra=(--distributed-executor-backend uni) ;;
-    mp-pin) env=(KVGATE_VLLM_PIN=1) extra=(--gpu-memory-utilization 0.4) ;;
-    uni-pin) env=(VLLM_ENABLE_V1_MULTIPROCESSING=0 KVGATE_VLLM_PIN=1) extra=(--distributed-executor-backend uni --gpu-memory-utilization 0.4) ;;
+    mp-pin) env=(KVGATE_VLLM_PIN=1) extra=() ;;
+    uni-pin) env=(VLLM_ENABLE_V1_MULTIPROCESSING=0 KVGATE_VLLM_PIN=1) extra=(--distributed-executor-backend uni) ;;
     *) echo "unknown layout $layout (mp|uni|mp-pin|uni-pin)" >&2; exit 2 ;;
   esac
   stop

@@ -19,7 +19,7 @@
 #   LAYOUT     uni-pin (default) | mp: the real pods' process layout. uni-pin: vLLM's in-process
 #              `uni` executor (VLLM_ENABLE_V1_MULTIPROCESSING=0) and each pod held on its core
 #              (taskset): two pods then serve as two machines (scripts/real-vllm/layout.sh: each
-#              pod's throughput with both busy 0.97-1.00 of its own alone, against 0.59-0.64 with
+#              pod's throughput with both busy 0.95 of its own alone, against 0.59-0.64 with
 #              vLLM's default `mp`, whose engine busy-waits on a second core). Recorded in
 #              params.json: sittings of one layout only are merged.
 #   PODS       vllm (default) | mock: `kvgate mock-pod` pods (the tiny model's profile,
@@ -83,7 +83,7 @@ routers=${ROUTERS:-$default_routers}
 layout=${LAYOUT:-uni-pin}
 case "$layout" in
   uni-pin) layout_env=(VLLM_ENABLE_V1_MULTIPROCESSING=0 KVGATE_VLLM_PIN=1)
-           layout_args=(--distributed-executor-backend uni --gpu-memory-utilization 0.4) ;;
+           layout_args=(--distributed-executor-backend uni) ;;
   mp) layout_env=() layout_args=() ;;
   *) echo "LAYOUT must be uni-pin or mp, not $layout" >&2; exit 2 ;;
 esac

@@ -63,10 +63,10 @@ start)
     dtype_arg=(--dtype "$dtype")
   fi
   echo "$dtype" > "$run/$name.dtype"
-  VLLM_TARGET_DEVICE=cpu VLLM_CPU_KVCACHE_SPACE=${KVGATE_VLLM_KV_GIB:-1} \
-  VLLM_CPU_OMP_THREADS_BIND=$core VLLM_SERVER_DEV_MODE=1 \
   pin=()
   [ "${KVGATE_VLLM_PIN:-0}" = 1 ] && pin=(taskset -c "$core")
+  VLLM_TARGET_DEVICE=cpu VLLM_CPU_KVCACHE_SPACE=${KVGATE_VLLM_KV_GIB:-1} \
+  VLLM_CPU_OMP_THREADS_BIND=$core VLLM_SERVER_DEV_MODE=1 \
   setsid "${pin[@]}" "$venv/bin/python" -m vllm.entrypoints.openai.api_server \
     --model "$model" --served-model-name tiny --host 127.0.0.1 --port "$port" \
     --enable-prefix-caching --max-model-len 4096 "${dtype_arg[@]}" \
