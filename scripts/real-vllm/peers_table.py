@@ -29,7 +29,9 @@ process outside the harness used more than the threshold of a CPU during it: qui
 
 The merged table pools every request of the kept runs of a router (all rounds, all sittings):
 TTFT and TPOT over the pooled requests, out tok/s = Σ tokens / Σ spans, hit % = Σ hits / Σ
-queries. Then each run's TTFT mean (a * marks a disturbed run), and each sitting's machine.txt
+queries. Then each run's TTFT mean (a * marks a disturbed run), each pod's share of each run's
+prompt tokens (from the pods' counters: a run that left a pod idle measures one pod, not
+placement), and each sitting's machine.txt
 (the CPU, the pods' dtype and measured speed) and kvgate binary.
 """
 import argparse
@@ -122,9 +124,14 @@ class Cell:
         self.records = records
         self.disturbed = bool(meta.get("disturbed"))
         self.hits = self.queries = None
+        # Each pod's share of the run's prompt tokens (its prefix-cache queries), by pod order.
+        self.shares = None
         if pods_before and pods_after and all(pods_before.get(u) and pods_after.get(u) for u in pods_before):
             self.hits = sum(pods_after[u]["hits"] - pods_before[u]["hits"] for u in pods_before)
             self.queries = sum(pods_after[u]["queries"] - pods_before[u]["queries"] for u in pods_before)
+            if self.queries > 0:
+                self.shares = [(pods_after[u]["queries"] - pods_before[u]["queries"]) / self.queries
+                               for u in sorted(pods_before)]
         hit = meta.get("pods_hit_rate")
         if hit is None:
             hit = meta.get("loadgen_hit_rate")
@@ -301,6 +308,18 @@ def table(out_dir, workload, routers=None, base=BASE, resamples=10000, seed=1, k
         for k in rounds:
             c = cells.get((k, r))
             row.append("" if c is None else fmt(c.m["ttft_mean"]) + ("*" if c.disturbed else ""))
+        p(f"| {r} | " + " | ".join(row) + " |")
+
+    p("\nEach pod's share of the run's prompt tokens (the pods' prefix-cache queries), pods in URL "
+      "order; a run that left a pod idle measures one pod, not placement:\n")
+    p("| router | " + " | ".join(f"r{k}" for k in rounds) + " |")
+    p("|---|" + "---:|" * len(rounds))
+    for r in names:
+        row = []
+        for k in rounds:
+            c = cells.get((k, r))
+            row.append("" if c is None or c.shares is None
+                       else " / ".join(f"{100 * x:.0f}" for x in c.shares))
         p(f"| {r} | " + " | ".join(row) + " |")
 
     sittings = {}

@@ -48,6 +48,14 @@ class Metrics(unittest.TestCase):
         self.assertAlmostEqual(m["tok_s"], 110 / 6.0)
         self.assertEqual(m["hit"], 0.25)
 
+    def test_each_pods_share_of_the_prompt_tokens(self):
+        before = {"http://b": {"hits": 0, "queries": 100}, "http://a": {"hits": 5, "queries": 50}}
+        after = {"http://b": {"hits": 10, "queries": 100}, "http://a": {"hits": 35, "queries": 350}}
+        c = pt.Cell({"disturbed": False}, [rec(0, 5.0, 5.0, 1)], before, after)
+        self.assertEqual(c.shares, [1.0, 0.0])  # a served every query, b none
+        self.assertEqual((c.hits, c.queries), (40, 300))
+        self.assertIsNone(pt.Cell({}, [rec(0, 5.0, 5.0, 1)]).shares)
+
     def test_one_token_requests_have_no_tpot(self):
         m = pt.metrics([rec(0, 5.0, 5.0, 1)])
         self.assertIsNone(m["tpot_p99"])
