@@ -238,10 +238,11 @@ pub fn adapter_cost_ms(fit: AdapterFit, deferred: u32, load_ms: f64, deferral_ms
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn slots(max_loras: u32, running: &[&str]) -> LoraSlots {
+    /// Slots of a pod serving `base` with `running` adapters (shared with the adapter book's tests).
+    pub(crate) fn slots(max_loras: u32, running: &[&str]) -> LoraSlots {
         LoraSlots {
             max_loras,
             base_model: Some(AdapterId::of("base")),

@@ -134,15 +134,7 @@ impl AdapterBook {
 mod tests {
     use super::*;
     use crate::adapters::AdapterFit;
-
-    fn slots(max_loras: u32, running: &[&str]) -> LoraSlots {
-        LoraSlots {
-            max_loras,
-            base_model: Some(AdapterId::of("base")),
-            running: AdapterSet::from_names(running.iter().copied()),
-            ..LoraSlots::default()
-        }
-    }
+    use crate::adapters::tests::slots;
 
     #[test]
     fn book_counts_in_flight_as_running_and_recent_routes_as_resident() {
