@@ -135,6 +135,7 @@ impl std::fmt::Debug for Cluster {
 }
 
 impl ReplicaLink for Cluster {
+    /// A request was routed (or charged unrouted: no blocks); returns its cluster request id.
     fn routed(
         &self,
         shared: &Shared,
@@ -143,9 +144,17 @@ impl ReplicaLink for Cluster {
         input_tokens: u32,
         prefill_tokens: u64,
     ) -> u64 {
-        Cluster::routed(self, shared, pod, blocks, input_tokens, prefill_tokens)
+        self.route_event(
+            shared,
+            wire::pod_key(&pod.url),
+            blocks,
+            input_tokens,
+            prefill_tokens,
+        )
     }
 
+    /// The request's first token; with a training sample (its TTFT, learnt at the first
+    /// token), that goes out too, for the other replicas' predictors.
     fn first_token(
         &self,
         shared: &Shared,
@@ -153,19 +162,46 @@ impl ReplicaLink for Cluster {
         decode_tokens: u64,
         sample: Option<TrainingSample>,
     ) {
-        Cluster::first_token(self, shared, request, decode_tokens, sample)
+        let mut live = self.live.lock();
+        let pod = live.get_mut(&request).map(|l| {
+            l.first_token = true;
+            l.prefill_tokens = 0;
+            l.decode_tokens = decode_tokens;
+            l.pod
+        });
+        self.push(shared, &live, Event::FirstToken { request });
+        if let (Some(pod), Some(sample), true) = (pod, sample, self.config.share_samples) {
+            self.push(shared, &live, Event::Sample { pod, sample });
+        }
     }
 
+    /// `tokens` more decode tokens (the guard batches them by [`TOKENS_PER_EVENT`]).
     fn tokens(&self, shared: &Shared, request: u64, tokens: u64) {
-        Cluster::tokens(self, shared, request, tokens)
+        let mut live = self.live.lock();
+        if let Some(l) = live.get_mut(&request) {
+            l.decode_tokens = l.decode_tokens.saturating_add(tokens);
+        }
+        self.push(shared, &live, Event::Tokens { request, tokens });
     }
 
+    /// The request ended; with a training sample (it completed normally), that goes out
+    /// too, for the other replicas' predictors.
     fn finish(&self, shared: &Shared, request: u64, sample: Option<TrainingSample>) {
-        Cluster::finish(self, shared, request, sample)
+        let mut live = self.live.lock();
+        let pod = live.remove(&request).map(|l| l.pod);
+        self.push(shared, &live, Event::Finish { request });
+        if let (Some(pod), Some(sample), true) = (pod, sample, self.config.share_samples) {
+            self.push(shared, &live, Event::Sample { pod, sample });
+        }
     }
 
+    /// Refreshes the `kvgate_cluster_*` gauges.
     fn refresh_gauges(&self, m: &ClusterMetrics) {
-        Cluster::refresh_gauges(self, m)
+        let stats = self.peers.lock().stats();
+        m.connected.set(i64::from(self.is_connected()));
+        m.peers.set(stats.peers as i64);
+        m.remote_requests.set(stats.requests as i64);
+        m.divergence_seconds.set(self.divergence_seconds());
     }
 
     fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
@@ -267,24 +303,6 @@ impl Cluster {
         }
     }
 
-    /// A request was routed (or charged unrouted: no blocks); returns its cluster request id.
-    pub fn routed(
-        &self,
-        shared: &Shared,
-        pod: &Pod,
-        blocks: &[BlockHash],
-        input_tokens: u32,
-        prefill_tokens: u64,
-    ) -> u64 {
-        self.route_event(
-            shared,
-            wire::pod_key(&pod.url),
-            blocks,
-            input_tokens,
-            prefill_tokens,
-        )
-    }
-
     fn route_event(
         &self,
         shared: &Shared,
@@ -319,48 +337,6 @@ impl Cluster {
         request
     }
 
-    /// The request's first token; with a training sample (its TTFT, learnt at the first
-    /// token), that goes out too, for the other replicas' predictors.
-    pub fn first_token(
-        &self,
-        shared: &Shared,
-        request: u64,
-        decode_tokens: u64,
-        sample: Option<TrainingSample>,
-    ) {
-        let mut live = self.live.lock();
-        let pod = live.get_mut(&request).map(|l| {
-            l.first_token = true;
-            l.prefill_tokens = 0;
-            l.decode_tokens = decode_tokens;
-            l.pod
-        });
-        self.push(shared, &live, Event::FirstToken { request });
-        if let (Some(pod), Some(sample), true) = (pod, sample, self.config.share_samples) {
-            self.push(shared, &live, Event::Sample { pod, sample });
-        }
-    }
-
-    /// `tokens` more decode tokens (the guard batches them by [`TOKENS_PER_EVENT`]).
-    pub fn tokens(&self, shared: &Shared, request: u64, tokens: u64) {
-        let mut live = self.live.lock();
-        if let Some(l) = live.get_mut(&request) {
-            l.decode_tokens = l.decode_tokens.saturating_add(tokens);
-        }
-        self.push(shared, &live, Event::Tokens { request, tokens });
-    }
-
-    /// The request ended; with a training sample (it completed normally), that goes out
-    /// too, for the other replicas' predictors.
-    pub fn finish(&self, shared: &Shared, request: u64, sample: Option<TrainingSample>) {
-        let mut live = self.live.lock();
-        let pod = live.remove(&request).map(|l| l.pod);
-        self.push(shared, &live, Event::Finish { request });
-        if let (Some(pod), Some(sample), true) = (pod, sample, self.config.share_samples) {
-            self.push(shared, &live, Event::Sample { pod, sample });
-        }
-    }
-
     /// Seconds the view of the other replicas may be behind (the divergence gauge).
     pub fn divergence_seconds(&self) -> f64 {
         if !self.is_connected() {
@@ -375,15 +351,6 @@ impl Cluster {
             .lock()
             .staleness_ms(now)
             .map_or(0.0, |ms| ms as f64 / 1000.0)
-    }
-
-    /// Refreshes the `kvgate_cluster_*` gauges.
-    pub fn refresh_gauges(&self, m: &ClusterMetrics) {
-        let stats = self.peers.lock().stats();
-        m.connected.set(i64::from(self.is_connected()));
-        m.peers.set(stats.peers as i64);
-        m.remote_requests.set(stats.requests as i64);
-        m.divergence_seconds.set(self.divergence_seconds());
     }
 
     /// When the oldest event of the batch being taken now was queued (now if none is pending);
