@@ -7,7 +7,7 @@
 //! `kvgate_decisions_log_dropped_total`).
 
 use crate::jsonl::JsonLines;
-use kvgate_core::{Decision, PodSnapshot};
+use kvgate_core::{Decision, Observed, PodSnapshot};
 use parking_lot::Mutex;
 use serde::Serialize;
 use std::collections::VecDeque;
@@ -41,12 +41,19 @@ pub struct DecisionRecord {
     /// whose first byte is its end, and for an attempt that ended without an answer: an
     /// error, a client gone, a retry elsewhere).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub observed: Option<Outcome>,
+    pub observed: Option<Observed>,
     /// `--decisions-log` only: when the request ended, ms since the Unix epoch.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ended_ms: Option<u64>,
     #[serde(flatten)]
     pub decision: Decision,
+}
+
+/// Milliseconds since the Unix epoch (0 before it).
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// One pod's load at a decision ([`DecisionRecord::load`]).
@@ -76,15 +83,6 @@ impl PodLoad {
             in_flight_decode_tokens: snap.in_flight.decode_tokens,
         }
     }
-}
-
-/// What a request did ([`DecisionRecord::observed`]): the predictor's training figures.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct Outcome {
-    /// Dispatch to first token, ms.
-    pub ttft_ms: f64,
-    /// Mean time per output token after the first, ms (`None` under two tokens).
-    pub tpot_ms: Option<f64>,
 }
 
 /// What `/debug/decisions` shows of a request's flow control (`flow`).
@@ -124,11 +122,11 @@ impl DecisionLog {
         self.file.get().is_some()
     }
 
-    /// A request ended: its record, completed, goes to the file (if any).
-    pub fn ended(&self, mut record: DecisionRecord, observed: Option<Outcome>, ended_ms: u64) {
+    /// A request ended now: its record, completed, goes to the file (if any).
+    pub fn ended(&self, mut record: DecisionRecord, observed: Option<Observed>) {
         if let Some(file) = self.file.get() {
             record.observed = observed;
-            record.ended_ms = Some(ended_ms);
+            record.ended_ms = Some(unix_ms());
             file.send(record);
         }
     }

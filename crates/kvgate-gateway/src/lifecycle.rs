@@ -13,7 +13,7 @@
 //! transitions of their own sessions.
 
 use crate::cluster::TOKENS_PER_EVENT;
-use crate::decisions::{DecisionRecord, Outcome};
+use crate::decisions::DecisionRecord;
 use crate::pods::Pod;
 use crate::state::Shared;
 use kvgate_core::{BlockHash, Observed, Ticket};
@@ -152,14 +152,7 @@ impl TicketGuard {
                 );
             }
             if let Some(record) = self.record.take() {
-                let outcome = observed.as_ref().map(|o| Outcome {
-                    ttft_ms: o.ttft_ms,
-                    tpot_ms: o.tpot_ms,
-                });
-                let now = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-                self.shared.decisions.ended(*record, outcome, now);
+                self.shared.decisions.ended(*record, observed);
             }
             self.shared.session.lock().finish(t, observed);
             if let (Some(c), Some((id, _))) = (self.shared.cluster.get(), self.shared_as.take()) {

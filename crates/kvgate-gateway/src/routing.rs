@@ -22,7 +22,6 @@ use kvgate_core::{
 };
 use serde_json::Value;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Prompts longer than this (bytes) are tokenized on the blocking pool, not a runtime worker,
 /// holding one of [`large_tokenization_permits`].
@@ -547,10 +546,7 @@ fn record_decision(
 ) -> Option<DecisionRecord> {
     let record = DecisionRecord {
         request_id: meta.request_id.to_string(),
-        timestamp_ms: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0),
+        timestamp_ms: crate::decisions::unix_ms(),
         policy,
         attempt: meta.attempt,
         slo_ttft_ms: request.slo.ttft_ms,

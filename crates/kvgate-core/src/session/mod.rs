@@ -194,7 +194,7 @@ impl Ticket {
 }
 
 /// What the driver measured of a request that completed normally.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct Observed {
     pub ttft_ms: f64,
     /// Mean time per output token after the first; `None` with fewer than two tokens.
