@@ -52,6 +52,8 @@
 # Routers (each started fresh per run, in front of the same two pods; the pods' prefix caches
 # are reset before every run, so each starts cold):
 #   kvgate-routed   kvgate serve (affinity-gate, routed index: what kvgate itself sent where)
+#   kvgate-base     kvgate-routed's command with the binary $KVGATE_BASE_BIN: a change measured
+#                   against the binary before it, side by side in the same rounds
 #   kvgate-engine   kvgate serve --index engine (the pods' KV events + the model's tokenizer)
 #   sglang-cache    sglang-router 0.3.2 --policy cache_aware
 #   vllm-cache      vllm-router 0.1.17 --policy cache_aware
@@ -110,6 +112,7 @@ done
 for name in "${list[@]}"; do
   case "$name" in
     kvgate-routed|round-robin|sglang-cache|vllm-cache) ;;
+    kvgate-base) [ -x "${KVGATE_BASE_BIN:-}" ] || { echo "router kvgate-base needs KVGATE_BASE_BIN (an executable kvgate)" >&2; exit 2; } ;;
     kvgate-engine|vllm-kv) [ "$pods_kind" = vllm ] || { echo "router $name needs real vLLM pods (PODS=vllm)" >&2; exit 2; } ;;
     *) echo "unknown router $name" >&2; exit 2 ;;
   esac
@@ -267,6 +270,9 @@ if [ "$todo" -gt 0 ]; then
   {
     echo "kvgate: $("$kvgate" --version 2>/dev/null || echo '?'), binary sha256 $sha…, built $(date -u -r "$kvgate" +%FT%TZ)"
     echo "checkout: $(git rev-parse --short HEAD 2>/dev/null || echo '?') ($(git status --porcelain 2>/dev/null | wc -l) files changed)"
+    if [ -n "${KVGATE_BASE_BIN:-}" ]; then
+      echo "kvgate-base: $KVGATE_BASE_BIN, binary sha256 $(sha256sum "$KVGATE_BASE_BIN" | cut -c1-16)…, built $(date -u -r "$KVGATE_BASE_BIN" +%FT%TZ)"
+    fi
   } > "$sit/kvgate.txt"
   cp "$sit/machine.txt" "$out/machine.txt"
   cat "$sit/machine.txt" "$sit/kvgate.txt"
@@ -282,8 +288,10 @@ start_router() { # name log
   local name=$1 log=$2
   local decisions="${log%.router.log}.decisions.jsonl"
   case "$name" in
-    kvgate-routed)
-      "$kvgate" serve --listen "127.0.0.1:$gw" --admin-listen "127.0.0.1:$((gw + 10))" \
+    kvgate-routed|kvgate-base)
+      local bin=$kvgate
+      [ "$name" = kvgate-base ] && bin=$KVGATE_BASE_BIN
+      "$bin" serve --listen "127.0.0.1:$gw" --admin-listen "127.0.0.1:$((gw + 10))" \
         --policy affinity-gate --pod "$p0" --pod "$p1" --decisions-log "$decisions" 2> "$log" &
       ;;
     kvgate-engine)

@@ -47,7 +47,7 @@ BASE = "kvgate-routed"
 # (column, key): the metrics of the ratio table.
 METRICS = [("TTFT mean", "ttft_mean"), ("TTFT p90", "ttft_p90"), ("TTFT p99", "ttft_p99"),
            ("TPOT p99", "tpot_p99"), ("out tok/s", "tok_s"), ("hit rate", "hit")]
-ORDER = ["kvgate-routed", "kvgate-engine", "sglang-cache", "vllm-cache", "vllm-kv", "round-robin"]
+ORDER = ["kvgate-routed", "kvgate-base", "kvgate-engine", "sglang-cache", "vllm-cache", "vllm-kv", "round-robin"]
 
 
 def nearest_rank(xs, q):

@@ -105,6 +105,7 @@ pub mod request_id;
 pub mod retry_budget;
 pub mod routing;
 pub mod scrape;
+pub mod scrape_pace;
 pub mod serve;
 pub mod slo;
 pub mod sse;

@@ -124,6 +124,8 @@ pub struct Metrics {
     pub index_blocks: Gauge,
     pub index_bytes: Gauge,
     pub scrape_errors: Family<PodLabel, Counter>,
+    /// The interval each pod is scraped at now ([`crate::scrape_pace`]).
+    pub scrape_interval_seconds: Family<PodLabel, Gauge<f64, AtomicU64>>,
     /// Times a pod was put in a failure cooldown ([`crate::breaker`]).
     pub pod_cooldowns: Family<PodLabel, Counter>,
     /// Cooldowns not started because as many pods as may be avoided at once already were.
@@ -206,6 +208,7 @@ impl Metrics {
         ] {
             family.remove(label);
         }
+        self.scrape_interval_seconds.remove(label);
     }
 
     pub fn new() -> Self {
@@ -238,6 +241,7 @@ impl Metrics {
             index_blocks: Gauge::default(),
             index_bytes: Gauge::default(),
             scrape_errors: Family::default(),
+            scrape_interval_seconds: Family::default(),
             pod_cooldowns: Family::default(),
             pod_cooldowns_withheld: Family::default(),
             scrape_skipped_lines: Family::default(),
@@ -451,6 +455,11 @@ impl Metrics {
             "pod_cooldowns_withheld",
             "Cooldowns not started because half of the pods answering their scrape (at least one) were avoided already, by pod",
             self.pod_cooldowns_withheld.clone(),
+        );
+        r.register(
+            "scrape_interval_seconds",
+            "The interval each pod's /metrics is scraped at now: scrape_interval_ms, or longer where a scrape costs the pod more than 4 % of its time",
+            self.scrape_interval_seconds.clone(),
         );
         r.register(
             "scrape_errors",

@@ -295,28 +295,40 @@ fn label_value<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
     }
 }
 
-/// Scrapes `pod` every `interval` until the pod is removed from the table. The engines of a
-/// data-parallel server share one `/metrics`: rank 0's loop scrapes it for all of them, the
-/// other ranks' loops end at once.
+/// Scrapes `pod` until it is removed from the table, every `scrape_interval` or less often
+/// where its scrapes cost the pod more than [`crate::scrape_pace::MAX_DUTY`] of its time. The
+/// engines of a data-parallel server share one `/metrics`: rank 0's loop scrapes it for all of
+/// them, the other ranks' loops end at once.
 pub async fn scrape_loop(shared: Arc<Shared>, pod: Arc<Pod>) {
     if pod.rank.is_some_and(|r| r > 0) {
         return;
     }
-    let mut ticker = tokio::time::interval(shared.config().scrape_interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut pace = crate::scrape_pace::ScrapePace::default();
+    let mut next = tokio::time::Instant::now();
     while !pod.removed.load(Ordering::Relaxed) {
-        ticker.tick().await;
+        tokio::time::sleep_until(next).await;
         if pod.removed.load(Ordering::Relaxed) {
             break;
         }
-        scrape_once(&shared, &pod).await;
+        let started = tokio::time::Instant::now();
+        if scrape_once(&shared, &pod).await {
+            pace.answered(started.elapsed());
+        }
+        let interval = pace.interval(shared.config().scrape_interval);
+        shared
+            .metrics
+            .scrape_interval_seconds
+            .get_or_create(&pod.label())
+            .set(interval.as_secs_f64());
+        // A scrape that overran its interval is followed at once, as a ticker that delays would.
+        next = (started + interval).max(tokio::time::Instant::now());
     }
 }
 
 /// One scrape: updates the pod's metrics, health and KV capacity, and the scrape counters. For
 /// an engine of a data-parallel server, every engine of it is updated from the one scrape, each
-/// with its own `engine` series ([`parse_metrics_by_engine`]).
-pub async fn scrape_once(shared: &Arc<Shared>, pod: &Arc<Pod>) {
+/// with its own `engine` series ([`parse_metrics_by_engine`]). True when the pod answered.
+pub async fn scrape_once(shared: &Arc<Shared>, pod: &Arc<Pod>) -> bool {
     let interval = shared.config().scrape_interval;
     let timeout = (interval * 4).max(MIN_SCRAPE_TIMEOUT);
     let ranks = match pod.rank {
@@ -329,13 +341,14 @@ pub async fn scrape_once(shared: &Arc<Shared>, pod: &Arc<Pod>) {
     if result.is_err() {
         await_late_answer(pod, &ranks, fetch);
     }
+    let answered = matches!(result, Ok(Ok(_)));
     if ranks.is_empty() {
         match result {
             Ok(Ok(text)) => scraped(shared, pod, &parse_metrics(&text)),
             Ok(Err(why)) => scrape_failed(shared, pod, &why),
             Err(_) => scrape_timed_out(shared, pod),
         }
-        return;
+        return answered;
     }
     match result {
         Ok(Ok(text)) => {
@@ -350,6 +363,7 @@ pub async fn scrape_once(shared: &Arc<Shared>, pod: &Arc<Pod>) {
         Ok(Err(why)) => ranks.iter().for_each(|r| scrape_failed(shared, r, &why)),
         Err(_) => ranks.iter().for_each(|r| scrape_timed_out(shared, r)),
     }
+    answered
 }
 
 /// A scrape of `pod` that timed out: its answer is still awaited apart (at most one per pod, at

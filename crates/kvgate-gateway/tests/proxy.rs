@@ -763,6 +763,38 @@ async fn a_chat_prompt_the_template_refuses_is_served_with_its_real_token_count(
     assert_idle(&gw, &[&pod]).await;
 }
 
+/// A pod whose `/metrics` answer costs it time (vLLM's API server shares a CPU pod's core) is
+/// scraped less often, so that the scrapes take at most 4 % of it; a fast one keeps the
+/// configured interval (50 ms).
+#[tokio::test]
+async fn a_costly_metrics_answer_is_scraped_less_often() {
+    let fast = FakePod::start(FAST).await;
+    let slow = FakePod::start(FAST).await;
+    slow.state.metrics_delay_ms.store(40, Ordering::SeqCst);
+    let gw = gateway(&[&fast, &slow]).await;
+    let interval = |gw: &kvgate_gateway::Gateway, url: &str| {
+        gw.shared()
+            .metrics_text()
+            .unwrap()
+            .lines()
+            .find(|l| l.starts_with("kvgate_scrape_interval_seconds{") && l.contains(url))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (f0, s0) = (
+        fast.state.metrics_requests.load(Ordering::SeqCst),
+        slow.state.metrics_requests.load(Ordering::SeqCst),
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let f = fast.state.metrics_requests.load(Ordering::SeqCst) - f0;
+    let s = slow.state.metrics_requests.load(Ordering::SeqCst) - s0;
+    assert!(f >= 12, "the fast pod is scraped about every 50 ms: {f} in 2 s");
+    assert!(s <= 6, "the slow pod about every 500 ms: {s} in 2 s");
+    assert_eq!(interval(&gw, &slow.url), Some(0.5));
+    assert!(interval(&gw, &fast.url).is_some_and(|i| i < 0.2));
+    assert_eq!(gw.pod_healthy(&slow.url), Some(true));
+}
+
 /// A pod whose `/metrics` answers slowly (a busy vLLM CPU pod shares its core with the engine)
 /// stays healthy through one timed-out scrape, and is marked unhealthy only when scrapes keep
 /// timing out.

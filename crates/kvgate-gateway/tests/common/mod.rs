@@ -54,6 +54,8 @@ pub struct FakeState {
     pub metrics_ok: AtomicBool,
     /// Delay before `/metrics` answers, ms.
     pub metrics_delay_ms: std::sync::atomic::AtomicU64,
+    /// `/metrics` requests received.
+    pub metrics_requests: AtomicU32,
     /// When set, the `/v1/models` body (else one model, `model`).
     pub models_body: Mutex<Option<String>>,
     /// The engine's `vllm:generation_tokens_total`: stands still unless a test steps it
@@ -82,6 +84,7 @@ impl FakePod {
             last_body: Mutex::new(None),
             metrics_ok: AtomicBool::new(true),
             metrics_delay_ms: std::sync::atomic::AtomicU64::new(0),
+            metrics_requests: AtomicU32::new(0),
             models_body: Mutex::new(None),
             engine_tokens: AtomicU64::new(0),
         });
@@ -160,6 +163,7 @@ impl Drop for FakePod {
 }
 
 async fn metrics(State(s): State<Arc<FakeState>>) -> Response {
+    s.metrics_requests.fetch_add(1, Ordering::SeqCst);
     let delay = s.metrics_delay_ms.load(Ordering::SeqCst);
     if delay > 0 {
         tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
