@@ -81,7 +81,11 @@ mod tests {
         p.answered(ms(10));
         assert_eq!(p.interval(FLOOR), ms(250), "10 ms at 4 % of the pod");
         p.answered(ms(60));
-        assert_eq!(p.cost(), Some(ms(10)), "a slow answer is queueing, not cost");
+        assert_eq!(
+            p.cost(),
+            Some(ms(10)),
+            "a slow answer is queueing, not cost"
+        );
         assert_eq!(p.interval(FLOOR), ms(250));
     }
 

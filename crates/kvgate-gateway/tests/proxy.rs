@@ -788,7 +788,10 @@ async fn a_costly_metrics_answer_is_scraped_less_often() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let f = fast.state.metrics_requests.load(Ordering::SeqCst) - f0;
     let s = slow.state.metrics_requests.load(Ordering::SeqCst) - s0;
-    assert!(f >= 12, "the fast pod is scraped about every 50 ms: {f} in 2 s");
+    assert!(
+        f >= 12,
+        "the fast pod is scraped about every 50 ms: {f} in 2 s"
+    );
     assert!(s <= 6, "the slow pod about every 500 ms: {s} in 2 s");
     assert_eq!(interval(&gw, &slow.url), Some(0.5));
     assert!(interval(&gw, &fast.url).is_some_and(|i| i < 0.2));
