@@ -1,9 +1,9 @@
 //! How often a pod's `/metrics` is scraped: never more often than `scrape_interval_ms`, and never
 //! so often that the scrapes take more than [`MAX_DUTY`] of the pod's time.
 //!
-//! A scrape is not free for the pod. vLLM renders `/metrics` in its API server, which on a CPU
-//! pod shares the engine's core (with `VLLM_ENABLE_V1_MULTIPROCESSING=0`, its event loop): one
-//! answer costs ~10 ms there. At the 50 ms default interval that is ~17 % of the pod, and a
+//! A scrape is not free for the pod. vLLM renders `/metrics` in its API server process, which on
+//! a CPU pod runs on the engine's core(s) beside the engine-core process: one answer costs
+//! ~10 ms of that core. At the 50 ms default interval that is ~17 % of the pod, and a
 //! real pod's mean TTFT rose ×1.10 under it (×1.00 at 250 ms; BENCHMARKS.md, "What a scrape
 //! costs a CPU pod"). A GPU pod or a mock pod answers in about a millisecond and keeps the
 //! configured interval.
