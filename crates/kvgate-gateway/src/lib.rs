@@ -23,7 +23,7 @@
 //! | `config` | `GatewayConfig` from defaults, config file and flags; `ConfigDump` (`/debug/config`); the plain data it is made of: `ServeArgs` (one option per flag; the clap flags are the binary's `serve_cli.rs`), `DiscoveryKind`, `ApiKeys`, `ClusterConfig` |
 //! | `reload` | re-read the config file on change; keep the old one if invalid |
 //! | `discovery` | `--discovery`: static, or `kubernetes` (feature `k8s`: watch ready Pods by label, keep them in the pod table) |
-//! | `pods` | the pod table and health (in-flight counters are the session's ledger), each pod's `Breaker` state, `PodMetrics` (what a scrape read); a data-parallel server (`dp=N`) is N engine pods `URL#dp<r>` at one URL |
+//! | `pods` | the pod table (`Fleet`: the pods in order, a pod's handle by id in O(1)) and health (in-flight counters are the session's ledger), each pod's `Breaker` state, `PodMetrics` (what a scrape read); a data-parallel server (`dp=N`) is N engine pods `URL#dp<r>` at one URL |
 //! | `breaker` | a pod whose responses die mid-body, or that sends no response headers in time while it makes no progress, N times in a row is avoided for a cooldown; at most half of the pods answering their scrape at once (at least one); panic routing when every such pod is avoided |
 //! | `progress` | whether a pod's engine steps (its scraped counters moved, or it streamed a token): a silence from a progressing pod is a busy pod's, not a failure |
 //! | `retry_budget` | retries in flight ≤ 20 % of the requests in flight (at least 3), so that retries cannot multiply an overload |
