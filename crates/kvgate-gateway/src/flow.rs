@@ -496,25 +496,6 @@ pub async fn wait_turn(
     }
 }
 
-/// A decision outside `excluded` and, when that leaves a pod, outside `closed` too (the pods
-/// flow control found without headroom at the request's release: dispatch by headroom).
-pub(crate) fn decide_outside(
-    shared: &Arc<Shared>,
-    request: &kvgate_core::RouteRequest<'_>,
-    excluded: &[PodId],
-    closed: &[PodId],
-    meta: crate::routing::DecisionMeta<'_>,
-) -> crate::routing::Pick {
-    if !closed.is_empty() {
-        let both: Vec<PodId> = excluded.iter().chain(closed).copied().collect();
-        match crate::routing::decide_for(shared, request, &both, meta) {
-            crate::routing::Pick::NoHealthyPod => {}
-            pick => return pick,
-        }
-    }
-    crate::routing::decide_for(shared, request, excluded, meta)
-}
-
 fn start_driver(shared: &Arc<Shared>) {
     if shared.flow.driver_started.swap(true, Ordering::AcqRel) {
         return;

@@ -3,12 +3,13 @@
 //! The OpenAI-compatible gateway: a thin I/O driver around `kvgate-core`'s decision.
 //!
 //! ```text
-//! client ─► proxy (tower layers auth, limits; read body, retry) ─► upstream (forward) ─► pod
-//!             │ routing::prepare (parse, SLO, blocks, limits, capture) ─► routing::decide_for
+//! client ─► proxy (tower layers auth, limits; read body) ─► upstream (forward) ─► pod
+//!             │ pipeline: ready (routing::prepare, flow turn) ─► dispatch (routing::decide_for,
+//!             │   P/D prefill, retries; the transport delivers)
 //!             │        ▲ state: the core RouterSession (router, index, predictor, RNG, in-flight
 //!             ▼        │ ledger) under one mutex
 //!           body (stream frame by frame, first token, usage) ─► lifecycle::TicketGuard ─► session
-//! Envoy ─► ext_proc (admission, the same prepare + decide_for, response phase) ─► TicketGuard
+//! Envoy ─► ext_proc (admission, the same pipeline, response phase) ─► TicketGuard
 //! scrape (pod /metrics every 50 ms) ─► pods (table, health)
 //! kv_events (ZeroMQ per pod) ─► core KvEventFollower ─► the session's engine index
 //! reload (config file mtime) ─► config ─► pods / router
@@ -22,19 +23,19 @@
 //! | `config` | `GatewayConfig` from defaults, config file and flags; `ConfigDump` (`/debug/config`); the plain data it is made of: `ServeArgs` (one option per flag; the clap flags are the binary's `serve_cli.rs`), `DiscoveryKind`, `ApiKeys`, `ClusterConfig` |
 //! | `reload` | re-read the config file on change; keep the old one if invalid |
 //! | `discovery` | `--discovery`: static, or `kubernetes` (feature `k8s`: watch ready Pods by label, keep them in the pod table) |
-//! | `pods` | the pod table and health (in-flight counters are the session's ledger), each pod's `Breaker` state, `PodMetrics` (what a scrape read); a data-parallel server (`dp=N`) is N engine pods `URL#dp<r>` at one URL |
+//! | `pods` | the pod table (`Fleet`: the pods in order, a pod's handle by id in O(1)) and health (in-flight counters are the session's ledger), each pod's `Breaker` state, `PodMetrics` (what a scrape read); a data-parallel server (`dp=N`) is N engine pods `URL#dp<r>` at one URL |
 //! | `breaker` | a pod whose responses die mid-body, or that sends no response headers in time while it makes no progress, N times in a row is avoided for a cooldown; at most half of the pods answering their scrape at once (at least one); panic routing when every such pod is avoided |
 //! | `progress` | whether a pod's engine steps (its scraped counters moved, or it streamed a token): a silence from a progressing pod is a busy pod's, not a failure |
 //! | `retry_budget` | retries in flight ≤ 20 % of the requests in flight (at least 3), so that retries cannot multiply an overload |
 //! | `scrape` | tolerant `/metrics` parser (incl. LoRA slots: the newest `vllm:lora_requests_info`, deferred requests; a DP server's series split by `engine` label) and the scrape loop |
 //! | `state` | what all tasks share; the core's `RouterSession` behind one mutex (`Shared::session`); `ReplicaLink`, what the gateway tells `--cluster`'s other replicas (implemented by `cluster::Cluster`) |
-//! | `pipeline` | the first half of every completion, for both transports: prepare, flow class and cost, the flow turn (`pipeline::ready`) |
+//! | `pipeline` | every completion's request pipeline, one stack for both transports: `ready` (prepare, flow class and cost, the flow turn), then `dispatch` (decide, the P/D prefill and decode pick, retries on another pod within the retry budget; the transport's `Deliver` sends or names the pod) |
 //! | `routing` | what both data paths share: `prepare` (parse, SLO headers, blocks, `max_prompt_tokens`, `--capture` ticket), `decide_for` (one decision through the session, recorded in `/debug/decisions`), `least_loaded` |
 //! | `lifecycle` | `TicketGuard`: a request's session ticket with its pod; first token, tokens, finish, returned once in `Drop` on every ending |
 //! | `cluster` | `--cluster`: active-active replicas over NATS — the TicketGuard's transitions published (bounded queue, binary `wire` format), the other replicas' applied through the core `PeerBook`, snapshots, leases, routed-index warm-up |
 //! | `listener` | the traffic listener's accept loop and connections (hyper-util auto: HTTP/1.1, h2c): connection cap, header-read, idle and client-write timeouts, accept-error pauses |
-//! | `proxy` | the HTTP handlers of the traffic listener (`traffic_router`), the retry loop |
-//! | `pd` | prefill/decode disaggregation on the HTTP proxy: the prefill call (`max_tokens: 1`, `kv_transfer_params.do_remote_decode`), its `kv_transfer_params` handed to the decode pod with the client's request, `kvgate_pd_*` metrics; retries in `proxy` |
+//! | `proxy` | the HTTP handlers of the traffic listener (`traffic_router`); the pipeline's HTTP transport (forward to the pod, stream the answer) |
+//! | `pd` | prefill/decode disaggregation's protocol: the prefill call (`max_tokens: 1`, `kv_transfer_params.do_remote_decode`), its `kv_transfer_params` for the decode pod with the client's request, `kvgate_pd_*` metrics; the handoff and retries in `pipeline::dispatch` |
 //! | `upstream` | forwarding to a pod: the upstream request (hop-by-hop, `Authorization`, `x-request-id`), the client's response headers, the `include_usage` rewrite, `send` (first-byte and request timeouts), failed-attempt counting |
 //! | `body` | the response body: pass-through, observation, end-of-request accounting; streams end cleanly when the shutdown grace is over |
 //! | `grace` | `GraceEnd`: the end of the shutdown grace, told to every stream in flight |
@@ -54,7 +55,7 @@
 //! | `decisions` | the bounded `/debug/decisions` ring; `--decisions-log`: each routed request's record completed with its outcome |
 //! | `jsonl` | an append-only JSON-lines file written by its own thread through a bounded queue |
 //! | `admin` | the admin listener: metrics, `/debug/decisions`, `/debug/config`, `/debug/score` (dry-run prefix scores), health |
-//! | `ext_proc` | `--ext-proc-listen`: Envoy ext_proc endpoint picker (GAIE protocol), the stream's state machine; the same `routing` and session as the proxy |
+//! | `ext_proc` | `--ext-proc-listen`: Envoy ext_proc endpoint picker (GAIE protocol), the stream's state machine; the pipeline's Envoy transport (the pod named, not sent) |
 //! | `ext_proc::protocol` | the protocol's messages: header values, response status, subset hint read; routing answers (header mutation, `envoy.lb` metadata), streamed body chunks, immediate errors built |
 //! | `kv_events` | `--index engine`: ZeroMQ SUB (and replay) per pod, batches decoded by the core and followed by its `KvEventFollower` |
 //! | `tokenizer` | token mode's tokenizer: built-in cl100k or `--tokenizer tokenizer.json` (HF `tokenizers`, pure Rust) |

@@ -1,6 +1,9 @@
-//! Prefill/decode (P/D) disaggregation: the handoff between the two pods the core picked
-//! ([`kvgate_core::RouterSession::route_pd`]), on the HTTP proxy and on the ext_proc picker
-//! (which makes the prefill call itself and hands Envoy the decode body, `crate::ext_proc`).
+//! Prefill/decode (P/D) disaggregation's protocol between the two pods the core picked
+//! ([`kvgate_core::RouterSession::route_pd`]): the prefill call and the decode body. The
+//! handoff itself (prefill, then the decode pick as the transport's target, the retries) is
+//! the request pipeline's, one for the HTTP proxy and the ext_proc picker
+//! ([`crate::pipeline::dispatch`]); the proxy sends the decode body itself, ext_proc hands it
+//! to Envoy.
 //!
 //! The protocol is vLLM's (`NixlConnector`, observed on vLLM 0.32; its `toy_proxy_server.py`
 //! does the same):
@@ -20,9 +23,11 @@
 //! Failures, all before any byte reached the client: a prefill pod that cannot be reached,
 //! times out on its first byte, answers 5xx or answers without `kv_transfer_params` is
 //! excluded and the request routed again (another prefill pod; none left: the request whole on
-//! a `both` pod, or 502). A prefill answer 4xx is the client's error: passed through. A decode
-//! pod failing before its first byte is excluded and the request routed again from a fresh
-//! prefill (the transferred blocks are for one pull). Both count towards `max_retries`.
+//! a `both` pod, or 502). A prefill answer 4xx is the client's error: passed through (status,
+//! headers, body), on both transports. A decode pod failing before its first byte (seen by the
+//! HTTP proxy only: through Envoy it is Envoy's) is excluded and the request routed again from
+//! a fresh prefill (the transferred blocks are for one pull). Both count towards
+//! `max_retries`, within the retry budget.
 //!
 //! Metrics (`kvgate_pd_*`): `requests_total{route}` (`split` or `whole` — a request served whole in a fleet
 //! with roles), `stage_total{stage, outcome}` (prefill `ok` | `failed` | `no_transfer_params` |

@@ -308,7 +308,51 @@ impl Pod {
 /// All pods, swapped whole on reload.
 #[derive(Debug, Default)]
 pub struct PodTable {
-    pods: ArcSwap<Vec<Arc<Pod>>>,
+    pods: ArcSwap<Fleet>,
+}
+
+/// The pod table at one moment: the pods in table order (a slice, by `Deref`) and each id's
+/// place among them, so that a decision's chosen id gives back its pod's handle in O(1)
+/// ([`Fleet::get`]). Bounds: one `u32` per id up to the highest in use (< 65,536).
+#[derive(Debug, Default)]
+pub struct Fleet {
+    pods: Vec<Arc<Pod>>,
+    /// `places[id]`: the pod's index in `pods`; [`NO_PLACE`] for an id not in use.
+    places: Vec<u32>,
+}
+
+const NO_PLACE: u32 = u32::MAX;
+
+impl Fleet {
+    fn new(pods: Vec<Arc<Pod>>) -> Fleet {
+        let len = pods.iter().map(|p| p.id.index() + 1).max().unwrap_or(0);
+        let mut places = vec![NO_PLACE; len];
+        for (i, p) in pods.iter().enumerate() {
+            places[p.id.index()] = i as u32;
+        }
+        Fleet { pods, places }
+    }
+
+    /// The place of pod `id` in the table order (and in snapshots taken in it).
+    pub fn place(&self, id: PodId) -> Option<usize> {
+        match self.places.get(id.index()) {
+            Some(&p) if p != NO_PLACE => Some(p as usize),
+            _ => None,
+        }
+    }
+
+    /// Pod `id`'s handle.
+    pub fn get(&self, id: PodId) -> Option<&Arc<Pod>> {
+        self.place(id).and_then(|i| self.pods.get(i))
+    }
+}
+
+impl std::ops::Deref for Fleet {
+    type Target = [Arc<Pod>];
+
+    fn deref(&self) -> &[Arc<Pod>] {
+        &self.pods
+    }
 }
 
 /// What a [`PodTable::replace`] changed.
@@ -319,7 +363,7 @@ pub struct PodChanges {
 }
 
 impl PodTable {
-    pub fn all(&self) -> arc_swap::Guard<Arc<Vec<Arc<Pod>>>> {
+    pub fn all(&self) -> arc_swap::Guard<Arc<Fleet>> {
         self.pods.load()
     }
 
@@ -410,7 +454,7 @@ impl PodTable {
                 changes.removed.push(p.clone());
             }
         }
-        self.pods.store(Arc::new(next));
+        self.pods.store(Arc::new(Fleet::new(next)));
         changes
     }
 
@@ -568,6 +612,29 @@ mod tests {
         assert!(ch.removed[0].removed.load(Ordering::Relaxed));
         assert_eq!(t.by_url("http://d").map(|p| p.id), Some(PodId(1)));
         assert_eq!(t.by_url("http://c").map(|p| p.id), Some(PodId(2)));
+    }
+
+    #[test]
+    fn a_pods_handle_is_found_by_id_at_its_place_in_the_table_order() {
+        let t = PodTable::default();
+        let c = |u: &str| PodEntry::new(u, "x");
+        t.replace(&[c("http://a"), c("http://b"), c("http://c")], 10);
+        // b leaves, d takes its id 1 but comes last in the table order.
+        t.replace(&[c("http://a"), c("http://c"), c("http://d")], 10);
+        let fleet = t.all();
+        let urls: Vec<&str> = fleet.iter().map(|p| p.url.as_str()).collect();
+        assert_eq!(urls, ["http://a", "http://c", "http://d"]);
+        assert_eq!(fleet.place(PodId(1)), Some(2));
+        assert_eq!(
+            fleet.get(PodId(1)).map(|p| p.url.as_str()),
+            Some("http://d")
+        );
+        assert_eq!(
+            fleet.get(PodId(2)).map(|p| p.url.as_str()),
+            Some("http://c")
+        );
+        assert!(fleet.get(PodId(3)).is_none());
+        assert!(fleet.get(PodId(60_000)).is_none());
     }
 
     #[test]

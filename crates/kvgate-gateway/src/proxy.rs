@@ -1,14 +1,17 @@
 //! The data path: OpenAI requests in, the core decides, the chosen pod answers, the answer
 //! streams back frame by frame.
 //!
-//! - `POST /v1/chat/completions`, `POST /v1/completions`: parse (400 and no pod touched on bad
-//!   input), decide with the core on a snapshot taken now, forward. A connect error or a 5xx
-//!   from the pod — both before any byte reached the client — goes to the next-best pod
-//!   (the core decides again with the failed pods excluded), at most `max_retries` times and
-//!   only within the retry budget ([`crate::retry_budget`]; a retry after a lost connection
-//!   is free of it); then 502. No healthy pod: 503
-//!   (pods avoided by their breaker but answering their scrape are routed to instead: panic
-//!   mode, [`crate::breaker`]).
+//! - `POST /v1/chat/completions`, `POST /v1/completions`: the request pipeline
+//!   ([`crate::pipeline`], the same as ext_proc's: prepare, flow turn, decide, P/D prefill,
+//!   retries); this module is its HTTP transport (`Forward`): it forwards the request to the
+//!   chosen pod and streams the answer. A connect error or a 5xx from the pod — both before
+//!   any byte reached the client — goes back to the pipeline, which routes to the next-best
+//!   pod (the core decides again with the failed pods excluded), at most `max_retries` times
+//!   and only within the retry budget ([`crate::retry_budget`]; a retry after a lost
+//!   connection is free of it); then 502. No healthy pod: 503 (pods avoided by their breaker
+//!   but answering their scrape are routed to instead: panic mode, [`crate::breaker`]). A P/D
+//!   request's decode stage goes to the decode pod with the prefill's `kv_transfer_params`;
+//!   a prefill pod's 4xx is passed to the client as the pod sent it.
 //! - `GET /v1/models`: the union of the healthy pods' model lists ([`crate::models`]).
 //! - Any other `/v1/*`: the least-loaded healthy pod, passed through.
 //!
@@ -26,9 +29,10 @@
 
 use crate::body::{ObservedBody, Tracker};
 use crate::errors::{ApiError, no_healthy_pod, upstream_failed};
+use crate::pipeline::{Deliver, Delivery, Dispatch, DispatchError, Failure, Target};
 use crate::reject::reject;
 use crate::request_id::request_id;
-use crate::routing::{DecisionMeta, Pick, Prepared, Routed};
+use crate::routing::Prepared;
 use crate::state::Shared;
 use crate::upstream::{
     QUEUE_MS_HEADER, Sent, attempt_failed, body_timeouts, client_headers, completion_body,
@@ -40,7 +44,7 @@ use axum::response::Response;
 use bytes::Bytes;
 use http::StatusCode;
 use http_body_util::{BodyExt, Limited};
-use kvgate_core::{PodId, RouteRequest};
+use kvgate_core::RouteRequest;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -139,15 +143,7 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
         Ok(r) => r,
         Err(e) => return crate::flow::reject(&shared, e, &rid),
     };
-    let mut turn = Some(turn);
-    let queued = turn
-        .as_ref()
-        .map_or(std::time::Duration::ZERO, |t| t.queued);
-    let flow_note = turn.as_ref().and_then(|t| t.note.clone());
-    // Dispatch by headroom: the first decision avoids the pods flow control found closed.
-    let mut closed = turn
-        .as_mut()
-        .map_or_else(Vec::new, |t| std::mem::take(&mut t.closed));
+    let queued = turn.queued;
     let Prepared {
         mut value,
         parsed,
@@ -166,7 +162,6 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
         slo: prepared.slo,
         adapter: Some(prepared.adapter),
     };
-    let input_tokens = prepared.input_tokens;
     // A fleet with P/D roles: the request may be split, and its decode body is built from the
     // JSON (a copy kept only then: the common path forwards the body as it came).
     let split = shared
@@ -192,123 +187,39 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
         deadline,
         start,
         queued,
-        input_tokens,
+        input_tokens: prepared.input_tokens,
         stream: parsed.stream,
         strip_usage,
+        body: upstream_body,
         capture: &mut capture,
-        retry: None,
     };
-
-    let mut excluded: Vec<PodId> = Vec::new();
-    let mut last_failure = Failure::default();
-    for attempt in 0..=cfg.max_retries {
-        if attempt > 0 {
-            // A retry only within the budget: retries cannot multiply an overload. This
-            // request's earlier retry, which failed, leaves it first. A retry after a lost
-            // connection needs no budget: the pod holds no work for the request any more
-            // (it died or refused it), so the retry adds no load to the fleet.
-            fwd.retry = None;
-            let token = match last_failure.connection_lost {
-                true => Ok(None),
-                false => shared
-                    .retry_budget
-                    .try_start(shared.admission.active())
-                    .map(Some)
-                    .ok_or(()),
-            };
-            match token {
-                Ok(token) => {
-                    shared.metrics.retries.inc();
-                    fwd.retry = token;
-                }
-                Err(()) => {
-                    shared.metrics.retries_refused.inc();
-                    if shared.log_limit.allow("retry_refused") {
-                        tracing::warn!(request_id = %rid, why = %last_failure.why, "retry budget spent; not retried");
-                    }
-                    last_failure
-                        .why
-                        .push_str("; not retried: the retry budget is spent");
-                    break;
-                }
-            }
-        }
-        let meta = DecisionMeta {
-            request_id: &rid,
-            attempt,
-            flow: flow_note.as_ref(),
-            split,
-        };
-        let pick = crate::flow::decide_outside(&shared, &request, &excluded, &closed, meta);
-        if matches!(pick, Pick::Routed(_) | Pick::Split(_)) {
-            // Routed: the session's ledger counts the request now.
-            drop(turn.take());
-            closed.clear();
-        }
-        let failed_pod = match pick {
-            Pick::Routed(r) => {
-                let Routed {
-                    pod,
-                    guard,
-                    policy,
-                    branch,
-                } = *r;
-                let sent = fwd
-                    .forward(&pod, guard, upstream_body.clone(), policy, branch, None)
-                    .await;
-                match sent {
-                    Forwarded::Answer(resp) => return resp,
-                    Forwarded::Failed(failure) => {
-                        last_failure = failure;
-                        pod.id
-                    }
-                }
-            }
-            Pick::Split(s) => match fwd.split(*s, pd_value.as_ref(), attempt).await {
-                Forwarded::Answer(resp) => return resp,
-                Forwarded::Failed((pod, failure)) => {
-                    last_failure = failure;
-                    pod
-                }
-            },
-            Pick::NoHealthyPod if attempt > 0 => break,
-            Pick::NoHealthyPod | Pick::NoDecision => {
-                return reject(&shared, no_healthy_pod(), &rid);
-            }
-        };
-        excluded.push(failed_pod);
-    }
-    reject(&shared, upstream_failed(last_failure.why), &rid)
-}
-
-/// Why an attempt failed before any byte reached the client.
-#[derive(Debug, Default)]
-struct Failure {
-    /// For the client's error and the log.
-    why: String,
-    /// The connection failed or broke before the pod answered: the pod holds no work for the
-    /// request, so its retry is free of the retry budget.
-    connection_lost: bool,
-}
-
-impl Failure {
-    fn counted(why: String) -> Failure {
-        Failure {
-            why,
-            connection_lost: false,
+    let dispatch = Dispatch {
+        shared: &shared,
+        cfg: &cfg,
+        request,
+        request_id: &rid,
+        turn,
+        excluded: Vec::new(),
+        split: pd_value.as_ref(),
+        method: &parts.method,
+        path_and_query: &path_and_query,
+        headers: &parts.headers,
+        deadline,
+    };
+    match crate::pipeline::dispatch(dispatch, &mut fwd).await {
+        Ok(resp) => resp,
+        Err(DispatchError::NoPod) => reject(&shared, no_healthy_pod(), &rid),
+        Err(DispatchError::Gateway(e)) => reject(&shared, e, &rid),
+        Err(DispatchError::Pod(answer)) => {
+            let mut resp = Response::new(Body::from(answer.body));
+            *resp.status_mut() = answer.status;
+            *resp.headers_mut() = client_headers(&answer.headers, true, &rid, None);
+            resp
         }
     }
 }
 
-/// How one attempt on a pod went.
-enum Forwarded<F> {
-    /// The client's answer (the pod's response, streaming, or an error the gateway gives).
-    Answer(Response),
-    /// Failed before any byte reached the client: retry elsewhere.
-    Failed(F),
-}
-
-/// What every attempt of one completion request is sent with.
+/// What every attempt of one completion request is sent with: the proxy's [`Deliver`].
 struct Forward<'a> {
     shared: &'a Arc<Shared>,
     cfg: &'a crate::config::GatewayConfig,
@@ -321,31 +232,66 @@ struct Forward<'a> {
     input_tokens: u32,
     stream: bool,
     strip_usage: bool,
+    /// The body a whole request is forwarded with.
+    body: Bytes,
     capture: &'a mut Option<crate::capture::Ticket>,
-    /// This attempt's place in the retry budget (a retry's), handed to the response body.
-    retry: Option<crate::retry_budget::RetryToken>,
+}
+
+impl Deliver for Forward<'_> {
+    type Answer = Response;
+
+    /// A whole request: the body to the pod. A P/D request's decode stage: the client's
+    /// request with the prefill's transfer parameters to the decode pod ([`crate::pd`]).
+    async fn deliver(&mut self, target: Target) -> Delivery<Response> {
+        let Some(handoff) = target.handoff else {
+            let body = self.body.clone();
+            return self.forward(target, body, None).await;
+        };
+        let decode = handoff.decode_body;
+        let bytes = Bytes::from(serde_json::to_vec(&decode).unwrap_or_default());
+        let (body, _) = completion_body(decode, bytes, self.stream);
+        let target = Target {
+            handoff: None,
+            ..target
+        };
+        let sent = self
+            .forward(target, body, Some(handoff.prefill_pod.url.as_str()))
+            .await;
+        let outcome = match &sent {
+            Delivery::Answer(_) => "ok",
+            Delivery::Failed(_) => "failed",
+        };
+        self.shared.metrics.pd.stage("decode", outcome);
+        sent
+    }
 }
 
 impl Forward<'_> {
-    /// Sends `body` to `pod` holding `guard`: the pod's answer streams to the client, or the
-    /// attempt failed before any byte (counted and logged, the guard returned). `prefill_pod`:
-    /// the decode stage of a P/D request (its prefill pod shown in `x-kvgate-prefill-pod`).
+    /// Sends `body` to the target's pod holding its guard: the pod's answer streams to the
+    /// client, or the attempt failed before any byte (counted and logged, the guard returned).
+    /// `prefill_pod`: the decode stage of a P/D request (its prefill pod shown in
+    /// `x-kvgate-prefill-pod`).
     async fn forward(
         &mut self,
-        pod: &Arc<crate::pods::Pod>,
-        guard: crate::lifecycle::TicketGuard,
+        target: Target,
         body: Bytes,
-        policy: &'static str,
-        branch: &'static str,
         prefill_pod: Option<&str>,
-    ) -> Forwarded<Failure> {
+    ) -> Delivery<Response> {
+        let Target {
+            pod,
+            guard,
+            policy,
+            branch,
+            retry,
+            ..
+        } = target;
         let (shared, cfg, rid) = (self.shared, self.cfg, self.rid);
         // The pod's TTFT counts from here, not from the request's arrival (the flow queue, the
         // decision and any earlier failed attempt are not the pod's).
         let before_dispatch = self.start.elapsed();
         let up = match upstream_request(
             cfg,
-            pod,
+            &pod,
             &self.parts.method,
             self.path_and_query,
             &self.parts.headers,
@@ -353,12 +299,12 @@ impl Forward<'_> {
             body,
         ) {
             Ok(r) => r,
-            Err(e) => return Forwarded::Answer(reject(shared, upstream_failed(e), rid)),
+            Err(e) => return Delivery::Answer(reject(shared, upstream_failed(e), rid)),
         };
-        let failure = match send(shared, cfg, pod, up, self.deadline).await {
+        let failure = match send(shared, cfg, &pod, up, self.deadline).await {
             Sent::RequestTimeout => {
                 drop(guard);
-                return Forwarded::Answer(request_timed_out(shared, cfg, pod, rid));
+                return Delivery::Answer(request_timed_out(shared, cfg, &pod, rid));
             }
             Sent::FirstByteTimeout(why) => Failure::counted(why),
             Sent::Answer(Ok(resp)) if !resp.status().is_server_error() => {
@@ -379,7 +325,7 @@ impl Forward<'_> {
                     stream,
                     error_status: !ok,
                     capture: if ok { self.capture.take() } else { None },
-                    retry: self.retry.take(),
+                    retry,
                 };
                 let mut headers = client_headers(
                     &parts_up.headers,
@@ -404,7 +350,7 @@ impl Forward<'_> {
                 )));
                 *resp.status_mut() = parts_up.status;
                 *resp.headers_mut() = headers;
-                return Forwarded::Answer(resp);
+                return Delivery::Answer(resp);
             }
             Sent::Answer(Ok(resp)) => {
                 Failure::counted(format!("pod {} answered {}", pod.url, resp.status()))
@@ -420,85 +366,11 @@ impl Forward<'_> {
             }
         };
         drop(guard);
-        attempt_failed(shared, pod, policy, branch);
+        attempt_failed(shared, &pod, policy, branch);
         if shared.log_limit.allow("attempt_failed") {
             tracing::warn!(request_id = %rid, why = %failure.why, "attempt failed before any byte was sent; retrying elsewhere");
         }
-        Forwarded::Failed(failure)
-    }
-
-    /// A P/D request: the prefill call, then the client's request with its transfer
-    /// parameters to the decode pod ([`crate::pd`]). A failure names the pod to exclude.
-    async fn split(
-        &mut self,
-        s: crate::routing::SplitRouted,
-        value: Option<&serde_json::Value>,
-        attempt: u32,
-    ) -> Forwarded<(PodId, Failure)> {
-        let shared = self.shared;
-        let Some(value) = value else {
-            // Cannot happen: a split is asked for (`DecisionMeta::split`) only with the copy.
-            let why = "no request body kept for P/D".to_string();
-            return Forwarded::Failed((s.prefill_pod.id, Failure::counted(why)));
-        };
-        let call = crate::pd::PrefillCall {
-            cfg: self.cfg,
-            method: &self.parts.method,
-            path_and_query: self.path_and_query,
-            headers: &self.parts.headers,
-            request_id: self.rid,
-            deadline: self.deadline,
-            policy: s.policy,
-            branch: s.branch,
-        };
-        let prefilled =
-            crate::pd::prefill(shared, &call, &s.prefill_pod, s.prefill_guard, value).await;
-        let params = match prefilled {
-            crate::pd::Prefilled::Params(p) => p,
-            crate::pd::Prefilled::Failed(why) => {
-                if shared.log_limit.allow("pd_prefill_failed") {
-                    tracing::warn!(request_id = %self.rid, %attempt, why = %why, "prefill failed; routing again");
-                }
-                return Forwarded::Failed((s.prefill_pod.id, Failure::counted(why)));
-            }
-            crate::pd::Prefilled::ClientError(status, headers, body) => {
-                let mut resp = Response::new(Body::from(body));
-                *resp.status_mut() = status;
-                *resp.headers_mut() = client_headers(&headers, true, self.rid, None);
-                return Forwarded::Answer(resp);
-            }
-            crate::pd::Prefilled::RequestTimeout => {
-                return Forwarded::Answer(request_timed_out(
-                    shared,
-                    self.cfg,
-                    &s.prefill_pod,
-                    self.rid,
-                ));
-            }
-        };
-        let decode = crate::pd::decode_value(value, params);
-        let bytes = Bytes::from(serde_json::to_vec(&decode).unwrap_or_default());
-        let (body, _) = completion_body(decode, bytes, self.stream);
-        let sent = self
-            .forward(
-                &s.decode_pod,
-                s.decode_guard,
-                body,
-                s.policy,
-                s.branch,
-                Some(s.prefill_pod.url.as_str()),
-            )
-            .await;
-        match sent {
-            Forwarded::Answer(resp) => {
-                shared.metrics.pd.stage("decode", "ok");
-                Forwarded::Answer(resp)
-            }
-            Forwarded::Failed(failure) => {
-                shared.metrics.pd.stage("decode", "failed");
-                Forwarded::Failed((s.decode_pod.id, failure))
-            }
-        }
+        Delivery::Failed(failure)
     }
 }
 

@@ -493,15 +493,11 @@ pub(crate) fn decide_for(
     shared.flow.observe_decision(&decision, pods.len());
     let charged_prefill_tokens = routed.ticket.prefill_tokens();
     // `snaps` came from this table, so the chosen id is in it.
-    let Some(pod) = pods.iter().find(|p| p.id == decision.pod_id).cloned() else {
+    let Some(pod) = pods.get(decision.pod_id).cloned() else {
         shared.session.lock().finish(routed.ticket, None);
         return Pick::NoDecision;
     };
-    // The blocks the session recorded for the pod (its own block size's chain).
-    let blocks = snaps
-        .iter()
-        .find(|s| s.id == decision.pod_id)
-        .map_or(request.blocks, |s| request.cut().blocks_for(s).0);
+    let blocks = recorded_blocks(request, &pods, &snaps, pod.id);
     let mut guard = TicketGuard::new(shared.clone(), pod.clone(), routed.ticket, blocks);
     let branch = decision.branch.as_str();
     if let Some(e) = decision.pods.iter().find(|p| p.id == decision.pod) {
@@ -531,6 +527,19 @@ pub(crate) fn decide_for(
         policy,
         branch,
     }))
+}
+
+/// The blocks the session recorded for pod `id` (its own block size's chain): `snaps` were
+/// taken from `pods` in its order, so the pod's place is its snapshot's.
+fn recorded_blocks<'a>(
+    request: &RouteRequest<'a>,
+    pods: &crate::pods::Fleet,
+    snaps: &[kvgate_core::PodSnapshot],
+    id: PodId,
+) -> &'a [BlockHash] {
+    pods.place(id)
+        .and_then(|i| snaps.get(i))
+        .map_or(request.blocks, |s| request.cut().blocks_for(s).0)
 }
 
 /// Records the decision in `/debug/decisions`; with `--decisions-log`, returns the record for
@@ -568,7 +577,7 @@ fn record_decision(
 fn split_pick(
     shared: &Arc<Shared>,
     request: &RouteRequest<'_>,
-    pods: &[Arc<Pod>],
+    pods: &crate::pods::Fleet,
     snaps: &[kvgate_core::PodSnapshot],
     pd: kvgate_core::PdRouted,
     meta: DecisionMeta<'_>,
@@ -580,19 +589,14 @@ fn split_pick(
         decode,
     } = pd;
     shared.flow.observe_decision(&decision, pods.len());
-    let find = |id: PodId| pods.iter().find(|p| p.id == id).cloned();
+    let find = |id: PodId| pods.get(id).cloned();
     let (Some(prefill_pod), Some(decode_pod)) = (find(prefill.pod()), find(decode.pod())) else {
         let mut session = shared.session.lock();
         session.finish(prefill, None);
         session.finish(decode, None);
         return Pick::NoDecision;
     };
-    let blocks_of = |id: PodId| {
-        snaps
-            .iter()
-            .find(|s| s.id == id)
-            .map_or(request.blocks, |s| request.cut().blocks_for(s).0)
-    };
+    let blocks_of = |id: PodId| recorded_blocks(request, pods, snaps, id);
     let charged_prefill_tokens = prefill.prefill_tokens();
     shared
         .metrics
@@ -648,7 +652,7 @@ pub(crate) fn least_loaded(
     let mut snaps: Vec<_> = pods.iter().map(|p| p.snapshot()).collect();
     crate::breaker::panic_route(shared, &pods, &mut snaps, excluded);
     let id = shared.session.lock().least_loaded(&mut snaps, excluded)?;
-    let pod = pods.iter().find(|p| p.id == id).cloned()?;
+    let pod = pods.get(id).cloned()?;
     let guard = TicketGuard::unrouted(shared.clone(), pod.clone());
     Some((pod, guard))
 }

@@ -275,6 +275,16 @@ pub fn body_timeouts(cfg: &GatewayConfig, deadline: tokio::time::Instant) -> Bod
 
 /// The request timeout ran out before the pod answered: 504, counted as a `request` timeout.
 pub fn request_timed_out(shared: &Shared, cfg: &GatewayConfig, pod: &Pod, rid: &str) -> Response {
+    reject(shared, request_timeout_error(shared, cfg, pod, rid), rid)
+}
+
+/// [`request_timed_out`]'s error, counted and logged, for a transport to answer.
+pub fn request_timeout_error(
+    shared: &Shared,
+    cfg: &GatewayConfig,
+    pod: &Pod,
+    rid: &str,
+) -> crate::errors::ApiError {
     shared
         .metrics
         .upstream_timeouts
@@ -283,11 +293,7 @@ pub fn request_timed_out(shared: &Shared, cfg: &GatewayConfig, pod: &Pod, rid: &
     if shared.log_limit.allow("request_timeout") {
         tracing::warn!(request_id = %rid, pod = %pod.url, "request timeout before the pod answered");
     }
-    reject(
-        shared,
-        crate::errors::request_timeout(cfg.request_timeout),
-        rid,
-    )
+    crate::errors::request_timeout(cfg.request_timeout)
 }
 
 /// Counts an attempt that failed before any byte reached the client

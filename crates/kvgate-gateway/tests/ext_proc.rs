@@ -753,3 +753,107 @@ async fn flow_control_holds_the_body_answer_releases_high_priority_first_and_exp
     eventually("cancelled", || gw.shared().flow.queued() == 0).await;
     assert_eq!(metric(&gw, "kvgate_flow_cancelled_total"), 1.0);
 }
+
+/// A P/D fleet's answer to one request, as the client (or Envoy) gets it: status, the pod's
+/// own header, the body.
+#[derive(Debug, PartialEq)]
+struct PdAnswer {
+    status: u16,
+    pod_header: Option<String>,
+    body: String,
+}
+
+async fn pd_via_proxy(gw: &Gateway) -> PdAnswer {
+    let r = common::send(
+        &common::client(),
+        common::post(gw, "/v1/chat/completions", CHAT),
+    )
+    .await;
+    PdAnswer {
+        status: r.status.as_u16(),
+        pod_header: r.header("x-pod-said"),
+        body: r.text(),
+    }
+}
+
+async fn pd_via_ext_proc(gw: &Gateway) -> PdAnswer {
+    let mut envoy = FakeEnvoy::connect(gw).await;
+    envoy.send(request_headers()).await;
+    let _ = envoy.recv().await;
+    envoy
+        .send(processing_request::Request::RequestBody(body(
+            CHAT.as_bytes(),
+            true,
+        )))
+        .await;
+    let processing_response::Response::ImmediateResponse(r) = envoy.recv().await else {
+        panic!("expected an immediate response")
+    };
+    let set = r.headers.map(|h| h.set_headers).unwrap_or_default();
+    let pod_header = set
+        .iter()
+        .filter_map(|o| o.header.as_ref())
+        .find(|h| h.key == "x-pod-said")
+        .map(|h| String::from_utf8_lossy(&h.raw_value).into_owned());
+    PdAnswer {
+        status: r.status.unwrap().code as u16,
+        pod_header,
+        body: String::from_utf8(r.body).unwrap(),
+    }
+}
+
+/// Both transports run one dispatch, so the same P/D prefill failure gets the same answer from
+/// each: a prefill pod's 4xx reaches the client as the pod sent it (status, body, its own
+/// headers), as from a plain vLLM; a prefill pod that fails (5xx) with no other prefill pod
+/// left is 502 `upstream_failed` naming the failure. The decode pod is never called.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_p_d_prefill_failure_gets_the_same_answer_from_the_proxy_and_ext_proc() {
+    let prefill = FakePod::start(Behavior::Reject400).await;
+    let decode = FakePod::start(Behavior::Normal {
+        chunks: 2,
+        delay_ms: 0,
+    })
+    .await;
+    let mut args = common::args(&[&prefill, &decode]);
+    args.pod = vec![
+        format!("{},role=prefill", prefill.url),
+        format!("{},role=decode", decode.url),
+    ];
+    args.ext_proc_listen = Some("127.0.0.1:0".parse().unwrap());
+    let gw = Gateway::start(args).await.unwrap();
+    eventually("pods healthy", || {
+        [&prefill, &decode]
+            .iter()
+            .all(|p| gw.pod_healthy(&p.url) == Some(true))
+    })
+    .await;
+
+    let proxy = pd_via_proxy(&gw).await;
+    assert_eq!(
+        proxy,
+        PdAnswer {
+            status: 400,
+            pod_header: Some("no".into()),
+            body: common::REJECT_400_BODY.into(),
+        }
+    );
+    assert_eq!(pd_via_ext_proc(&gw).await, proxy);
+
+    prefill.set(Behavior::Fail500);
+    let proxy = pd_via_proxy(&gw).await;
+    assert_eq!(proxy.status, 502);
+    let v: serde_json::Value = serde_json::from_str(&proxy.body).unwrap();
+    assert_eq!(v["error"]["code"], "upstream_failed");
+    assert_eq!(
+        v["error"]["message"],
+        format!(
+            "prefill pod {} answered 500 Internal Server Error",
+            prefill.url
+        )
+    );
+    assert_eq!(pd_via_ext_proc(&gw).await, proxy);
+
+    assert_eq!(decode.requests(), 0, "no decode after a failed prefill");
+    assert_eq!(prefill.requests(), 4);
+    common::assert_idle(&gw, &[&prefill, &decode]).await;
+}

@@ -6,17 +6,19 @@
 //!    without a body: `POST` completions get 400; anything else goes to the least-loaded healthy
 //!    pod (as the HTTP gateway's pass-through), answered at once.
 //! 2. **Request body.** Accumulated up to the gateway's `max_body_bytes` (32 MiB; 413 beyond),
-//!    prepared by [`crate::routing::prepare`] (parsed, objectives read, blocks cut, the same
-//!    limits as the HTTP proxy: 400 with an OpenAI-style error body when invalid, 400
-//!    `context_length_exceeded` over `max_prompt_tokens`; `--capture` records it) and routed by
-//!    [`crate::routing::decide_for`] — the same core session, state and in-flight accounting as
-//!    the HTTP proxy. The answer names the pod as `ip:port` in the header
+//!    prepared and routed by the request pipeline the HTTP proxy runs too ([`crate::pipeline`]:
+//!    parsed, objectives read, blocks cut, the same limits — 400 with an OpenAI-style error
+//!    body when invalid, 400 `context_length_exceeded` over `max_prompt_tokens`; `--capture`
+//!    records it —, the flow turn, then [`crate::pipeline::dispatch`]: the same core session,
+//!    state and in-flight accounting). The answer names the pod as `ip:port` in the header
 //!    `x-gateway-destination-endpoint` (a header mutation, `clear_route_cache: true`) and in
 //!    dynamic metadata `envoy.lb` / `x-gateway-destination-endpoint`. 503 (immediate response)
 //!    when no pod is healthy.
-//!    - **P/D** (a fleet with `prefill` / `decode` pods, [`crate::pd`]): kvgate makes the
-//!      prefill call itself (a failed one excludes its pod and routes again, up to
-//!      `max_retries`; a prefill 4xx is the client's answer), then names the decode pod and
+//!    - **P/D** (a fleet with `prefill` / `decode` pods, [`crate::pd`]): the dispatch makes
+//!      the prefill call (a failed one excludes its pod and routes again, up to `max_retries`
+//!      within the retry budget; a prefill 4xx is the client's answer, the pod's status,
+//!      headers and body in an immediate response, as the HTTP proxy passes it), then names
+//!      the decode pod and
 //!      replaces the body with the client's request carrying the prefill's
 //!      `kv_transfer_params`, `content-length` set to its length (in BUFFERED mode that is the
 //!      processor's job). A decode pod's failure is Envoy's (no fresh prefill here).
@@ -62,7 +64,8 @@
 //! Pods must be configured with IP-literal URLs (`http://10.0.0.5:8000`): Envoy's
 //! `ORIGINAL_DST` cluster connects to the address kvgate names.
 //!
-//! This module is the stream's state machine (`Exchange`: admit, route, observe the response);
+//! This module is the stream's state machine (`Exchange`: admit, run the pipeline, observe
+//! the response) and the pipeline's transport (`ToEnvoy`: the target is named, not sent);
 //! reading Envoy's messages and building every answer is `protocol`'s.
 //!
 //! Bounds: one request body per stream up to `max_body_bytes`; SSE events inspected ≤ 1 MiB
@@ -80,8 +83,8 @@ use crate::body::Tracker;
 use crate::errors::ApiError;
 use crate::lifecycle::TicketGuard;
 use crate::metrics::Status;
+use crate::pipeline::{Deliver, Delivery, Dispatch, DispatchError, Target};
 use crate::pods::Pod;
-use crate::routing::{DecisionMeta, Pick, Routed};
 use crate::sse::{SseScanner, Usage, usage_of_response};
 use crate::state::Shared;
 use bytes::{Bytes, BytesMut};
@@ -97,8 +100,8 @@ use http::{HeaderMap, HeaderName, StatusCode};
 use kvgate_core::PodId;
 use kvgate_core::request::RequestError;
 use protocol::{
-    answer, immediate, raw_value, response_head, routed_body, routed_body_replaced, routed_headers,
-    routed_headers_with_length, streamed_body,
+    answer, immediate, pod_answer, raw_value, response_head, routed_body, routed_body_replaced,
+    routed_headers, routed_headers_with_length, streamed_body,
 };
 use std::pin::Pin;
 use std::sync::Arc;
@@ -485,105 +488,42 @@ impl Exchange {
             Ok(r) => r,
             Err(e) => return self.reject(e),
         };
-        // P/D (a fleet with prefill / decode pods): the prefill call is made here, then the
-        // client's request, with the prefill's transfer parameters, goes to the decode pod
-        // through Envoy (the body replaced). A failed prefill excludes its pod and routes again
-        // (another prefill pod, or the request whole on a `both` pod), up to `max_retries`.
-        let mut excluded = self.outside_subset();
-        let mut replaced: Option<Vec<u8>> = None;
-        let mut attempt = 0u32;
-        let routed = loop {
-            let meta = DecisionMeta {
-                request_id: &self.request_id,
-                attempt,
-                flow: turn.note.as_ref(),
-                split: true,
-            };
-            let pick = crate::flow::decide_outside(
-                &self.shared,
-                &prepared.route_request(),
-                &excluded,
-                &turn.closed,
-                meta,
-            );
-            let s = match pick {
-                Pick::Routed(r) => break *r,
-                Pick::Split(s) => *s,
-                Pick::NoHealthyPod | Pick::NoDecision => return self.reject(self.no_pod()),
-            };
-            let method =
-                http::Method::from_bytes(self.method.as_bytes()).unwrap_or(http::Method::POST);
-            let call = crate::pd::PrefillCall {
-                cfg: &cfg,
-                method: &method,
-                path_and_query: &self.path,
-                headers: &self.headers,
-                request_id: &self.request_id,
-                deadline,
-                policy: s.policy,
-                branch: s.branch,
-            };
-            let prefilled = crate::pd::prefill(
-                &self.shared,
-                &call,
-                &s.prefill_pod,
-                s.prefill_guard,
-                &prepared.value,
-            )
-            .await;
-            match prefilled {
-                crate::pd::Prefilled::Params(params) => {
-                    let decode = crate::pd::decode_value(&prepared.value, params);
-                    replaced = Some(serde_json::to_vec(&decode).unwrap_or_default());
-                    break Routed {
-                        pod: s.decode_pod,
-                        guard: s.decode_guard,
-                        policy: s.policy,
-                        branch: s.branch,
-                    };
-                }
-                crate::pd::Prefilled::Failed(why) => {
-                    if self.shared.log_limit.allow("pd_prefill_failed") {
-                        tracing::warn!(request_id = %self.request_id, %attempt, why = %why, "ext_proc: prefill failed; routing again");
-                    }
-                    excluded.push(s.prefill_pod.id);
-                    attempt += 1;
-                    if attempt > cfg.max_retries {
-                        return self.reject(ApiError {
-                            status: StatusCode::BAD_GATEWAY,
-                            kind: "upstream_error",
-                            code: "upstream_failed",
-                            message: why,
-                            param: None,
-                        });
-                    }
-                }
-                crate::pd::Prefilled::ClientError(status, _, body) => {
-                    return self.reject(ApiError {
-                        status,
-                        kind: "invalid_request_error",
-                        code: "prefill_rejected",
-                        message: String::from_utf8_lossy(&body[..body.len().min(2048)])
-                            .into_owned(),
-                        param: None,
-                    });
-                }
-                crate::pd::Prefilled::RequestTimeout => {
-                    return self.reject(crate::errors::request_timeout(cfg.request_timeout));
-                }
+        // Decide (a P/D request's prefill call made here), the same dispatch as the HTTP
+        // proxy's; Envoy sends the request to the target.
+        let method = http::Method::from_bytes(self.method.as_bytes()).unwrap_or(http::Method::POST);
+        let dispatch = Dispatch {
+            shared: &self.shared,
+            cfg: &cfg,
+            request: prepared.route_request(),
+            request_id: &self.request_id,
+            turn,
+            excluded: self.outside_subset(),
+            split: Some(&prepared.value),
+            method: &method,
+            path_and_query: &self.path,
+            headers: &self.headers,
+            deadline,
+        };
+        let target = match crate::pipeline::dispatch(dispatch, &mut ToEnvoy).await {
+            Ok(t) => t,
+            Err(DispatchError::NoPod) => return self.reject(self.no_pod()),
+            Err(DispatchError::Gateway(e)) => return self.reject(e),
+            Err(DispatchError::Pod(answer)) => {
+                return Outcome::Done(Box::new(pod_answer(&answer, &self.request_id)));
             }
         };
-        let Routed {
+        let Target {
             pod,
             guard,
             policy,
             branch,
-        } = routed;
-        // Routed: the session's ledger counts the request now.
-        drop(turn);
+            handoff,
+            retry,
+        } = target;
         let Some(dest) = destination(&pod) else {
             return self.reject(bad_pod_url(&pod));
         };
+        let replaced = handoff.map(|h| serde_json::to_vec(&h.decode_body).unwrap_or_default());
         let mut tracker = self.tracker_for(
             guard,
             policy,
@@ -596,6 +536,7 @@ impl Exchange {
         // here (the body's arrival, the flow queue and the decision are not the pod's).
         tracker.before_dispatch = self.start.elapsed();
         tracker.capture = prepared.capture.take();
+        tracker.retry = retry;
         self.stream = prepared.parsed.stream;
         self.tracker = Some(tracker);
         tracing::debug!(request_id = %self.request_id, pod = %pod.url, %dest, "ext_proc: routed");
@@ -685,6 +626,18 @@ impl Exchange {
             None => usage_of_response(&self.whole),
         };
         t.finish(Status::Ok, usage);
+    }
+}
+
+/// ext_proc's [`Deliver`]: the target is named to Envoy, which forwards the request; no
+/// failure is seen before answering.
+struct ToEnvoy;
+
+impl Deliver for ToEnvoy {
+    type Answer = Target;
+
+    async fn deliver(&mut self, target: Target) -> Delivery<Target> {
+        Delivery::Answer(target)
     }
 }
 

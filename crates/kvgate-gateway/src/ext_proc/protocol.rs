@@ -307,6 +307,39 @@ pub fn immediate(err: &ApiError, request_id: &str) -> ProcessingResponse {
     ))
 }
 
+/// An immediate response that is a pod's own answer (a P/D prefill pod's 4xx): its status,
+/// its end-to-end headers (Envoy sets the length) with `x-request-id`, and its body, as the
+/// HTTP proxy passes it.
+pub fn pod_answer(pod: &crate::pipeline::PodAnswer, request_id: &str) -> ProcessingResponse {
+    let headers = crate::upstream::client_headers(&pod.headers, false, request_id, None);
+    let set_headers = headers
+        .iter()
+        .map(|(name, value)| HeaderValueOption {
+            header: Some(PbHeaderValue {
+                key: name.as_str().to_string(),
+                value: String::new(),
+                raw_value: value.as_bytes().to_vec(),
+            }),
+            append_action: HeaderAppendAction::AppendIfExistsOrAdd as i32,
+            ..Default::default()
+        })
+        .collect();
+    answer(processing_response::Response::ImmediateResponse(
+        ImmediateResponse {
+            status: Some(HttpStatus {
+                code: i32::from(pod.status.as_u16()),
+            }),
+            headers: Some(HeaderMutation {
+                set_headers,
+                remove_headers: Vec::new(),
+            }),
+            body: pod.body.to_vec(),
+            grpc_status: None,
+            details: "prefill_pod_answer".to_string(),
+        },
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -25,6 +25,8 @@ pub enum Behavior {
     Normal { chunks: usize, delay_ms: u64 },
     /// 500 with an error body.
     Fail500,
+    /// 400 with vLLM's error body ([`REJECT_400_BODY`]) and a header of its own.
+    Reject400,
     /// Sends `chunks` content chunks, then breaks the connection.
     DieAfter { chunks: usize, delay_ms: u64 },
     /// Never answers (accepts the request, sends no status line).
@@ -40,6 +42,9 @@ pub enum Behavior {
     /// the second after `wait_ms`, then the rest of `chunks` 1 ms apart.
     Preempted { wait_ms: u64, chunks: usize },
 }
+
+/// The body of [`Behavior::Reject400`], as vLLM words a request it refuses.
+pub const REJECT_400_BODY: &str = r#"{"object":"error","message":"This model's maximum context length is 8 tokens.","type":"BadRequestError","param":null,"code":400}"#;
 
 pub struct FakeState {
     pub behavior: Mutex<Behavior>,
@@ -233,6 +238,14 @@ async fn completions(State(s): State<Arc<FakeState>>, req: Request) -> Response 
         Behavior::Fail500 => {
             let mut r = Response::new(Body::from(r#"{"error":{"message":"boom"}}"#));
             *r.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
+            return r;
+        }
+        Behavior::Reject400 => {
+            let mut r = Response::new(Body::from(REJECT_400_BODY));
+            *r.status_mut() = http::StatusCode::BAD_REQUEST;
+            let h = r.headers_mut();
+            h.insert("content-type", "application/json".parse().unwrap());
+            h.insert("x-pod-said", "no".parse().unwrap());
             return r;
         }
         Behavior::Fail500After { delay_ms } => {

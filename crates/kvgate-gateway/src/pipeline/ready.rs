@@ -1,10 +1,9 @@
-//! The request pipeline's first half, one function for both transports (the HTTP proxy and
-//! the ext_proc picker): prepare the request (parse, SLO headers, blocks, limits, capture
-//! ticket; 400 on bad input with no pod touched), class it for flow control (priority,
-//! tenant), price it (input tokens + `max_tokens`, or `flow::DEFAULT_COST_MAX_TOKENS`), and
-//! wait for its flow turn (at once with flow control off), lending the admission slot back
-//! while queued. The decision and the forwarding that follow are the transports' own: the
-//! proxy sends the body itself, ext_proc names the pod to Envoy.
+//! The pipeline's first half ([`ready`]): prepare the request (parse, SLO headers, blocks,
+//! limits, capture ticket; 400 on bad input with no pod touched), class it for flow control
+//! (priority, tenant), price it (input tokens + `max_tokens`, or
+//! `flow::DEFAULT_COST_MAX_TOKENS`), and wait for its flow turn (at once with flow control
+//! off), lending the admission slot back while queued. The second half is
+//! [`super::dispatch`].
 //!
 //! Errors are OpenAI-style [`ApiError`]s; those of flow control carry `Retry-After` when the
 //! transport answers them ([`crate::flow::retry_after`]).
