@@ -3,6 +3,7 @@
 //! `kvgate decide`), so it is plain data that serialises the same way everywhere.
 
 use serde::Serialize;
+use std::sync::Arc;
 
 /// Why the policy chose what it chose.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -43,7 +44,8 @@ impl Branch {
 /// What the router believed about one pod when it decided.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct PodExplanation {
-    pub id: String,
+    /// The pod's name ([`crate::PodSnapshot::name`], shared with the snapshot).
+    pub id: Arc<str>,
     pub prefix_score: f64,
     pub predicted_ttft_ms: f64,
     pub predicted_tpot_ms: f64,
@@ -94,7 +96,7 @@ pub struct SloExplanation {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Decision {
     /// Name of the chosen pod.
-    pub pod: String,
+    pub pod: Arc<str>,
     /// Id of the chosen pod.
     #[serde(skip)]
     pub pod_id: crate::pod::PodId,
@@ -119,7 +121,7 @@ pub struct Decision {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct DecodeExplanation {
     /// Name of the decode pod.
-    pub pod: String,
+    pub pod: Arc<str>,
     #[serde(skip)]
     pub pod_id: crate::pod::PodId,
     /// Every decode candidate as the pick saw it.
@@ -129,7 +131,7 @@ pub struct DecodeExplanation {
 /// One decode-capable pod at a P/D request's decode pick.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct DecodeCandidate {
-    pub id: String,
+    pub id: Arc<str>,
     pub predicted_tpot_ms: f64,
     /// The router's in-flight decode tokens on the pod (prompt + generated of its requests past
     /// their first token).

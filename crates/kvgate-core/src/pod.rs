@@ -2,6 +2,7 @@
 
 use crate::adapters::LoraSlots;
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 
 /// Dense pod handle (0, 1, 2, …) assigned by whoever owns the pod table. Indexes and the
 /// predictor key their per-pod state by it, so it stays small and cheap to copy.
@@ -83,8 +84,10 @@ impl PodRole {
 #[derive(Debug, Clone, PartialEq)]
 pub struct PodSnapshot {
     pub id: PodId,
-    /// Human-readable name (URL or pod name); used in explanations and metrics.
-    pub name: String,
+    /// Human-readable name (URL or pod name); used in explanations and metrics. Shared, so a
+    /// decision's explanation names every pod without copying the name (the decision is the
+    /// hot path: one allocation per pod per decision cost ~17 % at 1,024 pods).
+    pub name: Arc<str>,
     /// Hardware/model profile name (e.g. `llama3-8b-h100`); the predictor learns per class.
     pub class: String,
     /// `vllm:num_requests_waiting` at the last scrape.
@@ -114,7 +117,7 @@ impl PodSnapshot {
     pub fn idle(id: u32, class: &str, kv_blocks: u32) -> Self {
         PodSnapshot {
             id: PodId(id),
-            name: format!("pod-{id}"),
+            name: format!("pod-{id}").into(),
             class: class.to_string(),
             waiting: 0,
             running: 0,

@@ -68,6 +68,16 @@ impl<'a> PromptCut<'a> {
     }
 }
 
+/// A decision's pick as the router keeps it for the driver.
+#[derive(Debug, Clone, Copy)]
+struct Chosen {
+    pod: crate::pod::PodId,
+    /// Leading blocks it holds in the chain of its own block size.
+    matched_blocks: u32,
+    /// Its index in the candidates, and so in [`Decision::pods`].
+    explanation: usize,
+}
+
 pub struct Router {
     config: RouterConfig,
     hasher: BlockHasher,
@@ -76,9 +86,9 @@ pub struct Router {
     matched: Vec<u32>,
     /// …and against each of [`PromptCut::other_sizes`] (reused between decisions).
     matched_other: Vec<Vec<u32>>,
-    /// The last decision's pod and its matched blocks in its own chain (one write per decision,
-    /// not per pod: the decision is the hot path).
-    chosen_match: Option<(crate::pod::PodId, u32)>,
+    /// The last decision's pick (one write per decision, not per pod: the decision is the hot
+    /// path).
+    chosen: Option<Chosen>,
     eligible: Vec<bool>,
     /// The predictor's TTFT MAPE as last read, and decisions since (only with ε = auto).
     predictor_error: Option<f64>,
@@ -99,7 +109,7 @@ impl Router {
             config,
             matched: Vec::new(),
             matched_other: Vec::new(),
-            chosen_match: None,
+            chosen: None,
             eligible: Vec::new(),
             predictor_error: None,
             since_error_read: 0,
@@ -145,10 +155,16 @@ impl Router {
     /// its own block size, as the index said (0 for any other pod). Read after
     /// [`Router::decide`] for the chosen pod's charge.
     pub fn matched_blocks(&self, pod: crate::pod::PodId) -> u32 {
-        match self.chosen_match {
-            Some((p, blocks)) if p == pod => blocks,
+        match self.chosen {
+            Some(c) if c.pod == pod => c.matched_blocks,
             _ => 0,
         }
+    }
+
+    /// Where the chosen `pod` is in the last decision's [`Decision::pods`] (`None` for any
+    /// other pod): its explanation without a search by name.
+    pub fn chosen_explanation(&self, pod: crate::pod::PodId) -> Option<usize> {
+        self.chosen.filter(|c| c.pod == pod).map(|c| c.explanation)
     }
 
     /// Clears `out` and fills it with the chained block hashes of a request.
@@ -244,7 +260,7 @@ impl Router {
         for (sized, matched) in cut.other_sizes.iter().zip(&mut self.matched_other) {
             index.match_prefix(&sized.blocks, matched);
         }
-        self.chosen_match = None;
+        self.chosen = None;
         if self.config.epsilon_explore_sticky.is_auto() {
             if self.predictor_error.is_none() || self.since_error_read >= PREDICTOR_ERROR_REFRESH {
                 let acc = predictor.accuracy();
@@ -348,7 +364,11 @@ impl Router {
         let chosen = candidates
             .get(pick.index)
             .ok_or(PolicyError::NoCandidates)?;
-        self.chosen_match = Some((chosen.pod.id, chosen.matched_blocks));
+        self.chosen = Some(Chosen {
+            pod: chosen.pod.id,
+            matched_blocks: chosen.matched_blocks,
+            explanation: pick.index,
+        });
         Ok(Decision {
             pod: chosen.pod.name.clone(),
             pod_id: chosen.pod.id,

@@ -74,7 +74,7 @@ pub struct PodLoad {
 impl PodLoad {
     pub fn of(snap: &PodSnapshot) -> Self {
         PodLoad {
-            id: snap.name.clone(),
+            id: snap.name.to_string(),
             waiting: snap.waiting,
             running: snap.running,
             kv_usage: snap.kv_usage,

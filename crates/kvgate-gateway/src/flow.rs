@@ -107,7 +107,7 @@ fn view(shared: &Shared, cfg: &FlowConfig) -> FleetView {
         }
     }
     let predicted = shared.flow.predicted_ttft_ms.lock();
-    let pred = |i: usize| snaps.get(i).and_then(|s| predicted.get(&s.name).copied());
+    let pred = |i: usize| snaps.get(i).and_then(|s| predicted.get(&*s.name).copied());
     let sat = fleet_saturation(&cfg.saturation, &snaps, pred);
     let bulk_room = fleet_bulk_headroom(&cfg.saturation, &snaps, pred);
     let bulk_cfg = cfg.saturation.bulk();

@@ -103,10 +103,10 @@ impl FlowGate {
             map.clear();
         }
         for p in &decision.pods {
-            if let Some(v) = map.get_mut(&p.id) {
+            if let Some(v) = map.get_mut(&*p.id) {
                 *v = p.predicted_ttft_ms;
             } else {
-                map.insert(p.id.clone(), p.predicted_ttft_ms);
+                map.insert(p.id.to_string(), p.predicted_ttft_ms);
             }
         }
     }

@@ -290,7 +290,7 @@ impl Pod {
         let s = *self.scraped.lock();
         PodSnapshot {
             id: self.id,
-            name: self.url.clone(),
+            name: self.url.as_str().into(),
             class: self.class.clone(),
             waiting: s.waiting,
             running: s.running,
@@ -586,7 +586,7 @@ mod tests {
         let pod = Pod::new(PodId(0), "http://user:s3cret@127.0.0.1:9/", "x", 10);
         assert_eq!(pod.url, "http://***@127.0.0.1:9");
         assert_eq!(pod.label().pod, "http://***@127.0.0.1:9");
-        assert_eq!(pod.snapshot().name, "http://***@127.0.0.1:9");
+        assert_eq!(&*pod.snapshot().name, "http://***@127.0.0.1:9");
         assert_eq!(pod.connect_url(), "http://user:s3cret@127.0.0.1:9");
         assert_eq!(
             pod.uri_for("/metrics").unwrap().to_string(),

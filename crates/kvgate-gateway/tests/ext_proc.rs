@@ -197,7 +197,7 @@ async fn buffered_body_routes_and_the_response_phase_ends_the_request() {
         .expect("destination is one of the pods");
     let decisions = gw.shared().decisions.snapshot();
     assert_eq!(decisions.len(), 1);
-    assert_eq!(decisions[0].decision.pod, chosen.url);
+    assert_eq!(&*decisions[0].decision.pod, chosen.url);
     assert_eq!(decisions[0].request_id, "envoy-test-1");
     assert_eq!(gw.in_flight(&chosen.url).unwrap().requests, 1);
 

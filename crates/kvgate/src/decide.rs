@@ -150,7 +150,7 @@ pub fn prepare(case: &Case) -> Result<Prepared> {
         }
         pods.push(PodSnapshot {
             id,
-            name: p.id.clone(),
+            name: p.id.as_str().into(),
             class: p.class.clone(),
             waiting: p.waiting,
             running: p.running,
@@ -213,7 +213,7 @@ impl Prepared {
         };
         for i in 0..runs {
             let d = self.decide(first_seed.wrapping_add(i))?;
-            *summary.picks.entry(d.pod).or_default() += 1;
+            *summary.picks.entry(d.pod.to_string()).or_default() += 1;
             *summary
                 .branches
                 .entry(d.branch.as_str().to_string())

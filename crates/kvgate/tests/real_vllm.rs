@@ -546,7 +546,7 @@ async fn envoy_sends_each_request_to_the_real_pod_kvgate_chose() {
             .unwrap()
             .decision
             .pod
-            .clone();
+            .to_string();
         // The pod that finished one more request is the one kvgate chose.
         let deadline = Instant::now() + scaled(Duration::from_secs(5));
         let which = loop {

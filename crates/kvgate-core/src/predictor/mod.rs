@@ -535,16 +535,16 @@ impl ClassModels {
 
     /// Point TTFT for sanitised features.
     fn ttft_ms(&self, config: &PredictorConfig, f: &Features) -> f64 {
-        let fallback = analytic::ttft_ms(config, f);
-        let raw = self.model.predict_ttft(f).unwrap_or(fallback);
-        bounded_ms(config, raw, fallback)
+        model_or_fallback_ms(config, self.model.predict_ttft(f), || {
+            analytic::ttft_ms(config, f)
+        })
     }
 
     /// Point TPOT for sanitised features.
     fn tpot_ms(&self, config: &PredictorConfig, f: &Features) -> f64 {
-        let fallback = analytic::tpot_ms(config, f);
-        let raw = self.model.predict_tpot(f).unwrap_or(fallback);
-        bounded_ms(config, raw, fallback)
+        model_or_fallback_ms(config, self.model.predict_tpot(f), || {
+            analytic::tpot_ms(config, f)
+        })
     }
 
     /// The p90 ratio tracker of these features' regime.
@@ -562,6 +562,22 @@ impl ClassModels {
         }
         let ratio = self.p90_tracker(config, f).ratio();
         bounded_ms(config, point_ms * ratio, point_ms)
+    }
+}
+
+/// [`bounded_ms`] of the model's answer, with the analytic `fallback` computed only when the
+/// model has none or answers NaN (the decision predicts every pod: the fallback is not free).
+fn model_or_fallback_ms(
+    config: &PredictorConfig,
+    model: Option<f64>,
+    fallback: impl FnOnce() -> f64,
+) -> f64 {
+    match model {
+        Some(raw) if !raw.is_nan() => raw.clamp(config.min_predicted_ms, config.max_predicted_ms),
+        _ => {
+            let fallback = fallback();
+            bounded_ms(config, model.unwrap_or(fallback), fallback)
+        }
     }
 }
 

@@ -85,7 +85,7 @@ pub struct PodScore {
     pub pod: PodId,
     /// The pod's name (its URL in the gateway).
     #[serde(rename = "pod")]
-    pub name: String,
+    pub name: std::sync::Arc<str>,
     /// Leading blocks of the prompt the pod holds, in blocks of `block_size_tokens`.
     pub matched_blocks: u32,
     pub block_size_tokens: u32,
@@ -408,13 +408,18 @@ impl RouterSession {
                 &mut self.rng,
             )
             .map_err(|_| RouteError::NoDecision)?;
+        // Drivers keep pod `i` at index `i`: then no search (ids are unique in a fleet).
         let snap = pods
-            .iter()
-            .find(|s| s.id == decision.pod_id)
+            .get(decision.pod_id.index())
+            .filter(|s| s.id == decision.pod_id)
+            .or_else(|| pods.iter().find(|s| s.id == decision.pod_id))
             .ok_or(RouteError::NoDecision)?;
         let (pod_blocks, pod_block_size) = cut.blocks_for(snap);
         self.index.record_routed(decision.pod_id, pod_blocks);
-        let chosen = decision.pods.iter().find(|p| p.id == decision.pod);
+        let chosen = self
+            .router
+            .chosen_explanation(decision.pod_id)
+            .and_then(|i| decision.pods.get(i));
         let prefix_score = chosen.map_or(0.0, |p| p.prefix_score);
         let features = Features::new(snap, request.input_tokens, prefix_score);
         let matched = self.router.matched_blocks(decision.pod_id);

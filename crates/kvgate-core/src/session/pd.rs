@@ -317,13 +317,13 @@ mod tests {
             pd.decode.predicted_ttft_ms(),
             pd.prefill.predicted_ttft_ms()
         );
-        assert_eq!(pd.decision.pod, "pod-1");
+        assert_eq!(&*pd.decision.pod, "pod-1");
         // Only the prefill pod was a prefill candidate.
         assert_eq!(pd.decision.pods.len(), 1);
         let decode = pd.decision.decode.as_ref().unwrap();
         assert_eq!(decode.pods.len(), 2);
         // Idle twins: the lower id.
-        assert_eq!(decode.pod, "pod-0");
+        assert_eq!(&*decode.pod, "pod-0");
         assert_eq!(pd.decode_pod(), PodId(0));
         // Charges: the prefill pod the uncached prompt, the decode pod one request, no prefill.
         assert_eq!(s.in_flight(PodId(1)).prefill_tokens, 64);
@@ -404,7 +404,7 @@ mod tests {
         let tpot = |name: &str| {
             d.pods
                 .iter()
-                .find(|c| c.id == name)
+                .find(|c| &*c.id == name)
                 .map(|c| c.predicted_tpot_ms)
                 .unwrap()
         };

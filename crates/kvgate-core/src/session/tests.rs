@@ -262,7 +262,7 @@ fn each_pod_is_scored_and_charged_against_the_chain_of_its_own_block_size() {
         decision
             .pods
             .iter()
-            .find(|p| p.id == pod)
+            .find(|p| &*p.id == pod)
             .unwrap()
             .prefix_score
     };
