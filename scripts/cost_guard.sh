@@ -7,12 +7,29 @@
 # CPU's instruction set (glibc picks its memcpy per CPU) and valgrind: compare on one toolchain.
 # Updating the baseline is deliberate: `scripts/cost_guard.sh --update` rewrites the file; commit
 # it together with the change that moved the counts, saying why they moved.
-# Usage: scripts/cost_guard.sh [--update]
+# Usage: scripts/cost_guard.sh [--update] [--install]
+#   --install  installs Debian's valgrind first when it is missing (as CI does: .ci/run)
+# Valgrind shows the program a CPU without the features it cannot run (AVX-512 among them), so
+# glibc should pick the same string functions on any x86-64 host with AVX2 (not yet checked on a
+# second CPU type: if CI's counts differ, the baseline says which machine type it is for).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 baseline=bench/cost-baseline.json
 max_rise=1.20
-command -v valgrind > /dev/null || { echo "cost_guard: valgrind not installed (apt-get install -y valgrind)" >&2; exit 2; }
+update=0
+for a in "$@"; do
+  case "$a" in
+    --update) update=1 ;;
+    --install)
+      if ! command -v valgrind > /dev/null; then
+        sudo=(); [ "$(id -u)" = 0 ] || sudo=(sudo)
+        "${sudo[@]}" apt-get install -y -q valgrind > /dev/null \
+          || { "${sudo[@]}" apt-get update -q > /dev/null && "${sudo[@]}" apt-get install -y -q valgrind > /dev/null; }
+      fi ;;
+    *) echo "usage: $0 [--update] [--install]" >&2; exit 2 ;;
+  esac
+done
+command -v valgrind > /dev/null || { echo "cost_guard: valgrind not installed (apt-get install -y valgrind, or --install)" >&2; exit 2; }
 cargo build --quiet --release -p kvgate-sim --example cost_guard
 bin=${CARGO_TARGET_DIR:-target}/release/examples/cost_guard
 out=$(mktemp -d)
@@ -27,7 +44,7 @@ decisions=$(count decisions 'cost_guard::decide_many')
 sim=$(count sim 'cost_guard::simulate')
 echo "decisions_ir $decisions"
 echo "sim_ir $sim"
-if [ "${1:-}" = --update ]; then
+if [ "$update" = 1 ]; then
   printf '{\n  "decisions_ir": %s,\n  "sim_ir": %s\n}\n' "$decisions" "$sim" > "$baseline"
   echo "cost_guard: wrote $baseline"
   exit 0
