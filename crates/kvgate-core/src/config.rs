@@ -233,6 +233,13 @@ pub struct RouterConfig {
     /// Default 1000 ms.
     pub lora_deferral_ms: f64,
 
+    // ---- engine index ----
+    /// How long a route to a pod with live KV events counts as the pod holding the request's
+    /// blocks before its `BlockStored` events confirm it (`index/pending.rs`). Default 2000 ms
+    /// (llm-d's `speculativeIndexing` TTL), in both profiles: it is an index matter, not the
+    /// gate's; 0 turns pending routes off (the engine index then scores events only).
+    pub engine_pending_ttl_ms: f64,
+
     // ---- SLO routing ----
     /// Whether requests' latency objectives (the gateway's `x-slo-*` headers, the simulator's
     /// `--slo-ttft-ms`) change routing: with it, the affinity gate picks by SLO headroom.
@@ -334,6 +341,7 @@ router_keys! {
     lora_aware: bool, "loraAware";
     lora_load_ms: f64, "loraLoadMs";
     lora_deferral_ms: f64, "loraDeferralMs";
+    engine_pending_ttl_ms: f64, "enginePendingTtlMs";
     slo_routing: bool, "sloRouting";
     experimental_options: bool, "experimentalOptions";
 }
@@ -378,6 +386,7 @@ impl RouterConfig {
             lora_aware: true,
             lora_load_ms: crate::adapters::DEFAULT_LORA_LOAD_MS,
             lora_deferral_ms: crate::adapters::DEFAULT_LORA_DEFERRAL_MS,
+            engine_pending_ttl_ms: crate::index::pending::DEFAULT_PENDING_TTL_MS,
             slo_routing: false,
             experimental_options: false,
         };
@@ -573,6 +582,7 @@ impl RouterConfig {
         for (key, v) in [
             ("lora_load_ms", self.lora_load_ms),
             ("lora_deferral_ms", self.lora_deferral_ms),
+            ("engine_pending_ttl_ms", self.engine_pending_ttl_ms),
         ] {
             check(key, v, v.is_finite() && v >= 0.0, ">= 0")?;
         }

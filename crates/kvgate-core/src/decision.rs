@@ -57,6 +57,15 @@ pub struct PodExplanation {
     pub adapter: crate::adapters::AdapterFit,
     #[serde(skip_serializing_if = "is_zero")]
     pub adapter_cost_ms: f64,
+    /// Of the blocks behind `prefix_score`, those that were pending routes (engine mode: sent
+    /// to the pod, not yet confirmed by its KV events; [`crate::index::pending`]). Left out
+    /// when 0.
+    #[serde(skip_serializing_if = "is_zero_blocks")]
+    pub pending_blocks: u32,
+}
+
+fn is_zero_blocks(v: &u32) -> bool {
+    *v == 0
 }
 
 fn is_no_adapter(f: &crate::adapters::AdapterFit) -> bool {

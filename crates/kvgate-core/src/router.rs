@@ -86,6 +86,8 @@ pub struct Router {
     matched: Vec<u32>,
     /// …and against each of [`PromptCut::other_sizes`] (reused between decisions).
     matched_other: Vec<Vec<u32>>,
+    /// Of `matched`, the blocks that were pending routes (engine mode; empty when none).
+    pending_matched: Vec<u32>,
     /// The last decision's pick (one write per decision, not per pod: the decision is the hot
     /// path).
     chosen: Option<Chosen>,
@@ -109,6 +111,7 @@ impl Router {
             config,
             matched: Vec::new(),
             matched_other: Vec::new(),
+            pending_matched: Vec::new(),
             chosen: None,
             eligible: Vec::new(),
             predictor_error: None,
@@ -253,6 +256,7 @@ impl Router {
         predictor: &LatencyPredictor,
     ) -> (RequestFacts, Vec<Candidate<'p>>) {
         index.match_prefix(cut.blocks, &mut self.matched);
+        index.pending_matched(&mut self.pending_matched);
         if self.matched_other.len() < cut.other_sizes.len() {
             self.matched_other
                 .resize_with(cut.other_sizes.len(), Vec::new);
@@ -377,6 +381,14 @@ impl Router {
                 .iter()
                 .zip(&self.eligible)
                 .map(|(c, &eligible)| PodExplanation {
+                    pending_blocks: if c.block_size_tokens == facts.block_size_tokens {
+                        self.pending_matched
+                            .get(c.pod.id.index())
+                            .copied()
+                            .unwrap_or(0)
+                    } else {
+                        0
+                    },
                     id: c.pod.name.clone(),
                     prefix_score: c.prefix_score,
                     predicted_ttft_ms: c.predicted_ttft_ms,

@@ -81,17 +81,27 @@ fn events_of(shared: &Shared, pod: &Pod) -> Option<PodEvents> {
     Some(events)
 }
 
-/// After each scrape: registers an event-publishing pod in the engine index once its model is
-/// known.
+/// The engine index's clock for pending routes (`kvgate_core::index::pending`): ms since the
+/// first call, one clock for every pod.
+fn pending_clock_ms() -> f64 {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_secs_f64() * 1e3
+}
+
+/// After each scrape: moves the pending routes' clock (so they expire within a scrape interval
+/// of their lifetime), and registers an event-publishing pod in the engine index once its model
+/// is known.
 pub fn on_scrape(shared: &Shared, pod: &Pod, m: &PodMetrics) {
     let Some(events) = events_of(shared, pod) else {
         return;
     };
+    let now = pending_clock_ms();
+    let mut session = shared.session.lock();
+    let engine = &mut session.index_mut().engine;
+    engine.advance_clock(now);
     let Some(model) = events.model.or_else(|| m.model_name.clone()) else {
         return;
     };
-    let mut session = shared.session.lock();
-    let engine = &mut session.index_mut().engine;
     if engine.is_live(pod.id) || engine.is_stale(pod.id) {
         return;
     }
@@ -271,8 +281,10 @@ impl Follower<'_> {
             }
             Ok(batch) => {
                 {
+                    let now = pending_clock_ms();
                     let mut session = self.shared.session.lock();
                     let engine = &mut session.index_mut().engine;
+                    engine.advance_clock(now);
                     for event in &batch.events {
                         engine.apply(self.pod.id, event);
                     }

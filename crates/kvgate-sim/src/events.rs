@@ -262,7 +262,8 @@ impl SimIndex {
         });
     }
 
-    /// Applies to `index` every batch due by `now_ms`, then ends stale episodes that are over.
+    /// Applies to `index` every batch due by `now_ms`, then ends stale episodes that are over
+    /// and expires pending routes (`kvgate_core::index::pending`) older than their lifetime.
     pub fn advance(&mut self, now_ms: f64, index: &mut HybridIndex) {
         let Some(feed) = &mut self.feed else { return };
         while feed
@@ -282,6 +283,8 @@ impl SimIndex {
         for f in &mut feed.followers {
             f.tick(now_ms, &mut index.engine);
         }
+        // After the deliveries: a route confirmed by a batch due now is not expired first.
+        index.engine.advance_clock(now_ms);
     }
 
     /// Records how many leading blocks the index gave the chosen pod vs what it held.

@@ -60,6 +60,7 @@
 //! [`EngineIndex::apply`]; sequence gaps, replay and restarts are the driver's business, which
 //! it reports through [`EngineIndex::clear_pod`] and [`EngineIndex::set_stale`].
 
+use super::pending::PendingRoutes;
 use super::routed::{MAX_PODS, RoutedIndex};
 use super::{DEFAULT_POD_CAPACITY_BLOCKS, PrefixIndex};
 use crate::blocks::{BlockHash, BlockHasher};
@@ -161,6 +162,10 @@ pub struct EngineIndex {
     stats: EngineIndexStats,
     /// Router hashes of the event being applied (reused, never shrunk below one event).
     scratch: Vec<BlockHash>,
+    /// Routes not yet confirmed by the pod's events ([`super::pending`]).
+    pending: PendingRoutes,
+    /// Per pod, the blocks of the last [`PrefixIndex::match_prefix`] that were pending.
+    pending_matched: RefCell<Vec<u32>>,
 }
 
 fn is_gpu(medium: &Option<String>) -> bool {
@@ -192,6 +197,7 @@ impl EngineIndex {
         }
         let capacity = self.blocks.capacity_blocks(pod);
         self.blocks.remove_pod(pod);
+        self.pending.drop_pod(pod);
         let capacity = capacity.unwrap_or(DEFAULT_POD_CAPACITY_BLOCKS);
         self.blocks.set_capacity(pod, capacity);
         if let Some(slot) = self.pods.get_mut(pod.index()) {
@@ -233,10 +239,26 @@ impl EngineIndex {
         let capacity = p.capacity_blocks;
         self.blocks.remove_pod(pod);
         self.blocks.set_capacity(pod, capacity);
+        self.pending.drop_pod(pod);
     }
 
     pub fn stats(&self) -> EngineIndexStats {
         self.stats
+    }
+
+    /// The pending routes ([`super::pending`]): their counters and lifetime.
+    pub fn pending(&self) -> &PendingRoutes {
+        &self.pending
+    }
+
+    /// Sets the pending routes' lifetime ([`super::pending::DEFAULT_PENDING_TTL_MS`]; 0: off).
+    pub fn set_pending_ttl_ms(&mut self, ttl_ms: f64) {
+        self.pending.set_ttl_ms(ttl_ms);
+    }
+
+    /// Moves the pending routes' clock to the driver's `now_ms` and expires the old ones.
+    pub fn advance_clock(&mut self, now_ms: f64) {
+        self.pending.advance(now_ms);
     }
 
     /// Engine hashes the index maps for `pod`.
@@ -319,8 +341,11 @@ impl EngineIndex {
                     kept += 1;
                 }
                 self.stats.stored_blocks += kept as u64;
-                self.blocks
-                    .record_routed(pod, self.scratch.get(..kept).unwrap_or(&[]));
+                let stored = self.scratch.get(..kept).unwrap_or(&[]);
+                self.blocks.record_routed(pod, stored);
+                for &h in stored {
+                    self.pending.confirm(pod, h);
+                }
                 ApplyOutcome::Applied
             }
             KvEvent::BlockRemoved {
@@ -331,7 +356,8 @@ impl EngineIndex {
                     self.stats.ignored_medium += 1;
                     return ApplyOutcome::Skipped;
                 }
-                remove_engine_blocks(p, &mut self.blocks, &mut self.stats, pod, block_hashes);
+                let maps = (&mut self.blocks, &mut self.pending);
+                remove_engine_blocks(p, maps, &mut self.stats, pod, block_hashes);
                 ApplyOutcome::Applied
             }
             KvEvent::AllBlocksCleared => {
@@ -355,9 +381,13 @@ impl EngineIndex {
             PrehashedEvent::Stored(hashes) => {
                 self.stats.stored_blocks += hashes.len() as u64;
                 self.blocks.record_routed(pod, hashes);
+                for &h in hashes {
+                    self.pending.confirm(pod, h);
+                }
             }
             PrehashedEvent::Removed(hashes) => {
                 for &h in hashes {
+                    self.pending.drop_block(pod, h);
                     if self.blocks.remove_block(pod, h) {
                         self.stats.removed_blocks += 1;
                     } else {
@@ -388,7 +418,7 @@ impl EngineIndex {
 /// `BlockRemoved`: each known engine hash drops its reference.
 fn remove_engine_blocks(
     p: &mut EnginePod,
-    blocks: &mut RoutedIndex,
+    (blocks, pending): (&mut RoutedIndex, &mut PendingRoutes),
     stats: &mut EngineIndexStats,
     pod: PodId,
     hashes: &[EngineBlockHash],
@@ -396,6 +426,7 @@ fn remove_engine_blocks(
     for engine in hashes {
         match p.engine_to_router.remove(engine) {
             Some(router) => {
+                pending.drop_block(pod, router);
                 release(p, blocks, pod, router);
                 stats.removed_blocks += 1;
             }
@@ -416,12 +447,52 @@ fn release(p: &mut EnginePod, blocks: &mut RoutedIndex, pod: PodId, router: Bloc
 }
 
 impl PrefixIndex for EngineIndex {
+    /// The stored blocks' match, each live pod's then extended by its pending blocks.
     fn match_prefix(&self, blocks: &[BlockHash], matched: &mut Vec<u32>) {
         self.blocks.match_prefix(blocks, matched);
+        let mut used = self.pending_matched.borrow_mut();
+        used.clear();
+        if self.pending.is_empty() {
+            return;
+        }
+        used.resize(self.pods.len(), 0);
+        if matched.len() < self.pods.len() {
+            matched.resize(self.pods.len(), 0);
+        }
+        for (i, (m, used)) in matched.iter_mut().zip(used.iter_mut()).enumerate() {
+            let pod = PodId(i as u32);
+            if self.pending.pod_len(pod) == 0 || !self.is_live(pod) {
+                continue;
+            }
+            let start = *m as usize;
+            let extra = blocks
+                .get(start..)
+                .unwrap_or(&[])
+                .iter()
+                .take_while(|&&h| self.pending.contains(pod, h))
+                .count() as u32;
+            *m += extra;
+            *used = extra;
+        }
     }
 
-    /// The engine index learns from events only.
-    fn record_routed(&mut self, _pod: PodId, _blocks: &[BlockHash]) {}
+    /// A request was sent to a live pod: the blocks it does not hold yet are pending there
+    /// ([`super::pending`]) until its events confirm them or they expire.
+    fn record_routed(&mut self, pod: PodId, blocks: &[BlockHash]) {
+        if !self.pending.is_on() || !self.is_live(pod) {
+            return;
+        }
+        let held = blocks
+            .iter()
+            .take_while(|&&h| self.blocks.holds(pod, h))
+            .count();
+        self.pending.record(pod, blocks.get(held..).unwrap_or(&[]));
+    }
+
+    fn pending_matched(&self, out: &mut Vec<u32>) {
+        out.clear();
+        out.extend_from_slice(&self.pending_matched.borrow());
+    }
 
     fn set_capacity(&mut self, pod: PodId, capacity_blocks: u32) {
         if let Some(Some(p)) = self.pods.get_mut(pod.index()) {
@@ -437,6 +508,7 @@ impl PrefixIndex for EngineIndex {
         while matches!(self.pods.last(), Some(None)) {
             self.pods.pop();
         }
+        self.pending.drop_pod(pod);
         self.blocks.remove_pod(pod);
     }
 
@@ -487,7 +559,13 @@ impl PrefixIndex for HybridIndex {
     }
 
     fn record_routed(&mut self, pod: PodId, blocks: &[BlockHash]) {
+        self.engine.record_routed(pod, blocks);
         self.routed.record_routed(pod, blocks);
+    }
+
+    /// The engine index's: a pod that is not live has no pending routes.
+    fn pending_matched(&self, out: &mut Vec<u32>) {
+        self.engine.pending_matched(out);
     }
 
     fn set_capacity(&mut self, pod: PodId, capacity_blocks: u32) {
@@ -816,5 +894,101 @@ mod tests {
                 prop_assert_eq!(engine_total, model_total);
             }
         }
+    }
+
+    fn pending_of(index: &impl PrefixIndex) -> Vec<u32> {
+        let mut out = Vec::new();
+        index.pending_matched(&mut out);
+        out
+    }
+
+    #[test]
+    fn a_routed_request_scores_as_pending_on_a_live_pod_until_its_events_confirm_it() {
+        let mut index = index_with_pods(2);
+        let tokens: Vec<u32> = (0..12).collect();
+        let blocks = prompt(&tokens);
+        index.advance_clock(10.0);
+        index.record_routed(PodId(1), &blocks);
+        assert_eq!(matched(&index, &blocks), vec![0, 3]);
+        assert_eq!(pending_of(&index), vec![0, 3]);
+        index.apply(PodId(1), &stored(&[1, 2, 3], None, &tokens));
+        assert_eq!(matched(&index, &blocks), vec![0, 3]);
+        assert_eq!(
+            pending_of(&index),
+            Vec::<u32>::new(),
+            "nothing pending is left"
+        );
+        let s = index.pending().stats();
+        assert_eq!((s.recorded, s.confirmed, s.expired), (3, 3, 0));
+        index.check_invariants();
+    }
+
+    #[test]
+    fn an_unconfirmed_route_expires_after_its_lifetime() {
+        let mut index = index_with_pods(1);
+        let blocks = prompt(&(0..8).collect::<Vec<u32>>());
+        index.record_routed(PodId(0), &blocks);
+        index.advance_clock(super::super::pending::DEFAULT_PENDING_TTL_MS - 1.0);
+        assert_eq!(matched(&index, &blocks), vec![2]);
+        index.advance_clock(super::super::pending::DEFAULT_PENDING_TTL_MS);
+        assert_eq!(matched(&index, &blocks), vec![0]);
+        assert_eq!(index.pending().stats().expired, 2);
+    }
+
+    #[test]
+    fn only_the_blocks_the_pod_does_not_hold_are_recorded_pending() {
+        let mut index = index_with_pods(1);
+        let tokens: Vec<u32> = (0..16).collect();
+        index.apply(PodId(0), &stored(&[1, 2], None, &tokens[..8]));
+        let blocks = prompt(&tokens);
+        index.record_routed(PodId(0), &blocks);
+        assert_eq!(index.pending().len(), 2);
+        assert_eq!(matched(&index, &blocks), vec![4]);
+        assert_eq!(pending_of(&index), vec![2]);
+        // The pod evicts the stored prefix: the pending suffix no longer leads anywhere.
+        index.apply(PodId(0), &removed(&[1]));
+        assert_eq!(matched(&index, &blocks), vec![0]);
+    }
+
+    #[test]
+    fn cleared_pods_and_removed_blocks_drop_their_pending_routes() {
+        let mut index = index_with_pods(2);
+        let tokens: Vec<u32> = (0..8).collect();
+        let blocks = prompt(&tokens);
+        index.record_routed(PodId(0), &blocks);
+        index.record_routed(PodId(1), &blocks);
+        index.apply(PodId(0), &KvEvent::AllBlocksCleared);
+        assert_eq!(matched(&index, &blocks), vec![0, 2]);
+        index.remove_pod(PodId(1));
+        assert!(index.pending().is_empty());
+        assert_eq!(index.pending().stats().dropped, 4);
+    }
+
+    #[test]
+    fn the_hybrid_index_records_pending_routes_only_for_live_pods() {
+        let mut index = HybridIndex::new();
+        index.engine.add_pod(PodId(0), MODEL);
+        index.engine.add_pod(PodId(1), MODEL);
+        index.engine.set_stale(PodId(1), true);
+        let blocks = prompt(&(0..8).collect::<Vec<u32>>());
+        index.record_routed(PodId(0), &blocks);
+        index.record_routed(PodId(1), &blocks);
+        assert_eq!(
+            index.engine.pending().len(),
+            2,
+            "pod 1 is stale: routed index only"
+        );
+        // Both score 2: pod 0 from its pending route, pod 1 from the routed fallback.
+        assert_eq!(matched(&index, &blocks), vec![2, 2]);
+        assert_eq!(pending_of(&index), vec![2, 0]);
+    }
+
+    #[test]
+    fn pending_routes_off_leave_the_engine_index_event_only() {
+        let mut index = index_with_pods(1);
+        index.set_pending_ttl_ms(0.0);
+        let blocks = prompt(&(0..8).collect::<Vec<u32>>());
+        index.record_routed(PodId(0), &blocks);
+        assert_eq!(matched(&index, &blocks), vec![0]);
     }
 }

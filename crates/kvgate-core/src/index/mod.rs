@@ -3,7 +3,8 @@
 //! Two kinds live behind [`PrefixIndex`]: the *routed* index ([`routed::RoutedIndex`], records
 //! where requests were sent) and the *engine* index ([`engine::EngineIndex`], fed by vLLM
 //! KV-cache events decoded by [`kv_events_wire`]); [`engine::HybridIndex`] uses the engine index
-//! for pods with live events and the routed index for the others. [`follower`] follows one
+//! for pods with live events and the routed index for the others; [`pending`] holds the routes
+//! to live pods their events have not confirmed yet. [`follower`] follows one
 //! pod's event sequence (gaps, replay, restarts, staleness) for every driver. [`popularity`]
 //! counts how many recent requests carried a block (shared system prompt or one conversation's
 //! history), for the affinity gate's shared-prefix exploration.
@@ -11,6 +12,7 @@
 pub mod engine;
 pub mod follower;
 pub mod kv_events_wire;
+pub mod pending;
 pub mod popularity;
 pub mod routed;
 
@@ -29,8 +31,15 @@ pub trait PrefixIndex {
     fn match_prefix(&self, blocks: &[BlockHash], matched: &mut Vec<u32>);
 
     /// Records that a request with these blocks was sent to `pod` (the routed index learns from
-    /// this; an engine index may ignore it).
+    /// this; the engine index records the blocks as pending, [`pending`]).
     fn record_routed(&mut self, pod: PodId, blocks: &[BlockHash]);
+
+    /// Per pod (dense by [`PodId::index`], empty when none), how many of the blocks matched by
+    /// the last [`PrefixIndex::match_prefix`] were pending routes rather than blocks the pod's
+    /// events reported stored. Indexes without pending routes leave `out` empty.
+    fn pending_matched(&self, out: &mut Vec<u32>) {
+        out.clear();
+    }
 
     /// Sets a pod's capacity in blocks (evicting least-recently-used blocks if it shrinks).
     fn set_capacity(&mut self, pod: PodId, capacity_blocks: u32);

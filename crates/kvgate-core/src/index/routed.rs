@@ -440,6 +440,15 @@ impl RoutedIndex {
         self.lru(pod).is_some()
     }
 
+    /// Whether `pod` holds `hash`. O(1) (holders per block are few).
+    pub fn holds(&self, pod: PodId, hash: BlockHash) -> bool {
+        u16::try_from(pod.0).is_ok_and(|p| {
+            self.holders
+                .get(&hash)
+                .is_some_and(|h| h.slot_of(p).is_some())
+        })
+    }
+
     pub fn pod_blocks(&self, pod: PodId) -> usize {
         self.lru(pod).map_or(0, |l| l.len as usize)
     }

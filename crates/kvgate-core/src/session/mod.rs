@@ -234,9 +234,13 @@ impl RouterSession {
         predictor: PredictorConfig,
         seed: u64,
     ) -> Self {
+        let mut index = HybridIndex::new();
+        index
+            .engine
+            .set_pending_ttl_ms(router.engine_pending_ttl_ms);
         RouterSession {
             router: Router::new(router, policy),
-            index: HybridIndex::new(),
+            index,
             predictor: LatencyPredictor::new(predictor),
             rng: DecisionRng::seed_from_u64(seed),
             seed,
@@ -267,6 +271,9 @@ impl RouterSession {
     /// Replaces the policy and its parameters (a config reload); index, predictor, RNG,
     /// ledger and the prefix-popularity counts are kept.
     pub fn set_router(&mut self, router: RouterConfig, policy: PolicyKind) {
+        self.index
+            .engine
+            .set_pending_ttl_ms(router.engine_pending_ttl_ms);
         let old = std::mem::replace(&mut self.router, Router::new(router, policy));
         self.router.keep_popularity_from(old);
     }

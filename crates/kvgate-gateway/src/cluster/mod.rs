@@ -747,7 +747,8 @@ fn handle(
             Event::SyncRequest => asked = Some(r),
             Event::Index { pod, blocks } => match pods.get(pod) {
                 Some(&pod) => {
-                    let index = session.index_mut();
+                    // The routed index's contents, not a route: nothing becomes pending.
+                    let index = &mut session.index_mut().routed;
                     for b in blocks {
                         index.record_routed(pod, std::slice::from_ref(b));
                     }
