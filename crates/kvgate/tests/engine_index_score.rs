@@ -197,8 +197,12 @@ async fn score_after_a_request_is_one_minus_the_last_partial_block_from_events_a
 /// Bursts of `siblings` requests sharing a new prefix of ~2,000 words, each burst sent at once
 /// through `kvgate serve --index engine` in front of four event-publishing mock pods. Returns,
 /// per burst, the pods its requests reached and how many of the later decisions scored a
-/// pending route.
-async fn bursts(pending_ttl_ms: Option<f64>, n_bursts: u32, siblings: u32) -> Vec<(usize, usize)> {
+/// pending route, and the prompt tokens the pods served from their prefix caches in all.
+async fn bursts(
+    pending_ttl_ms: Option<f64>,
+    n_bursts: u32,
+    siblings: u32,
+) -> (Vec<(usize, usize)>, u64) {
     let config = PodConfig {
         time_scale: 10.0,
         kv_events: Some("tcp://127.0.0.1:0".into()),
@@ -256,6 +260,7 @@ async fn bursts(pending_ttl_ms: Option<f64>, n_bursts: u32, siblings: u32) -> Ve
         .unwrap();
     let base = format!("http://{}", gw.traffic_addr);
     let mut out = Vec::new();
+    let mut cached = 0;
     for burst in 0..n_bursts {
         let shared: String = (0..200)
             .map(|i| format!(" Burst {burst} document line {i} reads plainly."))
@@ -264,10 +269,15 @@ async fn bursts(pending_ttl_ms: Option<f64>, n_bursts: u32, siblings: u32) -> Ve
         for k in 0..siblings {
             let prompt = format!("{shared} Question {k}?");
             let (client, base) = (client.clone(), base.clone());
-            calls.spawn(async move { complete(&client, &base, &prompt).await.0 });
+            calls.spawn(async move { complete(&client, &base, &prompt).await });
         }
-        let served: std::collections::BTreeSet<String> =
-            calls.join_all().await.into_iter().collect();
+        let mut served = std::collections::BTreeSet::new();
+        for (pod, body) in calls.join_all().await {
+            served.insert(pod);
+            cached += body["usage"]["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap_or(0);
+        }
         let url = format!("http://{}/debug/decisions", gw.admin_addr);
         let all: Vec<Value> = client.get(url).send().await.unwrap().json().await.unwrap();
         let pending = all
@@ -286,14 +296,17 @@ async fn bursts(pending_ttl_ms: Option<f64>, n_bursts: u32, siblings: u32) -> Ve
         // The burst's blocks settle (stored, pending confirmed) before the next one.
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    out
+    (out, cached)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_sharing_a_new_prefix_stays_on_one_pod_with_pending_routes() {
-    let with = bursts(None, 4, 4).await;
-    let without = bursts(Some(0.0), 4, 4).await;
-    eprintln!("pods per burst, pending decisions: with {with:?}, without {without:?}");
+    let (with, cached_with) = bursts(Some(2000.0), 4, 4).await;
+    let (without, cached_without) = bursts(Some(0.0), 4, 4).await;
+    eprintln!(
+        "pods per burst, pending decisions: with {with:?}, without {without:?}; \
+         cached prompt tokens: with {cached_with}, without {cached_without}"
+    );
     // Each burst on one pod; some siblings decided before the first one's events confirmed
     // its blocks (the rest came after, and scored the stored blocks).
     assert!(

@@ -15,7 +15,10 @@
 //!   Dynamo's `--router-predicted-ttl-secs` plays the same role): the pod never stored it (the
 //!   request failed, or was cut before its prefill ended).
 //!
-//! `ttl_ms = 0` turns pending routes off.
+//! `ttl_ms = 0` turns pending routes off. The router's `engine_pending_ttl_ms` sets it and is
+//! 0 by default: in the simulator's agent workload piling a fan-out's siblings on one pod cost
+//! TTFT, since siblings scheduled in the same engine step as the first share no blocks (the
+//! engine registers a block once computed); see `RouterConfig::engine_pending_ttl_ms`.
 //!
 //! # Time
 //!
@@ -36,7 +39,7 @@ use crate::pod::PodId;
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
 
-/// Default lifetime of a pending route (llm-d `speculativeIndexing`'s 2 s).
+/// Lifetime of a pending route when turned on without one (llm-d `speculativeIndexing`'s 2 s).
 pub const DEFAULT_PENDING_TTL_MS: f64 = 2_000.0;
 
 /// Most (pod, block) entries pending at once, over all pods.
