@@ -12,9 +12,10 @@
 //!
 //! - **Prefill** (`Probe::Prefill { cached_tokens, new_tokens }`): one request alone on an idle
 //!   pod, its first `cached_tokens` already in the prefix cache (the driver sends the prefix
-//!   first), `max_tokens` 1. Its TTFT spans the prefill steps (chunks of at most
-//!   `max_num_batched_tokens`) plus the HTTP round trip, a constant fitted as its own term
-//!   (`request_overhead_us`, not written to the profile). The cached prefix is what separates
+//!   first), `max_tokens` 1. Its prefill time spans the prefill steps (chunks of at most
+//!   `max_num_batched_tokens`) plus a constant fitted as its own term (`request_overhead_us`,
+//!   not written to the profile): the pod's delivery overhead when the driver reads the pod's
+//!   own `vllm:request_prefill_time_seconds`, the HTTP round trip too when it times the TTFT. The cached prefix is what separates
 //!   `a` (new tokens) from `k` (context read) and `q` (pairs) from `k2` (context²): without it
 //!   they grow together.
 //! - **Decode** (`Probe::Decode { batch, prompt_tokens, output_tokens }`): `batch` requests
@@ -273,7 +274,7 @@ pub enum Family {
 impl Family {
     pub fn name(self) -> &'static str {
         match self {
-            Family::Prefill => "prefill (TTFT)",
+            Family::Prefill => "prefill",
             Family::Decode => "decode (token gaps)",
         }
     }
@@ -284,7 +285,7 @@ impl Family {
 pub struct Observation {
     pub family: Family,
     pub sums: StepSums,
-    /// Whether the interval includes the request's HTTP round trip (a TTFT does).
+    /// Whether the interval includes the per-request constant (a prefill's does).
     pub includes_request_overhead: bool,
     pub measured_us: f64,
 }
