@@ -215,3 +215,41 @@ fn calibrating_a_pod_that_answers_garbage_fails_with_a_clear_error() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert!(!dir.join("never.json").exists());
 }
+
+#[test]
+fn a_sweep_cut_short_by_its_request_budget_says_so_instead_of_writing_a_profile() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let pod = rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        kvgate_mock_pod::spawn_pod(PodConfig::default(), listener)
+            .await
+            .unwrap()
+    });
+    let dir = scratch_dir();
+    let out = Command::new(env!("CARGO_BIN_EXE_kvgate"))
+        .args([
+            "calibrate",
+            "--probe",
+            &pod.url(),
+            "--profile-out",
+            dir.join("short.json").to_str().unwrap(),
+            "--max-prompt-tokens",
+            "256",
+            "--max-batch",
+            "4",
+            "--max-requests",
+            "12",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("fit probes not sent"), "{stderr}");
+    assert!(stderr.contains("the sweep was cut short"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(!dir.join("short.json").exists());
+}
