@@ -154,7 +154,7 @@ async fn calibrate_pod(args: CalibrateArgs) -> anyhow::Result<()> {
     // time without the HTTP round trip and the client's scheduling noise.
     let before = prober.prefill_time_totals().await;
     prober.stream(1 + 16, 1).await?;
-    let after = prober.prefill_time_totals().await;
+    let after = prober.prefill_time_totals_after(before).await;
     prober.pod_prefill_timing = matches!((before, after), (Some(b), Some(a)) if a.1 == b.1 + 1.0);
     eprintln!(
         "prefill timing: {}",
@@ -408,6 +408,22 @@ impl Prober {
         prefill_time_totals(&text)
     }
 
+    /// The totals once they count a request more than `before` (a pod may record a request's
+    /// statistics just after its stream ends): read again every 20 ms, for at most 1 s.
+    async fn prefill_time_totals_after(&self, before: Option<(f64, f64)>) -> Option<(f64, f64)> {
+        let mut now = self.prefill_time_totals().await;
+        for _ in 0..50 {
+            match (before, now) {
+                (Some(b), Some(a)) if a.1 == b.1 => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    now = self.prefill_time_totals().await;
+                }
+                _ => break,
+            }
+        }
+        now
+    }
+
     fn fresh_tokens(&mut self, n: u32) -> Vec<u32> {
         (0..n)
             .map(|_| self.rng.random_range(16..self.vocab))
@@ -479,7 +495,7 @@ impl Prober {
                     let first = s.token_us.first().copied().unwrap_or(f64::NAN);
                     let client_ttft_us = first - s.sent_us;
                     if self.pod_prefill_timing {
-                        match (before, self.prefill_time_totals().await) {
+                        match (before, self.prefill_time_totals_after(before).await) {
                             (Some(b), Some(a)) if a.1 == b.1 + 1.0 => ttfts.push((a.0 - b.0) * 1e6),
                             _ => bail!(
                                 "the pod's vllm:request_prefill_time_seconds did not count exactly this probe: is another client using the pod?"
