@@ -4,8 +4,11 @@
 //! profile's. Real sockets on 127.0.0.1; the pod runs in this process, `kvgate calibrate` and
 //! `kvgate sim` as the binary.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
 use kvgate_mock_pod::PodConfig;
 use kvgate_sim::calibrate::Term;
@@ -252,4 +255,97 @@ fn a_sweep_cut_short_by_its_request_budget_says_so_instead_of_writing_a_profile(
     assert!(stderr.contains("the sweep was cut short"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert!(!dir.join("short.json").exists());
+}
+
+#[test]
+fn the_capture_records_how_each_request_ran_and_stays_replayable() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let pod = rt.block_on(async {
+        let config = PodConfig {
+            time_scale: 10.0,
+            ..PodConfig::default()
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        kvgate_mock_pod::spawn_pod(config, listener).await.unwrap()
+    });
+    let dir = scratch_dir();
+    let capture = dir.join("capture.jsonl");
+    let _ = std::fs::remove_file(&capture);
+    let pod_url = pod.url();
+    let serve = common::start_serve(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--pod",
+            &pod_url,
+            "--capture",
+            capture.to_str().unwrap(),
+        ],
+        |_| {},
+    );
+    rt.block_on(async {
+        let client = reqwest::Client::new();
+        for (i, n) in [300u32, 700, 1200].into_iter().enumerate() {
+            let prompt: Vec<u32> = (0..n).map(|t| 1000 + t + 5000 * i as u32).collect();
+            let body = serde_json::json!({"model": kvgate_mock_pod::DEFAULT_MODEL,
+                "prompt": prompt, "max_tokens": 5, "stream": true,
+                "stream_options": {"include_usage": true}});
+            let text = client
+                .post(format!("{}/v1/completions", serve.base))
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            assert!(text.contains("[DONE]"), "{text}");
+        }
+    });
+    // The writer thread flushes once its queue is empty.
+    let mut lines = Vec::new();
+    for _ in 0..100 {
+        lines = std::fs::read_to_string(&capture)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        if lines.len() == 3 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    for (line, n) in lines.iter().zip([300u64, 700, 1200]) {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert_eq!(v["input_length"], n, "{line}");
+        assert_eq!(v["output_length"], 5, "{line}");
+        assert_eq!(v["pod"], pod_url.as_str(), "{line}");
+        assert_eq!(v["cached_tokens"], 0, "{line}");
+        let (ttft, e2e) = (
+            v["ttft_ms"].as_f64().unwrap(),
+            v["e2e_ms"].as_f64().unwrap(),
+        );
+        // At time scale 10 a step takes ≥ 0.5 ms: 1 prefill step before the first token, 4
+        // decode steps after it.
+        assert!(ttft > 0.5 && e2e > ttft + 2.0, "{line}");
+        assert!(v["dispatch_ms"].as_f64().unwrap() >= v["timestamp"].as_f64().unwrap());
+    }
+    drop(serve);
+    let out = kvgate(&[
+        "sim",
+        "--trace",
+        capture.to_str().unwrap(),
+        "--pods",
+        "1",
+        "--json",
+        dir.join("sim-capture.json").to_str().unwrap(),
+    ]);
+    assert!(out.contains("3 requests"), "{out}");
 }
