@@ -8,6 +8,10 @@
 //! are not served by vLLM: they come from `--max-num-batched-tokens` and `--max-num-seqs`.
 //! The sweep stops at `--max-seconds` or `--max-requests`, whichever comes first (the fit
 //! probes get 80 % of the time, the held-out ones the rest).
+//!
+//! `kvgate calibrate --from-capture FILE` fits the same terms passively, from a `kvgate serve
+//! --capture` file's timing keys (`kvgate_sim::calibrate::passive`), holding every fifth
+//! request out.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -16,7 +20,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 use futures_util::StreamExt;
 use kvgate_sim::calibrate::{
-    self, Observation, Probe, SweepLimits, Term, decode_observations, default_plan,
+    self, Observation, Probe, SweepLimits, Term, decode_observations, default_plan, passive,
     prefill_observation,
 };
 use kvgate_sim::profiles::Profile;
@@ -28,8 +32,20 @@ use rand::{RngExt, SeedableRng};
 pub struct CalibrateArgs {
     /// The pod to probe (`http://host:port`, vLLM's OpenAI server). It is loaded with up to
     /// --max-batch concurrent requests: probe a pod that serves no one else.
+    #[arg(
+        long,
+        required_unless_present = "from_capture",
+        conflicts_with = "from_capture"
+    )]
+    probe: Option<String>,
+    /// Fit from served traffic instead: a `kvgate serve --capture` file with its timing keys
+    /// (passive; every pod in it is taken to be the same engine). Needs --kv-blocks and
+    /// --max-model-len; every fifth request is held out to check the fit.
     #[arg(long)]
-    probe: String,
+    from_capture: Option<PathBuf>,
+    /// With --from-capture: the pods' `max_model_len`.
+    #[arg(long)]
+    max_model_len: Option<u32>,
     /// Where to write the fitted profile (JSON, as `kvgate sim --profile` and `kvgate
     /// mock-pod --profile` read it).
     #[arg(long)]
@@ -91,11 +107,89 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<()> {
     if args.max_num_batched_tokens == 0 || args.max_num_seqs == 0 {
         bail!("--max-num-batched-tokens and --max-num-seqs must be at least 1");
     }
+    if let Some(path) = args.from_capture.clone() {
+        return calibrate_from_capture(&args, &path);
+    }
     tokio::runtime::Runtime::new()?.block_on(calibrate_pod(args))
 }
 
+/// Every fifth captured request is held out of the fit.
+const HOLDOUT_EVERY: usize = 5;
+
+fn calibrate_from_capture(args: &CalibrateArgs, path: &std::path::Path) -> anyhow::Result<()> {
+    let (Some(kv_blocks), Some(max_model_len)) = (args.kv_blocks, args.max_model_len) else {
+        bail!(
+            "--from-capture needs --kv-blocks and --max-model-len (a capture does not record them)"
+        );
+    };
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let (requests, skipped) = passive::parse_capture(&text);
+    eprintln!(
+        "{}: {} requests with timing, {skipped} lines without (not streamed, not JSON, or captured before the timing keys)",
+        path.display(),
+        requests.len()
+    );
+    let (mut fit_obs, mut held_out) = (Vec::new(), Vec::new());
+    for (i, o) in passive::observations(&requests, args.max_num_batched_tokens) {
+        if i % HOLDOUT_EVERY == HOLDOUT_EVERY - 1 {
+            held_out.push(o);
+        } else {
+            fit_obs.push(o);
+        }
+    }
+    let fit = calibrate::fit(&fit_obs)?;
+    println!(
+        "calibrated from {} ({} requests, {} observations; decodes weighted by 1 / step time)",
+        path.display(),
+        requests.len(),
+        fit_obs.len()
+    );
+    print_fit(&fit, true);
+    for family in [calibrate::Family::Prefill, calibrate::Family::Decode] {
+        let obs: Vec<Observation> = held_out
+            .iter()
+            .copied()
+            .filter(|o| o.family == family)
+            .collect();
+        let errors = fit.check(&obs);
+        if errors.is_empty() {
+            println!("held out {}: no observation", family.name());
+            continue;
+        }
+        let mut abs: Vec<f64> = errors.iter().map(|e| e.error_pct().abs()).collect();
+        let mean = abs.iter().sum::<f64>() / abs.len() as f64;
+        println!(
+            "held out {} ({} observations): mean |error| {mean:.1}%, median {:.1}%",
+            family.name(),
+            abs.len(),
+            calibrate::median(&mut abs)
+        );
+    }
+    let profile = fit.apply(&capacities(args, kv_blocks, max_model_len));
+    write_profile(&args.profile_out, &profile)
+}
+
+/// A profile with every step-time term 0 and the given capacities.
+fn capacities(args: &CalibrateArgs, kv_blocks: u32, max_model_len: u32) -> Profile {
+    Profile {
+        name: Box::leak(args.name.clone().into_boxed_str()),
+        t0_us: 0.0,
+        a_us_per_prefill_token: 0.0,
+        b_us_per_decode_seq: 0.0,
+        k_us_per_context_token: 0.0,
+        k2_us_per_context_token_sq: 0.0,
+        q_us_per_prefill_pair: 0.0,
+        kv_blocks: kv_blocks.max(1),
+        max_num_batched_tokens: args.max_num_batched_tokens,
+        max_num_seqs: args.max_num_seqs,
+        max_model_len: max_model_len.max(1),
+    }
+}
+
 async fn calibrate_pod(args: CalibrateArgs) -> anyhow::Result<()> {
-    let base = args.probe.trim_end_matches('/').to_string();
+    let probe = args.probe.clone().unwrap_or_default();
+    let base = probe.trim_end_matches('/').to_string();
     let client = reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(10))
         .build()?;
@@ -191,27 +285,38 @@ async fn calibrate_pod(args: CalibrateArgs) -> anyhow::Result<()> {
         held_out.push((*probe, prober.measure(probe).await?));
     }
 
-    let base_profile = Profile {
-        name: Box::leak(args.name.clone().into_boxed_str()),
-        t0_us: 0.0,
-        a_us_per_prefill_token: 0.0,
-        b_us_per_decode_seq: 0.0,
-        k_us_per_context_token: 0.0,
-        k2_us_per_context_token_sq: 0.0,
-        q_us_per_prefill_pair: 0.0,
-        kv_blocks: kv_blocks.max(1),
-        max_num_batched_tokens: args.max_num_batched_tokens,
-        max_num_seqs: args.max_num_seqs,
-        max_model_len: info.max_model_len.max(1),
-    };
+    let base_profile = capacities(&args, kv_blocks, info.max_model_len);
     let profile = fit.apply(&base_profile);
     println!(
         "calibrated {} in {:.1} s, {} requests, {} observations",
-        args.probe,
+        probe,
         prober.started.elapsed().as_secs_f64(),
         prober.requests,
         fit_obs.len()
     );
+    print_fit(&fit, false);
+    for (probe, obs) in &held_out {
+        let errors = fit.check(obs);
+        if errors.is_empty() {
+            println!("held out {probe:?}: no observation");
+            continue;
+        }
+        let mean = |f: fn(&calibrate::CheckError) -> f64| {
+            errors.iter().map(f).sum::<f64>() / errors.len() as f64
+        };
+        let (measured, predicted) = (mean(|e| e.measured_us), mean(|e| e.predicted_us));
+        println!(
+            "held out {probe:?}: measured {:.2} ms, predicted {:.2} ms, error {:+.1}%",
+            measured / 1000.0,
+            predicted / 1000.0,
+            (predicted - measured) / measured * 100.0
+        );
+    }
+    write_profile(&args.profile_out, &profile)
+}
+
+/// Each term with its standard error, the constant, and R² and RMS per family.
+fn print_fit(fit: &calibrate::Fit, decodes_relative: bool) {
     println!(
         "{:<28} {:>14} {:>12} {:>8}  note",
         "term", "fitted", "std error", "rel"
@@ -236,42 +341,40 @@ async fn calibrate_pod(args: CalibrateArgs) -> anyhow::Result<()> {
         "request_overhead_us", fit.request_overhead_us
     );
     for f in &fit.families {
+        // Weighted rows measure about 1,000 each: their residual is relative.
+        // (and their R² is meaningless: every row measures the same).
+        let (r2, rms) = if decodes_relative && f.family == calibrate::Family::Decode {
+            (
+                "n/a (weighted)".to_string(),
+                format!("{:.2} % of the step", f.rms_residual_us / 10.0),
+            )
+        } else {
+            (
+                format!("{:.4}", f.r_squared),
+                format!("{:.3} ms", f.rms_residual_us / 1000.0),
+            )
+        };
         println!(
-            "fit on {:<20} {:>4} observations  R² {:.4}  RMS residual {:.3} ms",
+            "fit on {:<20} {:>4} observations  R² {r2}  RMS residual {rms}",
             f.family.name(),
             f.observations,
-            f.r_squared,
-            f.rms_residual_us / 1000.0
         );
     }
-    for (probe, obs) in &held_out {
-        let errors = fit.check(obs);
-        if errors.is_empty() {
-            println!("held out {probe:?}: no observation");
-            continue;
-        }
-        let mean = |f: fn(&calibrate::CheckError) -> f64| {
-            errors.iter().map(f).sum::<f64>() / errors.len() as f64
-        };
-        let (measured, predicted) = (mean(|e| e.measured_us), mean(|e| e.predicted_us));
-        println!(
-            "held out {probe:?}: measured {:.2} ms, predicted {:.2} ms, error {:+.1}%",
-            measured / 1000.0,
-            predicted / 1000.0,
-            (predicted - measured) / measured * 100.0
-        );
-    }
-    std::fs::write(&args.profile_out, profile.to_json())
-        .with_context(|| format!("writing {}", args.profile_out.display()))?;
+}
+
+/// Writes `profile` to `path`, after checking that the simulator reads it back.
+fn write_profile(path: &std::path::Path, profile: &Profile) -> anyhow::Result<()> {
     // Read back as the simulator will: a profile it refuses is an error here, not later.
-    Profile::from_json(&args.profile_out.display().to_string(), &profile.to_json())?;
+    Profile::from_json(&path.display().to_string(), &profile.to_json())?;
+    std::fs::write(path, profile.to_json())
+        .with_context(|| format!("writing {}", path.display()))?;
     println!(
         "profile {:?} written to {} ({})",
         profile.name,
-        args.profile_out.display(),
+        path.display(),
         Term::ALL
             .iter()
-            .map(|t| format!("{} {:.4e}", t.key(), t.of(&profile)))
+            .map(|t| format!("{} {:.4e}", t.key(), t.of(profile)))
             .collect::<Vec<_>>()
             .join(", ")
     );

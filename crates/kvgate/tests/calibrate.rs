@@ -333,8 +333,9 @@ fn the_capture_records_how_each_request_ran_and_stays_replayable() {
             v["e2e_ms"].as_f64().unwrap(),
         );
         // At time scale 10 a step takes ≥ 0.5 ms: 1 prefill step before the first token, 4
-        // decode steps after it.
-        assert!(ttft > 0.5 && e2e > ttft + 2.0, "{line}");
+        // decode steps after it (a token delivered a timer tick late shortens the next gap, so
+        // only the order is exact).
+        assert!(ttft > 0.5 && e2e > ttft, "{line}");
         assert!(v["dispatch_ms"].as_f64().unwrap() >= v["timestamp"].as_f64().unwrap());
     }
     drop(serve);
@@ -348,4 +349,24 @@ fn the_capture_records_how_each_request_ran_and_stays_replayable() {
         dir.join("sim-capture.json").to_str().unwrap(),
     ]);
     assert!(out.contains("3 requests"), "{out}");
+
+    // Three requests are too few for the passive fit: said, not panicked, nothing written.
+    let passive = dir.join("passive.json");
+    let run = |extra: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_kvgate"))
+            .args(["calibrate", "--from-capture", capture.to_str().unwrap()])
+            .args(["--profile-out", passive.to_str().unwrap()])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let e = run(&[]);
+    assert!(e.contains("needs --kv-blocks and --max-model-len"), "{e}");
+    let e = run(&["--kv-blocks", "1000", "--max-model-len", "4096"]);
+    assert!(e.contains("3 requests with timing"), "{e}");
+    assert!(e.contains("the fit needs at least"), "{e}");
+    assert!(!e.contains("panicked"), "{e}");
+    assert!(!passive.exists());
 }

@@ -45,6 +45,8 @@
 //! the sum of their parts), and the capacities (`max_num_batched_tokens`, `max_num_seqs`),
 //! which a pod does not serve and the driver takes from flags.
 
+pub mod passive;
+
 use crate::profiles::Profile;
 
 /// Segments of a decode probe's steady state, one observation each (see the module docs).
