@@ -198,7 +198,7 @@ async fn calibrate_pod(args: CalibrateArgs) -> anyhow::Result<()> {
     let kv_blocks = match (args.kv_blocks, info.cache) {
         (Some(b), _) => b,
         (None, Some((blocks, size))) => {
-            u32::try_from(blocks * u64::from(size) / 16).unwrap_or(u32::MAX)
+            u32::try_from(blocks.saturating_mul(u64::from(size)) / 16).unwrap_or(u32::MAX)
         }
         (None, None) => bail!(
             "{base}/metrics has no vllm:cache_config_info (num_gpu_blocks, block_size): give the KV capacity with --kv-blocks"
@@ -433,7 +433,8 @@ fn cache_config(metrics: &str) -> Option<(u64, u32)> {
     };
     let blocks = label("num_gpu_blocks")?.parse().ok()?;
     let size: u32 = label("block_size")?.parse().ok()?;
-    (blocks > 0 && size > 0).then_some((blocks, size))
+    // A block of more than 64k tokens is no engine's: garbage, not a capacity.
+    (blocks > 0 && (1..=65_536).contains(&size)).then_some((blocks, size))
 }
 
 /// (Σ `_sum`, Σ `_count`) of `vllm:request_prefill_time_seconds` over its series, when the
@@ -772,6 +773,8 @@ mod tests {
             None
         );
         assert_eq!(cache_config("vllm:cache_config_info{"), None);
+        let huge = text.replace("\"128\"", "\"4294967295\"");
+        assert_eq!(cache_config(&huge), None);
         assert_eq!(cache_config("garbage\u{0}\n{}"), None);
     }
 

@@ -111,7 +111,7 @@ fn calibrating_a_mock_pod_recovers_its_profile_and_its_simulated_ttft() {
         "--name",
         "cpu-like-fitted",
         "--max-prompt-tokens",
-        "4096",
+        "6144",
         "--max-batch",
         "32",
         "--decode-output-tokens",

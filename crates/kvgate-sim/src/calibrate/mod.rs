@@ -212,11 +212,12 @@ pub struct Plan {
 /// Ordered so that a sweep cut short by its time or request budget still covers every family:
 /// the cheap probes of each family first.
 pub fn default_plan(limits: &SweepLimits) -> Plan {
-    let block = limits.block_size_tokens.max(1);
+    // Bounded so that the arithmetic below cannot overflow, whatever the limits.
+    let block = limits.block_size_tokens.clamp(1, 1 << 16);
     // Whole blocks, at least one.
     let blocks = |tokens: u32| (tokens / block).max(1) * block;
-    let n = limits.max_prompt_tokens.max(2 * block);
-    let b = limits.max_batch.max(2);
+    let n = limits.max_prompt_tokens.clamp(2 * block, 1 << 24);
+    let b = limits.max_batch.clamp(2, 1 << 16);
     let out = limits.decode_output_tokens.max(4 * DECODE_SEGMENTS + 4);
     let decode = |batch: u32, prompt_tokens: u32| Probe::Decode {
         batch: batch.max(1),
@@ -842,6 +843,20 @@ mod tests {
             );
         }
         assert!((fit.value(Term::A) - 10.0).abs() < 0.5, "{fit:?}");
+    }
+
+    #[test]
+    fn extreme_sweep_limits_give_a_plan_not_an_overflow() {
+        for v in [0, 1, u32::MAX] {
+            let plan = default_plan(&SweepLimits {
+                max_prompt_tokens: v,
+                max_batch: v,
+                block_size_tokens: v,
+                decode_output_tokens: v,
+            });
+            assert_eq!(plan.fit.len(), 21);
+            assert_eq!(plan.holdout.len(), 3);
+        }
     }
 
     #[test]
