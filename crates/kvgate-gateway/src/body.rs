@@ -138,6 +138,19 @@ impl Tracker {
                 usage.map(|u| u.prompt_tokens),
                 usage.map(|u| u.completion_tokens),
             );
+            let dispatch = self.start + self.before_dispatch;
+            let since_dispatch =
+                |t: Instant| t.saturating_duration_since(dispatch).as_secs_f64() * 1e3;
+            ticket.timing(crate::capture::Timing {
+                pod: Some(self.guard.pod().url.clone()),
+                cached_tokens: usage.and_then(|u| u.cached_tokens),
+                dispatch_delay_ms: Some(self.before_dispatch.as_secs_f64() * 1e3),
+                ttft_ms: self
+                    .first_token_at
+                    .filter(|_| self.stream)
+                    .map(since_dispatch),
+                e2e_ms: Some(since_dispatch(Instant::now())),
+            });
         }
         if status != Status::Ok || !self.trainable {
             self.guard.finish(None);

@@ -11,6 +11,12 @@
 //!   an equal prefix, as in Mooncake. A trailing partial span (≥ 1 full block) gets its own id;
 //!   ids are padded with fresh ones up to `ceil(input_length / 512)` so the file always loads.
 //!
+//! and, when known, what a passive fit of the pods' step time needs (`kvgate calibrate`, issue
+//! 42): `pod` (its URL as logged), `cached_tokens` (`usage.prompt_tokens_details.cached_tokens`),
+//! `dispatch_ms` (when the request was sent to the pod, on the `timestamp` clock: after any
+//! flow-control wait), `ttft_ms` (streams: dispatch → first token, the pod's TTFT as the
+//! predictor learns it) and `e2e_ms` (dispatch → end). Readers of Mooncake lines ignore them.
+//!
 //! `kvgate sim --trace FILE` (and `kvgate loadgen --trace FILE`) replay it.
 //!
 //! Only requests a pod answered with 2xx and that ran to their end are written. A record is
@@ -50,6 +56,18 @@ struct Record {
     input_length: u64,
     output_length: u64,
     spans: Vec<u64>,
+    timing: Timing,
+}
+
+/// How a served request ran on its pod (the optional keys of a line; see the module docs).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Timing {
+    pub pod: Option<String>,
+    pub cached_tokens: Option<u64>,
+    /// Arrival → dispatch to the pod, ms.
+    pub dispatch_delay_ms: Option<f64>,
+    pub ttft_ms: Option<f64>,
+    pub e2e_ms: Option<f64>,
 }
 
 type Message = (u64, Option<Record>);
@@ -120,6 +138,7 @@ impl Capture {
                 input_length: u64::from(estimated_input_tokens),
                 output_length: 0,
                 spans: span_hashes(blocks),
+                timing: Timing::default(),
             },
             max_tokens,
             served: false,
@@ -136,6 +155,11 @@ fn span_hashes(blocks: &[u64]) -> Vec<u64> {
 }
 
 impl Ticket {
+    /// How the request ran on its pod (written with its line).
+    pub fn timing(&mut self, timing: Timing) {
+        self.record.timing = timing;
+    }
+
     /// The request ran to its end: use the pod's token counts when it gave them.
     pub fn served(&mut self, prompt_tokens: Option<u64>, completion_tokens: Option<u64>) {
         self.served = true;
@@ -170,7 +194,14 @@ fn empty_record() -> Record {
         input_length: 0,
         output_length: 0,
         spans: Vec::new(),
+        timing: Timing::default(),
     }
+}
+
+/// Milliseconds to the µs, finite and ≥ 0 only.
+fn ms(v: Option<f64>) -> Option<f64> {
+    v.filter(|x| x.is_finite() && *x >= 0.0)
+        .map(|x| (x * 1000.0).round() / 1000.0)
 }
 
 /// Turns records into Mooncake lines: dense ids, non-decreasing timestamps.
@@ -200,13 +231,32 @@ impl LineWriter {
             self.next_id += 1;
         }
         self.last_timestamp_ms = self.last_timestamp_ms.max(r.timestamp_ms);
-        serde_json::json!({
+        let mut line = serde_json::json!({
             "timestamp": self.last_timestamp_ms,
             "input_length": r.input_length,
             "output_length": r.output_length,
             "hash_ids": ids,
-        })
-        .to_string()
+        });
+        let t = &r.timing;
+        let dispatch_ms = ms(t.dispatch_delay_ms).map(|d| r.timestamp_ms as f64 + d);
+        let extra = [
+            ("pod", t.pod.clone().map(serde_json::Value::from)),
+            (
+                "cached_tokens",
+                t.cached_tokens.map(serde_json::Value::from),
+            ),
+            ("dispatch_ms", ms(dispatch_ms).map(serde_json::Value::from)),
+            ("ttft_ms", ms(t.ttft_ms).map(serde_json::Value::from)),
+            ("e2e_ms", ms(t.e2e_ms).map(serde_json::Value::from)),
+        ];
+        if let Some(obj) = line.as_object_mut() {
+            for (key, value) in extra {
+                if let Some(v) = value {
+                    obj.insert(key.to_string(), v);
+                }
+            }
+        }
+        line.to_string()
     }
 }
 
@@ -267,7 +317,35 @@ mod tests {
             input_length: input,
             output_length: 3,
             spans: spans.to_vec(),
+            timing: Timing::default(),
         }
+    }
+
+    #[test]
+    fn timing_keys_are_written_when_known_and_the_line_stays_a_mooncake_line() {
+        let mut w = LineWriter::default();
+        let mut r = record(100, 1024, &[7, 8]);
+        r.timing = Timing {
+            pod: Some("http://10.0.0.5:8000".into()),
+            cached_tokens: Some(512),
+            dispatch_delay_ms: Some(2.5),
+            ttft_ms: Some(41.0004),
+            e2e_ms: Some(f64::NAN),
+        };
+        let line = w.line(&r);
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["pod"], "http://10.0.0.5:8000");
+        assert_eq!(v["cached_tokens"], 512);
+        assert_eq!(v["dispatch_ms"], 102.5);
+        assert_eq!(v["ttft_ms"], 41.0);
+        // Not a number: left out, not written as null.
+        assert!(v.get("e2e_ms").is_none(), "{line}");
+        assert_eq!(v["timestamp"], 100);
+        assert_eq!(v["hash_ids"], serde_json::json!([0, 1]));
+        // Without timing, the line has the four Mooncake keys only.
+        let plain: serde_json::Value =
+            serde_json::from_str(&w.line(&record(200, 512, &[9]))).unwrap();
+        assert_eq!(plain.as_object().map(|o| o.len()), Some(4));
     }
 
     #[test]

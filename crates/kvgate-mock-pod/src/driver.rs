@@ -11,7 +11,8 @@
 //!    starts now instead and `kvgate_mock_pod_late_steps_total` counts it;
 //! 3. sleep until the step's end (`end_ms / time_scale`), then hand each emitted token to its
 //!    request's channel, record TTFT / inter-token / e2e latencies in wall time, publish the
-//!    step's cache changes as one KV event batch and refresh the gauges.
+//!    step's cache changes as one KV event batch and refresh the gauges, vLLM's per-step
+//!    `vllm:iteration_tokens_total` and per-request queue / prefill / decode times.
 //!
 //! A client that goes away aborts its request, as vLLM does: the HTTP layer holds an
 //! [`AbortOnDrop`] guard for the request's id ([`RequestEvent::Queued`]) whose drop (the SSE body
@@ -131,6 +132,9 @@ impl Drop for AbortOnDrop {
 struct Live {
     events: mpsc::UnboundedSender<RequestEvent>,
     arrival: Instant,
+    /// Start of the step that first scheduled it.
+    scheduled: Option<Instant>,
+    first_token: Option<Instant>,
     last_token: Option<Instant>,
     admitted: bool,
     blocks: Arc<[BlockHash]>,
@@ -305,6 +309,8 @@ impl Driver {
             Live {
                 events: s.events,
                 arrival: Instant::now(),
+                scheduled: None,
+                first_token: None,
                 last_token: None,
                 admitted: false,
                 blocks: s.blocks,
@@ -330,8 +336,10 @@ impl Driver {
         let now_ms = self.model_now_ms();
         let late = (now_ms - scheduled_ms) / self.time_scale > LATE_RESYNC_MS;
         let start = if late { now_ms } else { scheduled_ms };
+        let step_start = self.wall_at(start);
         let o = self.engine.step(start);
         let end_ms = o.end_ms;
+        let step_tokens = o.prefill_tokens + o.decode_seqs;
         self.emissions.clear();
         self.emissions.extend_from_slice(&o.emissions);
         self.admitted.clear();
@@ -360,11 +368,20 @@ impl Driver {
         if late {
             m.late_steps += 1;
         }
+        if step_tokens > 0 {
+            m.iteration_tokens.observe(step_tokens as f64);
+        }
         for a in &self.admitted {
             if let Some(live) = self.live.get_mut(&a.request_id)
                 && !live.admitted
             {
                 live.admitted = true;
+                live.scheduled = Some(step_start);
+                m.queue_time.observe(
+                    step_start
+                        .saturating_duration_since(live.arrival)
+                        .as_secs_f64(),
+                );
                 let _ = live.events.send(RequestEvent::Admitted {
                     cached_tokens: a.cached_tokens,
                 });
@@ -379,11 +396,20 @@ impl Driver {
                 finished: e.finished,
             });
             match live.last_token {
-                None => m.ttft.observe((delivered - live.arrival).as_secs_f64()),
+                None => {
+                    m.ttft.observe((delivered - live.arrival).as_secs_f64());
+                    let scheduled = live.scheduled.unwrap_or(live.arrival);
+                    m.prefill_time
+                        .observe(delivered.saturating_duration_since(scheduled).as_secs_f64());
+                    live.first_token = Some(delivered);
+                }
                 Some(last) => m.itl.observe((delivered - last).as_secs_f64()),
             }
             live.last_token = Some(delivered);
             if e.finished {
+                let first = live.first_token.unwrap_or(delivered);
+                m.decode_time
+                    .observe(delivered.saturating_duration_since(first).as_secs_f64());
                 m.e2e.observe((delivered - live.arrival).as_secs_f64());
                 m.requests_finished_length += 1;
                 if let Some(live) = self.live.remove(&e.request_id) {

@@ -19,6 +19,11 @@
 //! the HTTP layer (so they include the `--time-scale` speed-up). Written by hand rather than
 //! with `prometheus-client`, whose OpenMetrics output differs from what vLLM serves.
 //!
+//! Also as vLLM 0.32: `vllm:iteration_tokens_total` (tokens scheduled per engine step) and the
+//! per-request phase histograms `vllm:request_queue_time_seconds` (arrival → first scheduled),
+//! `vllm:request_prefill_time_seconds` (→ first token) and `vllm:request_decode_time_seconds`
+//! (first → last token), with vLLM's request-latency buckets.
+//!
 //! Mock-only series (prefix `kvgate_mock_pod_`): rejected requests by reason, requests aborted
 //! because their client went away, KV event batches dropped, and steps the driver ran late.
 //!
@@ -42,6 +47,11 @@ const ITL_BUCKETS: &[f64] = &[
 const E2E_BUCKETS: &[f64] = &[
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
     480.0, 960.0, 1920.0, 7680.0,
+];
+
+/// vLLM's `vllm:iteration_tokens_total` buckets (tokens scheduled in one engine step).
+const ITERATION_TOKENS_BUCKETS: &[f64] = &[
+    1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0,
 ];
 
 /// A cumulative Prometheus histogram with fixed bounds.
@@ -134,6 +144,14 @@ pub struct PodMetrics {
     pub ttft: Histogram,
     pub itl: Histogram,
     pub e2e: Histogram,
+    /// Tokens scheduled per step (prefill + decode), `vllm:iteration_tokens_total`.
+    pub iteration_tokens: Histogram,
+    /// Arrival → first scheduled, `vllm:request_queue_time_seconds`.
+    pub queue_time: Histogram,
+    /// First scheduled → first token, `vllm:request_prefill_time_seconds`.
+    pub prefill_time: Histogram,
+    /// First token → last token, `vllm:request_decode_time_seconds`.
+    pub decode_time: Histogram,
     pub requests_finished_length: u64,
     /// Requests aborted because their client went away (mock-only series).
     pub requests_aborted: u64,
@@ -156,6 +174,10 @@ impl Default for PodMetrics {
             ttft: Histogram::new(TTFT_BUCKETS),
             itl: Histogram::new(ITL_BUCKETS),
             e2e: Histogram::new(E2E_BUCKETS),
+            iteration_tokens: Histogram::new(ITERATION_TOKENS_BUCKETS),
+            queue_time: Histogram::new(E2E_BUCKETS),
+            prefill_time: Histogram::new(E2E_BUCKETS),
+            decode_time: Histogram::new(E2E_BUCKETS),
             requests_finished_length: 0,
             requests_aborted: 0,
             block_size_tokens: kvgate_core::blocks::DEFAULT_BLOCK_SIZE_TOKENS,
@@ -406,6 +428,34 @@ impl PodMetrics {
             &labels,
             &created,
         );
+        self.iteration_tokens.render(
+            &mut out,
+            "vllm:iteration_tokens_total",
+            "Histogram of number of tokens per engine_step.",
+            &labels,
+            &created,
+        );
+        self.queue_time.render(
+            &mut out,
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.",
+            &labels,
+            &created,
+        );
+        self.prefill_time.render(
+            &mut out,
+            "vllm:request_prefill_time_seconds",
+            "Histogram of time spent in PREFILL phase for request.",
+            &labels,
+            &created,
+        );
+        self.decode_time.render(
+            &mut out,
+            "vllm:request_decode_time_seconds",
+            "Histogram of time spent in DECODE phase for request.",
+            &labels,
+            &created,
+        );
         let _ = writeln!(
             out,
             "# HELP kvgate_mock_pod_rejected_requests_total Requests refused before reaching the engine.\n\
@@ -476,6 +526,34 @@ mod tests {
     fn model_names_with_quotes_are_escaped_in_labels() {
         let text = PodMetrics::default().render("a\"b", 100);
         assert!(text.contains("model_name=\"a\\\"b\""));
+    }
+
+    #[test]
+    fn step_tokens_and_request_phase_histograms_are_served_under_vllms_names() {
+        let mut m = PodMetrics::default();
+        m.iteration_tokens.observe(2048.0);
+        m.iteration_tokens.observe(3.0);
+        m.queue_time.observe(0.2);
+        m.prefill_time.observe(0.45);
+        m.decode_time.observe(1.25);
+        let text = m.render("tiny", 4096);
+        let l = "engine=\"0\",model_name=\"tiny\"";
+        for line in [
+            "# TYPE vllm:iteration_tokens_total histogram".to_owned(),
+            format!("vllm:iteration_tokens_total_bucket{{{l},le=\"8.0\"}} 1"),
+            format!("vllm:iteration_tokens_total_bucket{{{l},le=\"2048.0\"}} 2"),
+            format!("vllm:iteration_tokens_total_sum{{{l}}} 2051.0"),
+            format!("vllm:request_queue_time_seconds_bucket{{{l},le=\"0.3\"}} 1"),
+            format!("vllm:request_prefill_time_seconds_bucket{{{l},le=\"0.3\"}} 0"),
+            format!("vllm:request_prefill_time_seconds_bucket{{{l},le=\"0.5\"}} 1"),
+            format!("vllm:request_decode_time_seconds_sum{{{l}}} 1.25"),
+            format!("vllm:request_decode_time_seconds_count{{{l}}} 1"),
+        ] {
+            assert!(
+                text.lines().any(|x| x == line),
+                "missing {line:?} in\n{text}"
+            );
+        }
     }
 
     #[test]

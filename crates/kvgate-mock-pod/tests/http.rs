@@ -317,6 +317,10 @@ async fn metrics_use_vllm_names_and_types_and_parse() {
         ("vllm:time_to_first_token_seconds", "histogram"),
         ("vllm:inter_token_latency_seconds", "histogram"),
         ("vllm:e2e_request_latency_seconds", "histogram"),
+        ("vllm:iteration_tokens_total", "histogram"),
+        ("vllm:request_queue_time_seconds", "histogram"),
+        ("vllm:request_prefill_time_seconds", "histogram"),
+        ("vllm:request_decode_time_seconds", "histogram"),
     ] {
         assert!(
             text.contains(&format!("# TYPE {name} {kind}\n")),
@@ -334,6 +338,21 @@ async fn metrics_use_vllm_names_and_types_and_parse() {
     assert_eq!(get("vllm:time_to_first_token_seconds_count{"), 1.0);
     assert_eq!(get("vllm:inter_token_latency_seconds_count{"), 2.0);
     assert_eq!(get("vllm:e2e_request_latency_seconds_count{"), 1.0);
+    // One request of 3 tokens alone: one prefill step, then two decode steps of one token.
+    let prompt_tokens = get("vllm:prompt_tokens_total{");
+    assert_eq!(get("vllm:iteration_tokens_total_count{"), 3.0);
+    assert_eq!(get("vllm:iteration_tokens_total_sum{"), prompt_tokens + 2.0);
+    for phase in ["queue", "prefill", "decode"] {
+        assert_eq!(
+            get(&format!("vllm:request_{phase}_time_seconds_count{{")),
+            1.0
+        );
+    }
+    // The default profile's prefill step is ~6 ms; its two decode steps ~12 ms.
+    let prefill_s = get("vllm:request_prefill_time_seconds_sum{");
+    let decode_s = get("vllm:request_decode_time_seconds_sum{");
+    assert!((0.005..0.5).contains(&prefill_s), "{prefill_s}");
+    assert!((0.01..0.5).contains(&decode_s), "{decode_s}");
     assert_eq!(get("vllm:num_requests_running{"), 0.0);
     assert!(text.contains("num_gpu_blocks=\"1000\""));
     assert!(text.contains("block_size=\"16\""));

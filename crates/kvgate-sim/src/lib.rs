@@ -7,6 +7,7 @@
 //! - `events`: the router's prefix index, routed or fed by the pods' KV events (delay, loss).
 //! - `workload`: trace readers (Mooncake JSONL, Azure CSV) and generators (chat, shared-prefix).
 
+pub mod calibrate;
 pub mod cluster;
 pub mod engine;
 pub mod events;

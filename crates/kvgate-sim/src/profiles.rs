@@ -276,6 +276,26 @@ impl Profile {
         })))
     }
 
+    /// The JSON form [`Profile::from_json`] reads (every field, pretty-printed).
+    pub fn to_json(&self) -> String {
+        let value = serde_json::json!({
+            "name": self.name,
+            "t0_us": self.t0_us,
+            "a_us_per_prefill_token": self.a_us_per_prefill_token,
+            "b_us_per_decode_seq": self.b_us_per_decode_seq,
+            "k_us_per_context_token": self.k_us_per_context_token,
+            "k2_us_per_context_token_sq": self.k2_us_per_context_token_sq,
+            "q_us_per_prefill_pair": self.q_us_per_prefill_pair,
+            "kv_blocks": self.kv_blocks,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "max_num_seqs": self.max_num_seqs,
+            "max_model_len": self.max_model_len,
+        });
+        let mut text = serde_json::to_string_pretty(&value).unwrap_or_default();
+        text.push('\n');
+        text
+    }
+
     /// Duration of one step in milliseconds.
     pub fn step_ms(
         &self,
@@ -321,6 +341,17 @@ mod tests {
         let p = Profile::from_json("quadratic.json", &text).unwrap();
         // 17.6105 ms as above + 1e-6 × 1,000² µs + 0.5 × 5,050 µs.
         assert!((p.step_ms(100, 2, 1_000, 5_050) - (17.6105 + 0.001 + 2.525)).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_profile_written_as_json_reads_back_the_same() {
+        let p = Profile::from_json(
+            "q.json",
+            &CALIBRATED.replace("0.01,", "0.01, \"q_us_per_prefill_pair\": 0.125,"),
+        )
+        .unwrap();
+        let back = Profile::from_json("back.json", &p.to_json()).unwrap();
+        assert_eq!(back, p);
     }
 
     #[test]

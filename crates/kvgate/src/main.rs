@@ -1,5 +1,6 @@
 //! The `kvgate` command line.
 
+mod calibrate;
 mod decide;
 mod demo;
 mod serve_cli;
@@ -38,6 +39,9 @@ enum Command {
     /// Replay a trace or generated workload against an OpenAI endpoint (open loop) and report
     /// TTFT/TPOT/e2e, errors, throughput and the pods' prefix-cache hit rate.
     Loadgen(Box<kvgate_loadgen::LoadgenArgs>),
+    /// Fit a simulator profile (step-time terms, KV capacity) to a pod by probing it, check the
+    /// fit on held-out probes, and write it for `sim --profile` and `mock-pod --profile`.
+    Calibrate(Box<calibrate::CalibrateArgs>),
     /// Four mock pods and the gateway in one process, with a live status line (Ctrl-C stops).
     Demo(Box<demo::DemoArgs>),
 }
@@ -57,6 +61,7 @@ fn main() -> anyhow::Result<()> {
         Command::Loadgen(args) => {
             tokio::runtime::Runtime::new()?.block_on(kvgate_loadgen::run(*args))?;
         }
+        Command::Calibrate(args) => calibrate::run(*args)?,
         Command::Demo(args) => {
             kvgate_gateway::init_tracing_with_default("warn");
             demo::run(*args)?;
