@@ -497,6 +497,12 @@ pub(crate) fn decide_for(
         shared.session.lock().finish(routed.ticket, None);
         return Pick::NoDecision;
     };
+    let series = shared.metrics.pod_series(&pod);
+    let prompt_tokens = u64::from(request.input_tokens);
+    series.prompt_tokens.inc_by(prompt_tokens);
+    series
+        .cached_prompt_tokens
+        .inc_by(prompt_tokens.saturating_sub(charged_prefill_tokens));
     let blocks = recorded_blocks(request, &pods, &snaps, pod.id);
     let mut guard = TicketGuard::new(shared.clone(), pod.clone(), routed.ticket, blocks);
     let branch = decision.branch.as_str();

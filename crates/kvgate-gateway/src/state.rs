@@ -235,11 +235,15 @@ impl Shared {
             let session = self.session.lock();
             pods.iter().map(|p| session.in_flight(p.id)).collect()
         };
+        let now = std::time::Instant::now();
         for (pod, f) in pods.iter().zip(in_flight) {
             let label = pod.label();
             m.pod_healthy
                 .get_or_create(&label)
                 .set(i64::from(pod.is_healthy()));
+            m.pod_breaker_open
+                .get_or_create(&label)
+                .set(i64::from(pod.breaker.is_open(now)));
             m.in_flight_requests
                 .get_or_create(&label)
                 .set(i64::from(f.requests));
@@ -263,10 +267,19 @@ impl Shared {
                 stale,
             )
         };
+        let now_ms = crate::decisions::unix_ms();
         for (pod, stale) in pods.iter().zip(stale) {
             m.kv_events_stale
                 .get_or_create(&pod.label())
                 .set(i64::from(stale));
+            let last = pod
+                .last_kv_batch_unix_ms
+                .load(std::sync::atomic::Ordering::Relaxed);
+            if last > 0 {
+                m.kv_events_last_batch_age_seconds
+                    .get_or_create(&pod.label())
+                    .set(now_ms.saturating_sub(last) as f64 / 1e3);
+            }
         }
         m.predictor_ttft_mape.set(acc.ttft_mape);
         m.predictor_tpot_mape.set(acc.tpot_mape);
