@@ -506,6 +506,7 @@ pub(crate) fn decide_for(
     let blocks = recorded_blocks(request, &pods, &snaps, pod.id);
     let mut guard = TicketGuard::new(shared.clone(), pod.clone(), routed.ticket, blocks);
     let branch = decision.branch.as_str();
+    shared.live.count_branch(branch);
     if let Some(e) = decision.pods.iter().find(|p| p.id == decision.pod) {
         shared
             .metrics
@@ -625,6 +626,7 @@ fn split_pick(
         blocks_of(decode_pod.id),
     );
     let branch = decision.branch.as_str();
+    shared.live.count_branch(branch);
     shared.metrics.pd.route("split");
     // The client's first token comes from the decode pod: its guard completes the record.
     if let Some(record) = record_decision(

@@ -72,6 +72,8 @@ pub struct Shared {
     /// The rate limit of per-request log lines (the counters in `metrics` stay exact).
     pub log_limit: crate::log_limit::LogLimiter,
     pub decisions: DecisionLog,
+    /// The live page's branch counters and sampled history ([`crate::live`]).
+    pub live: crate::live::LiveHistory,
     pub client: UpstreamClient,
     /// Token mode's tokenizer (`--tokenizer FILE`, else the built-in cl100k), set at start.
     pub tokenizer: std::sync::OnceLock<crate::tokenizer::GatewayTokenizer>,
@@ -132,6 +134,7 @@ impl Shared {
             body_budget: Arc::default(),
             flow: crate::flow_gate::FlowGate::default(),
             decisions: DecisionLog::new(config.decision_log_size),
+            live: crate::live::LiveHistory::default(),
             config: ArcSwap::from_pointee(config),
             pods: PodTable::default(),
             session: Mutex::new(session),
