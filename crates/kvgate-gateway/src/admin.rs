@@ -6,7 +6,8 @@
 //! `/debug/score/v1/chat/completions` (a dry run: the body prepared as the traffic port
 //! would, and every healthy pod's prefix score and predictions for it as JSON; nothing is
 //! routed, recorded or charged, so it answers "where is this prompt cached?" without changing
-//! any pod's cache).
+//! any pod's cache); the live page `/ui` and its JSON, `/debug/pods`, `/debug/branches`,
+//! `/debug/predictor`, `/debug/queue` ([`crate::ui`]).
 
 use crate::state::Shared;
 use axum::body::Body;
@@ -21,6 +22,11 @@ pub fn admin_router(shared: Arc<Shared>) -> axum::Router {
         .route("/metrics", get(metrics))
         .route("/debug/decisions", get(decisions))
         .route("/debug/config", get(config))
+        .route("/debug/pods", get(live_pods))
+        .route("/debug/branches", get(live_branches))
+        .route("/debug/predictor", get(live_predictor))
+        .route("/debug/queue", get(live_queue))
+        .route("/ui", get(live_page))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route(
@@ -57,6 +63,41 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
             StatusCode::INTERNAL_SERVER_ERROR,
         ),
     }
+}
+
+fn json<T: serde::Serialize>(value: &T) -> Response {
+    match serde_json::to_string(value) {
+        Ok(body) => with_type(body, "application/json", StatusCode::OK),
+        Err(e) => with_type(
+            format!("encoding the answer failed: {e}\n"),
+            "text/plain",
+            StatusCode::INTERNAL_SERVER_ERROR,
+        ),
+    }
+}
+
+async fn live_pods(State(shared): State<Arc<Shared>>) -> Response {
+    json(&crate::ui::pods(&shared))
+}
+
+async fn live_branches(State(shared): State<Arc<Shared>>) -> Response {
+    json(&crate::ui::branches(&shared))
+}
+
+async fn live_predictor(State(shared): State<Arc<Shared>>) -> Response {
+    json(&crate::ui::predictor(&shared))
+}
+
+async fn live_queue(State(shared): State<Arc<Shared>>) -> Response {
+    json(&crate::ui::queue(&shared))
+}
+
+async fn live_page() -> Response {
+    with_type(
+        crate::ui::PAGE_HTML.to_string(),
+        "text/html; charset=utf-8",
+        StatusCode::OK,
+    )
 }
 
 async fn decisions(State(shared): State<Arc<Shared>>) -> Response {

@@ -177,6 +177,11 @@ impl Tracker {
             m.tpot_ms.observe(t);
         }
         let ttft_ms = self.pod_ttft_ms(first);
+        let series = m.pod_series(self.guard.pod());
+        series.ttft_ms.observe(ttft_ms);
+        if let Some(t) = tpot_ms {
+            series.tpot_ms.observe(t);
+        }
         self.guard.finish(Some(Observed { ttft_ms, tpot_ms }));
     }
 

@@ -290,6 +290,10 @@ impl Follower<'_> {
                     }
                 }
                 self.count(&self.shared.metrics.kv_events_batches);
+                self.pod.last_kv_batch_unix_ms.store(
+                    crate::decisions::unix_ms(),
+                    std::sync::atomic::Ordering::Relaxed,
+                );
             }
             Err(e) => self.reject(&e.to_string()),
         }

@@ -15,7 +15,7 @@
 //! reload (config file mtime) ─► config ─► pods / router
 //! discovery (--discovery kubernetes: Pod watch) ─► pods
 //! cluster (--cluster nats://…) ◄─► other replicas: routing events ─► core PeerBook ─► session
-//! admin (/metrics, /debug/decisions, /debug/config, /healthz, /readyz)
+//! admin (/metrics, /debug/decisions, /debug/config, /debug/pods|branches|predictor|queue, /ui, /healthz, /readyz)
 //! ```
 //!
 //! | module | one job |
@@ -54,7 +54,9 @@
 //! | `metrics` | kvgate's own Prometheus metrics (also the connection, flow, P/D and cluster metric sets their modules fill); `timeout_label` |
 //! | `decisions` | the bounded `/debug/decisions` ring; `--decisions-log`: each routed request's record completed with its outcome |
 //! | `jsonl` | an append-only JSON-lines file written by its own thread through a bounded queue |
-//! | `admin` | the admin listener: metrics, `/debug/decisions`, `/debug/config`, `/debug/score` (dry-run prefix scores), health |
+//! | `admin` | the admin listener: metrics, `/debug/decisions`, `/debug/config`, `/debug/score` (dry-run prefix scores), health, the live page's routes |
+//! | `live` | what the live page shows over time: decisions per gate branch, and a 5-minute history (the predictor's error, the queues) sampled every 5 s |
+//! | `ui` | the live page (`/ui`, one embedded HTML file) and its JSON: `/debug/pods`, `/debug/branches`, `/debug/predictor`, `/debug/queue`; the history's sampling task |
 //! | `ext_proc` | `--ext-proc-listen`: Envoy ext_proc endpoint picker (GAIE protocol), the stream's state machine; the pipeline's Envoy transport (the pod named, not sent) |
 //! | `ext_proc::protocol` | the protocol's messages: header values, response status, subset hint read; routing answers (header mutation, `envoy.lb` metadata), streamed body chunks, immediate errors built |
 //! | `kv_events` | `--index engine`: ZeroMQ SUB (and replay) per pod, batches decoded by the core and followed by its `KvEventFollower` |
@@ -92,6 +94,7 @@ pub mod kv_events;
 pub mod lifecycle;
 pub mod limits;
 pub mod listener;
+pub mod live;
 pub mod log_limit;
 pub mod metrics;
 pub mod models;
@@ -114,6 +117,7 @@ pub mod state;
 pub mod token_cache;
 pub mod tokenizer;
 pub mod trainer;
+pub mod ui;
 pub mod upstream;
 
 pub use config::{GatewayConfig, ServeArgs};

@@ -8,7 +8,7 @@
 //! The metric sets of the traffic connections, flow control, P/D and `--cluster` are defined
 //! here too (their modules fill them).
 
-use crate::pods::PodLabel;
+use crate::pods::{Pod, PodLabel, PodSeries};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -154,6 +154,8 @@ pub struct Metrics {
     /// Requests waiting for a slot.
     pub queued_requests: Gauge,
     pub pod_healthy: Family<PodLabel, Gauge>,
+    /// 1 while the pod's breaker holds it in a failure cooldown ([`crate::breaker`]).
+    pub pod_breaker_open: Family<PodLabel, Gauge>,
     pub in_flight_requests: Family<PodLabel, Gauge>,
     pub in_flight_prefill_tokens: Family<PodLabel, Gauge>,
     pub in_flight_decode_tokens: Family<PodLabel, Gauge>,
@@ -164,6 +166,14 @@ pub struct Metrics {
     pub kv_events_restarts: Family<PodLabel, Counter>,
     /// 1 while a pod's engine index is stale (the routed index stands in).
     pub kv_events_stale: Family<PodLabel, Gauge>,
+    /// Seconds since the pod's last KV-event batch was applied (only pods that sent one).
+    pub kv_events_last_batch_age_seconds: Family<PodLabel, Gauge<f64, AtomicU64>>,
+    /// Per pod: TTFT from the attempt's dispatch and TPOT (streams), and the prompt tokens
+    /// routed to it with those its index held ([`PodSeries`], cached on the pod).
+    pub pod_ttft_ms: Family<PodLabel, Histogram, fn() -> Histogram>,
+    pub pod_tpot_ms: Family<PodLabel, Histogram, fn() -> Histogram>,
+    pub pod_prompt_tokens: Family<PodLabel, Counter>,
+    pub pod_cached_prompt_tokens: Family<PodLabel, Counter>,
     /// The traffic listener's connections ([`crate::listener`]).
     pub connections: ConnectionMetrics,
     /// `--cluster`'s metrics ([`crate::cluster`]; zeros without it).
@@ -196,11 +206,17 @@ impl Metrics {
             &self.kv_events_gaps,
             &self.kv_events_replay_failures,
             &self.kv_events_restarts,
+            &self.pod_prompt_tokens,
+            &self.pod_cached_prompt_tokens,
         ] {
             family.remove(label);
         }
+        self.pod_ttft_ms.remove(label);
+        self.pod_tpot_ms.remove(label);
+        self.kv_events_last_batch_age_seconds.remove(label);
         for family in [
             &self.pod_healthy,
+            &self.pod_breaker_open,
             &self.in_flight_requests,
             &self.in_flight_prefill_tokens,
             &self.in_flight_decode_tokens,
@@ -209,6 +225,30 @@ impl Metrics {
             family.remove(label);
         }
         self.scrape_interval_seconds.remove(label);
+    }
+
+    /// The pod's per-request series, created at its first request and kept on the pod: the
+    /// proxy's path then updates them without building a label or locking the families.
+    /// A pod removed meanwhile has its new series dropped again (`forget_pod` may have run
+    /// before they were created), so a request outliving its pod leaves no series behind.
+    pub fn pod_series<'a>(&self, pod: &'a Pod) -> &'a PodSeries {
+        pod.series.get_or_init(|| {
+            let label = pod.label();
+            let series = PodSeries {
+                ttft_ms: self.pod_ttft_ms.get_or_create(&label).clone(),
+                tpot_ms: self.pod_tpot_ms.get_or_create(&label).clone(),
+                prompt_tokens: self.pod_prompt_tokens.get_or_create(&label).clone(),
+                cached_prompt_tokens: self.pod_cached_prompt_tokens.get_or_create(&label).clone(),
+            };
+            // `removed` is set before `forget_pod` runs, and the families' locks order the two.
+            if pod.removed.load(std::sync::atomic::Ordering::Acquire) {
+                self.pod_ttft_ms.remove(&label);
+                self.pod_tpot_ms.remove(&label);
+                self.pod_prompt_tokens.remove(&label);
+                self.pod_cached_prompt_tokens.remove(&label);
+            }
+            series
+        })
     }
 
     pub fn new() -> Self {
@@ -257,6 +297,7 @@ impl Metrics {
             active_requests: Gauge::default(),
             queued_requests: Gauge::default(),
             pod_healthy: Family::default(),
+            pod_breaker_open: Family::default(),
             in_flight_requests: Family::default(),
             in_flight_prefill_tokens: Family::default(),
             in_flight_decode_tokens: Family::default(),
@@ -266,6 +307,11 @@ impl Metrics {
             kv_events_replay_failures: Family::default(),
             kv_events_restarts: Family::default(),
             kv_events_stale: Family::default(),
+            kv_events_last_batch_age_seconds: Family::default(),
+            pod_ttft_ms: Family::new_with_constructor(latency_buckets as fn() -> Histogram),
+            pod_tpot_ms: Family::new_with_constructor(latency_buckets as fn() -> Histogram),
+            pod_prompt_tokens: Family::default(),
+            pod_cached_prompt_tokens: Family::default(),
             connections: Default::default(),
             flow: Default::default(),
             pd: Default::default(),
@@ -320,6 +366,31 @@ impl Metrics {
             "kv_events_stale",
             "1 while the pod's engine index is stale and the routed index stands in",
             self.kv_events_stale.clone(),
+        );
+        r.register(
+            "kv_events_last_batch_age_seconds",
+            "Seconds since the pod's last KV-event batch was applied (pods that sent one; an idle engine sends none)",
+            self.kv_events_last_batch_age_seconds.clone(),
+        );
+        r.register(
+            "pod_ttft_ms",
+            "Observed time to first token per pod, from the attempt's dispatch (streams), ms",
+            self.pod_ttft_ms.clone(),
+        );
+        r.register(
+            "pod_tpot_ms",
+            "Observed time per output token per pod (streams of 2+ tokens), ms",
+            self.pod_tpot_ms.clone(),
+        );
+        r.register(
+            "pod_prompt_tokens",
+            "Prompt tokens of the requests routed to the pod (each attempt)",
+            self.pod_prompt_tokens.clone(),
+        );
+        r.register(
+            "pod_cached_prompt_tokens",
+            "Prompt tokens routed to the pod that the router's prefix index held there (prompt minus charged prefill): kvgate's view of the prefix hit rate",
+            self.pod_cached_prompt_tokens.clone(),
         );
         r.register(
             "retries",
@@ -530,6 +601,11 @@ impl Metrics {
             "pod_healthy",
             "1 when the pod's last scrape succeeded",
             self.pod_healthy.clone(),
+        );
+        r.register(
+            "pod_breaker_open",
+            "1 while the pod is in a failure cooldown (its breaker avoids it), else 0",
+            self.pod_breaker_open.clone(),
         );
         r.register(
             "in_flight_requests",
@@ -923,5 +999,49 @@ impl ClusterMetrics {
             "Time from a peer queueing the oldest event of a message to the message arriving here (wall clocks: across machines it includes their skew)",
             self.delivery_seconds.0.clone(),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvgate_core::PodId;
+
+    fn encoded(m: &Metrics) -> String {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &m.registry).unwrap();
+        text
+    }
+
+    #[test]
+    fn pod_series_are_shared_with_the_registry_and_forgotten_with_the_pod() {
+        let m = Metrics::new();
+        let pod = Pod::new(PodId(0), "http://10.0.0.1:8000", "c", 100);
+        let series = m.pod_series(&pod);
+        series.ttft_ms.observe(12.0);
+        series.prompt_tokens.inc_by(100);
+        series.cached_prompt_tokens.inc_by(64);
+        // The second call is the same handle (no new label built).
+        assert!(std::ptr::eq(series, m.pod_series(&pod)));
+        let text = encoded(&m);
+        assert!(text.contains("kvgate_pod_prompt_tokens_total{pod=\"http://10.0.0.1:8000\"} 100"));
+        assert!(
+            text.contains("kvgate_pod_cached_prompt_tokens_total{pod=\"http://10.0.0.1:8000\"} 64")
+        );
+        assert!(text.contains("kvgate_pod_ttft_ms_count{pod=\"http://10.0.0.1:8000\"} 1"));
+        m.forget_pod(&pod.label());
+        assert!(!encoded(&m).contains("10.0.0.1"));
+    }
+
+    #[test]
+    fn a_removed_pods_first_request_leaves_no_series() {
+        let m = Metrics::new();
+        let pod = Pod::new(PodId(0), "http://10.0.0.2:8000", "c", 100);
+        pod.removed
+            .store(true, std::sync::atomic::Ordering::Release);
+        m.forget_pod(&pod.label());
+        // A request that outlived its pod ends now: its series are created and dropped again.
+        m.pod_series(&pod).ttft_ms.observe(5.0);
+        assert!(!encoded(&m).contains("10.0.0.2"));
     }
 }

@@ -148,7 +148,28 @@ pub struct Pod {
     pub progress: crate::progress::Progress,
     /// Set when a reload removed the pod; its scrape loop stops.
     pub removed: AtomicBool,
+    /// The pod's series that every request updates, created at its first request
+    /// (`Metrics::pod_series`), so that the proxy's path builds no label.
+    pub series: OnceLock<PodSeries>,
+    /// When the last KV-event batch of the pod was applied, ms since the Unix epoch (0: none
+    /// yet); `kvgate_kv_events_last_batch_age_seconds`.
+    pub last_kv_batch_unix_ms: AtomicU64,
     scraped: Mutex<Scraped>,
+}
+
+/// Handles to one pod's per-request series (the registry's own series, shared; see
+/// `crate::metrics::Metrics::pod_series`).
+#[derive(Debug, Clone)]
+pub struct PodSeries {
+    /// `kvgate_pod_ttft_ms{pod}`: first token after this attempt's dispatch, ms (streams).
+    pub ttft_ms: prometheus_client::metrics::histogram::Histogram,
+    /// `kvgate_pod_tpot_ms{pod}`.
+    pub tpot_ms: prometheus_client::metrics::histogram::Histogram,
+    /// `kvgate_pod_prompt_tokens_total{pod}`: prompt tokens of the requests routed to it.
+    pub prompt_tokens: prometheus_client::metrics::counter::Counter,
+    /// `kvgate_pod_cached_prompt_tokens_total{pod}`: of those, tokens the router's index
+    /// held on the pod (prompt − charged prefill).
+    pub cached_prompt_tokens: prometheus_client::metrics::counter::Counter,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -179,6 +200,8 @@ impl Pod {
             breaker: Breaker::default(),
             progress: crate::progress::Progress::new(),
             removed: AtomicBool::new(false),
+            series: OnceLock::new(),
+            last_kv_batch_unix_ms: AtomicU64::new(0),
             scraped: Mutex::new(Scraped {
                 kv_blocks: default_kv_blocks,
                 ..Scraped::default()
@@ -449,7 +472,7 @@ impl PodTable {
         }
         for p in old.iter() {
             if !next.iter().any(|n| Arc::ptr_eq(n, p)) {
-                p.removed.store(true, Ordering::Relaxed);
+                p.removed.store(true, Ordering::Release);
                 p.healthy.store(false, Ordering::Relaxed);
                 changes.removed.push(p.clone());
             }

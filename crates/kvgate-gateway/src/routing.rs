@@ -497,9 +497,16 @@ pub(crate) fn decide_for(
         shared.session.lock().finish(routed.ticket, None);
         return Pick::NoDecision;
     };
+    let series = shared.metrics.pod_series(&pod);
+    let prompt_tokens = u64::from(request.input_tokens);
+    series.prompt_tokens.inc_by(prompt_tokens);
+    series
+        .cached_prompt_tokens
+        .inc_by(prompt_tokens.saturating_sub(charged_prefill_tokens));
     let blocks = recorded_blocks(request, &pods, &snaps, pod.id);
     let mut guard = TicketGuard::new(shared.clone(), pod.clone(), routed.ticket, blocks);
     let branch = decision.branch.as_str();
+    shared.live.count_branch(branch);
     if let Some(e) = decision.pods.iter().find(|p| p.id == decision.pod) {
         shared
             .metrics
@@ -619,6 +626,7 @@ fn split_pick(
         blocks_of(decode_pod.id),
     );
     let branch = decision.branch.as_str();
+    shared.live.count_branch(branch);
     shared.metrics.pd.route("split");
     // The client's first token comes from the decode pod: its guard completes the record.
     if let Some(record) = record_decision(

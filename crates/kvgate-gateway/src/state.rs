@@ -72,6 +72,8 @@ pub struct Shared {
     /// The rate limit of per-request log lines (the counters in `metrics` stay exact).
     pub log_limit: crate::log_limit::LogLimiter,
     pub decisions: DecisionLog,
+    /// The live page's branch counters and sampled history ([`crate::live`]).
+    pub live: crate::live::LiveHistory,
     pub client: UpstreamClient,
     /// Token mode's tokenizer (`--tokenizer FILE`, else the built-in cl100k), set at start.
     pub tokenizer: std::sync::OnceLock<crate::tokenizer::GatewayTokenizer>,
@@ -132,6 +134,7 @@ impl Shared {
             body_budget: Arc::default(),
             flow: crate::flow_gate::FlowGate::default(),
             decisions: DecisionLog::new(config.decision_log_size),
+            live: crate::live::LiveHistory::default(),
             config: ArcSwap::from_pointee(config),
             pods: PodTable::default(),
             session: Mutex::new(session),
@@ -235,11 +238,15 @@ impl Shared {
             let session = self.session.lock();
             pods.iter().map(|p| session.in_flight(p.id)).collect()
         };
+        let now = std::time::Instant::now();
         for (pod, f) in pods.iter().zip(in_flight) {
             let label = pod.label();
             m.pod_healthy
                 .get_or_create(&label)
                 .set(i64::from(pod.is_healthy()));
+            m.pod_breaker_open
+                .get_or_create(&label)
+                .set(i64::from(pod.breaker.is_open(now)));
             m.in_flight_requests
                 .get_or_create(&label)
                 .set(i64::from(f.requests));
@@ -263,10 +270,19 @@ impl Shared {
                 stale,
             )
         };
+        let now_ms = crate::decisions::unix_ms();
         for (pod, stale) in pods.iter().zip(stale) {
             m.kv_events_stale
                 .get_or_create(&pod.label())
                 .set(i64::from(stale));
+            let last = pod
+                .last_kv_batch_unix_ms
+                .load(std::sync::atomic::Ordering::Relaxed);
+            if last > 0 {
+                m.kv_events_last_batch_age_seconds
+                    .get_or_create(&pod.label())
+                    .set(now_ms.saturating_sub(last) as f64 / 1e3);
+            }
         }
         m.predictor_ttft_mape.set(acc.ttft_mape);
         m.predictor_tpot_mape.set(acc.tpot_mape);

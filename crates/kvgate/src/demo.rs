@@ -32,8 +32,8 @@ pub struct DemoArgs {
     /// Traffic listener of the gateway (port 0: any free port).
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
-    /// Admin listener of the gateway (/metrics, /debug/decisions, /debug/config, /healthz,
-    /// /readyz).
+    /// Admin listener of the gateway (/ui, the live page; /metrics, /debug/decisions,
+    /// /debug/config, /healthz, /readyz).
     #[arg(long, default_value = "127.0.0.1:9090")]
     pub admin_listen: SocketAddr,
     /// Mock pods to start.
@@ -109,6 +109,7 @@ async fn run_async(args: DemoArgs) -> anyhow::Result<()> {
         "  policy {}; try (-D - prints the x-kvgate-pod and x-kvgate-branch headers: which pod, and why):\n\ncurl -sN -D - {base}/v1/chat/completions -H 'content-type: application/json' \\\n  -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}], \"max_tokens\": 16, \"stream\": true}}'\n",
         gw.shared().config().policy.name()
     );
+    println!("  live page: {admin}/ui");
     println!("  admin: {admin}/metrics  {admin}/debug/decisions  {admin}/readyz");
     if !args.traffic {
         println!("  or rerun with --traffic for a built-in multi-turn chat load.");
