@@ -243,6 +243,14 @@ pub struct RouterConfig {
     /// same engine step as the first share nothing. BENCHMARKS.md "Pending routes".
     pub engine_pending_ttl_ms: f64,
 
+    // ---- session affinity (`index/sessions.rs`) ----
+    /// How long a session key (the gateway's session headers, the simulator's agent sessions)
+    /// is remembered after its last request. Default 0: off.
+    pub session_affinity_ttl_ms: f64,
+    /// The prefix score a session's last pod gets at least (a floor, not a pin: the load gate
+    /// and health still apply). Default 0.9, above the gate's τ 0.80.
+    pub session_affinity_floor: f64,
+
     // ---- SLO routing ----
     /// Whether requests' latency objectives (the gateway's `x-slo-*` headers, the simulator's
     /// `--slo-ttft-ms`) change routing: with it, the affinity gate picks by SLO headroom.
@@ -345,6 +353,8 @@ router_keys! {
     lora_load_ms: f64, "loraLoadMs";
     lora_deferral_ms: f64, "loraDeferralMs";
     engine_pending_ttl_ms: f64, "enginePendingTtlMs";
+    session_affinity_ttl_ms: f64, "sessionAffinityTtlMs";
+    session_affinity_floor: f64, "sessionAffinityFloor";
     slo_routing: bool, "sloRouting";
     experimental_options: bool, "experimentalOptions";
 }
@@ -390,6 +400,8 @@ impl RouterConfig {
             lora_load_ms: crate::adapters::DEFAULT_LORA_LOAD_MS,
             lora_deferral_ms: crate::adapters::DEFAULT_LORA_DEFERRAL_MS,
             engine_pending_ttl_ms: 0.0,
+            session_affinity_ttl_ms: 0.0,
+            session_affinity_floor: 0.9,
             slo_routing: false,
             experimental_options: false,
         };
@@ -586,9 +598,16 @@ impl RouterConfig {
             ("lora_load_ms", self.lora_load_ms),
             ("lora_deferral_ms", self.lora_deferral_ms),
             ("engine_pending_ttl_ms", self.engine_pending_ttl_ms),
+            ("session_affinity_ttl_ms", self.session_affinity_ttl_ms),
         ] {
             check(key, v, v.is_finite() && v >= 0.0, ">= 0")?;
         }
+        check(
+            "session_affinity_floor",
+            self.session_affinity_floor,
+            unit(self.session_affinity_floor),
+            "0 <= floor <= 1",
+        )?;
         check(
             "shared_prefix_epsilon",
             self.shared_prefix_epsilon,
