@@ -190,6 +190,7 @@ fn bench_drivers(c: &mut Criterion) {
                 other_sizes: &[],
                 slo: Default::default(),
                 adapter: None,
+                session: None,
             };
             let r = session.route(&request, &mut snaps, &[]).unwrap();
             let pod = r.decision.pod_id;

@@ -23,7 +23,8 @@
 //! `epsilon_explore_sticky = "auto"` (EVALUATION.md §9: neutral, or worse under queueing),
 //! `explore_mode = least-loaded-non-sticky` and `random-if-no-sticky` (§3: no better than
 //! random exploration, or never spreading shared prefixes), `predictor_model = gbdt`,
-//! `gbdt-p90` and `analytic` (§6.3: `rls` is the most accurate and the best router). The
+//! `gbdt-p90` and `analytic` (§6.3: `rls` is the most accurate and the best router),
+//! `session_affinity_ttl_ms` above 0 (BENCHMARKS.md: neutral on compacted agent sessions). The
 //! simulator, where options are measured, turns the switch on unless its `--router-config` says
 //! otherwise.
 
@@ -243,6 +244,14 @@ pub struct RouterConfig {
     /// same engine step as the first share nothing. BENCHMARKS.md "Pending routes".
     pub engine_pending_ttl_ms: f64,
 
+    // ---- session affinity (`index/sessions.rs`) ----
+    /// How long a session key (the simulator's agent sessions) is remembered after its last
+    /// request. Default 0: off; above 0 is experimental (measured neutral, [`EXPERIMENTAL`]).
+    pub session_affinity_ttl_ms: f64,
+    /// The prefix score a session's last pod gets at least (a floor, not a pin: the load gate
+    /// and health still apply). Default 0.9, above the gate's τ 0.80.
+    pub session_affinity_floor: f64,
+
     // ---- SLO routing ----
     /// Whether requests' latency objectives (the gateway's `x-slo-*` headers, the simulator's
     /// `--slo-ttft-ms`) change routing: with it, the affinity gate picks by SLO headroom.
@@ -345,6 +354,8 @@ router_keys! {
     lora_load_ms: f64, "loraLoadMs";
     lora_deferral_ms: f64, "loraDeferralMs";
     engine_pending_ttl_ms: f64, "enginePendingTtlMs";
+    session_affinity_ttl_ms: f64, "sessionAffinityTtlMs";
+    session_affinity_floor: f64, "sessionAffinityFloor";
     slo_routing: bool, "sloRouting";
     experimental_options: bool, "experimentalOptions";
 }
@@ -390,6 +401,8 @@ impl RouterConfig {
             lora_load_ms: crate::adapters::DEFAULT_LORA_LOAD_MS,
             lora_deferral_ms: crate::adapters::DEFAULT_LORA_DEFERRAL_MS,
             engine_pending_ttl_ms: 0.0,
+            session_affinity_ttl_ms: 0.0,
+            session_affinity_floor: 0.9,
             slo_routing: false,
             experimental_options: false,
         };
@@ -433,7 +446,7 @@ pub enum ConfigError {
 }
 
 /// The experimental values: (key, value, the evidence that they do not help).
-pub const EXPERIMENTAL: [(&str, &str, &str); 7] = [
+pub const EXPERIMENTAL: [(&str, &str, &str); 8] = [
     (
         "affinity_gate_tau",
         "auto",
@@ -468,6 +481,12 @@ pub const EXPERIMENTAL: [(&str, &str, &str); 7] = [
         "predictor_model",
         "analytic",
         "EVALUATION.md §6.3: 200 % TTFT error, a worse router than rls",
+    ),
+    (
+        "session_affinity_ttl_ms",
+        "> 0",
+        "BENCHMARKS.md \"Session affinity on compacted agent sessions\": TTFT within 1 % of \
+         prefix-only routing",
     ),
 ];
 
@@ -505,6 +524,10 @@ impl RouterConfig {
             ),
             ("explore_mode", Some(explore)),
             ("predictor_model", Some(self.predictor_model.name())),
+            (
+                "session_affinity_ttl_ms",
+                (self.session_affinity_ttl_ms > 0.0).then_some("> 0"),
+            ),
         ];
         EXPERIMENTAL
             .into_iter()
@@ -586,9 +609,16 @@ impl RouterConfig {
             ("lora_load_ms", self.lora_load_ms),
             ("lora_deferral_ms", self.lora_deferral_ms),
             ("engine_pending_ttl_ms", self.engine_pending_ttl_ms),
+            ("session_affinity_ttl_ms", self.session_affinity_ttl_ms),
         ] {
             check(key, v, v.is_finite() && v >= 0.0, ">= 0")?;
         }
+        check(
+            "session_affinity_floor",
+            self.session_affinity_floor,
+            unit(self.session_affinity_floor),
+            "0 <= floor <= 1",
+        )?;
         check(
             "shared_prefix_epsilon",
             self.shared_prefix_epsilon,
@@ -778,7 +808,12 @@ mod tests {
     #[test]
     fn options_that_measured_no_better_need_the_experimental_switch() {
         for (key, value, evidence) in EXPERIMENTAL {
-            let err = RouterConfig::from_json(&json!({ key: value })).unwrap_err();
+            // A numeric key is experimental at any value above 0.
+            let value_json = match value {
+                "> 0" => json!(60_000.0),
+                v => json!(v),
+            };
+            let err = RouterConfig::from_json(&json!({ key: value_json })).unwrap_err();
             assert_eq!(
                 err,
                 ConfigError::Experimental {
@@ -788,9 +823,10 @@ mod tests {
                 },
                 "{key} = {value}"
             );
-            assert!(err.to_string().contains("EVALUATION.md §"), "{err}");
-            let c = RouterConfig::from_json(&json!({ key: value, "experimentalOptions": true }))
-                .unwrap();
+            assert!(err.to_string().contains(".md "), "{err}");
+            let c =
+                RouterConfig::from_json(&json!({ key: value_json, "experimentalOptions": true }))
+                    .unwrap();
             assert_eq!(c.experimental_values(), vec![(key, value, evidence)]);
         }
         // What measured better somewhere stays a plain key.

@@ -10,7 +10,7 @@ use crate::config::RouterConfig;
 use crate::decision::{Decision, PodExplanation, SloExplanation};
 use crate::index::popularity::PrefixPopularity;
 use crate::index::{PrefixIndex, prefix_score};
-use crate::pod::PodSnapshot;
+use crate::pod::{PodId, PodSnapshot};
 use crate::policy::{Candidate, Policy, PolicyError, PolicyKind, RequestFacts, RequestSlo};
 use crate::predictor::{Features, LatencyPredictor};
 use crate::request::ParsedRequest;
@@ -88,6 +88,8 @@ pub struct Router {
     matched_other: Vec<Vec<u32>>,
     /// Of `matched`, the blocks that were pending routes (engine mode; empty when none).
     pending_matched: Vec<u32>,
+    /// The next decision's session pod and its prefix-score floor (session affinity).
+    session_floor: Option<(PodId, f64)>,
     /// The last decision's pick (one write per decision, not per pod: the decision is the hot
     /// path).
     chosen: Option<Chosen>,
@@ -112,6 +114,7 @@ impl Router {
             matched: Vec::new(),
             matched_other: Vec::new(),
             pending_matched: Vec::new(),
+            session_floor: None,
             chosen: None,
             eligible: Vec::new(),
             predictor_error: None,
@@ -246,6 +249,12 @@ impl Router {
         self.evaluate_cut(cut, input_tokens, pods, index, predictor)
     }
 
+    /// Session affinity for the next evaluation only: `pod`'s prefix score counts as at least
+    /// `floor` for the policy (its predicted TTFT still comes from what it really holds).
+    pub fn set_session_floor(&mut self, floor: Option<(PodId, f64)>) {
+        self.session_floor = floor;
+    }
+
     /// [`Router::evaluate`] for a prompt cut at each block size of the fleet.
     pub fn evaluate_cut<'p>(
         &mut self,
@@ -288,6 +297,7 @@ impl Router {
             self.config.lora_load_ms,
             self.config.lora_deferral_ms,
         );
+        let session_floor = self.session_floor.take();
         let (matched, matched_other) = (&self.matched, &self.matched_other);
         // Sized once: a filtered iterator's collect would grow (and copy) it log2(pods) times.
         let mut candidates = Vec::with_capacity(pods.len());
@@ -325,6 +335,10 @@ impl Router {
                     adapter_cost_ms(adapter_fit, slots.deferred, load_ms, deferral_ms)
                 }
                 _ => 0.0,
+            };
+            let score = match session_floor {
+                Some((id, floor)) if id == pod.id => score.max(floor),
+                _ => score,
             };
             Candidate {
                 pod,

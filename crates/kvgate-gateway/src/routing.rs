@@ -60,6 +60,7 @@ impl Prepared {
             other_sizes: &self.other_sizes,
             slo: self.slo,
             adapter: Some(self.adapter),
+            session: None,
         }
     }
 }

@@ -1011,6 +1011,7 @@ impl Cluster {
         let replica = self.replica_of(r.id);
         self.deliver(now);
         self.indexes[replica].advance(now, self.sessions[replica].index_mut());
+        self.sessions[replica].advance_clock(now);
         let request = RouteRequest {
             blocks: &r.blocks,
             input_tokens: r.input_tokens,
@@ -1018,6 +1019,7 @@ impl Cluster {
             other_sizes: &[],
             slo: self.config.slo,
             adapter: r.adapter,
+            session: r.session,
         };
         loop {
             let route = if self.split {

@@ -43,4 +43,7 @@ pub struct SimRequest {
     /// The LoRA adapter the request names (`None`: the base model). A workload with adapters
     /// seeds each adapter's block chains apart, as vLLM's per-adapter prefix cache does.
     pub adapter: Option<AdapterId>,
+    /// The client session the request belongs to (the agent workload's sessions), for the
+    /// router's session affinity; `None`: none.
+    pub session: Option<u64>,
 }

@@ -20,6 +20,7 @@ fn request(
         output_tokens,
         blocks: segments::prompt_blocks(&[segments::Segment::new(segment, input_tokens)]),
         adapter: None,
+        session: None,
     }
 }
 

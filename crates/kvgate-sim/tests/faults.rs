@@ -24,6 +24,7 @@ fn request(id: u64, arrival_ms: f64, segment: u64, input_tokens: u32, output: u3
         output_tokens: output,
         blocks: segments::prompt_blocks(&[segments::Segment::new(segment, input_tokens)]),
         adapter: None,
+        session: None,
     }
 }
 

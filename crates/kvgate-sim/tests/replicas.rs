@@ -16,6 +16,7 @@ fn repeated_prompt() -> Vec<SimRequest> {
             output_tokens: 8,
             blocks: segments::prompt_blocks(&[segments::Segment::new(9, 2_000)]),
             adapter: None,
+            session: None,
         })
         .collect()
 }

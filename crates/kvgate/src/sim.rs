@@ -198,6 +198,10 @@ pub struct SimArgs {
     /// (default 32768), as `kvgate loadgen --max-context-tokens`.
     #[arg(long)]
     max_context_tokens: Option<u32>,
+    /// Agent workload: replace each session's history by a 400-token summary after every N-th
+    /// step (0: never), as agent clients compact long contexts.
+    #[arg(long, default_value_t = 0)]
+    agent_compact_every: u32,
     /// Every pod serves LoRA adapters with this many slots (vLLM `--max-loras`); unset: no LoRA.
     #[arg(long)]
     max_loras: Option<u32>,
@@ -386,6 +390,7 @@ fn load_workload(args: &SimArgs) -> Result<(Workload, Vec<SimRequest>)> {
                 seed: args.workload_seed,
                 max_requests: max.unwrap_or(d.max_requests),
                 max_context_tokens: args.max_context_tokens.unwrap_or(d.max_context_tokens),
+                compact_every: args.agent_compact_every,
                 ..d
             })?
         }

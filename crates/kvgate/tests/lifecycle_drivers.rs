@@ -90,6 +90,7 @@ fn through_the_core(bodies: &[Value], router: RouterConfig, kv_blocks: u32) -> R
                 other_sizes: &[],
                 slo: RequestSlo::default(),
                 adapter: None,
+                session: None,
             };
             let routed = session.route(&request, &mut pods, &[]).unwrap();
             let route = (
@@ -123,6 +124,7 @@ fn through_the_simulator(
                 output_tokens: 3,
                 blocks,
                 adapter: None,
+                session: None,
             }
         })
         .collect();

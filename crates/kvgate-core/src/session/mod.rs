@@ -39,6 +39,7 @@ use crate::config::RouterConfig;
 use crate::decision::Decision;
 use crate::index::PrefixIndex;
 use crate::index::engine::HybridIndex;
+use crate::index::sessions::SessionIndex;
 use crate::pod::{InFlight, PodId, PodSnapshot};
 use crate::policy::{PolicyKind, RequestSlo};
 use crate::predictor::{Features, LatencyPredictor, PredictorConfig};
@@ -64,6 +65,9 @@ pub struct RouteRequest<'a> {
     /// The LoRA adapter the request names: [`AdapterId::of`] its `model` (a pod whose base
     /// model that is counts it as no adapter). `None`: adapter-blind for this request.
     pub adapter: Option<AdapterId>,
+    /// The client session the request belongs to (a hash of its session key), for session
+    /// affinity ([`crate::index::sessions`]); `None`: none.
+    pub session: Option<u64>,
 }
 
 impl<'a> RouteRequest<'a> {
@@ -222,6 +226,8 @@ pub struct RouterSession {
     ledger: Ledger,
     /// LoRA adapters routed per pod: in flight and most recent ([`crate::adapters`]).
     adapters: AdapterBook,
+    /// Session key → the pod of its last request ([`crate::index::sessions`]).
+    sessions: SessionIndex,
     /// Scratch: the pods' health before exclusions, and the excluded ids as a dense bitmap.
     health: Vec<bool>,
     excluded: Vec<bool>,
@@ -238,6 +244,8 @@ impl RouterSession {
         index
             .engine
             .set_pending_ttl_ms(router.engine_pending_ttl_ms);
+        let mut sessions = SessionIndex::default();
+        sessions.set_ttl_ms(router.session_affinity_ttl_ms);
         RouterSession {
             router: Router::new(router, policy),
             index,
@@ -246,6 +254,7 @@ impl RouterSession {
             seed,
             ledger: Ledger::default(),
             adapters: AdapterBook::default(),
+            sessions,
             health: Vec::new(),
             excluded: Vec::new(),
         }
@@ -274,6 +283,7 @@ impl RouterSession {
         self.index
             .engine
             .set_pending_ttl_ms(router.engine_pending_ttl_ms);
+        self.sessions.set_ttl_ms(router.session_affinity_ttl_ms);
         let old = std::mem::replace(&mut self.router, Router::new(router, policy));
         self.router.keep_popularity_from(old);
     }
@@ -330,6 +340,13 @@ impl RouterSession {
         self.index.remove_pod(pod);
         self.ledger.remove_pod(pod);
         self.adapters.remove_pod(pod);
+        self.sessions.remove_pod(pod);
+    }
+
+    /// Moves the clocks of the session's timed state to the driver's `now_ms`: session
+    /// affinity forgets sessions idle for `session_affinity_ttl_ms`.
+    pub fn advance_clock(&mut self, now_ms: f64) {
+        self.sessions.advance(now_ms);
     }
 
     /// Each healthy pod's prefix score and predictions for `request`, as a decision would see
@@ -403,6 +420,10 @@ impl RouterSession {
         }
         let slo_mode = self.router.config().slo_routing && request.slo != RequestSlo::default();
         let cut = request.cut();
+        let session_pod = request.session.and_then(|key| self.sessions.pod_of(key));
+        let floor = self.router.config().session_affinity_floor;
+        self.router
+            .set_session_floor(session_pod.map(|pod| (pod, floor)));
         let decision = self
             .router
             .decide_cut(
@@ -423,13 +444,21 @@ impl RouterSession {
             .ok_or(RouteError::NoDecision)?;
         let (pod_blocks, pod_block_size) = cut.blocks_for(snap);
         self.index.record_routed(decision.pod_id, pod_blocks);
+        if let Some(key) = request.session {
+            self.sessions.record(key, decision.pod_id);
+        }
         let chosen = self
             .router
             .chosen_explanation(decision.pod_id)
             .and_then(|i| decision.pods.get(i));
-        let prefix_score = chosen.map_or(0.0, |p| p.prefix_score);
-        let features = Features::new(snap, request.input_tokens, prefix_score);
         let matched = self.router.matched_blocks(decision.pod_id);
+        // The predictor learns from what the pod holds, not from a session-affinity floor.
+        let prefix_score = if session_pod == Some(decision.pod_id) {
+            crate::index::prefix_score(matched, pod_blocks.len())
+        } else {
+            chosen.map_or(0.0, |p| p.prefix_score)
+        };
+        let features = Features::new(snap, request.input_tokens, prefix_score);
         let charge = prefill_charge_tokens(request.input_tokens, matched, pod_block_size);
         let share = self.ledger.charge(decision.pod_id, charge);
         // Only adapters (not the pod's base model) on LoRA pods are booked.

@@ -268,6 +268,7 @@ mod tests {
             other_sizes: &[],
             slo: RequestSlo::default(),
             adapter: None,
+            session: None,
         }
     }
 

@@ -18,6 +18,12 @@
 //!   est_ms_per_output_token` (the longest branch for a fan-out), the pause lognormal
 //!   (`tool_pause_median_s`, `tool_pause_sigma`). A session ends early when the next prompt would
 //!   exceed `max_context_tokens`.
+//! - Compaction: with `compact_every` = N > 0, after every N-th step the session's history
+//!   (every output and tool result so far) is replaced by a new summary of
+//!   `compact_summary_tokens`, as agent clients compact a long context: the next prompt keeps
+//!   only the agent prompt and the task as its prefix, although the pod that served the session
+//!   still holds them and nothing else of the session is anywhere. Each request carries its
+//!   session's id ([`SimRequest::session`]), as the gateway reads a session header.
 //! - The first `max_requests` requests by arrival are kept, as in the chat generator.
 //!
 //! What sets it apart from chat: long shared agent prompts, contexts that grow fast by tool
@@ -27,8 +33,8 @@
 //!
 //! Defaults: 4 agent kinds with 1.5–3k-token prompts, tasks of ~200 tokens, 3–12 steps, tool calls
 //! of ~60 tokens, answers of ~250, tool results of ~300 (σ 1, ≤ 4k), pauses of ~1.5 s (σ 1), a
-//! quarter of the steps fanning out into 2–4 calls, 0.2 sessions/s (≈ 2 req/s); the estimate's
-//! speeds are the chat generator's.
+//! quarter of the steps fanning out into 2–4 calls, 0.2 sessions/s (≈ 2 req/s), no compaction
+//! (summaries of 400 tokens when on); the estimate's speeds are the chat generator's.
 
 use rand::rngs::ChaCha8Rng;
 use rand::{RngExt, SeedableRng};
@@ -44,6 +50,7 @@ const NS_TASK: u64 = 0x4167_5461; // "AgTa"
 const NS_OUTPUT: u64 = 0x4167_4f75; // "AgOu"
 const NS_RESULT: u64 = 0x4167_5265; // "AgRe"
 const NS_BRANCH: u64 = 0x4167_4272; // "AgBr"
+const NS_SUMMARY: u64 = 0x4167_5375; // "AgSu"
 
 /// Parameters of the agent generator (see the module docs for the model and defaults).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -74,6 +81,8 @@ pub struct AgentParams {
     pub max_context_tokens: u32,
     pub est_prefill_ms_per_token: f64,
     pub est_ms_per_output_token: f64,
+    pub compact_every: u32,
+    pub compact_summary_tokens: u32,
 }
 
 impl Default for AgentParams {
@@ -104,6 +113,8 @@ impl Default for AgentParams {
             max_context_tokens: 32_768,
             est_prefill_ms_per_token: 0.02,
             est_ms_per_output_token: 25.0,
+            compact_every: 0,
+            compact_summary_tokens: 400,
         }
     }
 }
@@ -121,6 +132,7 @@ impl AgentParams {
         token_count("tool_result_tokens_max", self.tool_result_tokens_max)?;
         token_count("branch_tokens", self.branch_tokens)?;
         token_count("max_context_tokens", self.max_context_tokens)?;
+        token_count("compact_summary_tokens", self.compact_summary_tokens)?;
         let invalid = |name, reason: &str| {
             Err(WorkloadError::InvalidParam {
                 name,
@@ -288,6 +300,7 @@ pub fn generate(params: &AgentParams) -> Result<(Workload, Vec<SimRequest>), Wor
                     output_tokens,
                     blocks: prompt_blocks(&prompt),
                     adapter: None,
+                    session: Some(session),
                 });
                 let id = segment_id(NS_OUTPUT, session, call | u64::from(branch));
                 outputs.push(Segment::new(id, output_tokens));
@@ -305,6 +318,11 @@ pub fn generate(params: &AgentParams) -> Result<(Workload, Vec<SimRequest>), Wor
                 let result = tokens(len.tool_result.sample(&mut rng), p.tool_result_tokens_max);
                 let id = segment_id(NS_RESULT, session, call | branch as u64);
                 context.push(Segment::new(id, result));
+            }
+            if p.compact_every > 0 && (step + 1) % p.compact_every == 0 {
+                context.truncate(2);
+                let id = segment_id(NS_SUMMARY, session, call);
+                context.push(Segment::new(id, p.compact_summary_tokens));
             }
             arrival_ms += longest_ms + len.pause_ms.sample(&mut rng);
         }
@@ -329,6 +347,46 @@ mod tests {
             max_requests,
             ..AgentParams::default()
         }
+    }
+
+    #[test]
+    fn compaction_keeps_only_the_agent_prompt_and_task_as_the_next_prefix() {
+        let p = AgentParams {
+            compact_every: 1,
+            parallel_share: 0.0,
+            steps_min: 3,
+            steps_max: 3,
+            ..params(5, 3)
+        };
+        let (_, reqs) = generate(&p).unwrap();
+        assert_eq!(reqs.len(), 3);
+        assert!(reqs.iter().all(|r| r.session == Some(0)));
+        let shared = |a: &SimRequest, b: &SimRequest| {
+            a.blocks
+                .iter()
+                .zip(&b.blocks)
+                .take_while(|(x, y)| x == y)
+                .count()
+        };
+        let head = shared(&reqs[0], &reqs[1]);
+        // Step 1's prompt is agent + task + summary: it shares agent + task (every full block
+        // of step 0's prompt but its partial last one) and no more.
+        assert_eq!(head, reqs[0].blocks.len());
+        assert_eq!(
+            shared(&reqs[1], &reqs[2]),
+            head,
+            "compacted again after step 1"
+        );
+        let plain = generate(&AgentParams {
+            compact_every: 0,
+            ..p.clone()
+        })
+        .unwrap()
+        .1;
+        assert!(
+            shared(&plain[1], &plain[2]) > head,
+            "without compaction the history stays"
+        );
     }
 
     #[test]

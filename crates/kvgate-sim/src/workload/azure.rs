@@ -118,6 +118,7 @@ pub fn parse(source_name: &str, text: &str) -> Result<Vec<SimRequest>, WorkloadE
             output_tokens,
             blocks,
             adapter: None,
+            session: None,
         });
     }
     Ok(requests)

@@ -221,6 +221,7 @@ pub fn generate(params: &ChatParams) -> Result<(Workload, Vec<SimRequest>), Work
                 output_tokens,
                 blocks: prompt_blocks(&segments),
                 adapter,
+                session: None,
             });
             segments.push(Segment::new(
                 segment_id(NS_ANSWER, session, turn),

@@ -139,6 +139,7 @@ mod tests {
                 output_tokens: 1,
                 blocks: Vec::new(),
                 adapter: None,
+                session: None,
             })
             .collect()
     }

@@ -247,6 +247,7 @@ mod tests {
             output_tokens: 1,
             blocks: vec![1],
             adapter: None,
+            session: None,
         }
     }
 

@@ -133,6 +133,7 @@ pub fn parse(
             output_tokens,
             blocks,
             adapter: None,
+            session: None,
         });
     }
     spread_buckets(&timestamps, bucket_ms, &mut requests);

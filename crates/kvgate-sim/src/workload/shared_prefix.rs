@@ -218,6 +218,7 @@ pub fn generate(params: &SharedPrefixParams) -> Result<(Workload, Vec<SimRequest
             output_tokens,
             blocks: prompt_blocks(&segments),
             adapter: None,
+            session: None,
         });
     }
     let workload = Workload {
