@@ -28,6 +28,7 @@
 use crate::adapters::AdapterId;
 use crate::pod::PodId;
 use serde_json::Value;
+use std::borrow::Borrow;
 
 /// Most model ids kept per pod: a vLLM pod lists its base model and its adapters (tens,
 /// rarely hundreds); the gateway's merged `/v1/models` keeps 10,000 in all.
@@ -114,17 +115,18 @@ pub enum ModelPods {
     Nowhere,
 }
 
-/// Which of `pods` (each with its list, `None` when not known) may take a request for `model`
-/// (module docs). O(pods × log ids), no allocation unless a pod is left out.
-pub fn pods_for_model<'a>(
+/// Which of `pods` (each with its list, `None` when not known; a reference or an `Arc`) may
+/// take a request for `model` (module docs). O(pods × log ids), no allocation unless a pod is
+/// left out.
+pub fn pods_for_model<S: Borrow<ServedModels>>(
     model: AdapterId,
-    pods: impl IntoIterator<Item = (PodId, Option<&'a ServedModels>)>,
+    pods: impl IntoIterator<Item = (PodId, Option<S>)>,
 ) -> ModelPods {
     let mut except = Vec::new();
     let mut serving = 0usize;
     for (id, served) in pods {
         match served {
-            Some(s) if !s.serves(model) => except.push(id),
+            Some(s) if !s.borrow().serves(model) => except.push(id),
             _ => serving += 1,
         }
     }
@@ -187,7 +189,8 @@ mod tests {
         );
         let known = [(PodId(0), Some(&a)), (PodId(1), Some(&b))];
         assert_eq!(pods_for_model(id("model-c"), known), ModelPods::Nowhere);
-        assert_eq!(pods_for_model(id("model-a"), []), ModelPods::Nowhere);
+        let empty: [(PodId, Option<&ServedModels>); 0] = [];
+        assert_eq!(pods_for_model(id("model-a"), empty), ModelPods::Nowhere);
     }
 
     #[test]
@@ -195,7 +198,7 @@ mod tests {
         let m = ServedModels::from_names(["tiny"]);
         let fleet = [(PodId(0), Some(&m)), (PodId(1), Some(&m))];
         assert_eq!(pods_for_model(id("tiny"), fleet), ModelPods::Anywhere);
-        let unknown = [(PodId(0), None), (PodId(1), None)];
+        let unknown: [(PodId, Option<&ServedModels>); 2] = [(PodId(0), None), (PodId(1), None)];
         assert_eq!(pods_for_model(id("tiny"), unknown), ModelPods::Anywhere);
     }
 

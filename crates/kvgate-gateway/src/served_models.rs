@@ -36,9 +36,7 @@ const HEALTH_POLL: Duration = Duration::from_millis(100);
 /// Where a request for `model` may go now, over the whole pod table (healthy or not).
 pub(crate) fn pods_for(shared: &Shared, model: AdapterId) -> ModelPods {
     let pods = shared.pods.all();
-    let lists: Vec<(PodId, Option<Arc<ServedModels>>)> =
-        pods.iter().map(|p| (p.id, p.served_models())).collect();
-    kvgate_core::pods_for_model(model, lists.iter().map(|(id, s)| (*id, s.as_deref())))
+    kvgate_core::pods_for_model(model, pods.iter().map(|p| (p.id, p.served_models())))
 }
 
 /// The pipeline's model check: a model no pod serves is kvgate's own 404.
