@@ -15,7 +15,9 @@
 //!   answered) is treated as serving anything, so a fleet whose lists are unknown routes exactly
 //!   as before, and a pod that is up but whose list is late still gets traffic;
 //! - no pod serves the model (every list is known and none has it): [`ModelPods::Nowhere`], for
-//!   the driver to answer 404 itself, before anything is charged or recorded.
+//!   the driver to answer 404 itself, before anything is charged or recorded;
+//! - an empty fleet is [`ModelPods::Anywhere`]: no pod at all is "no healthy pod" (503), not a
+//!   statement about the model.
 //!
 //! Block chains of different models never meet: the chain seed is the model's name
 //! ([`crate::BlockHasher::chain_seed`]), so the index never credits a pod with a prefix that
@@ -107,7 +109,7 @@ impl ServedModels {
 /// Where a request for a model may go.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ModelPods {
-    /// Every pod may take it (the common single-model fleet, or lists not known yet).
+    /// Every pod may take it (the common single-model fleet, lists not known yet, or no pod).
     Anywhere,
     /// Only the pods not in this list (non-empty): they are known not to serve the model.
     Except(Vec<PodId>),
@@ -130,10 +132,10 @@ pub fn pods_for_model<S: Borrow<ServedModels>>(
             _ => serving += 1,
         }
     }
-    if serving == 0 {
-        ModelPods::Nowhere
-    } else if except.is_empty() {
+    if except.is_empty() {
         ModelPods::Anywhere
+    } else if serving == 0 {
+        ModelPods::Nowhere
     } else {
         ModelPods::Except(except)
     }
@@ -189,8 +191,9 @@ mod tests {
         );
         let known = [(PodId(0), Some(&a)), (PodId(1), Some(&b))];
         assert_eq!(pods_for_model(id("model-c"), known), ModelPods::Nowhere);
+        // No pod at all is not a 404: the decision answers 503 (no healthy pod).
         let empty: [(PodId, Option<&ServedModels>); 0] = [];
-        assert_eq!(pods_for_model(id("model-a"), empty), ModelPods::Nowhere);
+        assert_eq!(pods_for_model(id("model-a"), empty), ModelPods::Anywhere);
     }
 
     #[test]

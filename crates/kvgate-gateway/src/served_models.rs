@@ -197,6 +197,16 @@ mod tests {
     }
 
     #[test]
+    fn an_empty_pod_table_is_no_healthy_pod_not_an_unknown_model() {
+        let shared = shared_with(&[]);
+        assert!(check(&shared, "any-model").is_ok());
+        assert_eq!(
+            not_serving(&shared, AdapterId::of("any-model")),
+            Vec::<PodId>::new()
+        );
+    }
+
+    #[test]
     fn a_huge_model_name_is_cut_in_the_error() {
         let long = "m".repeat(100_000);
         let e = model_not_found(&long);
