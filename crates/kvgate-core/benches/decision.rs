@@ -11,6 +11,9 @@
 //!   `finish`), side by side on the same pods, index content and predictor.
 //! - `index/record_routed_500_blocks`: recording one routed request of 500 blocks.
 //! - `predictor/predict`, `predictor/observe`: one prediction / one training sample.
+//! - `models/pods_for_model/{one_model,two_models}/64`: which of 64 pods may take a request
+//!   for its model (each pod's list known, one base model each): a fleet of one model, and a
+//!   fleet of two (half the pods left out).
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use kvgate_core::config::GateSetting;
@@ -255,11 +258,35 @@ fn bench_predictor(c: &mut Criterion) {
     });
 }
 
+fn bench_models(c: &mut Criterion) {
+    use kvgate_core::{AdapterId, ServedModels, pods_for_model};
+    let a = ServedModels::from_names(["model-a"]);
+    let b = ServedModels::from_names(["model-b"]);
+    let one: Vec<(PodId, &ServedModels)> = (0..64).map(|i| (PodId(i), &a)).collect();
+    let two: Vec<(PodId, &ServedModels)> = (0..64)
+        .map(|i| (PodId(i), if i % 2 == 0 { &a } else { &b }))
+        .collect();
+    let model = AdapterId::of("model-a");
+    let mut group = c.benchmark_group("models/pods_for_model");
+    for (name, fleet) in [("one_model", &one), ("two_models", &two)] {
+        group.bench_function(BenchmarkId::new(name, 64), |bench| {
+            bench.iter(|| {
+                black_box(pods_for_model(
+                    black_box(model),
+                    fleet.iter().map(|(id, s)| (*id, Some(*s))),
+                ))
+            })
+        });
+    }
+    group.finish();
+}
+
 criterion_group!(
     benches,
     bench_decision,
     bench_drivers,
     bench_index,
-    bench_predictor
+    bench_predictor,
+    bench_models
 );
 criterion_main!(benches);

@@ -25,6 +25,7 @@ pub mod config;
 pub mod decision;
 pub mod flow;
 pub mod index;
+pub mod models;
 pub mod pod;
 pub mod policy;
 pub mod predictor;
@@ -43,6 +44,7 @@ pub use config::RouterConfig;
 pub use decision::{
     Branch, Decision, DecodeCandidate, DecodeExplanation, GateState, PodExplanation, SloExplanation,
 };
+pub use models::{ModelPods, ServedModels, pods_for_model};
 pub use pod::{InFlight, PodId, PodRole, PodSnapshot};
 pub use router::{PromptCut, Router};
 pub use session::pd::{PdRouted, Route, Stage};

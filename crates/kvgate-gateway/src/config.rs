@@ -26,7 +26,9 @@
 //! url = "http://10.0.0.7:8000"
 //! events = "tcp://10.0.0.7:5557"   # its PUB endpoint
 //! replay = "tcp://10.0.0.7:5558"   # its replay ROUTER endpoint (optional)
-//! model = "llama"                  # optional: else the model_name label of its metrics
+//! model = "llama"                  # optional: the model it serves (routing: until its own
+//!                                  # /v1/models is learnt) and its chain seed (else the
+//!                                  # model_name label of its metrics); `--pod URL,model=NAME`
 //!
 //! [router]                         # kvgate_core::RouterConfig; llm-d camelCase names accepted
 //! gate_profile = "seed"            # the gate as specified; keys below override it
@@ -72,6 +74,10 @@ pub const DEFAULT_BODY_READ_TIMEOUT_MS: u64 = 30_000;
 /// Default size of the `/debug/decisions` ring.
 pub const DEFAULT_DECISION_LOG: usize = 256;
 pub const DEFAULT_SCRAPE_INTERVAL_MS: u64 = 50;
+/// Default `models_refresh_interval_ms`: how often each pod's `/v1/models` is read again
+/// ([`crate::served_models`]). A pod's models change only when adapters are loaded or its engine
+/// restarts (which an outage shows and which is re-read at once), so 10 s, 200 × the scrape.
+pub const DEFAULT_MODELS_REFRESH_INTERVAL_MS: u64 = 10_000;
 pub const DEFAULT_MAX_RETRIES: u32 = 2;
 pub const DEFAULT_POD_CLASS: &str = "default";
 /// Default number of requests served at once by the traffic listener.
@@ -242,12 +248,12 @@ fn parse_pod_arg(arg: &str) -> Result<(PodEntry, Option<PodEvents>), ConfigError
             _ => return Err(ConfigError::BadPodOption(arg.to_string())),
         }
     }
-    let events = endpoint_events(&url, endpoint, replay, model, arg)?;
+    let events = endpoint_events(&url, endpoint, replay, model.clone(), arg)?;
     let class = class.unwrap_or_else(|| DEFAULT_POD_CLASS.to_string());
     Ok((
         PodEntry {
             data_parallel_size,
-            ..PodEntry::new(url, class).with_role(role)
+            ..PodEntry::new(url, class).with_role(role).with_model(model)
         },
         events,
     ))
@@ -358,6 +364,7 @@ pub struct FileConfig {
     pub pods: Vec<PodSpec>,
     pub policy: Option<String>,
     pub scrape_interval_ms: Option<u64>,
+    pub models_refresh_interval_ms: Option<u64>,
     pub response_headers: Option<bool>,
     pub max_body_bytes: Option<usize>,
     pub max_body_bytes_in_flight: Option<usize>,
@@ -430,6 +437,8 @@ pub struct GatewayConfig {
     pub pods: Vec<PodEntry>,
     pub policy: PolicyKind,
     pub scrape_interval: Duration,
+    /// How often each pod's `/v1/models` is read again (`models_refresh_interval_ms`).
+    pub models_refresh_interval: Duration,
     pub response_headers: bool,
     pub max_body_bytes: usize,
     /// Request-body bytes held at once over all requests; beyond, 503 (see `limits`).
@@ -514,7 +523,9 @@ impl GatewayConfig {
                     let class = class.as_deref().unwrap_or(DEFAULT_POD_CLASS);
                     pods.push(PodEntry {
                         data_parallel_size: data_parallel_size.unwrap_or(1),
-                        ..PodEntry::new(url.clone(), class).with_role(role.unwrap_or_default())
+                        ..PodEntry::new(url.clone(), class)
+                            .with_role(role.unwrap_or_default())
+                            .with_model(model.clone())
                     });
                     pod_events.extend(endpoint_events(
                         url,
@@ -549,6 +560,13 @@ impl GatewayConfig {
             .unwrap_or(DEFAULT_SCRAPE_INTERVAL_MS);
         if scrape_ms == 0 {
             return Err(ConfigError::NotPositive("scrape_interval_ms"));
+        }
+        let models_refresh_ms = args
+            .models_refresh_interval_ms
+            .or(file.models_refresh_interval_ms)
+            .unwrap_or(DEFAULT_MODELS_REFRESH_INTERVAL_MS);
+        if models_refresh_ms == 0 {
+            return Err(ConfigError::NotPositive("models_refresh_interval_ms"));
         }
         let max_body_bytes = file.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES);
         if max_body_bytes == 0 {
@@ -676,6 +694,7 @@ impl GatewayConfig {
             pods,
             policy,
             scrape_interval: Duration::from_millis(scrape_ms),
+            models_refresh_interval: Duration::from_millis(models_refresh_ms),
             response_headers: !args.no_response_headers && file.response_headers.unwrap_or(true),
             max_body_bytes,
             max_body_bytes_in_flight,
@@ -817,6 +836,7 @@ pub struct LimitsDump {
     pub pod_failure_threshold: u32,
     pub pod_failure_cooldown_ms: u64,
     pub scrape_interval_ms: u64,
+    pub models_refresh_interval_ms: u64,
     pub decision_log_size: usize,
     pub shutdown_drain_ms: u64,
     pub shutdown_grace_ms: u64,
@@ -903,6 +923,7 @@ impl ConfigDump {
                 pod_failure_threshold: config.pod_failure_threshold,
                 pod_failure_cooldown_ms: ms(config.pod_failure_cooldown),
                 scrape_interval_ms: ms(config.scrape_interval),
+                models_refresh_interval_ms: ms(config.models_refresh_interval),
                 decision_log_size: config.decision_log_size,
                 shutdown_drain_ms: ms(config.shutdown_drain),
                 shutdown_grace_ms: ms(config.shutdown_grace),
@@ -962,6 +983,8 @@ pub struct ServeArgs {
     pub policy: Option<String>,
     /// `--scrape-interval-ms`: how often each pod's /metrics is scraped.
     pub scrape_interval_ms: Option<u64>,
+    /// `--models-refresh-interval-ms`: how often each pod's /v1/models is read again.
+    pub models_refresh_interval_ms: Option<u64>,
     /// `--seed`: the seed of the decision RNG.
     pub seed: Option<u64>,
     /// `--no-response-headers`: no x-kvgate-pod / x-kvgate-branch on responses.

@@ -46,7 +46,8 @@
 //! | `flow_gate` | flow control's state in `Shared` (`FlowGate`: the core's queue, requests let go and not yet routed, predicted TTFTs, the driver's wake-up); a request's `Turn` |
 //! | `auth` | optional API keys (Bearer) on `/v1/*`, compared in constant time (`ApiKeys`, in `config`); `AuthLayer`, the traffic listener's tower layer (401) |
 //! | `log_limit` | per-kind rate limit of the per-request log lines (rejections, failures) a flood can trigger, with "suppressed K" summaries |
-//! | `models` | `GET /v1/models`: the pods' lists merged (linear, off the async workers, at most 10,000 ids) |
+//! | `models` | `GET /v1/models`: the pods' lists merged (linear, off the async workers, at most 10,000 ids), each entry with the pods serving it (`kvgate_pods`) |
+//! | `served_models` | model-aware fleets: each pod's models (declared `model`, then learnt from its `/v1/models` every `models_refresh_interval_ms` and after an outage); the pipeline's 404 `model_not_found` and its exclusion of pods of other models |
 //! | `errors` | OpenAI-style error bodies; `request_error`, `no_healthy_pod`, `upstream_failed` |
 //! | `reject` | a request the gateway answers itself, counted and logged (rate limited): `log_reject`, `reject` |
 //! | `request_id` | the `x-request-id` every answer carries (the client's when usable, else a fresh one) |
@@ -111,6 +112,7 @@ pub mod routing;
 pub mod scrape;
 pub mod scrape_pace;
 pub mod serve;
+pub mod served_models;
 pub mod slo;
 pub mod sse;
 pub mod state;

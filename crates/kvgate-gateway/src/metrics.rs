@@ -124,6 +124,8 @@ pub struct Metrics {
     pub index_blocks: Gauge,
     pub index_bytes: Gauge,
     pub scrape_errors: Family<PodLabel, Counter>,
+    /// Failed reads of a pod's `/v1/models` ([`crate::served_models`]).
+    pub models_refresh_errors: Family<PodLabel, Counter>,
     /// The interval each pod is scraped at now ([`crate::scrape_pace`]).
     pub scrape_interval_seconds: Family<PodLabel, Gauge<f64, AtomicU64>>,
     /// Times a pod was put in a failure cooldown ([`crate::breaker`]).
@@ -198,6 +200,7 @@ impl Metrics {
     pub fn forget_pod(&self, label: &PodLabel) {
         for family in [
             &self.scrape_errors,
+            &self.models_refresh_errors,
             &self.pod_cooldowns,
             &self.pod_cooldowns_withheld,
             &self.scrape_skipped_lines,
@@ -281,6 +284,7 @@ impl Metrics {
             index_blocks: Gauge::default(),
             index_bytes: Gauge::default(),
             scrape_errors: Family::default(),
+            models_refresh_errors: Family::default(),
             scrape_interval_seconds: Family::default(),
             pod_cooldowns: Family::default(),
             pod_cooldowns_withheld: Family::default(),
@@ -536,6 +540,11 @@ impl Metrics {
             "scrape_errors",
             "Failed pod /metrics scrapes",
             self.scrape_errors.clone(),
+        );
+        r.register(
+            "models_refresh_errors",
+            "Failed reads of a pod's /v1/models (the models it serves), by pod",
+            self.models_refresh_errors.clone(),
         );
         r.register(
             "scrape_skipped_lines",

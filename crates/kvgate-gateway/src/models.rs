@@ -2,7 +2,8 @@
 //!
 //! Every healthy pod is asked at once (each at most [`MODELS_TIMEOUT`], its answer read up to
 //! [`MAX_MODELS_BYTES`]); the answers are merged in pod-table order — a model's entry is the
-//! first pod's that lists it — then sorted by id. The merge is linear (a hash set of the ids
+//! first pod's that lists it, with one field added: `kvgate_pods`, the pods (as shown in logs
+//! and `x-kvgate-pod`) that listed it, in pod-table order — then sorted by id. The merge is linear (a hash set of the ids
 //! seen) and runs on a blocking thread (`spawn_blocking`), not on the async workers: a pod may
 //! list tens of thousands of ids in its 1 MiB, and parsing, merging and serialising them takes
 //! milliseconds that traffic and the admin listener must not wait for. (It used to be a
@@ -24,7 +25,7 @@ use bytes::Bytes;
 use http::{HeaderValue, header};
 use http_body_util::{BodyExt, Full, Limited};
 use serde_json::Value;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -45,15 +46,18 @@ pub struct Merged {
     pub dropped_ids: usize,
 }
 
-/// Merges the pods' answers (each a `/v1/models` body; unparsable ones are skipped), in order:
-/// the first entry of each id is kept, at most `max_ids` ids, then sorted by id. None when no
-/// answer is a model list. Linear in the number of entries (one hash-set probe each).
-pub fn merge(answers: &[Bytes], max_ids: usize) -> Option<Merged> {
-    let mut seen: HashSet<String> = HashSet::new();
+/// Merges the pods' answers (each a pod's name and its `/v1/models` body; unparsable ones are
+/// skipped), in order: the first entry of each id is kept, with `kvgate_pods` (every pod that
+/// listed the id, once each), at most `max_ids` ids, then sorted by id. None when no answer is a
+/// model list. Linear in the number of entries (one hash-map probe each).
+pub fn merge(answers: &[(String, Bytes)], max_ids: usize) -> Option<Merged> {
+    // Each id's place in `data` and `pods`.
+    let mut seen: HashMap<String, usize> = HashMap::new();
     let mut data: Vec<Value> = Vec::new();
+    let mut pods: Vec<Vec<String>> = Vec::new();
     let mut dropped: HashSet<String> = HashSet::new();
     let mut any_list = false;
-    for answer in answers {
+    for (pod, answer) in answers {
         let Ok(mut v) = serde_json::from_slice::<Value>(answer) else {
             continue;
         };
@@ -65,7 +69,12 @@ pub fn merge(answers: &[Bytes], max_ids: usize) -> Option<Merged> {
             let Some(id) = m.get("id").and_then(Value::as_str) else {
                 continue;
             };
-            if seen.contains(id) {
+            if let Some(&i) = seen.get(id) {
+                if let Some(p) = pods.get_mut(i)
+                    && p.last() != Some(pod)
+                {
+                    p.push(pod.clone());
+                }
                 continue;
             }
             if seen.len() >= max_ids {
@@ -75,12 +84,18 @@ pub fn merge(answers: &[Bytes], max_ids: usize) -> Option<Merged> {
                 }
                 continue;
             }
-            seen.insert(id.to_string());
+            seen.insert(id.to_string(), data.len());
             data.push(m);
+            pods.push(vec![pod.clone()]);
         }
     }
     if !any_list {
         return None;
+    }
+    for (m, p) in data.iter_mut().zip(pods) {
+        if let Value::Object(fields) = m {
+            fields.insert("kvgate_pods".into(), Value::from(p));
+        }
     }
     fn id(v: &Value) -> &str {
         v.get("id").and_then(Value::as_str).unwrap_or("")
@@ -114,10 +129,10 @@ pub async fn models(State(shared): State<Arc<Shared>>, req: Request) -> Response
                 .await
                 .ok()
                 .flatten();
-            (i, answer)
+            (i, answer.map(|body| (pod.url.clone(), body)))
         });
     }
-    let mut answers: Vec<(usize, Bytes)> = Vec::new();
+    let mut answers: Vec<(usize, (String, Bytes))> = Vec::new();
     while let Some(res) = tasks.join_next().await {
         if let Ok((i, Some(body))) = res {
             answers.push((i, body));
@@ -125,7 +140,7 @@ pub async fn models(State(shared): State<Arc<Shared>>, req: Request) -> Response
     }
     // Pod-table order, whichever answered first: the same request lists the same entries.
     answers.sort_unstable_by_key(|(i, _)| *i);
-    let answers: Vec<Bytes> = answers.into_iter().map(|(_, b)| b).collect();
+    let answers: Vec<(String, Bytes)> = answers.into_iter().map(|(_, b)| b).collect();
     let merged = tokio::task::spawn_blocking(move || merge(&answers, MAX_MODEL_IDS))
         .await
         .ok()
@@ -158,7 +173,7 @@ pub async fn models(State(shared): State<Arc<Shared>>, req: Request) -> Response
 
 /// One pod's `/v1/models` body (2xx, at most [`MAX_MODELS_BYTES`]); parsed later, off the
 /// async workers.
-async fn fetch_models(shared: &Shared, pod: &Pod) -> Option<Bytes> {
+pub(crate) async fn fetch_models(shared: &Shared, pod: &Pod) -> Option<Bytes> {
     let uri = pod.uri_for("/v1/models").ok()?;
     let req = http::Request::get(uri).body(Full::new(Bytes::new())).ok()?;
     let resp = shared.client.request(req).await.ok()?;
@@ -178,12 +193,28 @@ async fn fetch_models(shared: &Shared, pod: &Pod) -> Option<Bytes> {
 mod tests {
     use super::*;
 
-    fn list(ids: impl IntoIterator<Item = String>, owner: &str) -> Bytes {
+    /// Pod `owner`'s answer listing `ids`.
+    fn list(ids: impl IntoIterator<Item = String>, owner: &str) -> (String, Bytes) {
         let data: Vec<Value> = ids
             .into_iter()
             .map(|id| serde_json::json!({"id": id, "p": owner}))
             .collect();
-        Bytes::from(serde_json::json!({"object": "list", "data": data}).to_string())
+        let body = Bytes::from(serde_json::json!({"object": "list", "data": data}).to_string());
+        (owner.to_string(), body)
+    }
+
+    fn ids_and_pods(m: &Merged) -> Vec<(String, Vec<String>)> {
+        let v: Value = serde_json::from_str(&m.body).unwrap();
+        v["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| {
+                let pods = m["kvgate_pods"].as_array().unwrap();
+                let pods = pods.iter().map(|p| p.as_str().unwrap().to_string());
+                (m["id"].as_str().unwrap().to_string(), pods.collect())
+            })
+            .collect()
     }
 
     fn ids_and_owners(m: &Merged) -> Vec<(String, String)> {
@@ -205,8 +236,11 @@ mod tests {
     fn the_union_keeps_the_first_pods_entry_sorts_by_id_and_skips_bad_answers() {
         let a = list(["b".into(), "a".into()], "pod-a");
         let b = list(["c".into(), "a".into(), "b".into()], "pod-b");
-        let junk = Bytes::from_static(b"not json");
-        let no_id = Bytes::from_static(br#"{"data":[{"object":"model"},{"id":3}]}"#);
+        let junk = ("junk".to_string(), Bytes::from_static(b"not json"));
+        let no_id = (
+            "no-id".to_string(),
+            Bytes::from_static(br#"{"data":[{"object":"model"},{"id":3}]}"#),
+        );
         let m = merge(&[junk.clone(), a, no_id, b], 10).unwrap();
         assert_eq!(
             ids_and_owners(&m),
@@ -214,6 +248,15 @@ mod tests {
                 .map(|(i, o)| (i.to_string(), o.to_string()))
         );
         assert_eq!(m.dropped_ids, 0);
+        let pods = |p: &[&str]| p.iter().map(|p| p.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            ids_and_pods(&m),
+            vec![
+                ("a".to_string(), pods(&["pod-a", "pod-b"])),
+                ("b".to_string(), pods(&["pod-a", "pod-b"])),
+                ("c".to_string(), pods(&["pod-b"])),
+            ]
+        );
         assert_eq!(merge(&[junk], 10), None);
         assert_eq!(merge(&[], 10), None);
     }
@@ -223,7 +266,7 @@ mod tests {
         // Half of pod b's ids are pod a's, half its own.
         let a = list((0..45_000).map(|i| format!("{i:05}")), "a");
         let b = list((22_500..67_500).map(|i| format!("{i:05}")), "b");
-        assert!(a.len() < MAX_MODELS_BYTES && b.len() < MAX_MODELS_BYTES);
+        assert!(a.1.len() < MAX_MODELS_BYTES && b.1.len() < MAX_MODELS_BYTES);
         let started = std::time::Instant::now();
         let m = merge(&[a.clone(), b.clone()], 100_000).unwrap();
         let took = started.elapsed();

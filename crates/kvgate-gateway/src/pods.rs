@@ -21,7 +21,9 @@
 //! pod's failure [`Breaker`] (its state; when it counts and what it avoids: [`crate::breaker`]).
 
 use arc_swap::ArcSwap;
-use kvgate_core::{AdapterId, AdapterSet, InFlight, LoraSlots, PodId, PodRole, PodSnapshot};
+use kvgate_core::{
+    AdapterId, AdapterSet, InFlight, LoraSlots, PodId, PodRole, PodSnapshot, ServedModels,
+};
 use parking_lot::Mutex;
 use std::sync::Arc;
 use std::sync::OnceLock;
@@ -89,6 +91,9 @@ pub struct PodEntry {
     /// Engines behind the URL (vLLM `--data-parallel-size`): 1 is a plain pod; N > 1 makes
     /// the table hold N routable engines, one per rank, all at this URL.
     pub data_parallel_size: u32,
+    /// The model the pod serves as configured (`model`), until its `/v1/models` is learnt
+    /// ([`crate::served_models`]); `None`: not declared.
+    pub model: Option<String>,
 }
 
 impl PodEntry {
@@ -99,7 +104,14 @@ impl PodEntry {
             class: class.into(),
             role: PodRole::Both,
             data_parallel_size: 1,
+            model: None,
         }
+    }
+
+    /// Declares the model the pod serves (until its own list is learnt).
+    pub fn with_model(mut self, model: Option<String>) -> Self {
+        self.model = model.filter(|m| !m.is_empty());
+        self
     }
 
     pub fn with_role(mut self, role: PodRole) -> Self {
@@ -155,6 +167,16 @@ pub struct Pod {
     /// yet); `kvgate_kv_events_last_batch_age_seconds`.
     pub last_kv_batch_unix_ms: AtomicU64,
     scraped: Mutex<Scraped>,
+    /// The models it serves: declared, then learnt ([`crate::served_models`]).
+    models: Mutex<PodModels>,
+}
+
+/// A pod's model lists; the learnt one, once there, is the one in force.
+#[derive(Debug, Default)]
+struct PodModels {
+    declared: Option<Arc<ServedModels>>,
+    declared_name: Option<String>,
+    learnt: Option<Arc<ServedModels>>,
 }
 
 /// Handles to one pod's per-request series (the registry's own series, shared; see
@@ -206,7 +228,37 @@ impl Pod {
                 kv_blocks: default_kv_blocks,
                 ..Scraped::default()
             }),
+            models: Mutex::new(PodModels::default()),
         }
+    }
+
+    /// The models the pod serves: its learnt list, else its declared one; `None` when neither
+    /// is known (it is then taken to serve anything, see [`kvgate_core::models`]).
+    pub fn served_models(&self) -> Option<Arc<ServedModels>> {
+        let m = self.models.lock();
+        m.learnt.clone().or_else(|| m.declared.clone())
+    }
+
+    /// Declares the pod's model (`None`: none declared); a learnt list still wins.
+    pub fn declare_model(&self, model: Option<&str>) {
+        let mut m = self.models.lock();
+        if m.declared_name.as_deref() == model {
+            return;
+        }
+        m.declared_name = model.map(str::to_string);
+        m.declared = model.map(|n| Arc::new(ServedModels::from_names([n])));
+    }
+
+    /// Records the list read from the pod's `/v1/models`; true when it differs from the one
+    /// in force before.
+    pub fn learn_models(&self, learnt: ServedModels) -> bool {
+        let mut m = self.models.lock();
+        let before = m.learnt.as_deref().or(m.declared.as_deref());
+        let changed = before != Some(&learnt);
+        if m.learnt.as_deref() != Some(&learnt) {
+            m.learnt = Some(Arc::new(learnt));
+        }
+        changed
     }
 
     /// Engine `rank` of the data-parallel server at `url` with `size` engines: shown as
@@ -444,6 +496,7 @@ impl PodTable {
         }
         for (&(w, rank), found) in engines.iter().zip(kept) {
             if let Some(p) = found {
+                p.declare_model(w.model.as_deref());
                 next.push(p);
                 continue;
             }
@@ -466,6 +519,7 @@ impl PodTable {
                 ),
             };
             pod.role = w.role;
+            pod.declare_model(w.model.as_deref());
             let pod = Arc::new(pod);
             changes.added.push(pod.clone());
             next.push(pod);

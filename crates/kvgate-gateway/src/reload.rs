@@ -64,10 +64,14 @@ pub fn reload_now(shared: &Arc<Shared>, args: &ServeArgs, path: &Path) -> Result
     }
 }
 
-/// Starts an added pod's scrape loop (and KV-event subscriber, when it has events); both stop
-/// when the pod is removed.
+/// Starts an added pod's scrape loop, its model-list reader (and KV-event subscriber, when it
+/// has events); all stop when the pod is removed.
 pub fn start_pod(shared: &Arc<Shared>, pod: Arc<crate::pods::Pod>) {
     crate::kv_events::spawn_for(shared, &pod);
+    tokio::spawn(crate::served_models::models_loop(
+        shared.clone(),
+        pod.clone(),
+    ));
     tokio::spawn(crate::scrape::scrape_loop(shared.clone(), pod));
 }
 

@@ -177,6 +177,10 @@ impl Gateway {
         }
         for pod in pods {
             tasks.extend(crate::kv_events::spawn_for(&shared, &pod));
+            tasks.push(tokio::spawn(crate::served_models::models_loop(
+                shared.clone(),
+                pod.clone(),
+            )));
             tasks.push(tokio::spawn(crate::scrape::scrape_loop(
                 shared.clone(),
                 pod,

@@ -327,6 +327,77 @@ async fn bad_body_is_400_and_no_pod_is_503() {
     assert_eq!(v["error"]["code"], "no_healthy_pod");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mixed_model_fleet_names_only_pods_of_the_models_and_an_unknown_model_is_404() {
+    let pods = [
+        FakePod::start(Behavior::Normal {
+            chunks: 2,
+            delay_ms: 0,
+        })
+        .await,
+        FakePod::start_with_model(
+            Behavior::Normal {
+                chunks: 2,
+                delay_ms: 0,
+            },
+            "other-model",
+        )
+        .await,
+    ];
+    let mut args = common::args(&pods.iter().collect::<Vec<_>>());
+    args.ext_proc_listen = Some("127.0.0.1:0".parse().unwrap());
+    let gw = Gateway::start(args).await.unwrap();
+    let shared = gw.shared().clone();
+    eventually("both pods' models learnt", || {
+        pods.iter().all(|p| {
+            gw.pod_healthy(&p.url) == Some(true)
+                && shared
+                    .pods
+                    .by_url(&p.url)
+                    .is_some_and(|p| p.served_models().is_some())
+        })
+    })
+    .await;
+    for (model, pod) in [("fake-model", &pods[0]), ("other-model", &pods[1])] {
+        for _ in 0..4 {
+            let mut envoy = FakeEnvoy::connect(&gw).await;
+            envoy.send(request_headers()).await;
+            let _ = envoy.recv().await;
+            let chat = CHAT.replace("fake-model", model);
+            envoy
+                .send(processing_request::Request::RequestBody(body(
+                    chat.as_bytes(),
+                    true,
+                )))
+                .await;
+            let full = envoy.recv_full().await;
+            let Some(processing_response::Response::RequestBody(b)) = &full.response else {
+                panic!("expected a body answer for {model}")
+            };
+            let dest = destination(b.response.as_ref().unwrap(), full.dynamic_metadata.as_ref());
+            assert_eq!(format!("http://{dest}"), pod.url, "{model}");
+        }
+    }
+    let decided = gw.shared().decisions.snapshot().len();
+    let mut envoy = FakeEnvoy::connect(&gw).await;
+    envoy.send(request_headers()).await;
+    let _ = envoy.recv().await;
+    let chat = CHAT.replace("fake-model", "no-such-model");
+    envoy
+        .send(processing_request::Request::RequestBody(body(
+            chat.as_bytes(),
+            true,
+        )))
+        .await;
+    let processing_response::Response::ImmediateResponse(r) = envoy.recv().await else {
+        panic!("expected an immediate response")
+    };
+    assert_eq!(r.status.unwrap().code, 404);
+    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(v["error"]["code"], "model_not_found");
+    assert_eq!(gw.shared().decisions.snapshot().len(), decided);
+}
+
 /// `metadata_context` with the subset hint `endpoints`.
 fn subset_hint(endpoints: &[&str]) -> Metadata {
     use envoy_types::pb::google::protobuf::{ListValue, Struct, Value};

@@ -115,7 +115,7 @@ async fn stream_keeps_usage_when_the_client_asked_for_it() {
     let pod = FakePod::start(FAST).await;
     let gw = gateway(&[&pod]).await;
     let body =
-        json!({"model":"m","prompt":"hi","stream":true,"stream_options":{"include_usage":true}})
+        json!({"model":"fake-model","prompt":"hi","stream":true,"stream_options":{"include_usage":true}})
             .to_string();
     let r = send(&client(), post(&gw, "/v1/completions", &body)).await;
     assert_eq!(r.status, 200);

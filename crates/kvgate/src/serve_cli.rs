@@ -55,6 +55,9 @@ pub struct ServeCli {
     /// How often each pod's /metrics is scraped [default: 50].
     #[arg(long, value_name = "MS")]
     pub scrape_interval_ms: Option<u64>,
+    /// How often each pod's /v1/models (the models it serves) is read again [default: 10000].
+    #[arg(long, value_name = "MS")]
+    pub models_refresh_interval_ms: Option<u64>,
     /// Seed of the decision RNG [default: 0].
     #[arg(long)]
     pub seed: Option<u64>,
@@ -201,6 +204,7 @@ impl From<ServeCli> for ServeArgs {
             config: cli.config,
             policy: cli.policy,
             scrape_interval_ms: cli.scrape_interval_ms,
+            models_refresh_interval_ms: cli.models_refresh_interval_ms,
             seed: cli.seed,
             no_response_headers: cli.no_response_headers,
             capture: cli.capture,
@@ -335,6 +339,7 @@ mod tests {
             "--client-write-timeout-ms=21",
             "--cluster=nats://127.0.0.1:4222",
             "--cluster-name=fleet-a",
+            "--models-refresh-interval-ms=23",
         ]);
         let addr = |port: u16| Some(SocketAddr::from(([127, 0, 0, 1], port)));
         let expected = ServeArgs {
@@ -351,6 +356,7 @@ mod tests {
             config: Some(PathBuf::from("kvgate.toml")),
             policy: Some("prefix".into()),
             scrape_interval_ms: Some(3),
+            models_refresh_interval_ms: Some(23),
             seed: Some(4),
             no_response_headers: true,
             capture: Some(PathBuf::from("cap.jsonl")),

@@ -13,7 +13,8 @@
 //!   says: `prefill`, `decode` or `both`; no label is `both`, an unknown value is `both` with a
 //!   warning; a vLLM data-parallel server's Pod annotated [`DATA_PARALLEL_ANNOTATION`]
 //!   (`kvgate.io/data-parallel-size: "N"`) is routed as N engines (no annotation or an invalid
-//!   value: one, with a warning for the latter);
+//!   value: one, with a warning for the latter); a Pod annotated [`MODEL_ANNOTATION`]
+//!   (`kvgate.io/model: NAME`) declares the model it serves until its `/v1/models` is learnt;
 //! - `ADDED`/`MODIFIED` of a ready Pod adds or updates it; of a Pod that is not ready removes it;
 //!   `DELETED` removes it;
 //! - a re-list (`Init` … `InitApply`* … `InitDone`) replaces the whole set at `InitDone`, so Pods
@@ -101,9 +102,37 @@ fn publish(shared: &Arc<Shared>, pods: &DiscoveredPods) {
 /// The ready Pods the watcher has seen: `namespace/name` → base URL.
 #[derive(Debug, Default)]
 pub struct DiscoveredPods {
-    ready: BTreeMap<String, (String, PodRole, u32)>,
+    ready: BTreeMap<String, Discovered>,
     /// The set being rebuilt by a re-list (between `Init` and `InitDone`).
-    relist: Option<BTreeMap<String, (String, PodRole, u32)>>,
+    relist: Option<BTreeMap<String, Discovered>>,
+}
+
+/// A ready Pod: its URL, P/D role, data-parallel size and declared model.
+type Discovered = (String, PodRole, u32, Option<String>);
+
+/// The Pod annotation that declares the model it serves (as `model` does for a configured pod:
+/// used until its `/v1/models` is learnt, [`crate::served_models`]). An annotation, not a label:
+/// model names such as `meta-llama/Llama-3.1-8B` are not valid label values.
+pub const MODEL_ANNOTATION: &str = "kvgate.io/model";
+
+/// Longest model name read from [`MODEL_ANNOTATION`].
+const MAX_MODEL_NAME_CHARS: usize = 256;
+
+/// The Pod's declared model from [`MODEL_ANNOTATION`]: `None` without it, and (with a warning)
+/// for an empty or over-long value.
+pub fn pod_model(pod: &KubePod) -> Option<String> {
+    let value = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(MODEL_ANNOTATION))?
+        .trim();
+    if value.is_empty() || value.chars().count() > MAX_MODEL_NAME_CHARS {
+        let value: String = value.chars().take(64).collect();
+        tracing::warn!(pod = %key(pod), annotation = MODEL_ANNOTATION, %value, "invalid model name; the pod's models are learnt from its /v1/models only");
+        return None;
+    }
+    Some(value.to_string())
 }
 
 /// The Pod label that carries its P/D role (`prefill`, `decode`, `both`).
@@ -158,7 +187,8 @@ impl DiscoveredPods {
             Event::InitApply(pod) => match &mut self.relist {
                 Some(relist) => {
                     if let Some(url) = pod_url(pod, target_port) {
-                        relist.insert(key(pod), (url, pod_role(pod), data_parallel_size(pod)));
+                        let entry = (url, pod_role(pod), data_parallel_size(pod), pod_model(pod));
+                        relist.insert(key(pod), entry);
                     }
                     false
                 }
@@ -178,7 +208,7 @@ impl DiscoveredPods {
     fn upsert(&mut self, pod: &KubePod, target_port: u16) -> bool {
         match pod_url(pod, target_port) {
             Some(url) => {
-                let entry = (url, pod_role(pod), data_parallel_size(pod));
+                let entry = (url, pod_role(pod), data_parallel_size(pod), pod_model(pod));
                 self.ready.insert(key(pod), entry.clone()).as_ref() != Some(&entry)
             }
             None => self.ready.remove(&key(pod)).is_some(),
@@ -187,7 +217,7 @@ impl DiscoveredPods {
 
     /// The ready pods' base URLs, sorted, without duplicates.
     pub fn urls(&self) -> Vec<String> {
-        let mut urls: Vec<String> = self.ready.values().map(|(u, _, _)| u.clone()).collect();
+        let mut urls: Vec<String> = self.ready.values().map(|(u, ..)| u.clone()).collect();
         urls.sort();
         urls.dedup();
         urls
@@ -199,10 +229,11 @@ impl DiscoveredPods {
         let mut entries: Vec<PodEntry> = self
             .ready
             .values()
-            .map(|(u, r, dp)| {
+            .map(|(u, r, dp, model)| {
                 PodEntry::new(u.clone(), DEFAULT_POD_CLASS)
                     .with_role(*r)
                     .with_data_parallel_size(*dp)
+                    .with_model(model.clone())
             })
             .collect();
         entries.sort_by(|a, b| a.url.cmp(&b.url));
@@ -371,6 +402,37 @@ mod tests {
         assert_eq!(sizes, [4, 1, 1, 1]);
         // A size change alone is a change.
         assert!(d.apply(&Event::Apply(annotated("a", "10.0.0.1", "2")), 8000));
+    }
+
+    #[test]
+    fn the_model_annotation_declares_a_pods_model() {
+        let mut d = DiscoveredPods::default();
+        let annotated = |name: &str, ip: &str, model: &str| {
+            let mut p = pod(name, Some(ip), "Running", true);
+            p.metadata.annotations =
+                Some([(MODEL_ANNOTATION.to_string(), model.to_string())].into());
+            p
+        };
+        d.apply(
+            &Event::Apply(annotated("a", "10.0.0.1", "org/model-a")),
+            8000,
+        );
+        d.apply(&Event::Apply(annotated("b", "10.0.0.2", " ")), 8000);
+        d.apply(
+            &Event::Apply(annotated("c", "10.0.0.3", &"m".repeat(300))),
+            8000,
+        );
+        d.apply(
+            &Event::Apply(pod("d", Some("10.0.0.4"), "Running", true)),
+            8000,
+        );
+        let models: Vec<Option<String>> = d.entries().iter().map(|e| e.model.clone()).collect();
+        assert_eq!(models, [Some("org/model-a".to_string()), None, None, None]);
+        // A model change alone is a change.
+        assert!(d.apply(
+            &Event::Apply(annotated("a", "10.0.0.1", "org/model-b")),
+            8000
+        ));
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! decode pick handed on with the decode body.
 //!
 //! 1. **Decide** ([`decide`]): one decision through the core session
-//!    ([`crate::routing::decide_for`]); the first one avoids the pods flow control found
+//!    ([`crate::routing::decide_for`]) among the pods that serve the request's model (those
+//!    known to serve only others are excluded: [`crate::served_models::not_serving`]); the first one avoids the pods flow control found
 //!    without headroom when it released the request (dispatch by headroom), falling back to all
 //!    when that leaves none. The chosen pod comes back as its handle (`Arc<Pod>`) with its
 //!    ticket. The flow turn ends at the first routed decision: from then the session's ledger
@@ -152,6 +153,10 @@ pub(crate) async fn dispatch<D: Deliver>(
         headers,
         deadline,
     } = d;
+    // Model-aware fleets: the pods of other models are never candidates.
+    if let Some(model) = request.adapter {
+        excluded.extend(crate::served_models::not_serving(shared, model));
+    }
     let flow = turn.note.clone();
     let mut turn = Some(turn);
     // Dispatch by headroom: the first decision avoids the pods flow control found closed.

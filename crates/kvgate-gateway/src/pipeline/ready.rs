@@ -1,5 +1,6 @@
 //! The pipeline's first half ([`ready`]): prepare the request (parse, SLO headers, blocks,
-//! limits, capture ticket; 400 on bad input with no pod touched), class it for flow control
+//! limits, capture ticket; 400 on bad input with no pod touched), check that some pod serves
+//! its model (404 `model_not_found` from kvgate itself, [`crate::served_models`]), class it for flow control
 //! (priority, tenant), price it (input tokens + `max_tokens`, or
 //! `flow::DEFAULT_COST_MAX_TOKENS`), and wait for its flow turn (at once with flow control
 //! off), lending the admission slot back while queued. The second half is
@@ -48,6 +49,8 @@ pub(crate) async fn ready(
     slot: Option<&Slot>,
 ) -> Result<Ready, ApiError> {
     let prepared = crate::routing::prepare(shared, cfg, path, body, headers).await?;
+    // A model no pod serves: kvgate's 404, before any queueing or charge.
+    crate::served_models::check(shared, &prepared.parsed.model)?;
     let class = crate::flow::request_class(shared, &cfg.flow, headers, &prepared.value)?;
     let cost = cost_tokens(&prepared);
     let turn =
