@@ -89,7 +89,7 @@ pub struct PodSnapshot {
     /// hot path: one allocation per pod per decision cost ~17 % at 1,024 pods).
     pub name: Arc<str>,
     /// Hardware/model profile name (e.g. `llama3-8b-h100`); the predictor learns per class.
-    pub class: String,
+    pub class: Arc<str>,
     /// `vllm:num_requests_waiting` at the last scrape.
     pub waiting: u32,
     /// `vllm:num_requests_running` at the last scrape.
@@ -118,7 +118,7 @@ impl PodSnapshot {
         PodSnapshot {
             id: PodId(id),
             name: format!("pod-{id}").into(),
-            class: class.to_string(),
+            class: class.into(),
             waiting: 0,
             running: 0,
             kv_usage: 0.0,

@@ -115,7 +115,7 @@ async fn config(State(shared): State<Arc<Shared>>) -> Response {
         // A data-parallel server once (its rank 0), with its engine count.
         .filter(|p| p.rank.is_none_or(|r| r == 0))
         .map(|p| {
-            crate::pods::PodEntry::new(p.connect_url(), p.class.clone())
+            crate::pods::PodEntry::new(p.connect_url(), p.class.to_string())
                 .with_role(p.role)
                 .with_data_parallel_size(p.data_parallel_size)
         })

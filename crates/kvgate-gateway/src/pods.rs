@@ -136,8 +136,10 @@ pub struct Pod {
     /// The configured base URL without a trailing slash, userinfo included: what requests to
     /// the pod are sent to. Never logged.
     connect_url: String,
+    /// `url` shared with every snapshot, so a decision copies a pointer, not the string.
+    name: Arc<str>,
     /// Predictor class (hardware/model profile).
-    pub class: String,
+    pub class: Arc<str>,
     /// What it serves in a P/D fleet (`both` unless configured).
     pub role: PodRole,
     /// Its data-parallel rank when it is one engine of a server with `dp=N` (N > 1): requests
@@ -211,8 +213,9 @@ impl Pod {
         Pod {
             id,
             url: redact_userinfo(&connect_url),
+            name: redact_userinfo(&connect_url).into(),
             connect_url,
-            class: class.to_string(),
+            class: class.into(),
             role: PodRole::Both,
             rank: None,
             data_parallel_size: 1,
@@ -365,7 +368,7 @@ impl Pod {
         let s = *self.scraped.lock();
         PodSnapshot {
             id: self.id,
-            name: self.url.as_str().into(),
+            name: self.name.clone(),
             class: self.class.clone(),
             waiting: s.waiting,
             running: s.running,
@@ -482,7 +485,7 @@ impl PodTable {
         let same = |p: &Pod, w: &PodEntry, rank: Option<u32>| {
             p.connect_url == w.url.trim_end_matches('/')
                 && p.rank == rank
-                && p.class == w.class
+                && *p.class == *w.class
                 && p.role == w.role
                 && p.data_parallel_size == w.data_parallel_size.max(1)
         };

@@ -151,7 +151,7 @@ pub fn prepare(case: &Case) -> Result<Prepared> {
         pods.push(PodSnapshot {
             id,
             name: p.id.as_str().into(),
-            class: p.class.clone(),
+            class: p.class.as_str().into(),
             waiting: p.waiting,
             running: p.running,
             kv_usage: p.kv_usage,

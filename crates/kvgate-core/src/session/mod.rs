@@ -120,7 +120,7 @@ pub struct Ticket {
     share: Share,
     /// The adapter recorded in the session's [`AdapterBook`] for this request, if any.
     adapter: Option<AdapterId>,
-    class: String,
+    class: std::sync::Arc<str>,
     features: Features,
     input_tokens: u32,
     predicted_ttft_ms: f64,
@@ -531,7 +531,7 @@ impl RouterSession {
         Ticket {
             adapter: None,
             share: self.ledger.charge(pod, prefill_tokens),
-            class: String::new(),
+            class: "".into(),
             features: Features::default(),
             input_tokens,
             predicted_ttft_ms: 0.0,

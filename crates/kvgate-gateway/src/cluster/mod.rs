@@ -668,7 +668,7 @@ fn handle(
     let pods: FxHashMap<u64, PodId> = all.iter().map(|p| (wire::pod_key(&p.url), p.id)).collect();
     let classes: FxHashMap<u64, &str> = all
         .iter()
-        .map(|p| (wire::pod_key(&p.url), p.class.as_str()))
+        .map(|p| (wire::pod_key(&p.url), &*p.class))
         .collect();
     let mut samples = 0u64;
     let mut peers = cluster.peers.lock();
