@@ -20,82 +20,14 @@ use kvgate_core::config::GateSetting;
 use kvgate_core::index::PrefixIndex;
 use kvgate_core::index::routed::RoutedIndex;
 use kvgate_core::policy::PolicyKind;
-use kvgate_core::predictor::{Features, LatencyPredictor, PredictorConfig};
+use kvgate_core::predictor::{Features, PredictorConfig};
 use kvgate_core::{
     BlockHasher, DecisionRng, PodId, PodSnapshot, RouteRequest, Router, RouterConfig, RouterSession,
 };
 use rand::SeedableRng;
 use std::hint::black_box;
 
-const CLASS: &str = "llama3-8b-h100";
-
-fn prompt(chars: usize, salt: u64) -> String {
-    // Deterministic pseudo-text: words drawn from a fixed list by an LCG.
-    const WORDS: [&str; 8] = [
-        "cache ", "router ", "token ", "prefix ", "latency ", "pod ", "gate ", "block ",
-    ];
-    let mut s = String::with_capacity(chars + 16);
-    let mut x = salt
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    while s.len() < chars {
-        x = x
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        s.push_str(WORDS[(x >> 61) as usize]);
-    }
-    s.truncate(chars);
-    s
-}
-
-fn trained_predictor() -> LatencyPredictor {
-    let mut p = LatencyPredictor::new(PredictorConfig::default());
-    for i in 0..2000u64 {
-        let mut pod = PodSnapshot::idle(0, CLASS, 29_000);
-        pod.running = (i % 17) as u32;
-        pod.waiting = (i % 5) as u32;
-        pod.kv_usage = (i % 10) as f64 / 10.0;
-        pod.in_flight.prefill_tokens = (i * 37) % 20_000;
-        let f = Features::new(&pod, 1000 + (i as u32 * 13) % 8000, (i % 4) as f64 / 4.0);
-        let ttft = 6.0 + f.uncached_prompt_tokens() * 0.018 + f.prefill_tokens_in_flight * 0.018;
-        p.observe(CLASS, &f, ttft, Some(6.0 + 0.2 * f.running));
-    }
-    p
-}
-
-/// `n` pods with varied load.
-fn fleet(n: u32) -> Vec<PodSnapshot> {
-    (0..n)
-        .map(|i| {
-            let mut p = PodSnapshot::idle(i, CLASS, 29_000);
-            p.running = i % 7;
-            p.kv_usage = (i % 10) as f64 / 10.0;
-            p.in_flight.prefill_tokens = (i as u64 * 997) % 8000;
-            p
-        })
-        .collect()
-}
-
-/// A routed index with `text` cached on a quarter of the pods and an 8,000-char prompt of its
-/// own on every pod.
-fn fleet_index(pods: &[PodSnapshot], text: &str) -> RoutedIndex {
-    let hasher = BlockHasher::default();
-    let seed = BlockHasher::chain_seed("llama3-8b", None);
-    let mut index = RoutedIndex::new();
-    let mut blocks = Vec::new();
-    hasher.hash_text(seed, text, &mut blocks);
-    let mut other = Vec::new();
-    for p in pods {
-        index.set_capacity(p.id, 29_000);
-        if p.id.0 % 4 == 0 {
-            index.record_routed(p.id, &blocks);
-        }
-        other.clear();
-        hasher.hash_text(seed, &prompt(8_000, 100 + p.id.0 as u64), &mut other);
-        index.record_routed(p.id, &other);
-    }
-    index
-}
+use kvgate_core::fixture::{CLASS, fleet, fleet_index, prompt, trained_predictor};
 
 fn bench_decision(c: &mut Criterion) {
     let hasher = BlockHasher::default();

@@ -23,6 +23,7 @@ pub mod adapters;
 pub mod blocks;
 pub mod config;
 pub mod decision;
+pub mod fixture;
 pub mod flow;
 pub mod index;
 pub mod models;

@@ -223,7 +223,9 @@ pub fn parse_request_value(path: &str, body: &Value) -> Result<ParsedRequest, Re
 /// # Errors
 /// The field errors of [`parse_request_value`] for a malformed message or `tools`.
 pub fn render_chat(messages: &[Value], tools: Option<&Value>) -> Result<String, RequestError> {
-    let mut out = String::new();
+    // Sized for the messages' text up front: a long prompt is copied once, not once per
+    // doubling of the buffer.
+    let mut out = String::with_capacity(rendered_text_bytes(messages));
     match tools {
         None | Some(Value::Null) => {}
         Some(tools @ Value::Array(_)) => {
@@ -237,6 +239,27 @@ pub fn render_chat(messages: &[Value], tools: Option<&Value>) -> Result<String, 
         render_message(&mut out, message)?;
     }
     Ok(out)
+}
+
+/// The bytes of the messages' string fields (role, name, content and its text parts) plus a
+/// little per field for tags and lengths: what [`render_chat`] writes for text-only messages.
+fn rendered_text_bytes(messages: &[Value]) -> usize {
+    const PER_FIELD: usize = 16;
+    let text = |v: &Value| v.as_str().map_or(0, |s| s.len() + PER_FIELD);
+    messages
+        .iter()
+        .filter_map(Value::as_object)
+        .map(|m| {
+            let content = match m.get("content") {
+                Some(Value::Array(parts)) => {
+                    parts.iter().map(|p| p.get("text").map_or(0, text)).sum()
+                }
+                Some(c) => text(c),
+                None => 0,
+            };
+            content + m.get("role").map_or(0, text) + m.get("name").map_or(0, text) + 1
+        })
+        .sum()
 }
 
 /// Appends the rendering of one chat message to `out`.
