@@ -102,6 +102,20 @@ pub fn subset_hint(md: &Metadata) -> Option<Vec<String>> {
 pub struct Destination {
     pub endpoint: String,
     pub rank: Option<u32>,
+    /// More headers for the pod (the trace's `traceparent`, [`crate::otel`]).
+    pub headers: Vec<(String, String)>,
+}
+
+impl Destination {
+    /// `self` with `headers` also set on the request Envoy sends.
+    pub fn with_headers(mut self, headers: &http::HeaderMap) -> Destination {
+        for (name, value) in headers {
+            if let Ok(v) = value.to_str() {
+                self.headers.push((name.as_str().to_string(), v.to_string()));
+            }
+        }
+        self
+    }
 }
 
 impl std::fmt::Display for Destination {
@@ -129,6 +143,7 @@ pub fn destination(pod: &Pod) -> Option<Destination> {
     Some(Destination {
         endpoint,
         rank: pod.rank,
+        headers: Vec::new(),
     })
 }
 
@@ -213,6 +228,9 @@ fn routing_response(dest: &Destination) -> CommonResponse {
             crate::upstream::DATA_PARALLEL_RANK_HEADER,
             &rank.to_string(),
         ));
+    }
+    for (name, value) in &dest.headers {
+        set_headers.push(header(name, value));
     }
     CommonResponse {
         header_mutation: Some(HeaderMutation {
