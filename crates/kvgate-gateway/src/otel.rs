@@ -76,9 +76,8 @@ impl Tracing {
         let processor = BatchSpanProcessor::builder(exporter)
             .with_batch_config(batch)
             .build();
-        let sampler = Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
-            cfg.sampling_ratio,
-        )));
+        let sampler =
+            Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(cfg.sampling_ratio)));
         let resource = opentelemetry_sdk::Resource::builder()
             .with_service_name(cfg.service_name.clone())
             .build();
@@ -251,7 +250,10 @@ impl RequestTrace {
 
     /// The span of the response body, from now to its end ([`StageSpan::stream_end`]).
     pub(crate) fn stream(&self) -> StageSpan {
-        StageSpan(self.child("kvgate.stream", SpanKind::Internal).map(|(cx, _)| cx))
+        StageSpan(
+            self.child("kvgate.stream", SpanKind::Internal)
+                .map(|(cx, _)| cx),
+        )
     }
 
     /// The request's answer, its status recorded on the request span.
@@ -292,7 +294,10 @@ impl StageSpan {
         span.set_attribute(KeyValue::new("kvgate.policy", policy));
         span.set_attribute(KeyValue::new("kvgate.branch", decision.branch.as_str()));
         span.set_attribute(KeyValue::new("kvgate.pod", pod_url.to_string()));
-        span.set_attribute(KeyValue::new("kvgate.candidates", decision.pods.len() as i64));
+        span.set_attribute(KeyValue::new(
+            "kvgate.candidates",
+            decision.pods.len() as i64,
+        ));
         if let Some(p) = decision.pods.iter().find(|p| p.id == decision.pod) {
             span.set_attribute(KeyValue::new("kvgate.pod.prefix_score", p.prefix_score));
             span.set_attribute(KeyValue::new(

@@ -501,7 +501,8 @@ impl Exchange {
             Err(e) => return self.reject(e),
         };
         let (priority, tenant) = (class.priority, &class.tenant);
-        self.trace.flow_queue(&cfg.flow, priority, tenant, turn.queued);
+        self.trace
+            .flow_queue(&cfg.flow, priority, tenant, turn.queued);
         // Decide (a P/D request's prefill call made here), the same dispatch as the HTTP
         // proxy's; Envoy sends the request to the target.
         let method = http::Method::from_bytes(self.method.as_bytes()).unwrap_or(http::Method::POST);

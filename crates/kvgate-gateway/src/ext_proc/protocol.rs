@@ -111,7 +111,8 @@ impl Destination {
     pub fn with_headers(mut self, headers: &http::HeaderMap) -> Destination {
         for (name, value) in headers {
             if let Ok(v) = value.to_str() {
-                self.headers.push((name.as_str().to_string(), v.to_string()));
+                self.headers
+                    .push((name.as_str().to_string(), v.to_string()));
             }
         }
         self
