@@ -14,7 +14,7 @@
 //! default: tracing off). `--count N`: instead of the table, N streams one after the other
 //! through the gateway after a 50-stream warm-up, then a shutdown that exports what is queued
 //! (for instruction counts: `scripts/otel_cost.sh` runs it under callgrind at two N and takes
-//! the difference, so start-up is not counted).
+//! the difference, so start-up is not counted); the pod is then scraped every 60 s only.
 
 use axum::body::Body;
 use axum::response::Response;
@@ -233,10 +233,17 @@ async fn main() {
         admin_listen: Some("127.0.0.1:0".parse().expect("addr")),
         pod: vec![up.clone()],
         config: config.clone(),
+        // Counting instructions: the pod scraped at start and then rarely, so that the scrape
+        // loop's work (which grows with the run's wall time, long under valgrind) stays out of
+        // the per-request difference.
+        scrape_interval_ms: count.map(|_| 60_000),
         ..ServeArgs::default()
     })
     .await
     .expect("gateway");
+    while gw.pod_healthy(&up) != Some(true) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let via = format!("http://{}", gw.traffic_addr);
     if let Some(n) = count {
         sequential(&via, 50).await;

@@ -1731,4 +1731,38 @@ explore_max_extra_ms = 9
         let c = GatewayConfig::resolve(&no_flags(), Some(&file)).unwrap();
         assert_eq!(c.router.affinity_gate_tau, GateSetting::Fixed(1.0));
     }
+
+    #[test]
+    fn tracing_is_off_by_default_and_one_key_turns_it_on() {
+        let c = GatewayConfig::resolve(&no_flags(), None).unwrap();
+        assert_eq!(c.tracing, TracingConfig::default());
+        assert_eq!(c.tracing.endpoint(), None);
+        assert_eq!(c.tracing.sampling_ratio, 1.0);
+        let on = |text: &str| -> Result<GatewayConfig, ConfigError> {
+            let file: FileConfig = toml::from_str(text).unwrap();
+            GatewayConfig::resolve(&no_flags(), Some(&file))
+        };
+        for (url, export) in [
+            ("http://c:4318/v1/traces", "http://c:4318/v1/traces"),
+            ("http://c:4318", "http://c:4318/v1/traces"),
+            ("http://c:4318/", "http://c:4318/v1/traces"),
+            ("http://c:9000/otlp/traces", "http://c:9000/otlp/traces"),
+        ] {
+            let c = on(&format!("[tracing]\notlp_traces_endpoint = \"{url}\"\n")).unwrap();
+            assert_eq!(c.tracing.endpoint().as_deref(), Some(export), "{url}");
+        }
+        let c = on("[tracing]\notlp_traces_endpoint = \"http://c:4318\"\nsampling_ratio = 0.01\n")
+            .unwrap();
+        assert_eq!(c.tracing.sampling_ratio, 0.01);
+        for bad in [
+            "[tracing]\notlp_traces_endpoint = \"https://c:4318\"\n",
+            "[tracing]\notlp_traces_endpoint = \"c:4318\"\n",
+            "[tracing]\notlp_traces_endpoint = \"http://\"\n",
+            "[tracing]\nsampling_ratio = 1.5\n",
+            "[tracing]\nsampling_ratio = -0.1\n",
+        ] {
+            assert!(matches!(on(bad), Err(ConfigError::BadTracing(_))), "{bad}");
+        }
+        assert!(toml::from_str::<FileConfig>("[tracing]\nendpoint = \"x\"\n").is_err());
+    }
 }

@@ -124,6 +124,9 @@ impl std::fmt::Debug for RequestTrace {
 struct Traced {
     tracer: SdkTracer,
     cx: Context,
+    /// The request span is sampled. When not, no child span is made (they would not be
+    /// sampled either) and the pod's `traceparent` names the request span.
+    recording: bool,
 }
 
 /// `http::HeaderMap` as the propagator reads and writes it.
@@ -168,29 +171,34 @@ impl RequestTrace {
             return RequestTrace(None);
         };
         let parent = propagator().extract(&Headers(headers));
-        let span = t
+        let mut span = t
             .tracer
             .span_builder("kvgate.request")
             .with_kind(SpanKind::Server)
-            .with_attributes([
+            .start_with_context(&t.tracer, &parent);
+        // Attributes only for a sampled request: an unsampled one costs no string copies.
+        let recording = span.is_recording();
+        if recording {
+            span.set_attributes([
                 KeyValue::new("http.request.method", "POST"),
                 KeyValue::new("url.path", path.to_string()),
                 KeyValue::new("kvgate.request_id", request_id.to_string()),
-            ])
-            .start_with_context(&t.tracer, &parent);
+            ]);
+        }
         RequestTrace(Some(Arc::new(Traced {
             tracer: t.tracer.clone(),
             cx: parent.with_span(span),
+            recording,
         })))
     }
 
-    /// Whether this request is traced (tracing on; sampled or not).
-    pub(crate) fn is_on(&self) -> bool {
-        self.0.is_some()
+    /// The recording request's trace.
+    fn recording(&self) -> Option<&Traced> {
+        self.0.as_deref().filter(|t| t.recording)
     }
 
     fn child(&self, name: &'static str, kind: SpanKind) -> Option<(Context, &SdkTracer)> {
-        let t = self.0.as_deref()?;
+        let t = self.recording()?;
         let span = t
             .tracer
             .span_builder(name)
@@ -208,7 +216,7 @@ impl RequestTrace {
         tenant: &str,
         queued: Duration,
     ) {
-        let Some(t) = self.0.as_deref() else { return };
+        let Some(t) = self.recording() else { return };
         if !flow.enabled {
             return;
         }
@@ -240,6 +248,11 @@ impl RequestTrace {
     /// pod gets) carry its `traceparent` (and the client's `tracestate`).
     pub(crate) fn upstream(&self, pod_url: &str, headers: &mut HeaderMap) -> StageSpan {
         let Some((cx, _)) = self.child("kvgate.upstream", SpanKind::Client) else {
+            // Not sampled: the pod still continues the trace id (flag 00) under the request
+            // span; tracing off: the client's headers as they came.
+            if let Some(t) = self.0.as_deref() {
+                propagator().inject_context(&t.cx, &mut HeadersMut(headers));
+            }
             return StageSpan(None);
         };
         cx.span()
@@ -263,7 +276,7 @@ impl RequestTrace {
     }
 
     fn status(&self, status: http::StatusCode) {
-        let Some(t) = self.0.as_deref() else { return };
+        let Some(t) = self.recording() else { return };
         let span = t.cx.span();
         span.set_attribute(KeyValue::new(
             "http.response.status_code",
@@ -397,12 +410,181 @@ pub struct BodyTrace {
 impl BodyTrace {
     /// The stream span of `request`, begun now.
     pub(crate) fn begin(request: &RequestTrace) -> BodyTrace {
-        if !request.is_on() {
+        if request.recording().is_none() {
             return BodyTrace::default();
         }
         BodyTrace {
             stream: request.stream(),
             _request: request.clone(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvgate_core::decision::{Branch, PodExplanation};
+    use opentelemetry::Value;
+    use opentelemetry_sdk::trace::{InMemorySpanExporter, SpanData};
+
+    /// A tracer exporting to memory, sampling requests without a parent at `ratio`.
+    fn tracing(ratio: f64) -> (Tracing, InMemorySpanExporter) {
+        let exporter = InMemorySpanExporter::default();
+        let provider = SdkTracerProvider::builder()
+            .with_simple_exporter(exporter.clone())
+            .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
+                ratio,
+            ))))
+            .build();
+        let t = Tracing {
+            tracer: provider.tracer("kvgate"),
+            provider,
+        };
+        (t, exporter)
+    }
+
+    fn headers(traceparent: Option<&str>) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        if let Some(tp) = traceparent {
+            h.insert("traceparent", tp.parse().unwrap());
+        }
+        h
+    }
+
+    /// The traceparent a pod would get: (trace id, parent id, flags).
+    fn pod_traceparent(trace: &RequestTrace) -> (String, String, String) {
+        let mut h = HeaderMap::new();
+        drop(trace.upstream("http://pod", &mut h));
+        let tp = h
+            .get("traceparent")
+            .expect("a traceparent")
+            .to_str()
+            .unwrap();
+        let p: Vec<&str> = tp.split('-').collect();
+        (p[1].to_string(), p[2].to_string(), p[3].to_string())
+    }
+
+    fn attr(span: &SpanData, key: &str) -> Option<Value> {
+        span.attributes
+            .iter()
+            .find(|kv| kv.key.as_str() == key)
+            .map(|kv| kv.value.clone())
+    }
+
+    const CLIENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7";
+
+    #[test]
+    fn tracing_off_adds_no_header_and_leaves_the_clients_traceparent() {
+        let trace =
+            RequestTrace::start(None, &headers(Some(&format!("{CLIENT}-01"))), "/v1/x", "r");
+        let mut h = headers(Some(&format!("{CLIENT}-01")));
+        let span = trace.upstream("http://pod", &mut h);
+        assert!(span.0.is_none());
+        assert_eq!(h.len(), 1);
+        assert_eq!(h["traceparent"], format!("{CLIENT}-01").as_str());
+        assert!(trace.trace_id().is_none());
+    }
+
+    #[test]
+    fn a_sampled_parent_is_continued_and_the_pod_gets_the_upstream_span() {
+        let (t, exporter) = tracing(0.0);
+        let trace = RequestTrace::start(
+            Some(&t),
+            &headers(Some(&format!("{CLIENT}-01"))),
+            "/v1/x",
+            "r",
+        );
+        let (trace_id, parent, flags) = pod_traceparent(&trace);
+        assert_eq!(trace_id, "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(flags, "01", "the caller sampled it: traced despite ratio 0");
+        drop(trace);
+        let spans = exporter.get_finished_spans().unwrap();
+        let names: Vec<&str> = spans.iter().map(|s| s.name.as_ref()).collect();
+        assert_eq!(names, ["kvgate.upstream", "kvgate.request"]);
+        assert_eq!(spans[0].span_context.span_id().to_string(), parent);
+        assert_eq!(spans[1].parent_span_id.to_string(), "00f067aa0ba902b7");
+        assert_eq!(spans[0].parent_span_id, spans[1].span_context.span_id());
+    }
+
+    #[test]
+    fn an_unsampled_request_exports_nothing_yet_the_pod_continues_its_trace_id() {
+        let (t, exporter) = tracing(1.0);
+        // The caller said not sampled: followed although the ratio is 1.
+        let trace = RequestTrace::start(
+            Some(&t),
+            &headers(Some(&format!("{CLIENT}-00"))),
+            "/v1/x",
+            "r",
+        );
+        let (trace_id, _, flags) = pod_traceparent(&trace);
+        assert_eq!(trace_id, "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(flags, "00");
+        drop(trace.decide(0));
+        drop(BodyTrace::begin(&trace));
+        drop(trace);
+        // No parent and ratio 0: a new trace id, not sampled.
+        let (t0, exporter0) = tracing(0.0);
+        let trace = RequestTrace::start(Some(&t0), &headers(None), "/v1/x", "r");
+        let (trace_id, _, flags) = pod_traceparent(&trace);
+        assert_eq!((trace_id.len(), flags.as_str()), (32, "00"));
+        assert_ne!(trace_id, "0".repeat(32));
+        drop(trace);
+        assert!(exporter.get_finished_spans().unwrap().is_empty());
+        assert!(exporter0.get_finished_spans().unwrap().is_empty());
+    }
+
+    #[test]
+    fn the_decision_span_names_the_pick_and_the_runner_up_with_the_least_predicted_ttft() {
+        let (t, exporter) = tracing(1.0);
+        let trace = RequestTrace::start(Some(&t), &headers(None), "/v1/chat/completions", "r");
+        let pod = |id: &str, score: f64, ttft: f64| PodExplanation {
+            id: id.into(),
+            prefix_score: score,
+            predicted_ttft_ms: ttft,
+            predicted_tpot_ms: 10.0,
+            eligible: true,
+            adapter: Default::default(),
+            adapter_cost_ms: 0.0,
+            pending_blocks: 0,
+        };
+        let decision = Decision {
+            pod: "a".into(),
+            pod_id: kvgate_core::PodId(0),
+            branch: Branch::Exploit,
+            pods: vec![
+                pod("a", 0.9, 40.0),
+                pod("b", 0.1, 30.0),
+                pod("c", 0.5, 35.0),
+            ],
+            gate: None,
+            slo: None,
+            decode: None,
+        };
+        let span = trace.decide(1);
+        span.decided(&decision, "http://a:8000", "affinity-gate");
+        drop(span);
+        drop(trace);
+        let spans = exporter.get_finished_spans().unwrap();
+        let d = spans.iter().find(|s| s.name == "kvgate.decide").unwrap();
+        assert_eq!(attr(d, "kvgate.branch"), Some(Value::from("exploit")));
+        assert_eq!(attr(d, "kvgate.pod"), Some(Value::from("http://a:8000")));
+        assert_eq!(attr(d, "kvgate.pod.prefix_score"), Some(Value::F64(0.9)));
+        assert_eq!(
+            attr(d, "kvgate.pod.predicted_ttft_ms"),
+            Some(Value::F64(40.0))
+        );
+        assert_eq!(attr(d, "kvgate.runner_up"), Some(Value::from("b")));
+        assert_eq!(
+            attr(d, "kvgate.runner_up.predicted_ttft_ms"),
+            Some(Value::F64(30.0))
+        );
+        assert_eq!(attr(d, "kvgate.attempt"), Some(Value::I64(1)));
+        assert_eq!(attr(d, "kvgate.candidates"), Some(Value::I64(3)));
+        let r = spans.iter().find(|s| s.name == "kvgate.request").unwrap();
+        assert_eq!(d.parent_span_id, r.span_context.span_id());
+        assert_eq!(
+            attr(r, "url.path"),
+            Some(Value::from("/v1/chat/completions"))
+        );
     }
 }
