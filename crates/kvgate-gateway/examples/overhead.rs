@@ -14,7 +14,8 @@
 //! default: tracing off). `--count N`: instead of the table, N streams one after the other
 //! through the gateway after a 50-stream warm-up, then a shutdown that exports what is queued
 //! (for instruction counts: `scripts/otel_cost.sh` runs it under callgrind at two N and takes
-//! the difference, so start-up is not counted); the pod is then scraped every 60 s only.
+//! the difference, so start-up is not counted); the pod is then scraped every 60 s only, and
+//! everything runs on one thread (a current-thread runtime).
 
 use axum::body::Body;
 use axum::response::Response;
@@ -202,8 +203,7 @@ async fn sequential(base: &str, n: u64) {
     }
 }
 
-#[tokio::main]
-async fn main() {
+fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let flag = |name: &str| {
         args.iter()
@@ -214,6 +214,19 @@ async fn main() {
     let secs: u64 = args.first().and_then(|s| s.parse().ok()).unwrap_or(3);
     let tracing = flag("--tracing").unwrap_or_else(|| "off".into());
     let count: Option<u64> = flag("--count").and_then(|s| s.parse().ok());
+    // Counting instructions: one thread runs client, gateway and upstream, so that no idle
+    // worker's spinning (which depends on timing) is counted; the table: the usual runtime.
+    let rt = match count {
+        Some(_) => tokio::runtime::Builder::new_current_thread(),
+        None => tokio::runtime::Builder::new_multi_thread(),
+    }
+    .enable_all()
+    .build()
+    .expect("runtime");
+    rt.block_on(bench(secs, tracing, count));
+}
+
+async fn bench(secs: u64, tracing: String, count: Option<u64>) {
     let up = upstream().await;
     let config = (tracing != "off").then(|| {
         let ratio: f64 = tracing.parse().expect("--tracing off|RATIO");
