@@ -423,6 +423,17 @@ mod tests {
             set_headers(routed_headers(&plain)),
             [(DESTINATION_HEADER.to_string(), "10.0.0.6:8000".to_string())]
         );
+        // A traced request: its traceparent rides in the same mutation (otel.rs).
+        let mut trace = http::HeaderMap::new();
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        trace.insert("traceparent", tp.parse().unwrap());
+        assert_eq!(
+            set_headers(routed_headers(&plain.with_headers(&trace))),
+            [
+                (DESTINATION_HEADER.to_string(), "10.0.0.6:8000".to_string()),
+                ("traceparent".to_string(), tp.to_string())
+            ]
+        );
     }
 
     fn hint(value: Kind) -> Metadata {
