@@ -1,12 +1,21 @@
 //! Latency the gateway adds over going straight to a pod.
 //!
-//! `cargo run --release -p kvgate-gateway --example overhead [-- SECONDS]`
+//! `cargo run --release -p kvgate-gateway --example overhead [-- SECONDS] [--tracing off|RATIO]
+//! [--count N]`
 //!
 //! Starts an in-process upstream that answers every streaming chat request at once with 16
 //! content chunks (so the pod is never the bottleneck), and a gateway in front of it (one pod,
 //! affinity gate). For 1 and 64 concurrent closed-loop streams it measures, direct and through
 //! the gateway: time to first content chunk and to the end of the stream (p50/p99), and
 //! requests/s. Everything runs in one process, so client, gateway and upstream share the CPUs.
+//!
+//! `--tracing RATIO`: the gateway with `[tracing]` on (`sampling_ratio = RATIO`), exporting to
+//! an OTLP endpoint on the in-process upstream that accepts and drops every export (`off`, the
+//! default: tracing off). `--count N`: instead of the table, N streams one after the other
+//! through the gateway after a 50-stream warm-up, then a shutdown that exports what is queued
+//! (for instruction counts: `scripts/otel_cost.sh` runs it under callgrind at two N and takes
+//! the difference, so start-up is not counted); the pod is then scraped every 60 s only, and
+//! everything runs on one thread (a current-thread runtime).
 
 use axum::body::Body;
 use axum::response::Response;
@@ -21,6 +30,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const CHUNKS: usize = 16;
+
+/// OTLP export requests and their bytes received by the upstream's `/v1/traces`.
+static EXPORTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static EXPORTED_BYTES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 async fn upstream() -> String {
     let mut events = String::from(
@@ -37,6 +50,19 @@ async fn upstream() -> String {
     );
     let body: Arc<(String, String)> = Arc::new((events, usage));
     let app = axum::Router::new()
+        .route(
+            "/v1/traces",
+            axum::routing::post(|body: Bytes| async move {
+                EXPORTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                EXPORTED_BYTES.fetch_add(body.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                let mut r = Response::new(Body::empty());
+                r.headers_mut().insert(
+                    "content-type",
+                    http::HeaderValue::from_static("application/x-protobuf"),
+                );
+                r
+            }),
+        )
         .route(
             "/metrics",
             axum::routing::get(|| async {
@@ -151,24 +177,103 @@ fn ms(us: u64) -> f64 {
     us as f64 / 1000.0
 }
 
-#[tokio::main]
-async fn main() {
-    let secs: u64 = std::env::args()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(3);
+/// N streams one after the other through `base`.
+async fn sequential(base: &str, n: u64) {
+    let mut conn = HttpConnector::new();
+    conn.set_nodelay(true);
+    let client: Client<HttpConnector, Full<Bytes>> =
+        Client::builder(TokioExecutor::new()).build(conn);
+    let prompt = "You are a helpful assistant. ".repeat(35);
+    let body = Bytes::from(
+        serde_json::json!({"model":"m","stream":true,"messages":[{"role":"system","content":prompt},{"role":"user","content":"hi"}]})
+            .to_string(),
+    );
+    let url = format!("{base}/v1/chat/completions");
+    for _ in 0..n {
+        let req = http::Request::post(&url)
+            .header("content-type", "application/json")
+            .body(Full::new(body.clone()))
+            .expect("request");
+        let resp = client.request(req).await.expect("response");
+        assert!(resp.status().is_success(), "status {}", resp.status());
+        let mut b = resp.into_body();
+        while let Some(f) = b.frame().await {
+            f.expect("frame");
+        }
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let flag = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    let secs: u64 = args.first().and_then(|s| s.parse().ok()).unwrap_or(3);
+    let tracing = flag("--tracing").unwrap_or_else(|| "off".into());
+    let count: Option<u64> = flag("--count").and_then(|s| s.parse().ok());
+    // Counting instructions: one thread runs client, gateway and upstream, so that no idle
+    // worker's spinning (which depends on timing) is counted; the table: the usual runtime.
+    let rt = match count {
+        Some(_) => tokio::runtime::Builder::new_current_thread(),
+        None => tokio::runtime::Builder::new_multi_thread(),
+    }
+    .enable_all()
+    .build()
+    .expect("runtime");
+    rt.block_on(bench(secs, tracing, count));
+}
+
+async fn bench(secs: u64, tracing: String, count: Option<u64>) {
     let up = upstream().await;
+    let config = (tracing != "off").then(|| {
+        let ratio: f64 = tracing.parse().expect("--tracing off|RATIO");
+        let path =
+            std::env::temp_dir().join(format!("kvgate-overhead-{}.toml", std::process::id()));
+        std::fs::write(
+            &path,
+            format!(
+                "[tracing]\notlp_traces_endpoint = \"{up}/v1/traces\"\nsampling_ratio = {ratio}\n"
+            ),
+        )
+        .expect("write config");
+        path
+    });
     let gw = Gateway::start(ServeArgs {
         listen: Some("127.0.0.1:0".parse().expect("addr")),
         admin_listen: Some("127.0.0.1:0".parse().expect("addr")),
         pod: vec![up.clone()],
+        config: config.clone(),
+        // Counting instructions: the pod scraped at start and then rarely, so that the scrape
+        // loop's work (which grows with the run's wall time, long under valgrind) stays out of
+        // the per-request difference.
+        scrape_interval_ms: count.map(|_| 60_000),
         ..ServeArgs::default()
     })
     .await
     .expect("gateway");
+    while gw.pod_healthy(&up) != Some(true) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let via = format!("http://{}", gw.traffic_addr);
+    if let Some(n) = count {
+        sequential(&via, 50).await;
+        sequential(&via, n).await;
+        gw.shutdown(Duration::from_secs(5)).await;
+        println!(
+            "tracing {tracing}: {n} streams; {} OTLP exports, {} bytes",
+            EXPORTS.load(std::sync::atomic::Ordering::Relaxed),
+            EXPORTED_BYTES.load(std::sync::atomic::Ordering::Relaxed)
+        );
+        if let Some(p) = config {
+            let _ = std::fs::remove_file(p);
+        }
+        return;
+    }
     println!(
-        "stream of {CHUNKS} chunks, {secs} s per row, client + gateway + upstream in one process"
+        "stream of {CHUNKS} chunks, {secs} s per row, client + gateway + upstream in one process, tracing {tracing}"
     );
     println!(
         "{:>4} {:>8} | {:>9} {:>9} | {:>9} {:>9} | {:>8}",
@@ -204,5 +309,8 @@ async fn main() {
             added(0.5),
             added(0.99)
         );
+    }
+    if let Some(p) = config {
+        let _ = std::fs::remove_file(p);
     }
 }

@@ -79,6 +79,8 @@ pub struct Tracker {
     pub capture: Option<crate::capture::Ticket>,
     /// A retried request's place in the retry budget, held until the request ends.
     pub retry: Option<crate::retry_budget::RetryToken>,
+    /// The `kvgate.stream` span and the request's trace, ended with the body ([`crate::otel`]).
+    pub trace: crate::otel::BodyTrace,
 }
 
 impl Tracker {
@@ -111,6 +113,9 @@ impl Tracker {
             s => s,
         };
         self.feed_breaker(status);
+        let dispatched = self.start + self.before_dispatch;
+        let ttft = self.first_token_at.map(|t| t - dispatched);
+        self.trace.stream.stream_end(status.as_str(), ttft);
         let m = &self.shared.metrics;
         m.requests
             .get_or_create(&RequestLabels {

@@ -123,6 +123,8 @@ pub enum ConfigError {
         path: String,
         source: std::io::Error,
     },
+    #[error("[tracing]: {0}")]
+    BadTracing(String),
     #[error("cannot parse {path}: {message}")]
     Parse { path: String, message: String },
     #[error("unknown policy {0:?}")]
@@ -385,6 +387,8 @@ pub struct FileConfig {
     pub router: Option<RouterConfig>,
     /// `[flow_control]`: the router-side queue (`kvgate_core::flow`); off by default.
     pub flow_control: Option<kvgate_core::flow::FlowConfig>,
+    /// `[tracing]`: OpenTelemetry traces over OTLP ([`crate::otel`]); off by default.
+    pub tracing: Option<TracingConfig>,
     /// `--cluster`: the NATS server other replicas share routing state over (start only).
     pub cluster: Option<String>,
     /// `--cluster-name` (default `default`).
@@ -492,6 +496,72 @@ pub struct GatewayConfig {
     pub flow: kvgate_core::flow::FlowConfig,
     /// `--cluster`: active-active replicas over NATS ([`crate::cluster`]; start only).
     pub cluster: Option<ClusterConfig>,
+    /// `[tracing]`: OpenTelemetry traces ([`crate::otel`]; start only).
+    pub tracing: TracingConfig,
+}
+
+/// `[tracing]`: OpenTelemetry traces exported over OTLP/HTTP (protobuf) ([`crate::otel`]). Read
+/// at start only.
+///
+/// ```toml
+/// [tracing]
+/// otlp_traces_endpoint = "http://otel-collector:4318/v1/traces"  # set: tracing on
+/// sampling_ratio = 0.01      # requests without a traceparent: the share traced (default 1.0)
+/// service_name = "kvgate"    # the spans' service.name (default "kvgate")
+/// ```
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TracingConfig {
+    /// The collector's OTLP/HTTP traces URL (`http://host:4318/v1/traces`; a URL with no path
+    /// gets `/v1/traces`). Unset (the default): tracing off.
+    pub otlp_traces_endpoint: Option<String>,
+    /// Parent-based sampling: a request with a `traceparent` follows its sampled flag; one
+    /// without is sampled with this probability (0.0–1.0, by trace id). Default 1.0.
+    pub sampling_ratio: f64,
+    /// The `service.name` resource attribute of kvgate's spans.
+    pub service_name: String,
+}
+
+impl Default for TracingConfig {
+    fn default() -> Self {
+        TracingConfig {
+            otlp_traces_endpoint: None,
+            sampling_ratio: 1.0,
+            service_name: "kvgate".to_string(),
+        }
+    }
+}
+
+impl TracingConfig {
+    /// The export URL when tracing is on (`/v1/traces` added to a URL without a path).
+    pub fn endpoint(&self) -> Option<String> {
+        let url = self.otlp_traces_endpoint.as_deref()?;
+        let rest = url.strip_prefix("http://")?;
+        Some(match rest.find('/') {
+            Some(i) if rest.len() > i + 1 => url.to_string(),
+            _ => format!("http://{}/v1/traces", rest.trim_end_matches('/')),
+        })
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if !(0.0..=1.0).contains(&self.sampling_ratio) {
+            return Err(ConfigError::BadTracing(format!(
+                "sampling_ratio must be within 0.0..=1.0, got {}",
+                self.sampling_ratio
+            )));
+        }
+        if let Some(url) = &self.otlp_traces_endpoint {
+            let host = url.strip_prefix("http://").unwrap_or("");
+            if host.is_empty() || host.starts_with('/') {
+                // The exporter is built without a TLS stack: a plain-HTTP collector (or a local
+                // agent) only.
+                return Err(ConfigError::BadTracing(format!(
+                    "otlp_traces_endpoint {url:?}: expected http://host:port[/path]"
+                )));
+            }
+        }
+        Ok(())
+    }
 }
 
 impl GatewayConfig {
@@ -685,6 +755,8 @@ impl GatewayConfig {
         }
         let flow = file.flow_control.unwrap_or_default();
         flow.validate()?;
+        let tracing = file.tracing.clone().unwrap_or_default();
+        tracing.validate()?;
         Ok(GatewayConfig {
             listen: args.listen.or(file.listen).unwrap_or(default_listen()),
             admin_listen: args
@@ -738,6 +810,7 @@ impl GatewayConfig {
             allow_empty_pods: file.allow_empty_pods.unwrap_or(false),
             flow,
             cluster,
+            tracing,
         })
     }
 
@@ -775,7 +848,8 @@ impl GatewayConfig {
             connect_timeout,
             decision_log_size,
             seed,
-            cluster
+            cluster,
+            tracing
         );
         ignored
     }
@@ -811,6 +885,8 @@ pub struct ConfigDump {
     pub allow_empty_pods: bool,
     /// `[flow_control]`, every key with its value in force.
     pub flow_control: kvgate_core::flow::FlowConfig,
+    /// `[tracing]`, every key with its value in force.
+    pub tracing: TracingConfig,
     /// The pod table: the config's pods, then the discovered ones.
     pub pods: Vec<PodDump>,
 }
@@ -934,6 +1010,7 @@ impl ConfigDump {
             },
             allow_empty_pods: config.allow_empty_pods,
             flow_control: config.flow,
+            tracing: config.tracing.clone(),
             pods,
         }
     }
@@ -1653,5 +1730,39 @@ explore_max_extra_ms = 9
         let file: FileConfig = toml::from_str("[router]\naffinity_gate_tau = 1\n").unwrap();
         let c = GatewayConfig::resolve(&no_flags(), Some(&file)).unwrap();
         assert_eq!(c.router.affinity_gate_tau, GateSetting::Fixed(1.0));
+    }
+
+    #[test]
+    fn tracing_is_off_by_default_and_one_key_turns_it_on() {
+        let c = GatewayConfig::resolve(&no_flags(), None).unwrap();
+        assert_eq!(c.tracing, TracingConfig::default());
+        assert_eq!(c.tracing.endpoint(), None);
+        assert_eq!(c.tracing.sampling_ratio, 1.0);
+        let on = |text: &str| -> Result<GatewayConfig, ConfigError> {
+            let file: FileConfig = toml::from_str(text).unwrap();
+            GatewayConfig::resolve(&no_flags(), Some(&file))
+        };
+        for (url, export) in [
+            ("http://c:4318/v1/traces", "http://c:4318/v1/traces"),
+            ("http://c:4318", "http://c:4318/v1/traces"),
+            ("http://c:4318/", "http://c:4318/v1/traces"),
+            ("http://c:9000/otlp/traces", "http://c:9000/otlp/traces"),
+        ] {
+            let c = on(&format!("[tracing]\notlp_traces_endpoint = \"{url}\"\n")).unwrap();
+            assert_eq!(c.tracing.endpoint().as_deref(), Some(export), "{url}");
+        }
+        let c = on("[tracing]\notlp_traces_endpoint = \"http://c:4318\"\nsampling_ratio = 0.01\n")
+            .unwrap();
+        assert_eq!(c.tracing.sampling_ratio, 0.01);
+        for bad in [
+            "[tracing]\notlp_traces_endpoint = \"https://c:4318\"\n",
+            "[tracing]\notlp_traces_endpoint = \"c:4318\"\n",
+            "[tracing]\notlp_traces_endpoint = \"http://\"\n",
+            "[tracing]\nsampling_ratio = 1.5\n",
+            "[tracing]\nsampling_ratio = -0.1\n",
+        ] {
+            assert!(matches!(on(bad), Err(ConfigError::BadTracing(_))), "{bad}");
+        }
+        assert!(toml::from_str::<FileConfig>("[tracing]\nendpoint = \"x\"\n").is_err());
     }
 }

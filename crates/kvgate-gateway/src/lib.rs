@@ -53,6 +53,7 @@
 //! | `request_id` | the `x-request-id` every answer carries (the client's when usable, else a fresh one) |
 //! | `slo` | `x-slo-ttft-ms` / `x-slo-tpot-ms` (and `x-llm-d-slo-*`) → objectives, or 400 (they route only with `slo_routing`) |
 //! | `metrics` | kvgate's own Prometheus metrics (also the connection, flow, P/D and cluster metric sets their modules fill); `timeout_label` |
+//! | `otel` | `[tracing]`: OpenTelemetry traces over OTLP/HTTP (off by default): the request span continuing the client's `traceparent`, child spans for the flow queue, each decision, upstream call and the stream; the pod's `traceparent`; parent-based ratio sampling; batch queue ≤ 2,048 spans |
 //! | `decisions` | the bounded `/debug/decisions` ring; `--decisions-log`: each routed request's record completed with its outcome |
 //! | `jsonl` | an append-only JSON-lines file written by its own thread through a bounded queue |
 //! | `admin` | the admin listener: metrics, `/debug/decisions`, `/debug/config`, `/debug/score` (dry-run prefix scores), health, the live page's routes |
@@ -99,6 +100,7 @@ pub mod live;
 pub mod log_limit;
 pub mod metrics;
 pub mod models;
+pub mod otel;
 pub mod pd;
 pub(crate) mod pipeline;
 pub mod pods;

@@ -29,6 +29,7 @@
 
 use crate::body::{ObservedBody, Tracker};
 use crate::errors::{ApiError, no_healthy_pod, upstream_failed};
+use crate::otel::RequestTrace;
 use crate::pipeline::{Deliver, Delivery, Dispatch, DispatchError, Failure, Target};
 use crate::reject::reject;
 use crate::request_id::request_id;
@@ -116,6 +117,7 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
     let start = Instant::now();
     let (parts, body) = req.into_parts();
     let rid = request_id(&parts.headers);
+    let trace = RequestTrace::start(shared.otel.get(), &parts.headers, parts.uri.path(), &rid);
     let cfg = shared.config().clone();
     let deadline = request_deadline(&parts, &cfg);
     let body = match read_body_until(body, cfg.max_body_bytes, deadline).await {
@@ -141,8 +143,9 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
         turn,
     } = match ready {
         Ok(r) => r,
-        Err(e) => return crate::flow::reject(&shared, e, &rid),
+        Err(e) => return trace.answered(crate::flow::reject(&shared, e, &rid)),
     };
+    trace.flow_queue(&cfg.flow, class.priority, &class.tenant, turn.queued);
     let queued = turn.queued;
     let Prepared {
         mut value,
@@ -193,6 +196,7 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
         strip_usage,
         body: upstream_body,
         capture: &mut capture,
+        trace: &trace,
     };
     let dispatch = Dispatch {
         shared: &shared,
@@ -206,8 +210,9 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
         path_and_query: &path_and_query,
         headers: &parts.headers,
         deadline,
+        trace: &trace,
     };
-    match crate::pipeline::dispatch(dispatch, &mut fwd).await {
+    let resp = match crate::pipeline::dispatch(dispatch, &mut fwd).await {
         Ok(resp) => resp,
         Err(DispatchError::NoPod) => reject(&shared, no_healthy_pod(), &rid),
         Err(DispatchError::Gateway(e)) => reject(&shared, e, &rid),
@@ -217,7 +222,8 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
             *resp.headers_mut() = client_headers(&answer.headers, true, &rid, None);
             resp
         }
-    }
+    };
+    trace.answered(resp)
 }
 
 /// What every attempt of one completion request is sent with: the proxy's [`Deliver`].
@@ -236,6 +242,7 @@ struct Forward<'a> {
     /// The body a whole request is forwarded with.
     body: Bytes,
     capture: &'a mut Option<crate::capture::Ticket>,
+    trace: &'a RequestTrace,
 }
 
 impl Deliver for Forward<'_> {
@@ -290,7 +297,7 @@ impl Forward<'_> {
         // The pod's TTFT counts from here, not from the request's arrival (the flow queue, the
         // decision and any earlier failed attempt are not the pod's).
         let before_dispatch = self.start.elapsed();
-        let up = match upstream_request(
+        let mut up = match upstream_request(
             cfg,
             &pod,
             &self.parts.method,
@@ -302,7 +309,11 @@ impl Forward<'_> {
             Ok(r) => r,
             Err(e) => return Delivery::Answer(reject(shared, upstream_failed(e), rid)),
         };
-        let failure = match send(shared, cfg, &pod, up, self.deadline).await {
+        let span = self.trace.upstream(&pod.url, up.headers_mut());
+        let sent = send(shared, cfg, &pod, up, self.deadline).await;
+        span.sent(|| sent.outcome());
+        drop(span);
+        let failure = match sent {
             Sent::RequestTimeout => {
                 drop(guard);
                 return Delivery::Answer(request_timed_out(shared, cfg, &pod, rid));
@@ -327,6 +338,7 @@ impl Forward<'_> {
                     error_status: !ok,
                     capture: if ok { self.capture.take() } else { None },
                     retry,
+                    trace: crate::otel::BodyTrace::begin(self.trace),
                 };
                 let mut headers = client_headers(
                     &parts_up.headers,
@@ -463,6 +475,7 @@ pub async fn passthrough(State(shared): State<Arc<Shared>>, req: Request) -> Res
                 error_status: !ok,
                 capture: None,
                 retry: None,
+                trace: Default::default(),
             };
             let headers = client_headers(
                 &parts_up.headers,

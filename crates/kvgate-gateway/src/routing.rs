@@ -424,6 +424,8 @@ pub(crate) struct DecisionMeta<'a> {
     /// and the ext_proc picker): the session routes it in two stages when the fleet has pods of
     /// a dedicated role ([`kvgate_core::RouterSession::route_pd`]). Else whole requests only.
     pub split: bool,
+    /// The request's trace: each decision is a `kvgate.decide` span ([`crate::otel`]).
+    pub trace: &'a crate::otel::RequestTrace,
 }
 
 /// A routed request: the chosen pod and the request's ticket on it.
@@ -465,6 +467,7 @@ pub(crate) fn decide_for(
     excluded: &[PodId],
     meta: DecisionMeta<'_>,
 ) -> Pick {
+    let span = meta.trace.decide(meta.attempt);
     let pods = shared.pods.all();
     let mut snaps: Vec<_> = pods.iter().map(|p| p.snapshot()).collect();
     crate::breaker::panic_route(shared, &pods, &mut snaps, excluded);
@@ -482,10 +485,17 @@ pub(crate) fn decide_for(
     let routed = match routed {
         Ok(Route::Whole(r)) => r,
         Ok(Route::Disaggregated(pd)) => {
+            span.decided(&pd.decision, &pd.decision.pod, policy);
             return split_pick(shared, request, &pods, &snaps, *pd, meta, policy);
         }
-        Err(RouteError::NoHealthyPod) => return Pick::NoHealthyPod,
-        Err(RouteError::NoDecision) => return Pick::NoDecision,
+        Err(RouteError::NoHealthyPod) => {
+            span.undecided("no_healthy_pod");
+            return Pick::NoHealthyPod;
+        }
+        Err(RouteError::NoDecision) => {
+            span.undecided("no_decision");
+            return Pick::NoDecision;
+        }
     };
     if meta.split && snaps.iter().any(|s| s.role != kvgate_core::PodRole::Both) {
         shared.metrics.pd.route("whole");
@@ -498,6 +508,7 @@ pub(crate) fn decide_for(
         shared.session.lock().finish(routed.ticket, None);
         return Pick::NoDecision;
     };
+    span.decided(&decision, &pod.url, policy);
     let series = shared.metrics.pod_series(&pod);
     let prompt_tokens = u64::from(request.input_tokens);
     series.prompt_tokens.inc_by(prompt_tokens);

@@ -41,6 +41,8 @@ pub enum ServeError {
     SameListener(SocketAddr),
     #[error(transparent)]
     Discovery(#[from] crate::discovery::DiscoveryError),
+    #[error("cannot start OpenTelemetry tracing: {0}")]
+    Tracing(String),
 }
 
 /// A running gateway.
@@ -143,6 +145,13 @@ impl Gateway {
                     source,
                 })?;
             shared.decisions.set_file(file);
+        }
+        if let Some(endpoint) = config.tracing.endpoint() {
+            let tracing = crate::otel::Tracing::start(&config.tracing, &endpoint)
+                .map_err(ServeError::Tracing)?;
+            tracing::info!(%endpoint, sampling_ratio = config.tracing.sampling_ratio,
+                "OpenTelemetry traces on");
+            let _ = shared.otel.set(tracing);
         }
         if config.pods.is_empty() && args.discovery.unwrap_or_default() == DiscoveryKind::Static {
             // Kept as before (a start has no previous config to fall back on), but said: every
@@ -307,6 +316,10 @@ impl Gateway {
         }
         // The other replicas release this one's charges now rather than after its lease.
         crate::cluster::leave(&self.shared, std::time::Duration::from_millis(200)).await;
+        // The spans of the requests just ended go out before the process exits.
+        if let Some(tracing) = self.shared.otel.get() {
+            tracing.shutdown().await;
+        }
     }
 
     pub fn shared(&self) -> &Arc<Shared> {

@@ -84,6 +84,9 @@ pub struct Shared {
     pub token_cache: std::sync::OnceLock<Arc<crate::token_cache::TokenCache>>,
     /// `--capture FILE`, when given.
     pub capture: std::sync::OnceLock<Arc<crate::capture::Capture>>,
+    /// `[tracing]`: the OpenTelemetry tracer, set at start when tracing is on
+    /// ([`crate::otel`]); empty, every tracing hook is a no-op.
+    pub otel: std::sync::OnceLock<crate::otel::Tracing>,
     /// Slots and queue of the traffic listener (sized at start).
     pub admission: crate::limits::Admission,
     /// Request-body bytes held now (`max_body_bytes_in_flight` bounds it).
@@ -142,6 +145,7 @@ impl Shared {
             log_limit: crate::log_limit::LogLimiter::default(),
             client,
             capture: std::sync::OnceLock::new(),
+            otel: std::sync::OnceLock::new(),
             cluster: std::sync::OnceLock::new(),
             tokenizer: std::sync::OnceLock::new(),
             token_cache: std::sync::OnceLock::new(),

@@ -214,6 +214,18 @@ pub enum Sent {
     RequestTimeout,
 }
 
+impl Sent {
+    /// The pod's response status, or why none came (a trace's `kvgate.upstream` span).
+    pub fn outcome(&self) -> Result<http::StatusCode, String> {
+        match self {
+            Sent::Answer(Ok(resp)) => Ok(resp.status()),
+            Sent::Answer(Err(e)) => Err(e.to_string()),
+            Sent::FirstByteTimeout(why) => Err(why.clone()),
+            Sent::RequestTimeout => Err("request timeout".to_string()),
+        }
+    }
+}
+
 /// Sends `up` to `pod` and waits for its response headers: at most `first_byte_timeout` of
 /// silence while the pod makes no progress, and never past `deadline`. A pod whose engine
 /// progresses ([`crate::progress`]) is busy with the requests ahead of this one (vLLM sends a

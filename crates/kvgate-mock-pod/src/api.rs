@@ -30,6 +30,10 @@
 //! (`_base_request_id`): `cmpl-<x-request-id>` for completions, `chatcmpl-<x-request-id>` for
 //! chats; without it the id is `cmpl-<n>` / `chatcmpl-<n>` with a per-pod counter.
 //!
+//! **Trace context**: a completion request's W3C `traceparent` and `tracestate` headers come
+//! back in the response headers `x-mock-traceparent` and `x-mock-tracestate` (the mock has no tracer; vLLM would make it the parent
+//! of its own span instead), so a test sees the trace context the router passed on.
+//!
 //! **Render** (`--enable-scale-out`, vLLM's scale-out API that vllm-router calls):
 //! `/v1/completions/render` answers a JSON array, one `GenerateRequest` per prompt (a list of
 //! strings or of token-id lists is several prompts): `request_id` (`cmpl-<id>`, `-<i>` appended
@@ -353,7 +357,22 @@ async fn completions(State(st): State<Arc<PodState>>, headers: HeaderMap, body: 
     if st.faults.hang {
         return std::future::pending().await;
     }
-    generate(&st, COMPLETIONS_PATH, &headers, &body).await
+    let resp = generate(&st, COMPLETIONS_PATH, &headers, &body).await;
+    echo_traceparent(&headers, resp)
+}
+
+/// The request's `traceparent` and `tracestate`, if any, as the response's
+/// `x-mock-traceparent` and `x-mock-tracestate`.
+fn echo_traceparent(headers: &HeaderMap, mut resp: Response) -> Response {
+    for (name, echo) in [
+        ("traceparent", "x-mock-traceparent"),
+        ("tracestate", "x-mock-tracestate"),
+    ] {
+        if let Some(v) = headers.get(name) {
+            resp.headers_mut().insert(echo, v.clone());
+        }
+    }
+    resp
 }
 
 async fn chat_completions(
@@ -364,7 +383,8 @@ async fn chat_completions(
     if st.faults.hang {
         return std::future::pending().await;
     }
-    generate(&st, CHAT_COMPLETIONS_PATH, &headers, &body).await
+    let resp = generate(&st, CHAT_COMPLETIONS_PATH, &headers, &body).await;
+    echo_traceparent(&headers, resp)
 }
 
 async fn version() -> Response {

@@ -83,6 +83,7 @@ use crate::body::Tracker;
 use crate::errors::ApiError;
 use crate::lifecycle::TicketGuard;
 use crate::metrics::Status;
+use crate::otel::{RequestTrace, StageSpan};
 use crate::pipeline::{Deliver, Delivery, Dispatch, DispatchError, Target};
 use crate::pods::Pod;
 use crate::sse::{SseScanner, Usage, usage_of_response};
@@ -206,6 +207,10 @@ struct Exchange {
     scanner: Option<SseScanner>,
     content_events: u64,
     whole: BytesMut,
+    /// The request's trace and its `kvgate.upstream` span (named to Envoy ─► response
+    /// headers); empty with tracing off ([`crate::otel`]).
+    trace: RequestTrace,
+    upstream: StageSpan,
 }
 
 enum Outcome {
@@ -237,6 +242,8 @@ async fn run_stream(
         scanner: None,
         content_events: 0,
         whole: BytesMut::new(),
+        trace: RequestTrace::default(),
+        upstream: StageSpan::default(),
     };
     loop {
         let msg = match inbound.message().await {
@@ -359,6 +366,8 @@ impl Exchange {
             }
         }
         self.request_id = crate::request_id::request_id(&self.headers);
+        let otel = self.shared.otel.get();
+        self.trace = RequestTrace::start(otel, &self.headers, &self.path, &self.request_id);
         if self.slot.is_none() {
             match self.admit().await {
                 Ok(Some(())) => {}
@@ -423,6 +432,7 @@ impl Exchange {
             error_status: false,
             capture: None,
             retry: None,
+            trace: Default::default(),
         }
     }
 
@@ -483,11 +493,16 @@ impl Exchange {
             _ = answers.closed() => return Outcome::Send(Vec::new()),
         };
         let crate::pipeline::Ready {
-            mut prepared, turn, ..
+            mut prepared,
+            turn,
+            class,
         } = match ready {
             Ok(r) => r,
             Err(e) => return self.reject(e),
         };
+        let (priority, tenant) = (class.priority, &class.tenant);
+        self.trace
+            .flow_queue(&cfg.flow, priority, tenant, turn.queued);
         // Decide (a P/D request's prefill call made here), the same dispatch as the HTTP
         // proxy's; Envoy sends the request to the target.
         let method = http::Method::from_bytes(self.method.as_bytes()).unwrap_or(http::Method::POST);
@@ -503,6 +518,7 @@ impl Exchange {
             path_and_query: &self.path,
             headers: &self.headers,
             deadline,
+            trace: &self.trace,
         };
         let target = match crate::pipeline::dispatch(dispatch, &mut ToEnvoy).await {
             Ok(t) => t,
@@ -540,6 +556,10 @@ impl Exchange {
         self.stream = prepared.parsed.stream;
         self.tracker = Some(tracker);
         tracing::debug!(request_id = %self.request_id, pod = %pod.url, %dest, "ext_proc: routed");
+        // The pod's `traceparent` rides in the routing answer's header mutation.
+        let mut trace_headers = HeaderMap::new();
+        self.upstream = self.trace.upstream(&pod.url, &mut trace_headers);
+        let dest = dest.with_headers(&trace_headers);
         match (self.duplex, replaced) {
             (true, None) => {
                 let mut out = vec![routed_headers(&dest)];
@@ -559,7 +579,13 @@ impl Exchange {
     fn response_headers(&mut self, h: HttpHeaders) -> Outcome {
         let (status, event_stream) = response_head(&h);
         let ok = (200..300).contains(&status);
+        let upstream = std::mem::take(&mut self.upstream);
+        if let Ok(code) = StatusCode::from_u16(status) {
+            upstream.answered(code);
+        }
+        drop(upstream);
         if let Some(t) = &mut self.tracker {
+            t.trace = crate::otel::BodyTrace::begin(&self.trace);
             t.error_status = !ok;
             t.trainable &= ok;
             t.stream = self.stream && ok && event_stream;

@@ -102,6 +102,21 @@ pub fn subset_hint(md: &Metadata) -> Option<Vec<String>> {
 pub struct Destination {
     pub endpoint: String,
     pub rank: Option<u32>,
+    /// More headers for the pod (the trace's `traceparent`, [`crate::otel`]).
+    pub headers: Vec<(String, String)>,
+}
+
+impl Destination {
+    /// `self` with `headers` also set on the request Envoy sends.
+    pub fn with_headers(mut self, headers: &http::HeaderMap) -> Destination {
+        for (name, value) in headers {
+            if let Ok(v) = value.to_str() {
+                self.headers
+                    .push((name.as_str().to_string(), v.to_string()));
+            }
+        }
+        self
+    }
 }
 
 impl std::fmt::Display for Destination {
@@ -129,6 +144,7 @@ pub fn destination(pod: &Pod) -> Option<Destination> {
     Some(Destination {
         endpoint,
         rank: pod.rank,
+        headers: Vec::new(),
     })
 }
 
@@ -213,6 +229,9 @@ fn routing_response(dest: &Destination) -> CommonResponse {
             crate::upstream::DATA_PARALLEL_RANK_HEADER,
             &rank.to_string(),
         ));
+    }
+    for (name, value) in &dest.headers {
+        set_headers.push(header(name, value));
     }
     CommonResponse {
         header_mutation: Some(HeaderMutation {
@@ -403,6 +422,17 @@ mod tests {
         assert_eq!(
             set_headers(routed_headers(&plain)),
             [(DESTINATION_HEADER.to_string(), "10.0.0.6:8000".to_string())]
+        );
+        // A traced request: its traceparent rides in the same mutation (otel.rs).
+        let mut trace = http::HeaderMap::new();
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        trace.insert("traceparent", tp.parse().unwrap());
+        assert_eq!(
+            set_headers(routed_headers(&plain.with_headers(&trace))),
+            [
+                (DESTINATION_HEADER.to_string(), "10.0.0.6:8000".to_string()),
+                ("traceparent".to_string(), tp.to_string())
+            ]
         );
     }
 

@@ -60,6 +60,8 @@ pub(crate) struct Dispatch<'a> {
     pub path_and_query: &'a str,
     pub headers: &'a HeaderMap,
     pub deadline: tokio::time::Instant,
+    /// The request's trace ([`crate::otel`]; empty with tracing off).
+    pub trace: &'a crate::otel::RequestTrace,
 }
 
 /// Where the transport sends the request: the pod and the request's ticket on it.
@@ -152,6 +154,7 @@ pub(crate) async fn dispatch<D: Deliver>(
         path_and_query,
         headers,
         deadline,
+        trace,
     } = d;
     // Model-aware fleets: the pods of other models are never candidates.
     if let Some(model) = request.adapter {
@@ -179,6 +182,7 @@ pub(crate) async fn dispatch<D: Deliver>(
             attempt,
             flow: flow.as_ref(),
             split: split.is_some(),
+            trace,
         };
         let pick = decide(shared, &request, &excluded, &closed, meta);
         if matches!(pick, Pick::Routed(_) | Pick::Split(_)) {
