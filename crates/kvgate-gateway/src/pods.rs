@@ -276,6 +276,7 @@ impl Pod {
     ) -> Self {
         let mut pod = Pod::new(id, url, class, default_kv_blocks);
         pod.url = format!("{}#dp{rank}", pod.url);
+        pod.name = pod.url.as_str().into();
         pod.rank = Some(rank);
         pod.data_parallel_size = size;
         pod
@@ -750,6 +751,12 @@ mod tests {
                 ("http://***@h:8000#dp0", Some(0)),
                 ("http://***@h:8000#dp1", Some(1))
             ]
+        );
+        // Snapshots (what decisions, `/debug/*` and the core see) name each engine too.
+        let names: Vec<String> = pods.iter().map(|p| p.snapshot().name.to_string()).collect();
+        assert_eq!(
+            names,
+            ["http://a", "http://***@h:8000#dp0", "http://***@h:8000#dp1"]
         );
         assert!(
             pods.iter()
