@@ -271,11 +271,12 @@ impl RequestTrace {
 
     /// The request's answer, its status recorded on the request span.
     pub(crate) fn answered<B>(&self, resp: http::Response<B>) -> http::Response<B> {
-        self.status(resp.status());
+        self.responded(resp.status());
         resp
     }
 
-    fn status(&self, status: http::StatusCode) {
+    /// The answer's status, recorded on the request span (ext_proc sees only the status).
+    pub(crate) fn responded(&self, status: http::StatusCode) {
         let Some(t) = self.recording() else { return };
         let span = t.cx.span();
         span.set_attribute(KeyValue::new(

