@@ -19,11 +19,12 @@
 //! - **Queue.** The request waits for a [`Verdict`] from the driver task (spawned with the first
 //!   queued request; it wakes on every offer, on every routed request's finish (its pod has
 //!   room again) and every `TICK` = 5 ms while anything is queued (new scrapes), expires
-//!   entries, and releases as many as the fleet's headroom allows; a *bulk* request, core
-//!   docs, only into the bulk headroom, else the next request that is not bulk goes). A
-//!   released request's first decision excludes the pods without headroom for it at release
-//!   (dispatch by headroom: it goes where it can start soon, not into an engine's queue),
-//!   unless that would leave no pod. A client that goes
+//!   entries, and releases what the core's release rule lets go
+//!   ([`kvgate_core::flow::release`], the one the simulator runs too: as many as the fleet's
+//!   headroom allows; a *bulk* request only into the bulk headroom, else the next request that
+//!   is not bulk goes). A released request's first decision excludes the pods without headroom
+//!   for it at release (dispatch by headroom: it goes where it can start soon, not into an
+//!   engine's queue), unless that would leave no pod. A client that goes
 //!   away while queued (its future dropped; Envoy cancelling the ext_proc stream) leaves the
 //!   queue at once.
 //! - **Answers.** 429 with `Retry-After` for the client's share (`flow_shed` sheddable,
@@ -56,11 +57,8 @@ use crate::metrics::band_label;
 pub use crate::metrics::{ClassLabels, DispatchLabels, FlowMetrics, ShedLabels};
 use crate::state::Shared;
 use http::{HeaderMap, StatusCode};
-use kvgate_core::PodId;
-use kvgate_core::flow::saturation::pod_headroom;
 use kvgate_core::flow::{
-    Expiry, FlowConfig, FlowRequest, Offer, Rejection, Room, Saturation, fleet_bulk_headroom,
-    fleet_saturation,
+    Expiry, FleetRoom, FlowConfig, FlowRequest, Offer, Rejection, Released, release,
 };
 use serde_json::Value;
 use std::sync::atomic::Ordering;
@@ -88,16 +86,10 @@ pub struct FlowClass {
     pub tenant: String,
 }
 
-/// What the driver needs of the fleet at a release: the saturation, the bulk headroom, and
-/// the pods closed to a plain and to a bulk request (no headroom under the thresholds).
-struct FleetView {
-    saturation: Saturation,
-    bulk_room: u32,
-    closed: Vec<PodId>,
-    closed_bulk: Vec<PodId>,
-}
-
-fn view(shared: &Shared, cfg: &FlowConfig) -> FleetView {
+/// The fleet's room now ([`FleetRoom`], the core's release rule): the pods' snapshots with
+/// the session's in-flight ledger, the latest predicted TTFTs, less the requests being
+/// dispatched.
+fn view(shared: &Shared, cfg: &FlowConfig) -> FleetRoom {
     let pods = shared.pods.all();
     let mut snaps: Vec<_> = pods.iter().map(|p| p.snapshot()).collect();
     {
@@ -106,35 +98,13 @@ fn view(shared: &Shared, cfg: &FlowConfig) -> FleetView {
             s.in_flight = session.in_flight(s.id);
         }
     }
-    let predicted = shared.flow.predicted_ttft_ms.lock();
-    let pred = |i: usize| snaps.get(i).and_then(|s| predicted.get(&*s.name).copied());
-    let sat = fleet_saturation(&cfg.saturation, &snaps, pred);
-    let bulk_room = fleet_bulk_headroom(&cfg.saturation, &snaps, pred);
-    let bulk_cfg = cfg.saturation.bulk();
-    let mut closed = Vec::new();
-    let mut closed_bulk = Vec::new();
-    for (i, s) in snaps.iter().enumerate() {
-        if !s.healthy {
-            continue;
-        }
-        if pod_headroom(&cfg.saturation, s, pred(i)) == 0 {
-            closed.push(s.id);
-        }
-        if pod_headroom(&bulk_cfg, s, pred(i)) == 0 {
-            closed_bulk.push(s.id);
-        }
-    }
     let dispatching = shared.flow.dispatching.load(Ordering::Acquire);
-    let saturation = match sat {
-        Saturation::Headroom(n) => Saturation::Headroom(n.saturating_sub(dispatching)),
-        s => s,
-    };
-    FleetView {
-        saturation,
-        bulk_room: bulk_room.saturating_sub(dispatching),
-        closed,
-        closed_bulk,
-    }
+    FleetRoom::of(
+        &cfg.saturation,
+        &snaps,
+        &shared.flow.predicted_ttft_ms.lock(),
+        dispatching,
+    )
 }
 
 /// The request's class with flow control on ([`class_of`]); with it off, a neutral class and
@@ -393,11 +363,7 @@ pub async fn wait_turn(
         return Ok(Turn::free());
     }
     let gate = &shared.flow;
-    let v = view(shared, &cfg);
-    let room = Room {
-        saturation: v.saturation,
-        bulk_headroom: v.bulk_room,
-    };
+    let room = view(shared, &cfg).room();
     let now = gate.now_ms();
     let (tx, rx) = oneshot::channel();
     let req = FlowRequest {
@@ -536,26 +502,14 @@ fn pump(shared: &Shared) -> bool {
     if gate.queue.lock().is_empty() {
         return false;
     }
-    let v = view(shared, &cfg);
-    let mut room = v.saturation.headroom();
-    let mut bulk_room = v.bulk_room.min(room);
-    while room > 0 {
-        let (left, name, bulk) = {
-            let mut q = gate.queue.lock();
-            // A bulk request (core docs) leaves only into bulk headroom; without it, the next
-            // request that is not bulk goes.
-            let (l, bulk) = match q.next_is_bulk(&cfg, now) {
-                None => break,
-                Some(true) if bulk_room == 0 => (q.pop_non_bulk(&cfg, now), false),
-                Some(b) => (q.pop(now), b),
-            };
-            let Some(l) = l else { break };
-            let name = q.tenant_name(l.tenant).to_string();
-            (l, name, bulk)
-        };
+    let room = view(shared, &cfg);
+    let released = release(&mut gate.queue.lock(), &cfg, &room, now);
+    for Released { left, bulk } in released {
+        let name = gate.queue.lock().tenant_name(left.tenant).to_string();
         gate.dispatching.fetch_add(1, Ordering::AcqRel);
         let queued_ms = left.queued_ms;
-        let closed = if bulk { &v.closed_bulk } else { &v.closed }.clone();
+        let closed = room.closed_to(bulk).to_vec();
+        // A waiter gone between the pop and this send (its request ended) takes no turn.
         if left
             .payload
             .send(Verdict::Go { queued_ms, closed })
@@ -565,11 +519,6 @@ fn pump(shared: &Shared) -> bool {
             continue;
         }
         count_dispatch(shared, left.band, &name, Some(queued_ms));
-        room -= 1;
-        if bulk {
-            bulk_room = bulk_room.saturating_sub(1);
-        }
-        bulk_room = bulk_room.min(room);
     }
     !gate.queue.lock().is_empty()
 }
@@ -577,6 +526,7 @@ fn pump(shared: &Shared) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kvgate_core::flow::Saturation;
 
     fn shared(keys: &[&str]) -> Arc<Shared> {
         let args = crate::config::ServeArgs {

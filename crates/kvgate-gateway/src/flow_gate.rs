@@ -6,9 +6,8 @@
 use crate::decisions::FlowNote;
 use crate::metrics::{ClassLabels, FlowMetrics};
 use kvgate_core::PodId;
-use kvgate_core::flow::{Expiry, FlowQueue};
+use kvgate_core::flow::{Expiry, FlowQueue, PredictedTtft};
 use parking_lot::Mutex;
-use rustc_hash::FxHashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
@@ -32,7 +31,7 @@ pub struct FlowGate {
     /// Requests let go (at once or from the queue) and not yet routed.
     pub(crate) dispatching: Arc<AtomicU32>,
     /// Latest predicted TTFT per pod name (from decisions).
-    pub(crate) predicted_ttft_ms: Mutex<FxHashMap<String, f64>>,
+    pub(crate) predicted_ttft_ms: Mutex<PredictedTtft>,
     pub(crate) wake: Arc<Notify>,
     pub(crate) driver_started: AtomicBool,
     pub(crate) epoch: tokio::time::Instant,
@@ -98,17 +97,7 @@ impl FlowGate {
 
     /// Notes a decision's predicted TTFT per pod (the detector's third signal).
     pub fn observe_decision(&self, decision: &kvgate_core::Decision, pods: usize) {
-        let mut map = self.predicted_ttft_ms.lock();
-        if map.len() > 2 * pods.max(1) {
-            map.clear();
-        }
-        for p in &decision.pods {
-            if let Some(v) = map.get_mut(&*p.id) {
-                *v = p.predicted_ttft_ms;
-            } else {
-                map.insert(p.id.to_string(), p.predicted_ttft_ms);
-            }
-        }
+        self.predicted_ttft_ms.lock().observe(decision, pods);
     }
 
     /// A routed request finished: wakes the driver (its pod has room again).

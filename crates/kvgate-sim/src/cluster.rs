@@ -81,7 +81,8 @@ use rustc_hash::FxHashSet;
 
 use kvgate_core::flow::saturation::{pod_headroom, waiting_estimate};
 use kvgate_core::flow::{
-    Expiry, FlowConfig, FlowQueue, FlowRequest, Offer, Rejection, SaturationConfig,
+    Expiry, FleetRoom, FlowConfig, FlowQueue, FlowRequest, Offer, PredictedTtft, Rejection,
+    Released, SaturationConfig, release,
 };
 
 use crate::engine::{Engine, EngineRequest, LoraConfig};
@@ -418,6 +419,9 @@ struct Cluster {
     track_flow: bool,
     flow_report: FlowRunReport,
     queue_ms_sum: f64,
+    /// Flow control: each pod's latest predicted TTFT, from the decisions (the detector's
+    /// `max_predicted_ttft_ms` signal, as in the gateway).
+    predicted_ttft: PredictedTtft,
     /// P/D: some pod has a dedicated role, so requests go through `route_pd`.
     split: bool,
     /// P/D transfers in flight: (time key of arrival at the decode pod, request id).
@@ -522,6 +526,7 @@ impl Cluster {
             track_flow: config.flow.enabled,
             flow_report: FlowRunReport::default(),
             queue_ms_sum: 0.0,
+            predicted_ttft: PredictedTtft::default(),
             split: config.pod_roles.iter().any(|r| *r != PodRole::Both),
             transfer_due: BinaryHeap::new(),
             transfers: (0..requests).map(|_| None).collect(),
@@ -781,16 +786,8 @@ impl Cluster {
     /// An arrival under flow control: offered to the queue with its class.
     fn flow_arrive(&mut self, r: &SimRequest, now: f64) {
         let class = self.classes.get(r.id as usize).copied().unwrap_or_default();
-        let saturation = self.flow_saturation();
         let cfg = self.config.flow;
-        let room = kvgate_core::flow::Room {
-            saturation,
-            bulk_headroom: kvgate_core::flow::fleet_bulk_headroom(
-                &cfg.saturation,
-                &self.snapshots,
-                |_| None,
-            ),
-        };
+        let room = self.flow_room().room();
         let tenant = self
             .tenant_names
             .get(class.tenant as usize)
@@ -842,15 +839,23 @@ impl Cluster {
         }
     }
 
-    /// The fleet's saturation: the snapshots as scraped with the session's exact ledger.
-    fn flow_saturation(&mut self) -> kvgate_core::flow::Saturation {
+    /// The fleet's room (the core's [`FleetRoom`], as the gateway's driver reads it): the
+    /// snapshots as scraped with the session's exact ledger and the latest predicted TTFTs;
+    /// nothing is being dispatched (a released request is routed at once).
+    fn flow_room(&mut self) -> FleetRoom {
         for s in &mut self.snapshots {
             s.in_flight = self.sessions[0].in_flight(s.id);
         }
-        kvgate_core::flow::fleet_saturation(&self.config.flow.saturation, &self.snapshots, |_| None)
+        FleetRoom::of(
+            &self.config.flow.saturation,
+            &self.snapshots,
+            &self.predicted_ttft,
+            0,
+        )
     }
 
-    /// Expires queued requests, then releases as many as the fleet's headroom allows.
+    /// Expires queued requests, then releases what the fleet's room lets go (the core's
+    /// [`release`], the gateway's rule), each routed outside the pods closed to it.
     fn flow_release(
         &mut self,
         now: f64,
@@ -865,51 +870,11 @@ impl Cluster {
         if self.flow_queue.is_empty() {
             return;
         }
+        let room = self.flow_room();
         let sat = self.config.flow.saturation;
-        let bulk_sat = sat.bulk();
-        let mut first = true;
-        loop {
-            for s in &mut self.snapshots {
-                s.in_flight = self.sessions[0].in_flight(s.id);
-            }
-            if first {
-                first = false;
-                self.note_detector(&sat);
-            }
-            let Some(bulk) = self.flow_queue.next_is_bulk(&self.config.flow, now) else {
-                break;
-            };
-            // Dispatch by headroom: a request may go only to a pod with room for it (a bulk
-            // request: room under the KV threshold lowered by the reserve), so it starts there
-            // soon instead of queueing in an engine; with no bulk room, the next request that
-            // is not bulk goes.
-            let closed_for = |cfg: &SaturationConfig, snaps: &[PodSnapshot]| {
-                let closed: Vec<PodId> = snaps
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, p)| p.healthy && pod_headroom(cfg, p, None) == 0)
-                    .map(|(i, _)| PodId(i as u32))
-                    .collect();
-                let open = snaps.iter().filter(|p| p.healthy).count() > closed.len();
-                (closed, open)
-            };
-            let (mut closed, open) =
-                closed_for(if bulk { &bulk_sat } else { &sat }, &self.snapshots);
-            let left = if open {
-                self.flow_queue.pop(now)
-            } else if bulk {
-                let (c, open) = closed_for(&sat, &self.snapshots);
-                closed = c;
-                if !open {
-                    break;
-                }
-                self.flow_queue.pop_non_bulk(&self.config.flow, now)
-            } else {
-                break;
-            };
-            let Some(left) = left else {
-                break;
-            };
+        self.note_detector(&sat);
+        let released = release(&mut self.flow_queue, &self.config.flow, &room, now);
+        for Released { left, bulk } in released {
             self.flow_report.released += 1;
             self.queue_ms_sum += left.queued_ms;
             let (id, arrived) = left.payload;
@@ -918,6 +883,7 @@ impl Cluster {
             }
             if let Some(r) = requests.get(id as usize) {
                 debug_assert_eq!(arrival_ms(r), arrived);
+                let mut closed = room.closed_to(bulk).to_vec();
                 self.dispatch_arrival_excluding(r, now, arrived, &mut closed);
             }
         }
@@ -1049,6 +1015,10 @@ impl Cluster {
                         continue;
                     }
                     self.recorder.decided(&pd.decision);
+                    if self.track_flow {
+                        self.predicted_ttft
+                            .observe(&pd.decision, self.snapshots.len());
+                    }
                     return self.dispatch_prefill(r, now, *pd, attempt, replica);
                 }
             };
@@ -1070,6 +1040,10 @@ impl Cluster {
             }
             // Branches and scores count the attempts that reached a pod.
             self.recorder.decided(&routed.decision);
+            if self.track_flow {
+                self.predicted_ttft
+                    .observe(&routed.decision, self.snapshots.len());
+            }
             if self.config.record_routes {
                 self.routes.push(crate::report::RouteRecord {
                     request: r.id,

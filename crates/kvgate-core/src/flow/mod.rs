@@ -69,7 +69,8 @@
 //!
 //! The drivers also *dispatch by headroom*: a released request is routed only among the pods
 //! with headroom for it ([`saturation::pod_headroom`] under its thresholds), so it can start
-//! soon.
+//! soon. The release rule itself (the room, which requests leave, the pods each must avoid)
+//! is [`release`], run by both drivers.
 //!
 //! # Admission rules ([`FlowQueue::offer`])
 //!
@@ -112,8 +113,10 @@
 //! tenants); `expire`: O(entries) when an entry is due, else O(1); `remove`: O(entries of its
 //! tenant in its band).
 
+pub mod release;
 pub mod saturation;
 
+pub use release::{FleetRoom, PredictedTtft, Released, release};
 pub use saturation::{Saturation, SaturationConfig, fleet_bulk_headroom, fleet_saturation};
 
 use rustc_hash::FxHashMap;
