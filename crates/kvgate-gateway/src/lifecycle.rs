@@ -88,18 +88,7 @@ impl TicketGuard {
         if let Some(t) = self.ticket.as_mut()
             && !t.has_first_token()
         {
-            let sample = {
-                let mut session = self.shared.session.lock();
-                match ttft_ms {
-                    Some(ms) if session.router().config().predictor_ttft_at_first_token => {
-                        session.first_token_learnt(t, ms)
-                    }
-                    _ => {
-                        session.first_token(t);
-                        None
-                    }
-                }
-            };
+            let sample = self.shared.session.lock().first_token_seen(t, ttft_ms);
             if let (Some(c), Some((id, _))) = (self.shared.cluster.get(), self.shared_as) {
                 c.first_token(&self.shared, id, t.decode_tokens(), sample);
             }

@@ -1368,21 +1368,18 @@ impl Cluster {
             let sid = share_id(e.request_id, req.attempt);
             if req.first_token_ms.is_none() {
                 req.first_token_ms = Some(now_ms);
-                if self.config.router.predictor_ttft_at_first_token {
-                    // The same TTFT `finish` would train on (see there).
-                    let ttft = match self.dispatched_ms.get(e.request_id as usize) {
-                        Some(&d) if self.config.flow.enabled && d.is_finite() => now_ms - d,
-                        _ => self.recorder.ttft_ms(e.request_id, now_ms),
-                    };
-                    let session = &mut self.sessions[replica as usize];
-                    if let Some(sample) = session.first_token_learnt(&mut req.ticket, ttft)
-                        && let Some(m) = self.mesh.as_mut().filter(|m| m.sharing.samples)
-                    {
-                        let pod = req.ticket.pod();
-                        m.broadcast(replica, now_ms, || Shared::Sample { pod, sample });
-                    }
+                // The same TTFT `finish` would train on (see there).
+                let ttft = match self.dispatched_ms.get(e.request_id as usize) {
+                    Some(&d) if self.config.flow.enabled && d.is_finite() => now_ms - d,
+                    _ => self.recorder.ttft_ms(e.request_id, now_ms),
+                };
+                let session = &mut self.sessions[replica as usize];
+                if let Some(sample) = session.first_token_seen(&mut req.ticket, Some(ttft))
+                    && let Some(m) = self.mesh.as_mut().filter(|m| m.sharing.samples)
+                {
+                    let pod = req.ticket.pod();
+                    m.broadcast(replica, now_ms, || Shared::Sample { pod, sample });
                 }
-                self.sessions[replica as usize].first_token(&mut req.ticket);
                 share(&mut self.mesh, replica, sid, now_ms, Shared::FirstToken);
             } else {
                 self.sessions[replica as usize].tokens_generated(&mut req.ticket, 1);

@@ -582,6 +582,27 @@ impl RouterSession {
         Some(sample)
     }
 
+    /// The first token arrived, `ttft_ms` after dispatch when the driver may train on it (the
+    /// response trainable): the router's `predictor_ttft_at_first_token` decides whether the
+    /// predictor learns it now ([`RouterSession::first_token_learnt`]) or the request's end
+    /// does ([`RouterSession::first_token`]). The one first-token rule both drivers (gateway,
+    /// simulator) run; returns the TTFT sample learnt now, for the other replicas.
+    pub fn first_token_seen(
+        &mut self,
+        ticket: &mut Ticket,
+        ttft_ms: Option<f64>,
+    ) -> Option<TrainingSample> {
+        match ttft_ms {
+            Some(ms) if self.router.config().predictor_ttft_at_first_token => {
+                self.first_token_learnt(ticket, ms)
+            }
+            _ => {
+                self.first_token(ticket);
+                None
+            }
+        }
+    }
+
     /// `tokens` more tokens were generated after the first.
     pub fn tokens_generated(&mut self, ticket: &mut Ticket, tokens: u64) {
         self.ledger.add_decode(&mut ticket.share, tokens);
