@@ -10,7 +10,16 @@
 //! and these are not; the simulator's regressor is never trusted, `min_samples` 10⁶; the core
 //! run finishes without observations), the seed is the same, and the blocks are the ones the
 //! gateway cuts from the prompt text.
+//!
+//! The gateway's other transport, the ext_proc endpoint picker behind a real Envoy, routes the
+//! same script like the core too (skipped with a loud message without an Envoy binary;
+//! scripts/test installs one).
 
+#[path = "common/envoy.rs"]
+#[allow(dead_code)] // the harness's `workspace()` is for other tests
+mod envoy_harness;
+
+use envoy_harness::{Envoy, envoy_binary};
 use kvgate_core::policy::{PolicyKind, RequestSlo};
 use kvgate_core::predictor::PredictorConfig;
 use kvgate_core::request::parse_request_value;
@@ -146,7 +155,16 @@ fn through_the_simulator(
         .collect()
 }
 
-async fn through_the_gateway(bodies: &[Value]) -> (Routes, u32) {
+/// How requests reach the gateway.
+#[derive(Clone, Copy)]
+enum Transport {
+    /// Its HTTP proxy (the traffic listener).
+    Http,
+    /// A real Envoy, with kvgate as its ext_proc endpoint picker.
+    Envoy,
+}
+
+async fn through_the_gateway(bodies: &[Value], transport: Transport) -> (Routes, u32) {
     let config = PodConfig {
         time_scale: 10.0,
         ..PodConfig::default()
@@ -158,6 +176,8 @@ async fn through_the_gateway(bodies: &[Value]) -> (Routes, u32) {
         listen: Some("127.0.0.1:0".parse().unwrap()),
         admin_listen: Some("127.0.0.1:0".parse().unwrap()),
         pod: pods.iter().map(RunningPod::url).collect(),
+        ext_proc_listen: matches!(transport, Transport::Envoy)
+            .then(|| "127.0.0.1:0".parse().unwrap()),
         scrape_interval_ms: Some(10),
         seed: Some(SEED),
         ..ServeArgs::default()
@@ -178,6 +198,17 @@ async fn through_the_gateway(bodies: &[Value]) -> (Routes, u32) {
             })
     };
     let client = reqwest::Client::new();
+    let (base, _envoy) = match transport {
+        Transport::Http => (format!("http://{}", gw.traffic_addr), None),
+        Transport::Envoy => {
+            let bin = envoy_binary()
+                .filter(|p| p.exists())
+                .expect("an Envoy binary (checked by the test)");
+            let mut envoy = Envoy::start(&bin, gw.ext_proc_addr.unwrap().port());
+            envoy.wait_ready(&client).await;
+            (format!("http://127.0.0.1:{}", envoy.listen), Some(envoy))
+        }
+    };
     for body in bodies {
         let deadline = Instant::now() + Duration::from_secs(10);
         while !idle() {
@@ -187,7 +218,7 @@ async fn through_the_gateway(bodies: &[Value]) -> (Routes, u32) {
         // Two scrapes after the pods went idle, so the snapshot is fresh.
         tokio::time::sleep(Duration::from_millis(30)).await;
         let r = client
-            .post(format!("http://{}/v1/completions", gw.traffic_addr))
+            .post(format!("{base}/v1/completions"))
             .timeout(Duration::from_secs(30))
             .json(body)
             .send()
@@ -218,7 +249,7 @@ async fn the_core_the_simulator_and_the_gateway_route_a_scripted_sequence_alike(
     let bodies = script();
     let router = RouterConfig::default();
     let profile = Profile::default_profile();
-    let (gateway, kv_blocks) = through_the_gateway(&bodies).await;
+    let (gateway, kv_blocks) = through_the_gateway(&bodies, Transport::Http).await;
     assert_eq!(
         kv_blocks, profile.kv_blocks,
         "the mock pods report the profile's KV"
@@ -245,4 +276,22 @@ async fn the_core_the_simulator_and_the_gateway_route_a_scripted_sequence_alike(
             "{pods:?}"
         );
     }
+}
+
+/// The same script through Envoy: the ext_proc picker runs the same pipeline, so it routes
+/// every request as the core does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ext_proc_picker_behind_envoy_routes_the_scripted_sequence_like_the_core() {
+    if envoy_binary().filter(|p| p.exists()).is_none() {
+        eprintln!(
+            "\n\n!!!!!!!! SKIPPED the_ext_proc_picker_behind_envoy_routes_the_scripted_sequence_like_the_core: \
+             no Envoy binary (set KVGATE_ENVOY, or run scripts/test) !!!!!!!!\n\n"
+        );
+        return;
+    }
+    let bodies = script();
+    let router = RouterConfig::default();
+    let (envoy, kv_blocks) = through_the_gateway(&bodies, Transport::Envoy).await;
+    let core = through_the_core(&bodies, router, kv_blocks);
+    assert_eq!(envoy, core, "ext_proc behind Envoy vs core");
 }
