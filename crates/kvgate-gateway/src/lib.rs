@@ -2,21 +2,9 @@
 //!
 //! The OpenAI-compatible gateway: a thin I/O driver around `kvgate-core`'s decision.
 //!
-//! ```text
-//! client ─► proxy (tower layers auth, limits; read body) ─► upstream (forward) ─► pod
-//!             │ pipeline: ready (routing::prepare, flow turn) ─► dispatch (routing::decide_for,
-//!             │   P/D prefill, retries; the transport delivers)
-//!             │        ▲ state: the core RouterSession (router, index, predictor, RNG, in-flight
-//!             ▼        │ ledger) under one mutex
-//!           body (stream frame by frame, first token, usage) ─► lifecycle::TicketGuard ─► session
-//! Envoy ─► ext_proc (admission, the same pipeline, response phase) ─► TicketGuard
-//! scrape (pod /metrics every 50 ms) ─► pods (table, health)
-//! kv_events (ZeroMQ per pod) ─► core KvEventFollower ─► the session's engine index
-//! reload (config file mtime) ─► config ─► pods / router
-//! discovery (--discovery kubernetes: Pod watch) ─► pods
-//! cluster (--cluster nats://…) ◄─► other replicas: routing events ─► core PeerBook ─► session
-//! admin (/metrics, /debug/decisions, /debug/config, /debug/pods|branches|predictor|queue, /ui, /healthz, /readyz)
-//! ```
+//! Where it sits among the layers (transports, pipeline, handles, core) is drawn once, in
+//! ARCHITECTURE.md "The request-flow map"; its section "kvgate-gateway" follows a request step
+//! by step.
 //!
 //! | module | one job |
 //! |---|---|
