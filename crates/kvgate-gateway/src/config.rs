@@ -45,8 +45,10 @@
 //! with no configured pod while discovery is static, unless it says `allow_empty_pods = true`:
 //! an editor's or `cat >`'s truncate-then-write, or an empty ConfigMap, would otherwise turn
 //! every request into a 503 ([`GatewayConfig::check_reloaded`]).
-//! Listener addresses, slots and queue, the connection cap, the connect timeout, the decision ring's size and the seed
-//! are read at start only ([`GatewayConfig::keep_start_only`]). [`ConfigDump`] is the config in
+//! Listener addresses, slots and queue, the connection cap, the connect timeout, the decision
+//! ring's size, the seed, `index`, `--cluster`, `[tracing]` and the KV events of a pod already
+//! routed to are read at start only: a reloaded file that changes any of them is refused whole,
+//! naming them ([`GatewayConfig::start_only_changes`]). [`ConfigDump`] is the config in
 //! force as the admin listener's `GET /debug/config` shows it.
 //!
 //! The config's plain data lives here too, so this module needs none of the modules that use
@@ -826,20 +828,22 @@ impl GatewayConfig {
         Ok(())
     }
 
-    /// The settings read at start only, taken from `running` (the config in force), so that a
-    /// reloaded config says what the gateway does. Returns the keys whose new value is ignored
-    /// (the caller logs them: they need a restart).
-    pub fn keep_start_only(&mut self, running: &GatewayConfig) -> Vec<&'static str> {
-        let mut ignored = Vec::new();
-        macro_rules! keep {
+    /// The settings read at start only that differ from `running` (the config in force): a
+    /// reload that changes any is refused whole ([`crate::reload`]), not half applied. They
+    /// are the listeners, slots and queue, the connection cap, the connect timeout, the
+    /// decision ring's size, the seed, `index` (it sets the blocks' mode and the KV-event
+    /// subscribers at start), `--cluster` and `[tracing]`, and the KV events of a pod kept
+    /// across the reload (a pod added by it may have events: its subscriber starts with it).
+    pub fn start_only_changes(&self, running: &GatewayConfig) -> Vec<String> {
+        let mut changed = Vec::new();
+        macro_rules! check {
             ($($field:ident),*) => {$(
                 if self.$field != running.$field {
-                    ignored.push(stringify!($field));
-                    self.$field = running.$field.clone();
+                    changed.push(stringify!($field).to_string());
                 }
             )*};
         }
-        keep!(
+        check!(
             listen,
             admin_listen,
             max_concurrent_requests,
@@ -848,10 +852,25 @@ impl GatewayConfig {
             connect_timeout,
             decision_log_size,
             seed,
+            index,
             cluster,
             tracing
         );
-        ignored
+        let events =
+            |c: &GatewayConfig, url: &str| c.pod_events.iter().find(|e| e.url == url).cloned();
+        for pod in self
+            .pods
+            .iter()
+            .filter(|p| running.pods.iter().any(|r| r.url == p.url))
+        {
+            if events(self, &pod.url) != events(running, &pod.url) {
+                changed.push(format!(
+                    "events of pod {}",
+                    crate::pods::redact_userinfo(&pod.url)
+                ));
+            }
+        }
+        changed
     }
 
     /// Loads `args.config` (if any) and resolves.
@@ -1642,28 +1661,52 @@ explore_max_extra_ms = 9
     }
 
     #[test]
-    fn a_reloaded_config_keeps_the_start_only_settings_and_names_the_changed_ones() {
+    fn a_reloaded_config_names_the_start_only_settings_it_changes() {
         let running = GatewayConfig::resolve(
             &ServeArgs {
                 listen: Some("127.0.0.1:7000".parse().unwrap()),
+                pod: vec!["http://a:1,events=tcp://a:5557".into(), "http://b:1".into()],
                 ..no_flags()
             },
             None,
         )
         .unwrap();
-        let file: FileConfig = toml::from_str(
-            "listen = \"127.0.0.1:7001\"\nmax_concurrent_requests = 8\nmax_retries = 0\n",
-        )
-        .unwrap();
-        let mut reloaded = GatewayConfig::resolve(&no_flags(), Some(&file)).unwrap();
-        let ignored = reloaded.keep_start_only(&running);
-        assert_eq!(ignored, vec!["listen", "max_concurrent_requests"]);
-        assert_eq!(reloaded.listen, running.listen);
-        assert_eq!(reloaded.max_concurrent_requests, 1024);
+        let reload = |text: &str| {
+            let file: FileConfig = toml::from_str(text).unwrap();
+            GatewayConfig::resolve(
+                &ServeArgs {
+                    listen: Some("127.0.0.1:7000".parse().unwrap()),
+                    ..no_flags()
+                },
+                Some(&file),
+            )
+            .unwrap()
+        };
+        let pods = "pods = [{ url = \"http://a:1\", events = \"tcp://a:5557\" }, \"http://b:1\"]\n";
+        // Live settings only: nothing to refuse.
+        let live = reload(&format!("{pods}max_retries = 0\n"));
+        assert!(live.start_only_changes(&running).is_empty());
+        let changed = reload(&format!(
+            "{pods}admin_listen = \"127.0.0.1:7002\"\nmax_concurrent_requests = 8\nindex = \"engine\"\n"
+        ));
         assert_eq!(
-            reloaded.max_retries, 0,
-            "a live setting takes the new value"
+            changed.start_only_changes(&running),
+            ["admin_listen", "max_concurrent_requests", "index"]
         );
+        // A kept pod's events changed or dropped: start only; a new pod may bring its own.
+        let events = reload(
+            "pods = [{ url = \"http://a:1\", events = \"tcp://a:6000\" }, \"http://b:1\", \
+             { url = \"http://c:1\", events = \"tcp://c:5557\" }]\n",
+        );
+        assert_eq!(
+            events.start_only_changes(&running),
+            ["events of pod http://a:1"]
+        );
+        let added = reload(
+            "pods = [{ url = \"http://a:1\", events = \"tcp://a:5557\" }, \"http://b:1\", \
+             { url = \"http://c:1\", events = \"tcp://c:5557\" }]\n",
+        );
+        assert!(added.start_only_changes(&running).is_empty());
     }
 
     #[test]
@@ -1707,10 +1750,9 @@ explore_max_extra_ms = 9
             );
         }
         // The cap sizes the accept loop's semaphore: a reload cannot change it.
-        let mut reloaded = GatewayConfig::resolve(&no_flags(), Some(&file_with_cap())).unwrap();
+        let reloaded = GatewayConfig::resolve(&no_flags(), Some(&file_with_cap())).unwrap();
         let running = GatewayConfig::resolve(&no_flags(), None).unwrap();
-        assert_eq!(reloaded.keep_start_only(&running), vec!["max_connections"]);
-        assert_eq!(reloaded.max_connections, 8192);
+        assert_eq!(reloaded.start_only_changes(&running), ["max_connections"]);
     }
 
     fn file_with_cap() -> FileConfig {

@@ -5,9 +5,11 @@
 //! is logged at warn and counted (`kvgate_config_reload_errors`). So does an empty (or
 //! whitespace-only) file, and one that leaves no configured pod while discovery is static,
 //! unless it sets `allow_empty_pods = true` ([`GatewayConfig::check_reloaded`]): a
-//! truncate-then-write caught half way would otherwise route nothing. Settings read at start only keep their
-//! running values ([`GatewayConfig::keep_start_only`]; a change is logged as needing a restart),
-//! so that `/debug/config` shows what is in force.
+//! truncate-then-write caught half way would otherwise route nothing. A file that changes a
+//! setting read at start only ([`GatewayConfig::start_only_changes`]: listeners, slots,
+//! `index`, a kept pod's KV events, …) is refused whole the same way, logged at error with the
+//! settings it names: applying the rest would leave the file saying what the gateway does not
+//! do.
 
 use crate::config::{FileConfig, GatewayConfig, ServeArgs};
 use crate::state::Shared;
@@ -36,17 +38,22 @@ pub fn reload_now(shared: &Arc<Shared>, args: &ServeArgs, path: &Path) -> Result
         .and_then(|new| new.check_reloaded(discovery_supplies_pods).map(|()| new))
         .map_err(|e| e.to_string());
     match result {
-        Ok(mut new) => {
+        Ok(new) => {
             let (restart_needed, changed) = {
                 let running = shared.config();
-                (new.keep_start_only(&running), **running != new)
+                (new.start_only_changes(&running), **running != new)
             };
             if !restart_needed.is_empty() {
-                tracing::warn!(
-                    path = %path.display(),
-                    keys = ?restart_needed,
-                    "config keys read at start only changed; they apply after a restart"
+                // Refused whole, not half applied: the file now says something the gateway
+                // does not do, and `/debug/config` would not show it.
+                let why = format!(
+                    "it changes settings read at start only ({}); restart kvgate to apply them, \
+                     or put their running values back",
+                    restart_needed.join(", ")
                 );
+                shared.metrics.config_reload_errors.inc();
+                tracing::error!(path = %path.display(), %why, "config file refused; keeping the old config");
+                return Err(why);
             }
             if changed {
                 for pod in shared.apply_config(new) {
@@ -181,6 +188,35 @@ mod tests {
         std::fs::write(&path, "").unwrap();
         assert!(reload_now(&shared, &args, &path).is_err());
         assert!(shared.config().allow_empty_pods);
+    }
+
+    #[tokio::test]
+    async fn a_reload_that_changes_a_start_only_setting_is_refused_whole() {
+        let good = "pods = [\"http://127.0.0.1:9\"]\nmax_retries = 1\n";
+        let path = temp_config("start-only", good);
+        let args = ServeArgs {
+            config: Some(path.clone()),
+            ..ServeArgs::default()
+        };
+        let config = GatewayConfig::from_args(&args).unwrap();
+        let shared = Shared::new(config.clone());
+        shared.apply_config(config);
+        // A live key and a start-only one together: neither applies.
+        std::fs::write(
+            &path,
+            "pods = [\"http://127.0.0.1:9\"]\nmax_retries = 0\nindex = \"engine\"\n",
+        )
+        .unwrap();
+        let why = reload_now(&shared, &args, &path).unwrap_err();
+        assert!(why.contains("index") && why.contains("restart"), "{why}");
+        assert_eq!(shared.config().max_retries, 1);
+        assert_eq!(shared.config().index, crate::config::IndexKind::Routed);
+        assert_eq!(shared.metrics.config_reload_errors.get(), 1);
+        // The start-only key back to its running value: the live change applies.
+        std::fs::write(&path, "pods = [\"http://127.0.0.1:9\"]\nmax_retries = 0\n").unwrap();
+        reload_now(&shared, &args, &path).unwrap();
+        assert_eq!(shared.config().max_retries, 0);
+        assert_eq!(shared.metrics.config_reload_errors.get(), 1);
     }
 
     #[tokio::test]
