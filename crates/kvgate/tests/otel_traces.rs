@@ -30,9 +30,10 @@ mod otlp;
 
 use envoy_harness::{Envoy, envoy_binary};
 use kvgate_gateway::{Gateway, ServeArgs};
-use kvgate_mock_pod::{DEFAULT_MODEL, PodConfig};
+use kvgate_mock_pod::{DEFAULT_MODEL, PodConfig, RunningPod};
 use otlp::{Receiver, parse_traceparent};
 use serde_json::{Value, json};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// What a chat's response said.
@@ -80,6 +81,59 @@ async fn chat(client: &reqwest::Client, base: &str, traceparent: &str) -> Answer
     answer
 }
 
+/// The OTLP receiver, two mock pods and kvgate in front of them (flow control on, traces to
+/// the receiver; with `ext_proc`, its ext_proc listener too), the pods healthy.
+struct Traced {
+    receiver: Receiver,
+    pods: Vec<RunningPod>,
+    gw: Gateway,
+}
+
+impl Traced {
+    async fn start(python: &Path, tag: &str, ext_proc: bool) -> Traced {
+        let dir = std::env::temp_dir().join(format!("kvgate-otel-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let receiver = Receiver::start(python, &dir).await;
+        let pods = kvgate_mock_pod::spawn_pods(
+            &PodConfig {
+                time_scale: 10.0,
+                ..PodConfig::default()
+            },
+            "127.0.0.1:0".parse().unwrap(),
+            2,
+        )
+        .await
+        .unwrap();
+        let config = dir.join("kvgate.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[flow_control]\nenabled = true\n\n[tracing]\notlp_traces_endpoint = \"http://127.0.0.1:{}/v1/traces\"\n",
+                receiver.port
+            ),
+        )
+        .unwrap();
+        let gw = Gateway::start(ServeArgs {
+            listen: Some("127.0.0.1:0".parse().unwrap()),
+            admin_listen: Some("127.0.0.1:0".parse().unwrap()),
+            ext_proc_listen: ext_proc.then(|| "127.0.0.1:0".parse().unwrap()),
+            pod: pods.iter().map(|p| p.url()).collect(),
+            scrape_interval_ms: Some(50),
+            config: Some(config),
+            ..ServeArgs::default()
+        })
+        .await
+        .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !pods.iter().all(|p| gw.pod_healthy(&p.url()) == Some(true)) {
+            assert!(Instant::now() < deadline, "pods did not become healthy");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Traced { receiver, pods, gw }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_is_one_trace_from_the_client_through_kvgate_to_the_pod() {
     let Some(python) =
@@ -87,45 +141,7 @@ async fn a_request_is_one_trace_from_the_client_through_kvgate_to_the_pod() {
     else {
         return;
     };
-    let dir = std::env::temp_dir().join(format!("kvgate-otel-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let receiver = Receiver::start(&python, &dir).await;
-
-    let pods = kvgate_mock_pod::spawn_pods(
-        &PodConfig {
-            time_scale: 10.0,
-            ..PodConfig::default()
-        },
-        "127.0.0.1:0".parse().unwrap(),
-        2,
-    )
-    .await
-    .unwrap();
-    let config = dir.join("kvgate.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[flow_control]\nenabled = true\n\n[tracing]\notlp_traces_endpoint = \"http://127.0.0.1:{}/v1/traces\"\n",
-            receiver.port
-        ),
-    )
-    .unwrap();
-    let gw = Gateway::start(ServeArgs {
-        listen: Some("127.0.0.1:0".parse().unwrap()),
-        admin_listen: Some("127.0.0.1:0".parse().unwrap()),
-        pod: pods.iter().map(|p| p.url()).collect(),
-        scrape_interval_ms: Some(50),
-        config: Some(config),
-        ..ServeArgs::default()
-    })
-    .await
-    .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !pods.iter().all(|p| gw.pod_healthy(&p.url()) == Some(true)) {
-        assert!(Instant::now() < deadline, "pods did not become healthy");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let Traced { receiver, pods, gw } = Traced::start(&python, "http", false).await;
     let base = format!("http://{}", gw.traffic_addr);
     let client = reqwest::Client::new();
 
@@ -282,45 +298,7 @@ async fn a_request_through_envoy_is_one_trace_from_the_client_through_kvgate_to_
         );
         return;
     };
-    let dir = std::env::temp_dir().join(format!("kvgate-otel-envoy-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let receiver = Receiver::start(&python, &dir).await;
-    let pods = kvgate_mock_pod::spawn_pods(
-        &PodConfig {
-            time_scale: 10.0,
-            ..PodConfig::default()
-        },
-        "127.0.0.1:0".parse().unwrap(),
-        2,
-    )
-    .await
-    .unwrap();
-    let config = dir.join("kvgate.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[flow_control]\nenabled = true\n\n[tracing]\notlp_traces_endpoint = \"http://127.0.0.1:{}/v1/traces\"\n",
-            receiver.port
-        ),
-    )
-    .unwrap();
-    let gw = Gateway::start(ServeArgs {
-        listen: Some("127.0.0.1:0".parse().unwrap()),
-        admin_listen: Some("127.0.0.1:0".parse().unwrap()),
-        ext_proc_listen: Some("127.0.0.1:0".parse().unwrap()),
-        pod: pods.iter().map(|p| p.url()).collect(),
-        scrape_interval_ms: Some(50),
-        config: Some(config),
-        ..ServeArgs::default()
-    })
-    .await
-    .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !pods.iter().all(|p| gw.pod_healthy(&p.url()) == Some(true)) {
-        assert!(Instant::now() < deadline, "pods did not become healthy");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let Traced { receiver, pods, gw } = Traced::start(&python, "envoy", true).await;
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(60))
         .build()
