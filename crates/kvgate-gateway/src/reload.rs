@@ -151,10 +151,9 @@ mod tests {
         path
     }
 
-    #[tokio::test]
-    async fn an_empty_file_or_no_pods_on_reload_keeps_the_last_good_config_and_is_counted() {
-        let good = "pods = [\"http://127.0.0.1:9\"]\nmax_retries = 1\n";
-        let path = temp_config("empty", good);
+    /// A gateway's state started from a config file holding `text`.
+    fn started(name: &str, text: &str) -> (std::path::PathBuf, ServeArgs, Arc<Shared>) {
+        let path = temp_config(name, text);
         let args = ServeArgs {
             config: Some(path.clone()),
             ..ServeArgs::default()
@@ -162,6 +161,13 @@ mod tests {
         let config = GatewayConfig::from_args(&args).unwrap();
         let shared = Shared::new(config.clone());
         shared.apply_config(config);
+        (path, args, shared)
+    }
+
+    #[tokio::test]
+    async fn an_empty_file_or_no_pods_on_reload_keeps_the_last_good_config_and_is_counted() {
+        let good = "pods = [\"http://127.0.0.1:9\"]\nmax_retries = 1\n";
+        let (path, args, shared) = started("empty", good);
         // What a truncate-then-write shows half way, an empty ConfigMap, a list emptied.
         for (n, bad) in ["", " \n\t\n", "pods = []\n", "max_retries = 0\n"]
             .into_iter()
@@ -193,14 +199,7 @@ mod tests {
     #[tokio::test]
     async fn a_reload_that_changes_a_start_only_setting_is_refused_whole() {
         let good = "pods = [\"http://127.0.0.1:9\"]\nmax_retries = 1\n";
-        let path = temp_config("start-only", good);
-        let args = ServeArgs {
-            config: Some(path.clone()),
-            ..ServeArgs::default()
-        };
-        let config = GatewayConfig::from_args(&args).unwrap();
-        let shared = Shared::new(config.clone());
-        shared.apply_config(config);
+        let (path, args, shared) = started("start-only", good);
         // A live key and a start-only one together: neither applies.
         std::fs::write(
             &path,
