@@ -122,7 +122,7 @@ async fn config(State(shared): State<Arc<Shared>>) -> Response {
         .collect();
     let config = shared.config();
     let tokenizer = match config.index {
-        crate::config::IndexKind::Engine => shared.tokenizer.get().map(|t| t.describe()),
+        crate::config::IndexKind::Engine => shared.tokenizer.as_ref().map(|t| t.describe()),
         crate::config::IndexKind::Routed => None,
     };
     let mut dump = crate::config::ConfigDump::new(&config, &pod_table, tokenizer);

@@ -18,8 +18,8 @@
 //! `sampling_ratio` (trace-id ratio, default 1.0). An unsampled request still gets non-recording
 //! spans, so the pod receives a `traceparent` (flag `00`) continuing the client's trace id.
 //!
-//! Cost with tracing off: the request's hook checks `Shared::otel` (a `OnceLock` that stays
-//! empty) once, and every other hook a `RequestTrace` of one null pointer; nothing is allocated or read from headers
+//! Cost with tracing off: the request's hook checks `Shared::otel` (an `Option` that stays
+//! `None`) once, and every other hook a `RequestTrace` of one null pointer; nothing is allocated or read from headers
 //! (`BENCHMARKS.md` "Tracing overhead"). The client's own `traceparent` then reaches the pod
 //! untouched, as every other end-to-end header does.
 //!

@@ -117,7 +117,7 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
     let start = Instant::now();
     let (parts, body) = req.into_parts();
     let rid = request_id(&parts.headers);
-    let trace = RequestTrace::start(shared.otel.get(), &parts.headers, parts.uri.path(), &rid);
+    let trace = RequestTrace::start(shared.otel.as_ref(), &parts.headers, parts.uri.path(), &rid);
     let cfg = shared.config().clone();
     let deadline = request_deadline(&parts, &cfg);
     let body = match read_body_until(body, cfg.max_body_bytes, deadline).await {

@@ -92,7 +92,7 @@ pub(crate) async fn prepare(
     }
     let capture = shared
         .capture
-        .get()
+        .as_ref()
         .map(|c| c.ticket(&blocks, input_tokens, parsed.max_tokens));
     Ok(Prepared {
         adapter: AdapterId::of(&parsed.model),
@@ -121,8 +121,7 @@ async fn request_blocks(
     if cfg.index == IndexKind::Engine {
         let tokenizer = shared
             .tokenizer
-            .get()
-            .cloned()
+            .clone()
             .unwrap_or_else(|| GatewayTokenizer::Cl100k(PromptTokenizer::cl100k()));
         // A chat prompt rendered with the model's chat template is token ids already, as the
         // engine computes them; without a template, `parsed` keeps kvgate's own rendering.
@@ -296,7 +295,7 @@ async fn chat_template_tokens(
     }
     let max = cfg.max_prompt_tokens;
     let metrics = TokenizationMetrics::of(shared);
-    let cache = shared.token_cache.get();
+    let cache = shared.token_cache.as_ref();
     let outcome = if body.len() <= INLINE_TOKENIZE_BYTES {
         render_and_encode(tokenizer, cache.map(|c| &**c), body, max, &metrics)
     } else {
@@ -348,7 +347,7 @@ async fn token_mode_blocks(
             }
             shared.metrics.tokenizations.inc();
             let metrics = TokenizationMetrics::of(shared);
-            let cache = shared.token_cache.get();
+            let cache = shared.token_cache.as_ref();
             let result = if text.len() <= INLINE_TOKENIZE_BYTES {
                 let (ids, stats) = tokenizer.encode_reusing(cache.map(|c| &**c), text, true);
                 metrics.record(stats);

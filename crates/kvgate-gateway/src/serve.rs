@@ -109,7 +109,6 @@ impl Gateway {
             None => None,
         };
         let ext_proc_addr = ext_proc.as_ref().map(|(_, a)| *a);
-        let shared = Shared::new(config.clone());
         let tokenizer_name = tokenizer.describe();
         let cache_bytes = args
             .tokenization_cache_mib
@@ -121,22 +120,38 @@ impl Gateway {
                 "tokenization reuse: no safe split points; only whole prompts are reused");
             crate::token_cache::SplitRule::Whole
         });
-        let _ = shared
-            .token_cache
-            .set(Arc::new(crate::token_cache::TokenCache::new(
-                rule,
-                cache_bytes,
-            )));
-        let _ = shared.tokenizer.set(tokenizer);
-        if let Some(path) = &args.capture {
-            let capture =
-                crate::capture::Capture::open(path, shared.metrics.capture_dropped.clone())
-                    .map_err(|source| ServeError::Capture {
-                        path: path.display().to_string(),
-                        source,
-                    })?;
-            let _ = shared.capture.set(capture);
-        }
+        let shared = Shared::with(config.clone(), |metrics| {
+            let capture = match &args.capture {
+                Some(path) => Some(
+                    crate::capture::Capture::open(path, metrics.capture_dropped.clone()).map_err(
+                        |source| ServeError::Capture {
+                            path: path.display().to_string(),
+                            source,
+                        },
+                    )?,
+                ),
+                None => None,
+            };
+            let otel = match config.tracing.endpoint() {
+                Some(endpoint) => {
+                    let tracing = crate::otel::Tracing::start(&config.tracing, &endpoint)
+                        .map_err(ServeError::Tracing)?;
+                    tracing::info!(%endpoint, sampling_ratio = config.tracing.sampling_ratio,
+                        "OpenTelemetry traces on");
+                    Some(tracing)
+                }
+                None => None,
+            };
+            Ok::<_, ServeError>(crate::state::StartParts {
+                token_cache: Some(Arc::new(crate::token_cache::TokenCache::new(
+                    rule,
+                    cache_bytes,
+                ))),
+                tokenizer: Some(tokenizer),
+                capture,
+                otel,
+            })
+        })?;
         if let Some(path) = &args.decisions_log {
             let file =
                 crate::jsonl::JsonLines::open(path, shared.metrics.decisions_log_dropped.clone())
@@ -145,13 +160,6 @@ impl Gateway {
                     source,
                 })?;
             shared.decisions.set_file(file);
-        }
-        if let Some(endpoint) = config.tracing.endpoint() {
-            let tracing = crate::otel::Tracing::start(&config.tracing, &endpoint)
-                .map_err(ServeError::Tracing)?;
-            tracing::info!(%endpoint, sampling_ratio = config.tracing.sampling_ratio,
-                "OpenTelemetry traces on");
-            let _ = shared.otel.set(tracing);
         }
         if config.pods.is_empty() && args.discovery.unwrap_or_default() == DiscoveryKind::Static {
             // Kept as before (a start has no previous config to fall back on), but said: every
@@ -172,7 +180,7 @@ impl Gateway {
                 tokenizer = %tokenizer_name,
                 "engine index: token mode; pods without live KV events use the routed index"
             );
-            if let Some(t) = shared.tokenizer.get()
+            if let Some(t) = shared.tokenizer.as_ref()
                 && matches!(t, crate::tokenizer::GatewayTokenizer::HuggingFace { .. })
                 && t.chat_template().is_none()
             {
@@ -317,7 +325,7 @@ impl Gateway {
         // The other replicas release this one's charges now rather than after its lease.
         crate::cluster::leave(&self.shared, std::time::Duration::from_millis(200)).await;
         // The spans of the requests just ended go out before the process exits.
-        if let Some(tracing) = self.shared.otel.get() {
+        if let Some(tracing) = self.shared.otel.as_ref() {
             tracing.shutdown().await;
         }
     }

@@ -75,18 +75,19 @@ pub struct Shared {
     /// The live page's branch counters and sampled history ([`crate::live`]).
     pub live: crate::live::LiveHistory,
     pub client: UpstreamClient,
-    /// Token mode's tokenizer (`--tokenizer FILE`, else the built-in cl100k), set at start.
-    pub tokenizer: std::sync::OnceLock<crate::tokenizer::GatewayTokenizer>,
-    /// `--cluster`: this replica's membership (set at start; [`crate::cluster::Cluster`]).
+    /// Token mode's tokenizer (`--tokenizer FILE`, else the built-in cl100k), given at start.
+    pub tokenizer: Option<crate::tokenizer::GatewayTokenizer>,
+    /// `--cluster`: this replica's membership (set once its tasks hold the `Shared`, at start;
+    /// [`crate::cluster::Cluster`]).
     pub cluster: std::sync::OnceLock<Arc<dyn ReplicaLink>>,
-    /// Token mode's tokenization reuse (`--tokenization-cache-mib`), set at start with the
-    /// tokenizer; unset, every prompt is tokenized whole.
-    pub token_cache: std::sync::OnceLock<Arc<crate::token_cache::TokenCache>>,
+    /// Token mode's tokenization reuse (`--tokenization-cache-mib`), given at start with the
+    /// tokenizer; none, every prompt is tokenized whole.
+    pub token_cache: Option<Arc<crate::token_cache::TokenCache>>,
     /// `--capture FILE`, when given.
-    pub capture: std::sync::OnceLock<Arc<crate::capture::Capture>>,
-    /// `[tracing]`: the OpenTelemetry tracer, set at start when tracing is on
-    /// ([`crate::otel`]); empty, every tracing hook is a no-op.
-    pub otel: std::sync::OnceLock<crate::otel::Tracing>,
+    pub capture: Option<Arc<crate::capture::Capture>>,
+    /// `[tracing]`: the OpenTelemetry tracer when tracing is on ([`crate::otel`]); none, every
+    /// tracing hook is a no-op.
+    pub otel: Option<crate::otel::Tracing>,
     /// Slots and queue of the traffic listener (sized at start).
     pub admission: crate::limits::Admission,
     /// Request-body bytes held now (`max_body_bytes_in_flight` bounds it).
@@ -114,8 +115,34 @@ pub fn predictor_config(router: &kvgate_core::RouterConfig) -> PredictorConfig {
     }
 }
 
+/// What a gateway is given at start besides its config; none of it changes afterwards.
+#[derive(Default)]
+pub struct StartParts {
+    pub tokenizer: Option<crate::tokenizer::GatewayTokenizer>,
+    pub token_cache: Option<Arc<crate::token_cache::TokenCache>>,
+    pub capture: Option<Arc<crate::capture::Capture>>,
+    pub otel: Option<crate::otel::Tracing>,
+}
+
 impl Shared {
+    /// A gateway's state with nothing but its config (tests, tools).
     pub fn new(config: GatewayConfig) -> Arc<Shared> {
+        match Shared::with(config, |_| {
+            Ok::<_, std::convert::Infallible>(StartParts::default())
+        }) {
+            Ok(shared) => shared,
+            Err(never) => match never {},
+        }
+    }
+
+    /// A gateway's state with the parts `parts` builds (it sees the metrics, for the parts
+    /// that count into them), or `parts`' error.
+    pub fn with<E>(
+        config: GatewayConfig,
+        parts: impl FnOnce(&Metrics) -> Result<StartParts, E>,
+    ) -> Result<Arc<Shared>, E> {
+        let metrics = Metrics::new();
+        let parts = parts(&metrics)?;
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(config.connect_timeout));
@@ -129,7 +156,7 @@ impl Shared {
             predictor_config(&config.router),
             config.seed,
         );
-        Arc::new(Shared {
+        Ok(Arc::new(Shared {
             admission: crate::limits::Admission::new(
                 config.max_concurrent_requests,
                 config.max_queued_requests,
@@ -141,19 +168,19 @@ impl Shared {
             config: ArcSwap::from_pointee(config),
             pods: PodTable::default(),
             session: Mutex::new(session),
-            metrics: Metrics::new(),
+            metrics,
             log_limit: crate::log_limit::LogLimiter::default(),
             client,
-            capture: std::sync::OnceLock::new(),
-            otel: std::sync::OnceLock::new(),
+            capture: parts.capture,
+            otel: parts.otel,
             cluster: std::sync::OnceLock::new(),
-            tokenizer: std::sync::OnceLock::new(),
-            token_cache: std::sync::OnceLock::new(),
+            tokenizer: parts.tokenizer,
+            token_cache: parts.token_cache,
             shutting_down: std::sync::atomic::AtomicBool::new(false),
             grace_end: Arc::default(),
             retry_budget: Arc::default(),
             discovered: Mutex::new(Vec::new()),
-        })
+        }))
     }
 
     pub fn config(&self) -> arc_swap::Guard<Arc<GatewayConfig>> {

@@ -366,7 +366,7 @@ impl Exchange {
             }
         }
         self.request_id = crate::request_id::request_id(&self.headers);
-        let otel = self.shared.otel.get();
+        let otel = self.shared.otel.as_ref();
         self.trace = RequestTrace::start(otel, &self.headers, &self.path, &self.request_id);
         if self.slot.is_none() {
             match self.admit().await {
