@@ -43,7 +43,7 @@ impl TicketGuard {
     /// A routed request's ticket; `blocks` are the prompt's blocks recorded for the pod (what
     /// the other replicas record too).
     pub fn new(shared: Arc<Shared>, pod: Arc<Pod>, ticket: Ticket, blocks: &[BlockHash]) -> Self {
-        let shared_as = shared.cluster.get().map(|c| {
+        let shared_as = shared.cluster.as_ref().map(|c| {
             let id = c.routed(
                 &shared,
                 &pod,
@@ -89,7 +89,7 @@ impl TicketGuard {
             && !t.has_first_token()
         {
             let sample = self.shared.session.lock().first_token_seen(t, ttft_ms);
-            if let (Some(c), Some((id, _))) = (self.shared.cluster.get(), self.shared_as) {
+            if let (Some(c), Some((id, _))) = (self.shared.cluster.as_ref(), self.shared_as) {
                 c.first_token(&self.shared, id, t.decode_tokens(), sample);
             }
         }
@@ -103,7 +103,7 @@ impl TicketGuard {
         if let Some(t) = self.ticket.as_mut() {
             self.shared.session.lock().tokens_generated(t, tokens);
             if let (Some(c), Some((id, unreported))) =
-                (self.shared.cluster.get(), self.shared_as.as_mut())
+                (self.shared.cluster.as_ref(), self.shared_as.as_mut())
             {
                 *unreported += tokens;
                 if *unreported >= TOKENS_PER_EVENT {
@@ -144,7 +144,8 @@ impl TicketGuard {
                 self.shared.decisions.ended(*record, observed);
             }
             self.shared.session.lock().finish(t, observed);
-            if let (Some(c), Some((id, _))) = (self.shared.cluster.get(), self.shared_as.take()) {
+            if let (Some(c), Some((id, _))) = (self.shared.cluster.as_ref(), self.shared_as.take())
+            {
                 // Nothing left to teach (the TTFT went out with the first token, no TPOT with
                 // under two tokens): the finish goes without a sample.
                 let sample = sample.filter(|s| s.ttft_ms.is_some() || s.tpot_ms.is_some());

@@ -120,6 +120,7 @@ impl Gateway {
                 "tokenization reuse: no safe split points; only whole prompts are reused");
             crate::token_cache::SplitRule::Whole
         });
+        let cluster = config.cluster.clone().map(crate::cluster::prepare);
         let shared = Shared::with(config.clone(), |metrics| {
             let capture = match &args.capture {
                 Some(path) => Some(
@@ -150,6 +151,9 @@ impl Gateway {
                 tokenizer: Some(tokenizer),
                 capture,
                 otel,
+                cluster: cluster
+                    .as_ref()
+                    .map(|c| c.cluster.clone() as Arc<dyn crate::state::ReplicaLink>),
             })
         })?;
         if let Some(path) = &args.decisions_log {
@@ -203,7 +207,7 @@ impl Gateway {
                 pod,
             )));
         }
-        if let Some(cluster) = shared.config().cluster.clone() {
+        if let Some(cluster) = cluster {
             tasks.extend(crate::cluster::start(&shared, cluster).await);
         }
         tasks.push(tokio::spawn(crate::trainer::run(shared.clone())));

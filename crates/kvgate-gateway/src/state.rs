@@ -77,9 +77,9 @@ pub struct Shared {
     pub client: UpstreamClient,
     /// Token mode's tokenizer (`--tokenizer FILE`, else the built-in cl100k), given at start.
     pub tokenizer: Option<crate::tokenizer::GatewayTokenizer>,
-    /// `--cluster`: this replica's membership (set once its tasks hold the `Shared`, at start;
-    /// [`crate::cluster::Cluster`]).
-    pub cluster: std::sync::OnceLock<Arc<dyn ReplicaLink>>,
+    /// `--cluster`: this replica's membership, given at start ([`crate::cluster::Cluster`];
+    /// its tasks start once they can hold the `Shared`).
+    pub cluster: Option<Arc<dyn ReplicaLink>>,
     /// Token mode's tokenization reuse (`--tokenization-cache-mib`), given at start with the
     /// tokenizer; none, every prompt is tokenized whole.
     pub token_cache: Option<Arc<crate::token_cache::TokenCache>>,
@@ -122,6 +122,7 @@ pub struct StartParts {
     pub token_cache: Option<Arc<crate::token_cache::TokenCache>>,
     pub capture: Option<Arc<crate::capture::Capture>>,
     pub otel: Option<crate::otel::Tracing>,
+    pub cluster: Option<Arc<dyn ReplicaLink>>,
 }
 
 impl Shared {
@@ -173,7 +174,7 @@ impl Shared {
             client,
             capture: parts.capture,
             otel: parts.otel,
-            cluster: std::sync::OnceLock::new(),
+            cluster: parts.cluster,
             tokenizer: parts.tokenizer,
             token_cache: parts.token_cache,
             shutting_down: std::sync::atomic::AtomicBool::new(false),
@@ -256,7 +257,7 @@ impl Shared {
     /// Refreshes the gauges computed from state (called before encoding `/metrics`).
     pub fn refresh_gauges(&self) {
         let m = &self.metrics;
-        if let Some(c) = self.cluster.get() {
+        if let Some(c) = &self.cluster {
             c.refresh_gauges(&m.cluster);
         }
         m.active_requests

@@ -265,7 +265,7 @@ fn direct_subject(name: &str, replica: u64) -> String {
 impl Cluster {
     /// This replica's membership, when `--cluster` started one ([`Shared::cluster`]).
     pub fn of(shared: &Shared) -> Option<Arc<Cluster>> {
-        shared.cluster.get()?.clone().into_any().downcast().ok()
+        shared.cluster.clone()?.into_any().downcast().ok()
     }
 
     fn metrics<'a>(&self, shared: &'a Shared) -> &'a ClusterMetrics {
@@ -398,9 +398,16 @@ impl Cluster {
     }
 }
 
-/// Connects (in the background: the gateway starts whether or not NATS is up) and starts the
-/// publisher and receiver tasks. Sets `shared.cluster`.
-pub async fn start(shared: &Arc<Shared>, config: ClusterConfig) -> Vec<JoinHandle<()>> {
+/// A replica's membership before it runs: the [`Cluster`] (given to the gateway's state at
+/// start, [`crate::state::StartParts::cluster`]) and its event queue's receiving end, for the
+/// publisher [`start`] spawns.
+pub struct Prepared {
+    pub cluster: Arc<Cluster>,
+    events: mpsc::Receiver<Event>,
+}
+
+/// This replica's [`Cluster`], not connected yet.
+pub fn prepare(config: ClusterConfig) -> Prepared {
     let link = Arc::new(Link {
         connected: AtomicBool::new(false),
         down_since: Mutex::new(Some(Instant::now())),
@@ -409,9 +416,6 @@ pub async fn start(shared: &Arc<Shared>, config: ClusterConfig) -> Vec<JoinHandl
     });
     let (tx, rx) = mpsc::channel(QUEUE_EVENTS);
     let replica = random_replica_id();
-    // Before anything routes, and whether or not NATS is usable.
-    let seed = decision_seed(shared.config().seed, replica);
-    shared.session.lock().reseed(seed);
     let cluster = Arc::new(Cluster {
         peers: Mutex::new(PeerBook::new(PeerConfig {
             lease_ms: config.lease.as_millis() as u64,
@@ -424,9 +428,27 @@ pub async fn start(shared: &Arc<Shared>, config: ClusterConfig) -> Vec<JoinHandl
         queue: tx,
         oldest_queued_us: AtomicU64::new(0),
         live: Mutex::new(FxHashMap::default()),
-        link: link.clone(),
+        link,
         epoch: Instant::now(),
     });
+    Prepared {
+        cluster,
+        events: rx,
+    }
+}
+
+/// Connects (in the background: the gateway starts whether or not NATS is up) and starts the
+/// publisher and receiver tasks of `prepared`, which `shared` holds as its cluster link.
+pub async fn start(shared: &Arc<Shared>, prepared: Prepared) -> Vec<JoinHandle<()>> {
+    let Prepared {
+        cluster,
+        events: rx,
+    } = prepared;
+    let replica = cluster.replica;
+    // Before anything routes, and whether or not NATS is usable.
+    let seed = decision_seed(shared.config().seed, replica);
+    shared.session.lock().reseed(seed);
+    let link = cluster.link.clone();
     let cb_link = link.clone();
     let cb_shared = shared.clone();
     let options = async_nats::ConnectOptions::new()
@@ -467,11 +489,9 @@ pub async fn start(shared: &Arc<Shared>, config: ClusterConfig) -> Vec<JoinHandl
         Err(e) => {
             // Only an unusable address gets here (retry_on_initial_connect retries the rest).
             tracing::error!(url = %cluster.config.url, error = %e, "cluster: cannot use the NATS address; running alone");
-            let _ = shared.cluster.set(cluster);
             return Vec::new();
         }
     };
-    let _ = shared.cluster.set(cluster.clone());
     tracing::info!(
         url = %cluster.config.url,
         name = %cluster.config.name,
