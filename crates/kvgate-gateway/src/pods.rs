@@ -571,14 +571,13 @@ pub fn redact_userinfo(url: &str) -> String {
 
 // Each pod's failure breaker (when it counts and what it avoids: `crate::breaker`).
 
-/// Origin of the breaker's clock (nanoseconds since the first use in this process).
-fn base() -> Instant {
-    static BASE: OnceLock<Instant> = OnceLock::new();
-    *BASE.get_or_init(Instant::now)
-}
-
+/// The breaker's clock: nanoseconds since [`crate::progress::base`].
 fn nanos(at: Instant) -> u64 {
-    u64::try_from(at.saturating_duration_since(base()).as_nanos()).unwrap_or(u64::MAX)
+    u64::try_from(
+        at.saturating_duration_since(crate::progress::base())
+            .as_nanos(),
+    )
+    .unwrap_or(u64::MAX)
 }
 
 /// One pod's breaker.

@@ -45,13 +45,14 @@ pub fn window(timeout: Duration, scrape_interval: Duration) -> Duration {
         .max(scrape_interval.saturating_mul(4))
 }
 
-/// Origin of the progress clock (nanoseconds since the first use in this process, + 1 so
-/// that 0 means "never").
-fn base() -> Instant {
+/// Origin of the gateway's monotonic nanosecond clocks (this progress clock, each pod's
+/// breaker): the first use in this process.
+pub(crate) fn base() -> Instant {
     static BASE: OnceLock<Instant> = OnceLock::new();
     *BASE.get_or_init(Instant::now)
 }
 
+/// Nanoseconds since [`base`], + 1 so that 0 means "never".
 fn nanos(at: Instant) -> u64 {
     u64::try_from(at.saturating_duration_since(base()).as_nanos())
         .unwrap_or(u64::MAX - 1)
