@@ -856,17 +856,26 @@ impl GatewayConfig {
             cluster,
             tracing
         );
-        let events =
-            |c: &GatewayConfig, url: &str| c.pod_events.iter().find(|e| e.url == url).cloned();
-        for pod in self
-            .pods
-            .iter()
-            .filter(|p| running.pods.iter().any(|r| r.url == p.url))
-        {
+        // A pod is kept across the reload as the pod table keeps it (`PodTable::replace`):
+        // the same URL (without a trailing slash), class, role and data-parallel size; any
+        // other change makes it a new pod, with a subscriber of its own.
+        let url = |u: &str| u.trim_end_matches('/').to_string();
+        let events = |c: &GatewayConfig, u: &str| {
+            c.pod_events.iter().find(|e| url(&e.url) == url(u)).cloned()
+        };
+        let kept = |p: &PodEntry| {
+            running.pods.iter().any(|r| {
+                url(&r.url) == url(&p.url)
+                    && r.class == p.class
+                    && r.role == p.role
+                    && r.data_parallel_size == p.data_parallel_size
+            })
+        };
+        for pod in self.pods.iter().filter(|p| kept(p)) {
             if events(self, &pod.url) != events(running, &pod.url) {
                 changed.push(format!(
                     "events of pod {}",
-                    crate::pods::redact_userinfo(&pod.url)
+                    crate::pods::redact_userinfo(&url(&pod.url))
                 ));
             }
         }
@@ -1707,6 +1716,20 @@ explore_max_extra_ms = 9
              { url = \"http://c:1\", events = \"tcp://c:5557\" }]\n",
         );
         assert!(added.start_only_changes(&running).is_empty());
+        // The same pod written with a trailing slash is the same pod.
+        let slash = reload(
+            "pods = [{ url = \"http://a:1/\", events = \"tcp://a:6000\" }, \"http://b:1\"]\n",
+        );
+        assert_eq!(
+            slash.start_only_changes(&running),
+            ["events of pod http://a:1"]
+        );
+        // Another class makes it a new pod (a fresh subscriber): its events may change.
+        let new_pod = reload(
+            "pods = [{ url = \"http://a:1\", class = \"big\", events = \"tcp://a:6000\" }, \
+             \"http://b:1\"]\n",
+        );
+        assert!(new_pod.start_only_changes(&running).is_empty());
     }
 
     #[test]

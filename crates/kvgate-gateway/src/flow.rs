@@ -503,22 +503,32 @@ fn pump(shared: &Shared) -> bool {
         return false;
     }
     let room = view(shared, &cfg);
-    let released = release(&mut gate.queue.lock(), &cfg, &room, now);
-    for Released { left, bulk } in released {
-        let name = gate.queue.lock().tenant_name(left.tenant).to_string();
-        gate.dispatching.fetch_add(1, Ordering::AcqRel);
-        let queued_ms = left.queued_ms;
-        let closed = room.closed_to(bulk).to_vec();
-        // A waiter gone between the pop and this send (its request ended) takes no turn.
-        if left
-            .payload
-            .send(Verdict::Go { queued_ms, closed })
-            .is_err()
-        {
-            gate.dispatching.fetch_sub(1, Ordering::AcqRel);
-            continue;
-        }
-        count_dispatch(shared, left.band, &name, Some(queued_ms));
+    let mut dispatched = Vec::new();
+    release(
+        &mut gate.queue.lock(),
+        &cfg,
+        &room,
+        now,
+        |Released { left, bulk }, tenant| {
+            let queued_ms = left.queued_ms;
+            let closed = room.closed_to(bulk).to_vec();
+            gate.dispatching.fetch_add(1, Ordering::AcqRel);
+            // A waiter gone between its pop and this send (its request ended) takes no turn
+            // and no headroom.
+            if left
+                .payload
+                .send(Verdict::Go { queued_ms, closed })
+                .is_err()
+            {
+                gate.dispatching.fetch_sub(1, Ordering::AcqRel);
+                return false;
+            }
+            dispatched.push((left.band, tenant.to_string(), queued_ms));
+            true
+        },
+    );
+    for (band, tenant, queued_ms) in dispatched {
+        count_dispatch(shared, band, &tenant, Some(queued_ms));
     }
     !gate.queue.lock().is_empty()
 }

@@ -121,7 +121,19 @@ impl Gateway {
             crate::token_cache::SplitRule::Whole
         });
         let cluster = config.cluster.clone().map(crate::cluster::prepare);
+        let mut decisions_file = None;
         let shared = Shared::with(config.clone(), |metrics| {
+            // The files first, the tracer (a thread of its own) last: an error before it
+            // leaves nothing running.
+            if let Some(path) = &args.decisions_log {
+                decisions_file = Some(
+                    crate::jsonl::JsonLines::open(path, metrics.decisions_log_dropped.clone())
+                        .map_err(|source| ServeError::DecisionsLog {
+                            path: path.display().to_string(),
+                            source,
+                        })?,
+                );
+            }
             let capture = match &args.capture {
                 Some(path) => Some(
                     crate::capture::Capture::open(path, metrics.capture_dropped.clone()).map_err(
@@ -156,13 +168,7 @@ impl Gateway {
                     .map(|c| c.cluster.clone() as Arc<dyn crate::state::ReplicaLink>),
             })
         })?;
-        if let Some(path) = &args.decisions_log {
-            let file =
-                crate::jsonl::JsonLines::open(path, shared.metrics.decisions_log_dropped.clone())
-                    .map_err(|source| ServeError::DecisionsLog {
-                    path: path.display().to_string(),
-                    source,
-                })?;
+        if let Some(file) = decisions_file {
             shared.decisions.set_file(file);
         }
         if config.pods.is_empty() && args.discovery.unwrap_or_default() == DiscoveryKind::Static {

@@ -873,7 +873,17 @@ impl Cluster {
         let room = self.flow_room();
         let sat = self.config.flow.saturation;
         self.note_detector(&sat);
-        let released = release(&mut self.flow_queue, &self.config.flow, &room, now);
+        let mut released = Vec::new();
+        release(
+            &mut self.flow_queue,
+            &self.config.flow,
+            &room,
+            now,
+            |r, _| {
+                released.push(r);
+                true
+            },
+        );
         for Released { left, bulk } in released {
             self.flow_report.released += 1;
             self.queue_ms_sum += left.queued_ms;
@@ -896,7 +906,7 @@ impl Cluster {
             let r = &mut self.flow_report;
             if p.kv_usage >= sat.kv_cache_util_threshold {
                 r.detector_pods_kv += 1;
-            } else if pod_headroom(sat, p, None) == 0 {
+            } else if pod_headroom(sat, p, self.predicted_ttft.get(&p.name)) == 0 {
                 r.detector_pods_queue += 1;
             } else {
                 r.detector_pods_open += 1;

@@ -120,7 +120,7 @@ impl FleetRoom {
     }
 }
 
-/// A request [`release`] let go.
+/// A request [`release`] lets go.
 #[derive(Debug)]
 pub struct Released<T> {
     pub left: Leaving<T>,
@@ -128,16 +128,20 @@ pub struct Released<T> {
     pub bulk: bool,
 }
 
-/// The queued requests `room` lets go now, in the queue's order; see the module docs.
+/// Lets go the queued requests `room` allows now, in the queue's order (see the module docs):
+/// each is handed to `take` with its tenant's name, and takes a unit of headroom only if
+/// `take` says it was taken (`false`: its waiter was gone, and the next request may have the
+/// unit). Returns how many were taken.
 pub fn release<T>(
     queue: &mut FlowQueue<T>,
     cfg: &FlowConfig,
     room: &FleetRoom,
     now_ms: f64,
-) -> Vec<Released<T>> {
+    mut take: impl FnMut(Released<T>, &str) -> bool,
+) -> u32 {
     let mut left = room.saturation.headroom();
     let mut bulk_left = room.bulk_room.min(left);
-    let mut out = Vec::new();
+    let mut taken = 0;
     while left > 0 {
         let (next, bulk) = match queue.next_is_bulk(cfg, now_ms) {
             None => break,
@@ -145,14 +149,18 @@ pub fn release<T>(
             Some(bulk) => (queue.pop(now_ms), bulk),
         };
         let Some(next) = next else { break };
+        let tenant = queue.tenant_name(next.tenant);
+        if !take(Released { left: next, bulk }, tenant) {
+            continue;
+        }
+        taken += 1;
         left -= 1;
         if bulk {
             bulk_left -= 1;
         }
         bulk_left = bulk_left.min(left);
-        out.push(Released { left: next, bulk });
     }
-    out
+    taken
 }
 
 #[cfg(test)]
@@ -255,11 +263,17 @@ mod tests {
             closed: vec![],
             closed_bulk: vec![],
         };
-        let out: Vec<u32> = release(&mut q, &cfg, &room, 1.0)
-            .into_iter()
-            .map(|r| r.left.payload)
-            .collect();
-        assert_eq!(out, [2, 1], "the higher band first, then FIFO");
+        let mut out = Vec::new();
+        let taken = release(&mut q, &cfg, &room, 1.0, |r, tenant| {
+            out.push((r.left.payload, tenant.to_string()));
+            true
+        });
+        assert_eq!(taken, 2);
+        assert_eq!(
+            out,
+            [(2, "b".to_string()), (1, "a".to_string())],
+            "the higher band first, then FIFO"
+        );
         assert_eq!(q.len(), 1);
     }
 
@@ -282,17 +296,50 @@ mod tests {
             closed: vec![],
             closed_bulk: vec![],
         };
-        let out = release(&mut q, &cfg, &room, 1.0);
-        let got: Vec<(u32, bool)> = out.iter().map(|r| (r.left.payload, r.bulk)).collect();
+        let mut got = Vec::new();
+        release(&mut q, &cfg, &room, 1.0, |r, _| {
+            got.push((r.left.payload, r.bulk));
+            true
+        });
         assert_eq!(got, [(10, false)], "only the quiet tenant's request leaves");
         let room = FleetRoom {
             bulk_room: 1,
             ..room
         };
-        let got: Vec<(u32, bool)> = release(&mut q, &cfg, &room, 2.0)
-            .iter()
-            .map(|r| (r.left.payload, r.bulk))
-            .collect();
+        let mut got = Vec::new();
+        release(&mut q, &cfg, &room, 2.0, |r, _| {
+            got.push((r.left.payload, r.bulk));
+            true
+        });
         assert_eq!(got, [(0, true)], "one bulk unit: one bulk request");
+    }
+
+    #[test]
+    fn a_request_whose_waiter_is_gone_takes_no_headroom() {
+        let cfg = FlowConfig {
+            enabled: true,
+            ..FlowConfig::default()
+        };
+        let mut q = FlowQueue::new();
+        for n in 0..3 {
+            offer(&mut q, &cfg, "a", 0, n);
+        }
+        let room = FleetRoom {
+            saturation: Saturation::Headroom(2),
+            bulk_room: 2,
+            closed: vec![],
+            closed_bulk: vec![],
+        };
+        let mut got = Vec::new();
+        let taken = release(&mut q, &cfg, &room, 1.0, |r, _| {
+            // Request 0's client went away: the next one gets its unit.
+            if r.left.payload == 0 {
+                return false;
+            }
+            got.push(r.left.payload);
+            true
+        });
+        assert_eq!((taken, got), (2, vec![1, 2]));
+        assert!(q.is_empty());
     }
 }
