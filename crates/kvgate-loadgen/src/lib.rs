@@ -27,6 +27,10 @@
 //!   `x-kvgate-tenant` headers, and the report split per group (high / normal priority, quiet /
 //!   noisy tenant) — a live overload run comparable with `kvgate-sim`'s `flow_overload`.
 //!
+//! The entry is [`run`] with [`LoadgenArgs`], plain options: the flags, their help and defaults
+//! are the `kvgate` binary's (`crates/kvgate/src/loadgen_cli.rs`), and this crate does not depend
+//! on clap.
+//!
 //! Bounds: prompt text is built when a request is sent and freed when it ends; an SSE line is read
 //! up to 1 MiB, a non-stream body up to 16 MiB; one small result per request is kept.
 
@@ -48,87 +52,64 @@ use plan::{GeneratedWorkload, Planned};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-/// `kvgate loadgen` arguments.
-#[derive(clap::Args, Debug, Clone)]
+/// `kvgate loadgen`'s options, plain: the flags (their names, help and defaults) are defined in
+/// the binary (`crates/kvgate/src/loadgen_cli.rs`); [`run`] validates them.
+#[derive(Debug, Clone, PartialEq)]
 pub struct LoadgenArgs {
     /// Base URL of an OpenAI-compatible endpoint (a pod, kvgate, another router).
-    #[arg(long)]
     pub target: String,
     /// Trace file: Mooncake JSONL or Azure CSV (detected from the content).
-    #[arg(long, conflicts_with = "workload")]
     pub trace: Option<PathBuf>,
     /// A generated workload instead of a trace.
-    #[arg(long, value_enum)]
     pub workload: Option<GeneratedWorkload>,
     /// Preset of the shared-prefix workload: A, B, C or D.
-    #[arg(long, default_value = "A")]
     pub preset: String,
     /// Seed of a generated workload.
-    #[arg(long, default_value_t = 1)]
     pub workload_seed: u64,
     /// Chat and agent workloads: end a session before a prompt longer than this many tokens
     /// (a pod's context; default 32768).
-    #[arg(long)]
     pub max_context_tokens: Option<u32>,
     /// Multiplies the arrival rate (arrival times ÷ F).
-    #[arg(long, default_value_t = 1.0)]
     pub rate_scale: f64,
     /// Send only the first N requests.
-    #[arg(long)]
     pub max_requests: Option<usize>,
     /// Most requests in flight; later ones wait for a slot (their send time slips).
-    #[arg(long, default_value_t = 256)]
     pub max_concurrency: usize,
     /// Stream responses (needed for TTFT and TPOT).
-    #[arg(long)]
     pub stream: bool,
     /// Send prompts as token ids (one id per synthetic word, `prompt::TOKEN_ID_BASE` + its index)
     /// instead of text, so a real engine sees exactly the planned prompt lengths whatever its
     /// tokenizer (as the simulator does).
-    #[arg(long)]
     pub token_prompts: bool,
     /// Model name to send [default: the first of the target's /v1/models].
-    #[arg(long)]
     pub model: Option<String>,
     /// A pod's base or /metrics URL for the prefix-cache hit rate (repeatable)
     /// [default: the target's /metrics].
-    #[arg(long = "pod-metrics", value_name = "URL")]
     pub pod_metrics: Vec<String>,
     /// Per-request timeout in seconds.
-    #[arg(long, default_value_t = 600.0)]
     pub timeout_s: f64,
     /// Write the report as JSON.
-    #[arg(long)]
     pub json: Option<PathBuf>,
     /// Write one JSON line per request, in send order: `id`, `sent_unix_ms` (wall clock when it
     /// was sent), `ttft_ms`, `e2e_ms`, `output_tokens`, `error` (kind, or null).
-    #[arg(long, value_name = "FILE")]
     pub requests_jsonl: Option<PathBuf>,
     /// No progress bar and no summary.
-    #[arg(long)]
     pub quiet: bool,
     /// Tag requests with flow-control classes (priority and tenant headers) as the simulator
     /// does, and report per group (see the `classes` module).
-    #[arg(long)]
     pub classes: bool,
     /// Seed of the class tags.
-    #[arg(long, default_value_t = 1, requires = "classes")]
     pub class_seed: u64,
     /// Share of requests sent with `x-kvgate-priority: --high-priority`.
-    #[arg(long, default_value_t = 0.2, requires = "classes")]
     pub high_share: f64,
     /// The high priority.
-    #[arg(long, default_value_t = 1, requires = "classes")]
     pub high_priority: i32,
     /// Tenants (`x-kvgate-tenant: tenant-0` … `tenant-(N-1)`); tenant 0 is the noisy one.
-    #[arg(long, default_value_t = 10, requires = "classes")]
     pub tenants: u32,
     /// Tenant 0 sends this many times each other tenant's share.
-    #[arg(long, default_value_t = 10.0, requires = "classes")]
     pub noisy_factor: f64,
     /// Keep each of tenant 0's requests with this probability (1 / --noisy-factor: it sends
     /// only its share; the other tenants' requests are unchanged).
-    #[arg(long, default_value_t = 1.0, requires = "classes")]
     pub noisy_keep: f64,
 }
 

@@ -47,11 +47,41 @@ impl Planned {
 }
 
 /// A generated workload, as in `kvgate sim --workload`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GeneratedWorkload {
     Chat,
     SharedPrefix,
     Agent,
+}
+
+impl GeneratedWorkload {
+    /// Every workload, in the order `kvgate loadgen --help` lists them.
+    pub const ALL: [GeneratedWorkload; 3] = [
+        GeneratedWorkload::Chat,
+        GeneratedWorkload::SharedPrefix,
+        GeneratedWorkload::Agent,
+    ];
+
+    /// The name in `--workload`.
+    pub fn name(self) -> &'static str {
+        match self {
+            GeneratedWorkload::Chat => "chat",
+            GeneratedWorkload::SharedPrefix => "shared-prefix",
+            GeneratedWorkload::Agent => "agent",
+        }
+    }
+}
+
+impl std::str::FromStr for GeneratedWorkload {
+    type Err = String;
+
+    /// By [`GeneratedWorkload::name`].
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|w| w.name() == s)
+            .ok_or_else(|| format!("unknown workload `{s}` (chat, shared-prefix or agent)"))
+    }
 }
 
 #[derive(Deserialize)]

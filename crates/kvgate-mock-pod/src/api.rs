@@ -118,7 +118,7 @@ pub const GARBAGE_METRICS: &str =
     "vllm:num_requests_waiting{ nonsense\n\u{0}\u{1}}}} NaN? 12 13 14\n#### \n\u{7f}garbage\n";
 
 /// The pod's part in P/D disaggregation (`--kv-role`, vLLM's `kv_role` of `NixlConnector`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KvRole {
     /// `kv_producer`: answers `do_remote_decode` requests with transfer parameters.
     Producer,
@@ -129,12 +129,47 @@ pub enum KvRole {
 }
 
 impl KvRole {
+    /// Every role, in the order `kvgate mock-pod --help` lists them.
+    pub const ALL: [KvRole; 3] = [KvRole::Producer, KvRole::Consumer, KvRole::Both];
+
+    /// The name in `--kv-role`.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvRole::Producer => "producer",
+            KvRole::Consumer => "consumer",
+            KvRole::Both => "both",
+        }
+    }
+
+    /// What the role is, as `kvgate mock-pod --help` says it.
+    pub fn help(self) -> &'static str {
+        match self {
+            KvRole::Producer => {
+                "`kv_producer`: answers `do_remote_decode` requests with transfer parameters"
+            }
+            KvRole::Consumer => "`kv_consumer`: pulls the KV of `do_remote_prefill` requests",
+            KvRole::Both => "`kv_both`",
+        }
+    }
+
     fn produces(self) -> bool {
         self != KvRole::Consumer
     }
 
     fn consumes(self) -> bool {
         self != KvRole::Producer
+    }
+}
+
+impl std::str::FromStr for KvRole {
+    type Err = String;
+
+    /// By [`KvRole::name`].
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|r| r.name() == s)
+            .ok_or_else(|| format!("unknown KV role `{s}` (producer, consumer or both)"))
     }
 }
 

@@ -55,13 +55,48 @@ pub const PUBLISH_QUEUE_BATCHES: usize = 10_000;
 pub const END_SEQ: [u8; 8] = [0xFF; 8];
 
 /// How events are laid out in msgpack.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum KvEventsEncoding {
     /// Events are maps tagged by "type" (current vLLM).
     #[default]
     Map,
     /// Events are positional arrays, tag first (vLLM before PR #42892).
     Array,
+}
+
+impl KvEventsEncoding {
+    /// Every encoding, in the order `kvgate mock-pod --help` lists them.
+    pub const ALL: [KvEventsEncoding; 2] = [KvEventsEncoding::Map, KvEventsEncoding::Array];
+
+    /// The name in `--kv-events-encoding`.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvEventsEncoding::Map => "map",
+            KvEventsEncoding::Array => "array",
+        }
+    }
+
+    /// What the encoding is, as `kvgate mock-pod --help` says it.
+    pub fn help(self) -> &'static str {
+        match self {
+            KvEventsEncoding::Map => "Events are maps tagged by \"type\" (current vLLM)",
+            KvEventsEncoding::Array => {
+                "Events are positional arrays, tag first (vLLM before PR #42892)"
+            }
+        }
+    }
+}
+
+impl std::str::FromStr for KvEventsEncoding {
+    type Err = String;
+
+    /// By [`KvEventsEncoding::name`].
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|e| e.name() == s)
+            .ok_or_else(|| format!("unknown KV events encoding `{s}` (map or array)"))
+    }
 }
 
 /// One cache event as vLLM reports it.

@@ -22,7 +22,9 @@
 //!
 //! Library use (the gateway's `kvgate demo`, tests): [`spawn_pod`] on a bound listener, or
 //! [`spawn_pods`] for `count` pods on consecutive ports; each returns a [`RunningPod`] whose
-//! drop stops it. The CLI entry is [`run`] with [`MockPodArgs`].
+//! drop stops it. The CLI entry is [`run`] with [`MockPodArgs`], plain options: the flags, their
+//! help and defaults are the `kvgate` binary's (`crates/kvgate/src/mock_pod_cli.rs`), and this
+//! crate does not depend on clap.
 
 pub mod api;
 pub mod driver;
@@ -48,76 +50,58 @@ pub const DEFAULT_MAX_TOKENS: u32 = 16;
 /// The served model name when `--model` is not given.
 pub const DEFAULT_MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
 
-/// `kvgate mock-pod` arguments.
-#[derive(clap::Args, Debug, Clone)]
+/// `kvgate mock-pod`'s options, plain: the flags (their names, help and defaults) are defined in
+/// the binary (`crates/kvgate/src/mock_pod_cli.rs`); [`PodConfig::from_args`] validates them.
+#[derive(Debug, Clone, PartialEq)]
 pub struct MockPodArgs {
     /// Address of the first pod's HTTP server; pod i listens on port + i.
-    #[arg(long, default_value = "127.0.0.1:8000")]
     pub listen: SocketAddr,
     /// Engine step-time profile: a kvgate-sim profile name, or a JSON file (`*.json`, e.g.
     /// written by `scripts/real-vllm/calibrate.py --profile-out`).
-    #[arg(long, default_value = Profile::DEFAULT_NAME)]
     pub profile: String,
     /// Model time runs this many times faster than wall time.
-    #[arg(long, default_value_t = 1.0)]
     pub time_scale: f64,
     /// KV-cache blocks of `--block-size` tokens (default: the profile's token capacity in
     /// such blocks).
-    #[arg(long)]
     pub kv_blocks: Option<u32>,
     /// Tokens per KV block: 16 (vLLM's CUDA default) or e.g. 128 (vLLM CPU's default). The
     /// engine model, prefix hits, KV events and `vllm:cache_config_info` follow it.
-    #[arg(long, default_value_t = kvgate_core::blocks::DEFAULT_BLOCK_SIZE_TOKENS)]
     pub block_size: u32,
     /// Serve `/v1/completions/render` and `/v1/chat/completions/render` (vLLM's
     /// `--enable-scale-out`); without it they answer 403 as vLLM does.
-    #[arg(long)]
     pub enable_scale_out: bool,
     /// Longest prompt + output in tokens (default: the profile's).
-    #[arg(long)]
     pub max_model_len: Option<u32>,
     /// Served model name; requests for another model get 404.
-    #[arg(long, default_value = DEFAULT_MODEL)]
     pub model: String,
     /// `max_tokens` for requests that give none.
-    #[arg(long, default_value_t = DEFAULT_MAX_TOKENS)]
     pub default_max_tokens: u32,
     /// Bind a ZMQ PUB socket here for KV events (e.g. tcp://127.0.0.1:5557); pod i uses port + i.
-    #[arg(long)]
     pub kv_events: Option<String>,
     /// Bind the KV events replay ROUTER socket here; pod i uses port + i.
-    #[arg(long)]
     pub kv_events_replay: Option<String>,
     /// Event layout: `map` (current vLLM) or `array` (older vLLM).
-    #[arg(long, value_enum, default_value = "map")]
     pub kv_events_encoding: KvEventsEncoding,
     /// Topic frame of every KV event message.
-    #[arg(long, default_value = "")]
     pub kv_events_topic: String,
     /// Number of pods to start in this process, on consecutive ports.
-    #[arg(long, default_value_t = 1)]
     pub count: u16,
     /// Fault injection: cut every stream (connection broken, no `[DONE]`) after N tokens.
-    #[arg(long, value_name = "N")]
     pub fail_after: Option<u32>,
     /// Fault injection: accept completion requests and never answer them.
-    #[arg(long)]
     pub hang: bool,
     /// Fault injection: `/metrics` answers garbage text.
-    #[arg(long)]
     pub garbage_metrics: bool,
     /// Prefill/decode disaggregation, as vLLM's `NixlConnector` `kv_role`: `producer` (a
     /// request with `kv_transfer_params.do_remote_decode` answers with the parameters a decode
     /// pod pulls its KV with), `consumer` (a request with `kv_transfer_params.do_remote_prefill`
     /// computes no prompt token), `both`. Without it, `kv_transfer_params` are ignored, as
     /// vLLM without a KV connector does.
-    #[arg(long, value_enum)]
     pub kv_role: Option<api::KvRole>,
     /// Engines behind the one HTTP port, as vLLM's `--data-parallel-size`: a request goes to
     /// the engine its `X-data-parallel-rank` header names (out of range: 400), else round
     /// robin; `/metrics` repeats every series per `engine` label; engine r publishes KV events
     /// on the endpoints' port + r.
-    #[arg(long, default_value_t = 1)]
     pub data_parallel_size: u32,
 }
 

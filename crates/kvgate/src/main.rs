@@ -1,8 +1,11 @@
 //! The `kvgate` command line.
 
 mod calibrate;
+mod cli_values;
 mod decide;
 mod demo;
+mod loadgen_cli;
+mod mock_pod_cli;
 mod serve_cli;
 mod sim;
 
@@ -33,12 +36,12 @@ enum Command {
     /// Simulate a fleet of vLLM-like pods under a workload, for each policy side by side.
     Sim(Box<sim::SimArgs>),
     /// Serve vLLM-compatible mock pods on CPU, timed by the simulator's engine model.
-    MockPod(Box<kvgate_mock_pod::MockPodArgs>),
+    MockPod(Box<mock_pod_cli::MockPodCli>),
     /// The OpenAI-compatible gateway: routes each request with the affinity gate.
     Serve(Box<serve_cli::ServeCli>),
     /// Replay a trace or generated workload against an OpenAI endpoint (open loop) and report
     /// TTFT/TPOT/e2e, errors, throughput and the pods' prefix-cache hit rate.
-    Loadgen(Box<kvgate_loadgen::LoadgenArgs>),
+    Loadgen(Box<loadgen_cli::LoadgenCli>),
     /// Fit a simulator profile (step-time terms, KV capacity) to a pod by probing it, check the
     /// fit on held-out probes, and write it for `sim --profile` and `mock-pod --profile`.
     Calibrate(Box<calibrate::CalibrateArgs>),
@@ -53,13 +56,13 @@ fn main() -> anyhow::Result<()> {
             println!("{}", decide::run(&input, repeat)?);
         }
         Command::Sim(args) => sim::run(*args)?,
-        Command::MockPod(args) => kvgate_mock_pod::run(*args)?,
+        Command::MockPod(args) => kvgate_mock_pod::run((*args).into())?,
         Command::Serve(args) => {
             kvgate_gateway::init_tracing();
             tokio::runtime::Runtime::new()?.block_on(kvgate_gateway::serve((*args).into()))?;
         }
         Command::Loadgen(args) => {
-            tokio::runtime::Runtime::new()?.block_on(kvgate_loadgen::run(*args))?;
+            tokio::runtime::Runtime::new()?.block_on(kvgate_loadgen::run((*args).into()))?;
         }
         Command::Calibrate(args) => calibrate::run(*args)?,
         Command::Demo(args) => {

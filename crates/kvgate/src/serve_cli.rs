@@ -4,7 +4,7 @@
 //! (`GatewayConfig::resolve`: flag over config file over default), so every flag here is
 //! optional.
 
-use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+use crate::cli_values::one_of;
 use kvgate_gateway::ServeArgs;
 use kvgate_gateway::config::IndexKind;
 use kvgate_gateway::discovery::DiscoveryKind;
@@ -235,25 +235,6 @@ impl From<ServeCli> for ServeArgs {
             cluster_name: cli.cluster_name,
         }
     }
-}
-
-/// A parser accepting the names of `all`, listed in `--help` with their help, as
-/// `#[arg(value_enum)]` lists a `ValueEnum`'s variants.
-fn one_of<T: Copy + Send + Sync + 'static>(
-    all: &'static [T],
-    name: fn(T) -> &'static str,
-    help: fn(T) -> &'static str,
-) -> impl TypedValueParser<Value = T> {
-    PossibleValuesParser::new(
-        all.iter()
-            .map(|&v| PossibleValue::new(name(v)).help(help(v))),
-    )
-    .try_map(move |s: String| {
-        all.iter()
-            .copied()
-            .find(|&v| name(v) == s)
-            .ok_or_else(|| clap::Error::new(clap::error::ErrorKind::InvalidValue))
-    })
 }
 
 #[cfg(test)]

@@ -10,6 +10,10 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+/// The value parsers `serve_cli` uses (`one_of_names` is the other commands').
+#[allow(dead_code)]
+#[path = "../src/cli_values.rs"]
+mod cli_values;
 /// The binary's own flag definition (the binary crate has no library to import it from).
 #[path = "../src/serve_cli.rs"]
 mod serve_cli;
