@@ -10,10 +10,10 @@
 //! index = "engine"                 # routed (default) | engine: KV-cache events, token mode
 //! # Pods: a list of URLs and tables (pods = ["http://a:8000", { url = "http://b:8000" }])
 //! # or, as here, one [[pods]] table each (not both in one file).
-//! # P/D disaggregation: role = "both" (default) | "prefill" | "decode" (README "Prefill/decode
-//! # disaggregation"); `--pod URL,role=prefill` on the command line.
+//! # P/D disaggregation: role = "both" (default) | "prefill" | "decode" (docs/operation.md
+//! # "Prefill/decode disaggregation"); `--pod URL,role=prefill` on the command line.
 //! # A vLLM server with --data-parallel-size N: data_parallel_size = N, N engines behind one
-//! # URL, each routed as its own pod URL#dp<rank> (README "Data-parallel servers"); `--pod
+//! # URL, each routed as its own pod URL#dp<rank> (docs/operation.md "Data-parallel servers"); `--pod
 //! # URL,dp=N` on the command line.
 //! [[pods]]
 //! url = "http://10.0.0.5:8000"
