@@ -81,6 +81,41 @@ async fn chat(client: &reqwest::Client, base: &str, traceparent: &str) -> Answer
     answer
 }
 
+/// Asserts `spans` are one request's five spans, each once: `kvgate.request` continuing
+/// `client_span` with status 200, the parent of the four others. Returns each by name.
+fn the_five_spans<'a>(spans: &'a [Value], client_span: &str) -> impl Fn(&str) -> &'a Value {
+    let names: Vec<&str> = spans.iter().filter_map(|s| s["name"].as_str()).collect();
+    let by_name = move |name: &str| -> &'a Value {
+        let found: Vec<&Value> = spans.iter().filter(|s| s["name"] == name).collect();
+        assert_eq!(found.len(), 1, "one {name} span; got {names:?}");
+        found[0]
+    };
+    for name in [
+        "kvgate.flow_queue",
+        "kvgate.decide",
+        "kvgate.upstream",
+        "kvgate.stream",
+    ] {
+        by_name(name);
+    }
+    assert_eq!(spans.len(), 5, "exactly the five spans: {spans:?}");
+    let request = by_name("kvgate.request");
+    assert_eq!(
+        request["parent_span_id"], client_span,
+        "kvgate continues the client's span"
+    );
+    assert_eq!(request["attributes"]["http.response.status_code"], 200);
+    let request_id = &request["span_id"];
+    assert!(
+        spans
+            .iter()
+            .filter(|s| s["name"] != "kvgate.request")
+            .all(|s| s["parent_span_id"] == *request_id),
+        "every other span is the request's child: {spans:?}"
+    );
+    by_name
+}
+
 /// The OTLP receiver, two mock pods and kvgate in front of them (flow control on, traces to
 /// the receiver; with `ext_proc`, its ext_proc listener too), the pods healthy.
 struct Traced {
@@ -176,38 +211,12 @@ async fn a_request_is_one_trace_from_the_client_through_kvgate_to_the_pod() {
     gw.shutdown(Duration::from_secs(2)).await;
     let spans = otlp::spans_of(&receiver, trace_id).await;
     let all = receiver.spans();
-    let by_name =
-        |name: &str| -> Vec<&Value> { spans.iter().filter(|s| s["name"] == name).collect() };
-    let names: Vec<&str> = spans.iter().filter_map(|s| s["name"].as_str()).collect();
-    for name in [
-        "kvgate.request",
-        "kvgate.flow_queue",
-        "kvgate.decide",
-        "kvgate.upstream",
-        "kvgate.stream",
-    ] {
-        assert_eq!(by_name(name).len(), 1, "one {name} span; got {names:?}");
-    }
-    assert_eq!(spans.len(), 5, "exactly the five spans; got {names:?}");
-
-    let request = by_name("kvgate.request")[0];
-    assert_eq!(
-        request["parent_span_id"], client_span,
-        "kvgate continues the client's span"
-    );
+    let by_name = the_five_spans(&spans, client_span);
+    let request = by_name("kvgate.request");
     assert_eq!(request["kind"], "SERVER");
     assert_eq!(request["service"], "kvgate");
-    assert_eq!(request["attributes"]["http.response.status_code"], 200);
     assert_eq!(request["attributes"]["url.path"], "/v1/chat/completions");
-    let request_id = request["span_id"].as_str().unwrap();
     for s in &spans {
-        if s["name"] != "kvgate.request" {
-            assert_eq!(
-                s["parent_span_id"], request_id,
-                "{} is the request's child",
-                s["name"]
-            );
-        }
         let (start, end) = (
             s["start_ns"].as_u64().unwrap(),
             s["end_ns"].as_u64().unwrap(),
@@ -219,7 +228,7 @@ async fn a_request_is_one_trace_from_the_client_through_kvgate_to_the_pod() {
         );
     }
 
-    let decide = &by_name("kvgate.decide")[0]["attributes"];
+    let decide = &by_name("kvgate.decide")["attributes"];
     assert_eq!(
         decide["kvgate.pod"],
         pod.as_str(),
@@ -254,7 +263,7 @@ async fn a_request_is_one_trace_from_the_client_through_kvgate_to_the_pod() {
     );
     assert_eq!(decide["kvgate.candidates"], 2);
 
-    let upstream = by_name("kvgate.upstream")[0];
+    let upstream = by_name("kvgate.upstream");
     assert_eq!(upstream["kind"], "CLIENT");
     assert_eq!(
         upstream["span_id"],
@@ -264,10 +273,10 @@ async fn a_request_is_one_trace_from_the_client_through_kvgate_to_the_pod() {
     assert_eq!(upstream["attributes"]["server.address"], pod.as_str());
     assert_eq!(upstream["attributes"]["http.response.status_code"], 200);
 
-    let stream = &by_name("kvgate.stream")[0]["attributes"];
+    let stream = &by_name("kvgate.stream")["attributes"];
     assert_eq!(stream["kvgate.status"], "ok");
     assert!(stream["kvgate.ttft_ms"].as_f64().unwrap() > 0.0, "{stream}");
-    let queue = &by_name("kvgate.flow_queue")[0]["attributes"];
+    let queue = &by_name("kvgate.flow_queue")["attributes"];
     assert_eq!(
         queue["kvgate.queue_ms"], 0.0,
         "the fleet had headroom: no wait"
@@ -317,40 +326,14 @@ async fn a_request_through_envoy_is_one_trace_from_the_client_through_kvgate_to_
 
     gw.shutdown(Duration::from_secs(2)).await;
     let spans = otlp::spans_of(&receiver, trace_id).await;
-    let names: Vec<&str> = spans.iter().filter_map(|s| s["name"].as_str()).collect();
-    let by_name =
-        |name: &str| -> Vec<&Value> { spans.iter().filter(|s| s["name"] == name).collect() };
-    for name in [
-        "kvgate.request",
-        "kvgate.flow_queue",
-        "kvgate.decide",
-        "kvgate.upstream",
-        "kvgate.stream",
-    ] {
-        assert_eq!(by_name(name).len(), 1, "one {name} span; got {names:?}");
-    }
-    assert_eq!(spans.len(), 5, "exactly the five spans; got {names:?}");
-    let request = by_name("kvgate.request")[0];
-    assert_eq!(
-        request["parent_span_id"], client_span,
-        "kvgate continues the client's span"
-    );
-    assert_eq!(request["attributes"]["http.response.status_code"], 200);
-    let request_id = request["span_id"].as_str().unwrap();
-    assert!(
-        spans
-            .iter()
-            .filter(|s| s["name"] != "kvgate.request")
-            .all(|s| s["parent_span_id"] == request_id),
-        "every other span is the request's child: {spans:?}"
-    );
+    let by_name = the_five_spans(&spans, client_span);
     let served_by = format!("http://{}", answer.served_by);
     assert_eq!(
-        by_name("kvgate.decide")[0]["attributes"]["kvgate.pod"],
+        by_name("kvgate.decide")["attributes"]["kvgate.pod"],
         served_by.as_str(),
         "the decision names the pod Envoy sent the request to"
     );
-    let upstream = by_name("kvgate.upstream")[0];
+    let upstream = by_name("kvgate.upstream");
     assert_eq!(
         upstream["span_id"],
         pod_parent.as_str(),
@@ -358,7 +341,7 @@ async fn a_request_through_envoy_is_one_trace_from_the_client_through_kvgate_to_
     );
     assert_eq!(upstream["attributes"]["server.address"], served_by.as_str());
     assert_eq!(
-        by_name("kvgate.stream")[0]["attributes"]["kvgate.status"],
+        by_name("kvgate.stream")["attributes"]["kvgate.status"],
         "ok"
     );
     drop(envoy);
