@@ -20,9 +20,9 @@ use kvgate_core::config::GateSetting;
 use kvgate_core::index::PrefixIndex;
 use kvgate_core::index::routed::RoutedIndex;
 use kvgate_core::policy::PolicyKind;
-use kvgate_core::predictor::{Features, PredictorConfig};
+use kvgate_core::predictor::Features;
 use kvgate_core::{
-    BlockHasher, DecisionRng, PodId, PodSnapshot, RouteRequest, Router, RouterConfig, RouterSession,
+    BlockHasher, DecisionRng, PodId, PodSnapshot, RouteRequest, Router, RouterConfig,
 };
 use rand::SeedableRng;
 use std::hint::black_box;
@@ -105,14 +105,7 @@ fn bench_drivers(c: &mut Criterion) {
             black_box(d.pod_id)
         })
     });
-    let mut session = RouterSession::new(
-        RouterConfig::default(),
-        PolicyKind::AffinityGate,
-        PredictorConfig::default(),
-        1,
-    );
-    session.set_predictor(trained_predictor());
-    session.index_mut().routed = fleet_index(pods, text);
+    let mut session = kvgate_core::fixture::session(pods, text);
     let mut snaps = pods.to_vec();
     group.bench_function(BenchmarkId::new("session_route", pods.len()), |b| {
         b.iter(|| {

@@ -10,26 +10,12 @@
 //! decisions per second and the ratio to 1 thread. The runs alternate 1, 2, 2, 1 threads and
 //! report the mean of each pair, so a drift of the machine's speed cancels out.
 
-use kvgate_core::fixture::{MODEL, fleet, fleet_index, prompt, trained_predictor};
-use kvgate_core::policy::PolicyKind;
-use kvgate_core::predictor::PredictorConfig;
-use kvgate_core::{BlockHasher, PodSnapshot, RouteRequest, RouterConfig, RouterSession};
+use kvgate_core::fixture::{MODEL, fleet, prompt, session};
+use kvgate_core::{BlockHasher, PodSnapshot, RouteRequest};
 use parking_lot::Mutex;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-
-fn session(pods: &[PodSnapshot], text: &str) -> RouterSession {
-    let mut session = RouterSession::new(
-        RouterConfig::default(),
-        PolicyKind::AffinityGate,
-        PredictorConfig::default(),
-        1,
-    );
-    session.set_predictor(trained_predictor());
-    session.index_mut().routed = fleet_index(pods, text);
-    session
-}
 
 /// Decisions per second of `threads` threads over one session for `seconds`.
 fn rate(pods: &[PodSnapshot], text: &str, threads: usize, seconds: f64) -> f64 {

@@ -6,7 +6,9 @@
 //! - [`trained_predictor`]: the default predictor after 2,000 samples of a linear pod;
 //! - [`fleet`]: `n` pods of varied load (running, KV usage, prefill in flight);
 //! - [`fleet_index`]: a routed index with one prompt cached on a quarter of the pods and an
-//!   8,000-character prompt of its own on every pod.
+//!   8,000-character prompt of its own on every pod;
+//! - [`session`]: a `RouterSession` (default router config, affinity gate, seed 1) with the
+//!   trained predictor and the fleet's index.
 //!
 //! Nothing here is used by routing itself.
 
@@ -91,6 +93,20 @@ pub fn fleet_index(pods: &[PodSnapshot], text: &str) -> RoutedIndex {
         index.record_routed(p.id, &other);
     }
     index
+}
+
+/// The session the decision measurements route through: the default router config, the
+/// affinity gate, seed 1, [`trained_predictor`] and [`fleet_index`]`(pods, text)`.
+pub fn session(pods: &[PodSnapshot], text: &str) -> crate::RouterSession {
+    let mut session = crate::RouterSession::new(
+        crate::RouterConfig::default(),
+        crate::policy::PolicyKind::AffinityGate,
+        PredictorConfig::default(),
+        1,
+    );
+    session.set_predictor(trained_predictor());
+    session.index_mut().routed = fleet_index(pods, text);
+    session
 }
 
 #[cfg(test)]
