@@ -21,9 +21,7 @@ use kvgate_core::index::PrefixIndex;
 use kvgate_core::index::routed::RoutedIndex;
 use kvgate_core::policy::PolicyKind;
 use kvgate_core::predictor::Features;
-use kvgate_core::{
-    BlockHasher, DecisionRng, PodId, PodSnapshot, RouteRequest, Router, RouterConfig,
-};
+use kvgate_core::{BlockHasher, DecisionRng, PodId, PodSnapshot, Router, RouterConfig};
 use rand::SeedableRng;
 use std::hint::black_box;
 
@@ -111,15 +109,7 @@ fn bench_drivers(c: &mut Criterion) {
         b.iter(|| {
             scratch.clear();
             hasher.hash_text(seed, black_box(text), &mut scratch);
-            let request = RouteRequest {
-                blocks: &scratch,
-                input_tokens: 8000,
-                block_size_tokens: 16,
-                other_sizes: &[],
-                slo: Default::default(),
-                adapter: None,
-                session: None,
-            };
+            let request = kvgate_core::fixture::request(&scratch);
             let r = session.route(&request, &mut snaps, &[]).unwrap();
             let pod = r.decision.pod_id;
             session.finish(r.ticket, None);

@@ -11,7 +11,7 @@
 //! report the mean of each pair, so a drift of the machine's speed cancels out.
 
 use kvgate_core::fixture::{MODEL, fleet, prompt, session};
-use kvgate_core::{BlockHasher, PodSnapshot, RouteRequest};
+use kvgate_core::{BlockHasher, PodSnapshot};
 use parking_lot::Mutex;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -34,15 +34,7 @@ fn rate(pods: &[PodSnapshot], text: &str, threads: usize, seconds: f64) -> f64 {
                 let mut n = 0u64;
                 while !stop.load(Ordering::Relaxed) {
                     let mut snaps = pods.clone();
-                    let request = RouteRequest {
-                        blocks: &blocks,
-                        input_tokens: 8000,
-                        block_size_tokens: 16,
-                        other_sizes: &[],
-                        slo: Default::default(),
-                        adapter: None,
-                        session: None,
-                    };
+                    let request = kvgate_core::fixture::request(&blocks);
                     let routed = session
                         .lock()
                         .route(&request, &mut snaps, &[])

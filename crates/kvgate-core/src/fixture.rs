@@ -7,6 +7,7 @@
 //! - [`fleet`]: `n` pods of varied load (running, KV usage, prefill in flight);
 //! - [`fleet_index`]: a routed index with one prompt cached on a quarter of the pods and an
 //!   8,000-character prompt of its own on every pod;
+//! - [`request`]: the measured request (8,000 input tokens, 16-token blocks);
 //! - [`session`]: a `RouterSession` (default router config, affinity gate, seed 1) with the
 //!   trained predictor and the fleet's index.
 //!
@@ -93,6 +94,20 @@ pub fn fleet_index(pods: &[PodSnapshot], text: &str) -> RoutedIndex {
         index.record_routed(p.id, &other);
     }
     index
+}
+
+/// The request the decision measurements route: `blocks`, 8,000 input tokens, 16-token
+/// blocks, no SLO, adapter or session.
+pub fn request(blocks: &[crate::BlockHash]) -> crate::RouteRequest<'_> {
+    crate::RouteRequest {
+        blocks,
+        input_tokens: 8000,
+        block_size_tokens: 16,
+        other_sizes: &[],
+        slo: Default::default(),
+        adapter: None,
+        session: None,
+    }
 }
 
 /// The session the decision measurements route through: the default router config, the
