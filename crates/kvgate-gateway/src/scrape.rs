@@ -30,13 +30,13 @@
 //! for the engine's progress counters only ([`crate::progress`]): a slow `/metrics` is a busy
 //! pod's, and its queued requests keep waiting.
 
+use crate::config::IndexKind;
 use crate::pods::Pod;
 pub use crate::pods::{LoraInfo, PodMetrics};
 use crate::state::Shared;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use kvgate_core::AdapterSet;
-use kvgate_core::index::PrefixIndex;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -399,6 +399,16 @@ fn await_late_answer(
     });
 }
 
+/// The size the routed index cuts a pod's prompts at: in token mode (`--index engine`) the
+/// pod's own block size (its prompts are hashed at it, [`crate::routing::fleet_block_sizes`]);
+/// in text mode the router's `block_size_tokens`, whatever the pod's.
+fn routed_block_size(index: IndexKind, pod_size: u32, router_size: u32) -> u32 {
+    match index {
+        IndexKind::Engine => pod_size,
+        IndexKind::Routed => router_size,
+    }
+}
+
 /// A scrape of `pod` that answered `m`.
 fn scraped(shared: &Shared, pod: &Pod, m: &PodMetrics) {
     if m.skipped_lines > 0 {
@@ -412,11 +422,15 @@ fn scraped(shared: &Shared, pod: &Pod, m: &PodMetrics) {
     if let Some(blocks) = m.num_gpu_blocks
         && pod.apply_capacity(blocks)
     {
-        shared
-            .session
-            .lock()
-            .index_mut()
-            .set_capacity(pod.id, blocks);
+        let cfg = shared.config();
+        let router_size = cfg.router.block_size_tokens;
+        let pod_size = m.block_size.unwrap_or(router_size);
+        shared.session.lock().index_mut().set_pod_kv(
+            pod.id,
+            blocks,
+            pod_size,
+            routed_block_size(cfg.index, pod_size, router_size),
+        );
     }
     pod.scrape_timeouts_in_a_row.store(0, Ordering::Relaxed);
     if let Some(total) = m.engine_counters {

@@ -90,3 +90,53 @@ async fn each_routed_request_is_logged_with_its_prediction_its_load_and_its_obse
     assert_idle(&gw, &[&a, &b]).await;
     let _ = std::fs::remove_file(&path);
 }
+
+/// A pod that caches in 128-token blocks (vLLM on CPU) holds 8 times as many of the router's
+/// 16-token blocks: the routed index must remember its conversations for that long, not evict
+/// them after an eighth of its cache.
+#[tokio::test]
+async fn a_pod_with_128_token_blocks_keeps_a_conversation_for_its_whole_cache() {
+    let a = FakePod::start(Behavior::Normal {
+        chunks: 1,
+        delay_ms: 1,
+    })
+    .await;
+    // 4 blocks of 128 tokens: 512 tokens, 32 of the router's blocks (16 tokens × 4 chars).
+    *a.state.cache_config.lock().unwrap() = (128, 4);
+    let path = std::env::temp_dir().join(format!(
+        "kvgate-decisions-capacity-{}.jsonl",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&path);
+    let mut args = args(&[&a]);
+    args.decisions_log = Some(path.clone());
+    let gw = kvgate_gateway::Gateway::start(args).await.unwrap();
+    eventually("the pod's cache size is scraped", || {
+        a.state
+            .metrics_requests
+            .load(std::sync::atomic::Ordering::SeqCst)
+            >= 2
+    })
+    .await;
+    let c = client();
+    // Five distinct prompts of ~6 router blocks each (~30 blocks in all), then the first again.
+    let prompt = |i: usize| format!("{i} ").repeat(200)[..400].to_string();
+    for i in [0, 1, 2, 3, 4, 0] {
+        let r = send(
+            &c,
+            post(&gw, "/v1/chat/completions", &chat_body(&prompt(i), false)),
+        )
+        .await;
+        assert_eq!(r.status, http::StatusCode::OK, "{}", r.text());
+    }
+    let logged = lines(&path, &a.url, 6);
+    let last = logged
+        .iter()
+        .max_by_key(|l| l["timestamp_ms"].as_u64())
+        .unwrap();
+    let score = last["pods"][0]["prefix_score"].as_f64().unwrap();
+    assert!(
+        score > 0.8,
+        "the repeated prompt scores {score}: its blocks were evicted early ({logged:#?})"
+    );
+}

@@ -533,6 +533,27 @@ impl HybridIndex {
     pub fn new() -> Self {
         HybridIndex::default()
     }
+
+    /// Sets a pod's KV capacity from what it reports: `pod_blocks` blocks of `pod_block_size`
+    /// tokens (`num_gpu_blocks` and `block_size` of `vllm:cache_config_info`). The engine index
+    /// counts the pod's own blocks; the routed index counts blocks of `routed_block_size`
+    /// tokens, the size it cuts this pod's prompts at, so it is given as many of those as hold
+    /// the same tokens ([`super::blocks_at_size`]). Without the conversion a vLLM CPU pod
+    /// (128-token blocks) behind a text-mode router (16-token blocks) was modelled with an
+    /// eighth of its cache, and its conversations were forgotten after a few requests.
+    pub fn set_pod_kv(
+        &mut self,
+        pod: PodId,
+        pod_blocks: u32,
+        pod_block_size: u32,
+        routed_block_size: u32,
+    ) {
+        self.engine.set_capacity(pod, pod_blocks);
+        self.routed.set_capacity(
+            pod,
+            super::blocks_at_size(pod_blocks, pod_block_size, routed_block_size),
+        );
+    }
 }
 
 impl PrefixIndex for HybridIndex {
@@ -804,6 +825,29 @@ mod tests {
         assert_eq!(matched(&hybrid, &blocks), vec![2, 1, 1]);
         hybrid.engine.set_stale(PodId(1), false);
         assert_eq!(matched(&hybrid, &blocks), vec![2, 2, 1]);
+    }
+
+    #[test]
+    fn a_pod_with_large_blocks_is_routed_with_its_whole_cache() {
+        // The pod holds 2 blocks of 32 tokens; the routed index cuts its prompts in blocks of 4,
+        // so it may hold 16 of them: a 16-block prompt stays whole, a 17th block evicts one.
+        let mut hybrid = HybridIndex::new();
+        hybrid.engine.add_pod(PodId(0), MODEL);
+        hybrid.set_pod_kv(PodId(0), 2, 32, BS);
+        assert_eq!(
+            hybrid.engine.pod(PodId(0)).map(|p| p.capacity_blocks),
+            Some(2)
+        );
+        assert_eq!(hybrid.routed.capacity_blocks(PodId(0)), Some(16));
+        hybrid.engine.set_stale(PodId(0), true);
+        let tokens: Vec<u32> = (0..64).collect();
+        let blocks = prompt(&tokens);
+        assert_eq!(blocks.len(), 16);
+        hybrid.record_routed(PodId(0), &blocks);
+        assert_eq!(matched(&hybrid, &blocks), vec![16]);
+        let longer: Vec<u32> = (0..68).collect();
+        hybrid.record_routed(PodId(0), &prompt(&longer));
+        assert_eq!(hybrid.routed.indexed_blocks(), 16);
     }
 
     #[derive(Debug, Clone)]

@@ -52,6 +52,16 @@ pub trait PrefixIndex {
     fn indexed_blocks(&self) -> usize;
 }
 
+/// How many blocks of `to_size` tokens hold as many tokens as `blocks` blocks of `from_size`
+/// (rounded down, saturating; a size of 0 is taken as `to_size`, i.e. no conversion).
+pub fn blocks_at_size(blocks: u32, from_size: u32, to_size: u32) -> u32 {
+    if from_size == 0 || to_size == 0 || from_size == to_size {
+        return blocks;
+    }
+    let tokens = u64::from(blocks) * u64::from(from_size);
+    u32::try_from(tokens / u64::from(to_size)).unwrap_or(u32::MAX)
+}
+
 /// Prefix score of a pod: leading blocks held / blocks in the prompt; 0 for an empty prompt.
 pub fn prefix_score(matched_blocks: u32, prompt_blocks: usize) -> f64 {
     if prompt_blocks == 0 {
@@ -65,6 +75,17 @@ pub fn prefix_score(matched_blocks: u32, prompt_blocks: usize) -> f64 {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn capacity_converts_to_the_index_block_size() {
+        // A vLLM CPU pod: 860 blocks of 128 tokens are 6,880 blocks of 16.
+        assert_eq!(blocks_at_size(860, 128, 16), 6_880);
+        assert_eq!(blocks_at_size(6_880, 16, 128), 860);
+        assert_eq!(blocks_at_size(7, 16, 128), 0);
+        assert_eq!(blocks_at_size(29_000, 16, 16), 29_000);
+        assert_eq!(blocks_at_size(5, 0, 16), 5);
+        assert_eq!(blocks_at_size(u32::MAX, 128, 16), u32::MAX);
+    }
 
     proptest! {
         #[test]

@@ -66,6 +66,8 @@ pub struct FakeState {
     /// The engine's `vllm:generation_tokens_total`: stands still unless a test steps it
     /// ([`FakePod::keep_stepping`]), as a hung engine's would.
     pub engine_tokens: AtomicU64,
+    /// `block_size` and `num_gpu_blocks` of the pod's `vllm:cache_config_info` (16, 5,000).
+    pub cache_config: Mutex<(u32, u32)>,
 }
 
 pub struct FakePod {
@@ -92,6 +94,7 @@ impl FakePod {
             metrics_requests: AtomicU32::new(0),
             models_body: Mutex::new(None),
             engine_tokens: AtomicU64::new(0),
+            cache_config: Mutex::new((16, 5_000)),
         });
         let app = axum::Router::new()
             .route("/metrics", axum::routing::get(metrics))
@@ -180,8 +183,9 @@ async fn metrics(State(s): State<Arc<FakeState>>) -> Response {
     }
     let running = s.active_streams.load(Ordering::SeqCst).max(0);
     let tokens = s.engine_tokens.load(Ordering::SeqCst);
+    let (block_size, blocks) = *s.cache_config.lock().unwrap();
     Response::new(Body::from(format!(
-        "# HELP vllm:num_requests_running x\nvllm:num_requests_running{{model_name=\"m\"}} {running}\nvllm:generation_tokens_total{{model_name=\"m\"}} {tokens}\nvllm:num_requests_waiting{{model_name=\"m\"}} 0\nvllm:kv_cache_usage_perc{{model_name=\"m\"}} 0.1\nvllm:cache_config_info{{block_size=\"16\",num_gpu_blocks=\"5000\"}} 1\nthis line is garbage\n"
+        "# HELP vllm:num_requests_running x\nvllm:num_requests_running{{model_name=\"m\"}} {running}\nvllm:generation_tokens_total{{model_name=\"m\"}} {tokens}\nvllm:num_requests_waiting{{model_name=\"m\"}} 0\nvllm:kv_cache_usage_perc{{model_name=\"m\"}} 0.1\nvllm:cache_config_info{{block_size=\"{block_size}\",num_gpu_blocks=\"{blocks}\"}} 1\nthis line is garbage\n"
     )))
 }
 
