@@ -156,6 +156,11 @@ pub struct RouterConfig {
     /// Bounded-cost exploration: exploring may only pick a pod predicted within this many ms of
     /// the best pod's TTFT; with no such pod the request is not explored. 0 = unbounded (seed).
     pub explore_max_extra_ms: f64,
+    /// Bounded-cost exploration, relative: the bound is max(`explore_max_extra_ms`,
+    /// `explore_max_extra_rel` × the best pod's TTFT), so it scales with the fleet's speed
+    /// (25 ms is a short shared prompt on a GPU, a few dozen tokens on a CPU pod). 0 = only the
+    /// absolute bound (seed); 1 in the default profile.
+    pub explore_max_extra_rel: f64,
     /// Cold spreading: when no pod is sticky, among pods predicted within this many ms of the
     /// best, pick the one with the fewest in-flight prompt tokens. 0 disables it (seed).
     pub cold_spread_window_ms: f64,
@@ -329,6 +334,7 @@ router_keys! {
     affinity_relative_slack_ms: f64, "affinityRelativeSlackMs";
     explore_mode: ExploreMode, "exploreMode";
     explore_max_extra_ms: f64, "exploreMaxExtraMs";
+    explore_max_extra_rel: f64, "exploreMaxExtraRel";
     cold_spread_window_ms: f64, "coldSpreadWindowMs";
     balance_window_ms: f64, "balanceWindowMs";
     balance_window_rel: f64, "balanceWindowRel";
@@ -376,6 +382,7 @@ impl RouterConfig {
             affinity_relative_slack_ms: 0.0,
             explore_mode: ExploreMode::BestOverall,
             explore_max_extra_ms: 0.0,
+            explore_max_extra_rel: 0.0,
             cold_spread_window_ms: 0.0,
             balance_window_ms: 0.0,
             balance_window_rel: 0.0,
@@ -413,6 +420,7 @@ impl RouterConfig {
                 gate_profile: GateProfile::Default,
                 explore_mode: ExploreMode::RandomNonSticky,
                 explore_max_extra_ms: 25.0,
+                explore_max_extra_rel: 1.0,
                 affinity_relative_penalty: 1.25,
                 affinity_relative_slack_ms: 5.0,
                 relative_gate_queue_rule: QueueRule::Every,
@@ -638,6 +646,12 @@ impl RouterConfig {
             ">= 1",
         )?;
         check(
+            "explore_max_extra_rel",
+            self.explore_max_extra_rel,
+            self.explore_max_extra_rel >= 0.0,
+            ">= 0 (0: the absolute bound alone)",
+        )?;
+        check(
             "cold_spread_window_ms",
             self.cold_spread_window_ms,
             self.cold_spread_window_ms >= 0.0,
@@ -743,6 +757,7 @@ mod tests {
         assert_eq!(c.gate_profile, GateProfile::Default);
         assert_eq!(c.explore_mode, ExploreMode::RandomNonSticky);
         assert_eq!(c.explore_max_extra_ms, 25.0);
+        assert_eq!(c.explore_max_extra_rel, 1.0);
         assert_eq!(
             (c.affinity_relative_penalty, c.affinity_relative_slack_ms),
             (1.25, 5.0)

@@ -88,6 +88,7 @@ async fn seed_profile_in_the_config_file_is_in_force_and_a_rewrite_reloads_it() 
     assert_eq!(router["gate_profile"], "seed", "{dump:#}");
     assert_eq!(router["explore_mode"], "best-overall");
     assert_eq!(router["explore_max_extra_ms"], 0.0);
+    assert_eq!(router["explore_max_extra_rel"], 0.0);
     assert_eq!(router["affinity_relative_penalty"], 0.0);
     assert_eq!(router["affinity_relative_slack_ms"], 0.0);
     assert_eq!(router["relative_gate_queue_rule"], "off");
@@ -159,6 +160,7 @@ async fn seed_profile_in_the_config_file_is_in_force_and_a_rewrite_reloads_it() 
     let router = &dump["router"];
     assert_eq!(router["explore_mode"], "random-non-sticky");
     assert_eq!(router["explore_max_extra_ms"], 25.0);
+    assert_eq!(router["explore_max_extra_rel"], 1.0);
     assert_eq!(router["affinity_relative_penalty"], 1.25);
     assert_eq!(router["affinity_relative_slack_ms"], 5.0);
     assert_eq!(router["relative_gate_queue_rule"], "every");

@@ -23,8 +23,17 @@
 //!   the best pod overall is usually the sticky one, so the seed's explore rarely does that.
 //!   `random-if-no-sticky` explores only requests without a sticky pod (to a random pod), so no
 //!   conversation is ever sent away from its cache by the coin.
-//! - `explore_max_extra_ms` x: exploring may only pick a pod predicted within x ms of the best
-//!   pod (cheap moves, such as a short shared prefix); with none, the coin is ignored. 0 = off.
+//! - `explore_max_extra_ms` x and `explore_max_extra_rel` r: exploring may only pick a pod
+//!   predicted within max(x, r × best) ms of the best pod (cheap moves, such as a short shared
+//!   prefix); with none, the coin is ignored. 0 and 0 = unbounded (seed); default profile 25 ms
+//!   and 1. The relative term keeps seeding possible where first tokens take hundreds of ms
+//!   (CPU pods, long prompts): there a shared system prompt's head start on one pod is worth
+//!   far more than 25 ms, the coin was always ignored, and every request carrying that prompt
+//!   piled onto the one pod holding it (real vLLM CPU pods, BENCHMARKS.md "Mooncake, after the
+//!   capacity fix"; the 2-pod slice in the simulator: mean TTFT ×0.95, p99 ×0.94). A bounded
+//!   explore never picks a pod whose prediction includes an adapter load (`adapter_cost_ms`):
+//!   exploring seeds caches, it does not load or evict LoRA adapters (with 8 adapters in 8
+//!   slots the relative bound otherwise cost 2 extra loads in the simulator's LoRA test).
 //!   With the seed's `best-overall` mode exploring draws nothing more; the other modes draw one
 //!   more number whenever the coin comes up.
 //! - `affinity_relative_penalty` r and `affinity_relative_slack_ms` s: LOAD_BREAK also when
@@ -115,6 +124,7 @@ pub struct AffinityGate {
     pub affinity_relative_slack_ms: f64,
     pub explore_mode: ExploreMode,
     pub explore_max_extra_ms: f64,
+    pub explore_max_extra_rel: f64,
     pub cold_spread_window_ms: f64,
     pub balance_window_ms: f64,
     pub balance_window_rel: f64,
@@ -143,6 +153,7 @@ impl AffinityGate {
             affinity_relative_slack_ms: config.affinity_relative_slack_ms,
             explore_mode: config.explore_mode,
             explore_max_extra_ms: config.explore_max_extra_ms,
+            explore_max_extra_rel: config.explore_max_extra_rel,
             cold_spread_window_ms: config.cold_spread_window_ms,
             balance_window_ms: config.balance_window_ms,
             balance_window_rel: config.balance_window_rel,
@@ -187,11 +198,15 @@ impl AffinityGate {
         c.prefix_score > self.affinity_gate_tau
     }
 
-    /// A pod exploration may pick: not sticky, and within the cost bound of the best pod.
+    /// A pod exploration may pick: not sticky, within the cost bound of the best pod, and
+    /// needing no adapter load (a bounded explore never loads or evicts a LoRA adapter).
     fn explorable(&self, c: &Candidate<'_>, best_all_ms: f64) -> bool {
+        let bound = self
+            .explore_max_extra_ms
+            .max(self.explore_max_extra_rel * best_all_ms.max(0.0));
         !self.sticky(c)
-            && (self.explore_max_extra_ms <= 0.0
-                || c.predicted_ttft_ms <= best_all_ms + self.explore_max_extra_ms)
+            && (bound <= 0.0
+                || (c.predicted_ttft_ms <= best_all_ms + bound && c.adapter_cost_ms <= 0.0))
     }
 
     /// Whether queueing holds the relative load gate back (`relative_gate_queue_rule`):
@@ -802,6 +817,59 @@ mod tests {
                 branch: Branch::Exploit
             }
         );
+    }
+
+    #[test]
+    fn the_relative_bound_scales_exploration_with_the_best_prediction() {
+        let g = AffinityGate {
+            explore_mode: ExploreMode::RandomNonSticky,
+            explore_max_extra_ms: 25.0,
+            explore_max_extra_rel: 1.0,
+            ..gate(1.0, 5000.0)
+        };
+        let (a, b) = (pod(0, 0, 0, 0.1), pod(1, 0, 0, 0.1));
+        // Slow pods: the best at 600 ms, the other 150 ms behind — far beyond 25 ms, within
+        // 1 × 600 ms: the coin explores.
+        let slow = [cand(&a, 10, 10, 600.0), cand(&b, 0, 10, 750.0)];
+        let (pick, _) = run(&mut g.clone(), &facts(10), &slow, &mut rng(3));
+        assert_eq!(
+            pick.unwrap(),
+            Pick {
+                index: 1,
+                branch: Branch::Explore
+            }
+        );
+        // Past twice the best, not.
+        let far = [cand(&a, 10, 10, 600.0), cand(&b, 0, 10, 1_201.0)];
+        let (pick, _) = run(&mut g.clone(), &facts(10), &far, &mut rng(3));
+        assert_eq!(pick.map(|p| p.branch), Ok(Branch::Exploit));
+        // Fast pods: 25 ms is the larger bound.
+        let fast = [cand(&a, 10, 10, 10.0), cand(&b, 0, 10, 34.0)];
+        let (pick, _) = run(&mut g.clone(), &facts(10), &fast, &mut rng(3));
+        assert_eq!(pick.map(|p| p.branch), Ok(Branch::Explore));
+    }
+
+    #[test]
+    fn a_bounded_explore_never_picks_a_pod_that_must_load_an_adapter() {
+        let g = AffinityGate {
+            explore_mode: ExploreMode::RandomNonSticky,
+            explore_max_extra_ms: 25.0,
+            explore_max_extra_rel: 1.0,
+            ..gate(1.0, 5000.0)
+        };
+        let (a, b) = (pod(0, 0, 0, 0.1), pod(1, 0, 0, 0.1));
+        // b is within the bound, but 25 ms of its prediction is an adapter load.
+        let loading = Candidate {
+            adapter_cost_ms: 25.0,
+            ..cand(&b, 0, 10, 80.0)
+        };
+        let cands = [cand(&a, 10, 10, 60.0), loading];
+        let (pick, _) = run(&mut g.clone(), &facts(10), &cands, &mut rng(3));
+        assert_eq!(pick.map(|p| p.branch), Ok(Branch::Exploit));
+        // The same pod with the adapter resident is explored.
+        let resident = [cand(&a, 10, 10, 60.0), cand(&b, 0, 10, 80.0)];
+        let (pick, _) = run(&mut g.clone(), &facts(10), &resident, &mut rng(3));
+        assert_eq!(pick.map(|p| p.branch), Ok(Branch::Explore));
     }
 
     #[test]
