@@ -175,8 +175,11 @@ def check_completions(client):
           last is not None and last.choices == [] and last.usage is not None
           and last.usage.completion_tokens == 4 and last.usage.prompt_tokens == n_prompt,
           str(last)[:200])
-    check("completions stream: one text chunk per token, the last with finish_reason length",
-          len(text_chunks) == 4 and text_chunks[-1].choices[0].finish_reason == "length"
+    # At most one text chunk per token, not exactly one: vLLM's front end merges the
+    # deltas of tokens its stream has not sent yet into one chunk when the client (or a
+    # busy machine) lags behind the engine; CI saw 3 chunks for 4 tokens.
+    check("completions stream: 1 to 4 text chunks for 4 tokens, the last with finish_reason length",
+          1 <= len(text_chunks) <= 4 and text_chunks[-1].choices[0].finish_reason == "length"
           and all(c.choices[0].finish_reason is None for c in text_chunks[:-1]),
           f"{len(text_chunks)} chunks")
     check("completions stream: every chunk has id cmpl-<x-request-id>",
