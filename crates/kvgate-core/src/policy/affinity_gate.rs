@@ -29,8 +29,8 @@
 //!   and 1. The relative term keeps seeding possible where first tokens take hundreds of ms
 //!   (CPU pods, long prompts): there a shared system prompt's head start on one pod is worth
 //!   far more than 25 ms, the coin was always ignored, and every request carrying that prompt
-//!   piled onto the one pod holding it (real vLLM CPU pods, BENCHMARKS.md "Mooncake, after the
-//!   capacity fix"; the 2-pod slice in the simulator: mean TTFT ×0.95, p99 ×0.94). A bounded
+//!   piled onto the one pod holding it (real vLLM CPU pods, BENCHMARKS.md "Mooncake and the
+//!   agent workload after the capacity fix"; the 2-pod slice in the simulator: mean TTFT ×0.95, p99 ×0.94). A bounded
 //!   explore never picks a pod whose prediction includes an adapter load (`adapter_cost_ms`):
 //!   exploring seeds caches, it does not load or evict LoRA adapters (with 8 adapters in 8
 //!   slots the relative bound otherwise cost 2 extra loads in the simulator's LoRA test).
