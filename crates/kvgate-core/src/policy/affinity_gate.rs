@@ -819,14 +819,20 @@ mod tests {
         );
     }
 
-    #[test]
-    fn the_relative_bound_scales_exploration_with_the_best_prediction() {
-        let g = AffinityGate {
+    /// The default profile's exploration (random non-sticky, within max(25 ms, 1 × best)),
+    /// with the coin always up.
+    fn bounded_explorer() -> AffinityGate {
+        AffinityGate {
             explore_mode: ExploreMode::RandomNonSticky,
             explore_max_extra_ms: 25.0,
             explore_max_extra_rel: 1.0,
             ..gate(1.0, 5000.0)
-        };
+        }
+    }
+
+    #[test]
+    fn the_relative_bound_scales_exploration_with_the_best_prediction() {
+        let g = bounded_explorer();
         let (a, b) = (pod(0, 0, 0, 0.1), pod(1, 0, 0, 0.1));
         // Slow pods: the best at 600 ms, the other 150 ms behind — far beyond 25 ms, within
         // 1 × 600 ms: the coin explores.
@@ -851,12 +857,7 @@ mod tests {
 
     #[test]
     fn a_bounded_explore_never_picks_a_pod_that_must_load_an_adapter() {
-        let g = AffinityGate {
-            explore_mode: ExploreMode::RandomNonSticky,
-            explore_max_extra_ms: 25.0,
-            explore_max_extra_rel: 1.0,
-            ..gate(1.0, 5000.0)
-        };
+        let g = bounded_explorer();
         let (a, b) = (pod(0, 0, 0, 0.1), pod(1, 0, 0, 0.1));
         // b is within the bound, but 25 ms of its prediction is an adapter load.
         let loading = Candidate {
