@@ -154,7 +154,8 @@ pub struct RouterConfig {
     /// What exploring picks. Seed: `best-overall`.
     pub explore_mode: ExploreMode,
     /// Bounded-cost exploration: exploring may only pick a pod predicted within this many ms of
-    /// the best pod's TTFT; with no such pod the request is not explored. 0 = unbounded (seed).
+    /// the best pod's TTFT; with no such pod the request is not explored. 0, with
+    /// `explore_max_extra_rel` 0 too, = unbounded (seed).
     pub explore_max_extra_ms: f64,
     /// Bounded-cost exploration, relative: the bound is max(`explore_max_extra_ms`,
     /// `explore_max_extra_rel` × the best pod's TTFT), so it scales with the fleet's speed
