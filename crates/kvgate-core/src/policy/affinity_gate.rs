@@ -30,10 +30,11 @@
 //!   (CPU pods, long prompts): there a shared system prompt's head start on one pod is worth
 //!   far more than 25 ms, the coin was always ignored, and every request carrying that prompt
 //!   piled onto the one pod holding it (real vLLM CPU pods, BENCHMARKS.md "Mooncake and the
-//!   agent workload after the capacity fix"; the 2-pod slice in the simulator: mean TTFT ×0.95, p99 ×0.94). A bounded
-//!   explore never picks a pod whose prediction includes an adapter load (`adapter_cost_ms`):
-//!   exploring seeds caches, it does not load or evict LoRA adapters (with 8 adapters in 8
-//!   slots the relative bound otherwise cost 2 extra loads in the simulator's LoRA test).
+//!   agent workload after the capacity fix"; the 2-pod slice in the simulator: mean TTFT
+//!   ×0.95, p99 ×0.94). A bounded explore never picks a pod whose prediction includes an
+//!   adapter load (`adapter_cost_ms`): exploring seeds caches, it does not load or evict LoRA
+//!   adapters (with 8 adapters in 8 slots the relative bound otherwise cost 2 extra loads in
+//!   the simulator's LoRA test).
 //!   With the seed's `best-overall` mode exploring draws nothing more; the other modes draw one
 //!   more number whenever the coin comes up.
 //! - `affinity_relative_penalty` r and `affinity_relative_slack_ms` s: LOAD_BREAK also when
