@@ -25,6 +25,7 @@ declare -A variants=(
   [shared-eps-0.1-n32]='{"shared_prefix_epsilon":0.1,"shared_prefix_min_requests":32}'
   [default-new]='{}'
   [exr-0]='{"explore_max_extra_rel":0}'
+  [pcp-off]='{"predict_computed_prefix":false}'
 )
 # Which variants each workload runs (the Mooncake runs are the slow ones).
 # VARIANTS="a b" runs only those on shared-prefix A and chat, MC_VARIANTS on the trace;

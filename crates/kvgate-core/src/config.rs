@@ -227,6 +227,16 @@ pub struct RouterConfig {
     /// pod class is predicted by the analytic estimate). Seed false; default profile true
     /// (EVALUATION.md §14.2). The TPOT is learnt at the end either way.
     pub predictor_ttft_at_first_token: bool,
+    /// Whether a prediction counts a matched prefix as cached only where the pod has computed
+    /// it: blocks that an earlier request brought to the pod count as uncached until that
+    /// request's first token ([`crate::session::prefilling`]). The routed index holds a prefix
+    /// from the moment it is routed, but a request that reaches the pod while the prefix is
+    /// still being prefilled is scheduled beside it and computes it again (an engine registers
+    /// a block once computed): its TTFT is a whole prefill behind the first one's, and the
+    /// prediction says so, so the load gate can move it (parallel tool calls, fan-out
+    /// siblings). The prefix score the gate reads is unchanged. Seed false; default profile
+    /// true (BENCHMARKS.md "Prefixes still being computed").
+    pub predict_computed_prefix: bool,
 
     // ---- LoRA adapters (`adapters.rs`: the cost model, its defaults and their sources) ----
     /// Whether a pod's adapter fit adds its cost to the predicted TTFT (resident 0, empty slot
@@ -357,6 +367,7 @@ router_keys! {
     predictor_drift_adaptation: bool, "predictorDriftAdaptation";
     predictor_min_samples: u64, "predictorMinSamples";
     predictor_ttft_at_first_token: bool, "predictorTtftAtFirstToken";
+    predict_computed_prefix: bool, "predictComputedPrefix";
     lora_aware: bool, "loraAware";
     lora_load_ms: f64, "loraLoadMs";
     lora_deferral_ms: f64, "loraDeferralMs";
@@ -405,6 +416,7 @@ impl RouterConfig {
             predictor_drift_adaptation: false,
             predictor_min_samples: 32,
             predictor_ttft_at_first_token: false,
+            predict_computed_prefix: false,
             lora_aware: true,
             lora_load_ms: crate::adapters::DEFAULT_LORA_LOAD_MS,
             lora_deferral_ms: crate::adapters::DEFAULT_LORA_DEFERRAL_MS,
@@ -428,6 +440,7 @@ impl RouterConfig {
                 shared_prefix_epsilon: 0.1,
                 predictor_min_samples: 8,
                 predictor_ttft_at_first_token: true,
+                predict_computed_prefix: true,
                 ..base
             },
         }

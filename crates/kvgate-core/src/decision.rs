@@ -62,6 +62,11 @@ pub struct PodExplanation {
     /// when 0.
     #[serde(skip_serializing_if = "is_zero_blocks")]
     pub pending_blocks: u32,
+    /// Of the blocks behind `prefix_score`, those an earlier request is still computing on the
+    /// pod (routed before its first token; [`crate::session::prefilling`]): the prediction
+    /// counted them as uncached. Left out when 0.
+    #[serde(skip_serializing_if = "is_zero_blocks")]
+    pub prefilling_blocks: u32,
 }
 
 fn is_zero_blocks(v: &u32) -> bool {

@@ -68,6 +68,36 @@ impl<'a> PromptCut<'a> {
     }
 }
 
+/// The share of the prompt `matched_blocks` leading blocks of a pod cover. A pod of another
+/// block size is scored by the tokens it holds over the tokens of the main chain, so pods of
+/// different block sizes compare (a 255-token prompt: 16-token pod 15 of 15 blocks = 240 tokens
+/// = 1.0; 128-token pod 1 of 1 block = 128 of 240 tokens = 0.53, not 1.0). Same as the block
+/// fraction when the pod's size is the main one.
+fn held_score(
+    cut: &PromptCut<'_>,
+    matched_blocks: u32,
+    prompt_blocks: usize,
+    block_size_tokens: u32,
+) -> f64 {
+    if block_size_tokens == cut.block_size_tokens {
+        return prefix_score(matched_blocks, prompt_blocks);
+    }
+    let main_tokens = cut.blocks.len() as f64 * f64::from(cut.block_size_tokens);
+    let held = f64::from(matched_blocks) * f64::from(block_size_tokens);
+    if main_tokens > 0.0 {
+        (held / main_tokens).min(1.0)
+    } else {
+        0.0
+    }
+}
+
+/// `matched` leading blocks on a pod whose first block still being computed is at `cap`
+/// (from [`crate::session::prefilling::Prefilling::caps`]; none when `caps` has no entry for it): the blocks the pod has computed.
+pub fn computed(matched: u32, caps: &[u32], pod: PodId) -> u32 {
+    caps.get(pod.index())
+        .map_or(matched, |&cap| matched.min(cap))
+}
+
 /// A decision's pick as the router keeps it for the driver.
 #[derive(Debug, Clone, Copy)]
 struct Chosen {
@@ -88,6 +118,11 @@ pub struct Router {
     matched_other: Vec<Vec<u32>>,
     /// Of `matched`, the blocks that were pending routes (engine mode; empty when none).
     pending_matched: Vec<u32>,
+    /// Per pod id, the first block of the prompt still being computed there
+    /// ([`crate::session::prefilling`]; filled by the session before each decision with
+    /// `predict_computed_prefix`, empty otherwise): predictions count the prefix as cached up
+    /// to it only.
+    prefill_caps: Vec<u32>,
     /// The next decision's session pod and its prefix-score floor (session affinity).
     session_floor: Option<(PodId, f64)>,
     /// The last decision's pick (one write per decision, not per pod: the decision is the hot
@@ -114,6 +149,7 @@ impl Router {
             matched: Vec::new(),
             matched_other: Vec::new(),
             pending_matched: Vec::new(),
+            prefill_caps: Vec::new(),
             session_floor: None,
             chosen: None,
             eligible: Vec::new(),
@@ -165,6 +201,18 @@ impl Router {
             Some(c) if c.pod == pod => c.matched_blocks,
             _ => 0,
         }
+    }
+
+    /// The prompt blocks still being computed per pod id, for the next decision (see
+    /// [`crate::session::prefilling`]); the session fills it, or leaves it empty.
+    pub fn prefill_caps_mut(&mut self) -> &mut Vec<u32> {
+        &mut self.prefill_caps
+    }
+
+    /// The blocks of the prompt the chosen `pod` has computed: its matched blocks, less any
+    /// still being computed there (0 for any other pod).
+    pub fn computed_blocks(&self, pod: crate::pod::PodId) -> u32 {
+        computed(self.matched_blocks(pod), &self.prefill_caps, pod)
     }
 
     /// Where the chosen `pod` is in the last decision's [`Decision::pods`] (`None` for any
@@ -299,6 +347,7 @@ impl Router {
         );
         let session_floor = self.session_floor.take();
         let (matched, matched_other) = (&self.matched, &self.matched_other);
+        let prefill_caps = &self.prefill_caps;
         // Sized once: a filtered iterator's collect would grow (and copy) it log2(pods) times.
         let mut candidates = Vec::with_capacity(pods.len());
         candidates.extend(pods.iter().filter(|p| p.healthy).map(|pod| {
@@ -316,19 +365,17 @@ impl Router {
             // prompt: 16-token pod 15 of 15 blocks = 240 tokens = 1.0; 128-token pod 1 of 1
             // block = 128 of 240 tokens = 0.53, not 1.0). Same as the block fraction when
             // the pod's size is the main one.
-            let score = if block_size_tokens == cut.block_size_tokens {
-                prefix_score(matched_blocks, prompt_blocks)
+            let score = held_score(&cut, matched_blocks, prompt_blocks, block_size_tokens);
+            let computed_blocks = computed(matched_blocks, prefill_caps, pod.id);
+            let computed_score = if computed_blocks == matched_blocks {
+                score
             } else {
-                let main_tokens = cut.blocks.len() as f64 * f64::from(cut.block_size_tokens);
-                let held = f64::from(matched_blocks) * f64::from(block_size_tokens);
-                if main_tokens > 0.0 {
-                    (held / main_tokens).min(1.0)
-                } else {
-                    0.0
-                }
+                held_score(&cut, computed_blocks, prompt_blocks, block_size_tokens)
             };
-            let prediction =
-                predictor.predict(&pod.class, &Features::new(pod, input_tokens, score));
+            let prediction = predictor.predict(
+                &pod.class,
+                &Features::new(pod, input_tokens, computed_score),
+            );
             let adapter_fit = adapter_fit(pod.lora.as_ref(), cut.adapter);
             let adapter_cost_ms = match (lora, &pod.lora) {
                 ((true, load_ms, deferral_ms), Some(slots)) => {
@@ -403,6 +450,8 @@ impl Router {
                     } else {
                         0
                     },
+                    prefilling_blocks: c.matched_blocks
+                        - computed(c.matched_blocks, &self.prefill_caps, c.pod.id),
                     id: c.pod.name.clone(),
                     prefix_score: c.prefix_score,
                     predicted_ttft_ms: c.predicted_ttft_ms,

@@ -188,6 +188,7 @@ mod tests {
                 adapter: Default::default(),
                 adapter_cost_ms: 0.0,
                 pending_blocks: 0,
+                prefilling_blocks: 0,
             })
             .collect();
         Decision {

@@ -31,6 +31,7 @@ pub mod adapter_book;
 pub mod ledger;
 pub mod pd;
 pub mod peers;
+pub mod prefilling;
 
 use crate::DecisionRng;
 use crate::adapters::AdapterId;
@@ -46,6 +47,7 @@ use crate::predictor::{Features, LatencyPredictor, PredictorConfig};
 use crate::router::{PromptCut, Router};
 use adapter_book::AdapterBook;
 use ledger::{Ledger, Share, prefill_charge_tokens};
+use prefilling::{Mark, Prefilling};
 use rand::SeedableRng;
 
 /// What the router needs to know about a request to route it.
@@ -131,6 +133,9 @@ pub struct Ticket {
     ttft_learnt: bool,
     /// Which stage of the request the ticket holds (what `finish` trains).
     stage: pd::Stage,
+    /// The blocks this request brought to its pod, being computed until its first token
+    /// ([`prefilling`]).
+    prefilling: Option<Mark>,
 }
 
 impl Ticket {
@@ -228,6 +233,10 @@ pub struct RouterSession {
     adapters: AdapterBook,
     /// Session key → the pod of its last request ([`crate::index::sessions`]).
     sessions: SessionIndex,
+    /// The blocks routed requests are still computing, per pod ([`prefilling`]).
+    prefilling: Prefilling,
+    /// Scratch: leading blocks matched per pod for a remote route.
+    matched: Vec<u32>,
     /// Scratch: the pods' health before exclusions, and the excluded ids as a dense bitmap.
     health: Vec<bool>,
     excluded: Vec<bool>,
@@ -255,6 +264,8 @@ impl RouterSession {
             ledger: Ledger::default(),
             adapters: AdapterBook::default(),
             sessions,
+            prefilling: Prefilling::default(),
+            matched: Vec::new(),
             health: Vec::new(),
             excluded: Vec::new(),
         }
@@ -341,6 +352,7 @@ impl RouterSession {
         self.ledger.remove_pod(pod);
         self.adapters.remove_pod(pod);
         self.sessions.remove_pod(pod);
+        self.prefilling.remove_pod(pod);
     }
 
     /// Moves the clocks of the session's timed state to the driver's `now_ms`: session
@@ -354,6 +366,7 @@ impl RouterSession {
     /// the dry run behind the gateway's `/debug/score`.
     pub fn score(&mut self, request: &RouteRequest<'_>, pods: &mut [PodSnapshot]) -> Vec<PodScore> {
         self.fill_in_flight(pods);
+        self.fill_prefill_caps(&request.cut(), pods);
         let (_, candidates) = self.router.evaluate_cut(
             request.cut(),
             request.input_tokens,
@@ -400,6 +413,28 @@ impl RouterSession {
         routed
     }
 
+    /// Before a decision: the blocks of `cut` still being computed on each pod, for the
+    /// predictions (`predict_computed_prefix`; none otherwise).
+    fn fill_prefill_caps(&mut self, cut: &crate::router::PromptCut<'_>, pods: &[PodSnapshot]) {
+        let on = self.router.config().predict_computed_prefix;
+        let caps = self.router.prefill_caps_mut();
+        if on {
+            self.prefilling.caps(cut, pods, caps);
+        } else {
+            caps.clear();
+        }
+    }
+
+    /// After a route to `pod`, which held the first `held` of `blocks`: the rest are being
+    /// computed there until the request's first token (`predict_computed_prefix`).
+    fn mark_prefilling(&mut self, pod: PodId, blocks: &[BlockHash], held: u32) -> Option<Mark> {
+        if self.router.config().predict_computed_prefix {
+            self.prefilling.start(pod, blocks, held)
+        } else {
+            None
+        }
+    }
+
     fn mark_excluded(&mut self, excluded: &[PodId]) {
         self.excluded.clear();
         for p in excluded {
@@ -424,6 +459,7 @@ impl RouterSession {
         let floor = self.router.config().session_affinity_floor;
         self.router
             .set_session_floor(session_pod.map(|pod| (pod, floor)));
+        self.fill_prefill_caps(&cut, pods);
         let decision = self
             .router
             .decide_cut(
@@ -443,6 +479,8 @@ impl RouterSession {
             .or_else(|| pods.iter().find(|s| s.id == decision.pod_id))
             .ok_or(RouteError::NoDecision)?;
         let (pod_blocks, pod_block_size) = cut.blocks_for(snap);
+        let matched = self.router.matched_blocks(decision.pod_id);
+        let prefilling = self.mark_prefilling(decision.pod_id, pod_blocks, matched);
         self.index.record_routed(decision.pod_id, pod_blocks);
         if let Some(key) = request.session {
             self.sessions.record(key, decision.pod_id);
@@ -451,15 +489,17 @@ impl RouterSession {
             .router
             .chosen_explanation(decision.pod_id)
             .and_then(|i| decision.pods.get(i));
-        let matched = self.router.matched_blocks(decision.pod_id);
+        // What the pod has computed (a prefix still being prefilled there by an earlier request
+        // is computed again): what the prediction was made on.
+        let computed = self.router.computed_blocks(decision.pod_id);
         // The predictor learns from what the pod holds, not from a session-affinity floor.
-        let prefix_score = if session_pod == Some(decision.pod_id) {
-            crate::index::prefix_score(matched, pod_blocks.len())
+        let prefix_score = if session_pod == Some(decision.pod_id) || computed < matched {
+            crate::index::prefix_score(computed, pod_blocks.len())
         } else {
             chosen.map_or(0.0, |p| p.prefix_score)
         };
         let features = Features::new(snap, request.input_tokens, prefix_score);
-        let charge = prefill_charge_tokens(request.input_tokens, matched, pod_block_size);
+        let charge = prefill_charge_tokens(request.input_tokens, computed, pod_block_size);
         let share = self.ledger.charge(decision.pod_id, charge);
         // Only adapters (not the pod's base model) on LoRA pods are booked.
         let adapter = request.adapter.filter(|&a| {
@@ -477,6 +517,7 @@ impl RouterSession {
             first_token: false,
             ttft_learnt: false,
             stage: pd::Stage::Whole,
+            prefilling,
         };
         Ok(Routed { decision, ticket })
     }
@@ -508,6 +549,7 @@ impl RouterSession {
             first_token: false,
             ttft_learnt: false,
             stage: pd::Stage::Whole,
+            prefilling: None,
         }
     }
 
@@ -525,7 +567,13 @@ impl RouterSession {
         input_tokens: u32,
         prefill_tokens: u64,
     ) -> Ticket {
+        let mut prefilling = None;
         if !blocks.is_empty() {
+            if self.router.config().predict_computed_prefix {
+                self.index.match_prefix(blocks, &mut self.matched);
+                let held = self.matched.get(pod.index()).copied().unwrap_or(0);
+                prefilling = self.prefilling.start(pod, blocks, held);
+            }
             self.index.record_routed(pod, blocks);
         }
         Ticket {
@@ -539,6 +587,7 @@ impl RouterSession {
             first_token: false,
             ttft_learnt: false,
             stage: pd::Stage::Whole,
+            prefilling,
         }
     }
 
@@ -549,6 +598,9 @@ impl RouterSession {
             return;
         }
         ticket.first_token = true;
+        if let Some(mark) = ticket.prefilling.take() {
+            self.prefilling.end(mark);
+        }
         let decode = u64::from(ticket.input_tokens) + 1;
         self.ledger.first_token(&mut ticket.share, decode);
     }
@@ -611,9 +663,12 @@ impl RouterSession {
     /// The request (or its stage) ended: its charge is returned; with an observation the
     /// predictor learns from it (features at dispatch, the pod's class): a whole request TTFT
     /// and TPOT, a P/D prefill stage TTFT only, a P/D decode stage TPOT only.
-    pub fn finish(&mut self, ticket: Ticket, observed: Option<Observed>) {
+    pub fn finish(&mut self, mut ticket: Ticket, observed: Option<Observed>) {
         if let Some(a) = ticket.adapter {
             self.adapters.finished(ticket.share.pod, a);
+        }
+        if let Some(mark) = ticket.prefilling.take() {
+            self.prefilling.end(mark);
         }
         self.ledger.release(ticket.share);
         if let Some(o) = observed {

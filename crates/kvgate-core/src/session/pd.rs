@@ -171,6 +171,7 @@ impl RouterSession {
             first_token: false,
             ttft_learnt: false,
             stage: Stage::Decode,
+            prefilling: None,
         };
         prefill.ticket.stage = Stage::Prefill;
         prefill.decision.decode = Some(pick.explanation);

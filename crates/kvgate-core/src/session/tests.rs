@@ -568,3 +568,65 @@ fn a_session_key_floors_its_last_pods_score_without_changing_what_is_charged() {
     let home_score = decision.pods[home.index()].prefix_score;
     assert_eq!(home_score, 0.25, "{decision:?}");
 }
+
+/// A sibling routed while the request that brought its prefix is still prefilling: with
+/// `predict_computed_prefix` its prediction counts that prefix as uncached on the pod (an
+/// engine computes it again in the same step), so the load gate moves it to the idle pod; once
+/// the first token is back the prefix counts as cached again.
+#[test]
+fn a_prefix_still_being_computed_is_predicted_uncached_until_its_first_token() {
+    let first_blocks: Vec<BlockHash> = (0..100).collect();
+    let sibling_blocks: Vec<BlockHash> = (0..102).collect();
+    let route = |s: &mut RouterSession, blocks: &[BlockHash]| {
+        let tokens = blocks.len() as u32 * 16;
+        s.route(&request(blocks, tokens), &mut pods(2), &[]).unwrap()
+    };
+    let explained = |d: &Decision, pod: usize| d.pods[pod].clone();
+
+    let mut on = session(RouterConfig::default());
+    let mut first = route(&mut on, &first_blocks);
+    assert_eq!(first.decision.pod_id, PodId(0));
+    let sibling = route(&mut on, &sibling_blocks);
+    let held = explained(&sibling.decision, 0);
+    assert!(held.prefix_score > 0.95, "the gate still sees the prefix");
+    assert_eq!(held.prefilling_blocks, 100);
+    assert_eq!(sibling.decision.pod_id, PodId(1), "{:?}", sibling.decision);
+    assert_eq!(sibling.ticket.prefill_tokens(), 102 * 16);
+    on.first_token(&mut first.ticket);
+    let later = route(&mut on, &sibling_blocks);
+    assert_eq!(explained(&later.decision, 0).prefilling_blocks, 0);
+    assert!(later.ticket.prefill_tokens() < 102 * 16);
+
+    let mut off = session(RouterConfig {
+        predict_computed_prefix: false,
+        ..RouterConfig::default()
+    });
+    let _first = route(&mut off, &first_blocks);
+    let sibling = route(&mut off, &sibling_blocks);
+    assert_eq!(sibling.decision.pod_id, PodId(0));
+    assert_eq!(explained(&sibling.decision, 0).prefilling_blocks, 0);
+    assert_eq!(sibling.ticket.prefill_tokens(), 2 * 16);
+}
+
+/// A request that ends before its first token (failed, cut) gives its blocks back too, and a
+/// remote route marks its new blocks like a local one.
+#[test]
+fn a_mark_ends_with_the_request_and_remote_routes_are_marked() {
+    let blocks: Vec<BlockHash> = (0..50).collect();
+    let mut s = session(RouterConfig::default());
+    let first = s.route(&request(&blocks, 800), &mut pods(2), &[]).unwrap();
+    assert_eq!(s.prefilling.len(), 1);
+    s.finish(first.ticket, None);
+    assert!(s.prefilling.is_empty());
+    let fresh: Vec<BlockHash> = (100..150).collect();
+    let mut remote = s.route_remote(PodId(1), &fresh, 800, 800);
+    assert_eq!(s.prefilling.len(), 1);
+    let sibling = s.route(&request(&fresh, 800), &mut pods(2), &[]).unwrap();
+    assert_eq!(sibling.decision.pods[1].prefilling_blocks, 50);
+    let marks = s.prefilling.len();
+    s.first_token(&mut remote);
+    assert_eq!(s.prefilling.len(), marks - 1);
+    s.finish(sibling.ticket, None);
+    s.finish(remote, None);
+    assert!(s.prefilling.is_empty());
+}
