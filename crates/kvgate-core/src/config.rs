@@ -227,15 +227,15 @@ pub struct RouterConfig {
     /// pod class is predicted by the analytic estimate). Seed false; default profile true
     /// (EVALUATION.md §14.2). The TPOT is learnt at the end either way.
     pub predictor_ttft_at_first_token: bool,
-    /// Whether a prediction counts a matched prefix as cached only where the pod has computed
-    /// it: blocks that an earlier request brought to the pod count as uncached until that
-    /// request's first token ([`crate::session::prefilling`]). The routed index holds a prefix
-    /// from the moment it is routed, but a request that reaches the pod while the prefix is
-    /// still being prefilled is scheduled beside it and computes it again (an engine registers
-    /// a block once computed): its TTFT is a whole prefill behind the first one's, and the
-    /// prediction says so, so the load gate can move it (parallel tool calls, fan-out
-    /// siblings). The prefix score the gate reads is unchanged. Seed false; default profile
-    /// true (BENCHMARKS.md "Prefixes still being computed").
+    /// Whether a prediction counts a matched prefix as cached only where the pod will have
+    /// computed it: the blocks an earlier request brought to the pod count as uncached for a
+    /// request that would join that request's engine step — routed before it is predicted to
+    /// start (its predicted TTFT less an idle pod's, plus one step), to a pod without waiting
+    /// requests, and before its first token ([`crate::session::prefilling`]). The routed index
+    /// holds a prefix from the moment it is routed, but siblings scheduled in one step each
+    /// compute it (an engine registers a block once computed): parallel tool calls and
+    /// fan-outs. The prefix score the gate reads is unchanged; the load gate can then move
+    /// them. Seed false; default profile true (BENCHMARKS.md "Prefixes still being computed").
     pub predict_computed_prefix: bool,
 
     // ---- LoRA adapters (`adapters.rs`: the cost model, its defaults and their sources) ----

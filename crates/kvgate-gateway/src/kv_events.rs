@@ -81,9 +81,10 @@ fn events_of(shared: &Shared, pod: &Pod) -> Option<PodEvents> {
     Some(events)
 }
 
-/// The engine index's clock for pending routes (`kvgate_core::index::pending`): ms since the
+/// The router's clock for timed state (the engine index's pending routes,
+/// `kvgate_core::index::pending`; the session's prefixes still being computed): ms since the
 /// first call, one clock for every pod.
-fn pending_clock_ms() -> f64 {
+pub fn clock_ms() -> f64 {
     static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
     EPOCH.get_or_init(Instant::now).elapsed().as_secs_f64() * 1e3
 }
@@ -95,7 +96,7 @@ pub fn on_scrape(shared: &Shared, pod: &Pod, m: &PodMetrics) {
     let Some(events) = events_of(shared, pod) else {
         return;
     };
-    let now = pending_clock_ms();
+    let now = clock_ms();
     let mut session = shared.session.lock();
     let engine = &mut session.index_mut().engine;
     engine.advance_clock(now);
@@ -281,7 +282,7 @@ impl Follower<'_> {
             }
             Ok(batch) => {
                 {
-                    let now = pending_clock_ms();
+                    let now = clock_ms();
                     let mut session = self.shared.session.lock();
                     let engine = &mut session.index_mut().engine;
                     engine.advance_clock(now);

@@ -472,6 +472,7 @@ pub(crate) fn decide_for(
     crate::breaker::panic_route(shared, &pods, &mut snaps, excluded);
     let (routed, policy) = {
         let mut session = shared.session.lock();
+        session.advance_clock(crate::kv_events::clock_ms());
         let routed = if meta.split {
             session.route_pd(request, &mut snaps, excluded)
         } else {

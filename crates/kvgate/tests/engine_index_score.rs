@@ -232,9 +232,9 @@ async fn bursts(
         // Predictions that count the pending prefix as uncached (`predict_computed_prefix`,
         // the default) let the load gate move siblings to idle pods; this test is about where
         // the pending routes alone put them.
-        Some(ms) => format!(
-            "[router]\nengine_pending_ttl_ms = {ms}\npredict_computed_prefix = false\n"
-        ),
+        Some(ms) => {
+            format!("[router]\nengine_pending_ttl_ms = {ms}\npredict_computed_prefix = false\n")
+        }
         None => String::new(),
     };
     std::fs::write(&config_file, router).unwrap();

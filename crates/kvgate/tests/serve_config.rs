@@ -89,6 +89,7 @@ async fn seed_profile_in_the_config_file_is_in_force_and_a_rewrite_reloads_it() 
     assert_eq!(router["explore_mode"], "best-overall");
     assert_eq!(router["explore_max_extra_ms"], 0.0);
     assert_eq!(router["explore_max_extra_rel"], 0.0);
+    assert_eq!(router["predict_computed_prefix"], false);
     assert_eq!(router["affinity_relative_penalty"], 0.0);
     assert_eq!(router["affinity_relative_slack_ms"], 0.0);
     assert_eq!(router["relative_gate_queue_rule"], "off");
@@ -161,6 +162,7 @@ async fn seed_profile_in_the_config_file_is_in_force_and_a_rewrite_reloads_it() 
     assert_eq!(router["explore_mode"], "random-non-sticky");
     assert_eq!(router["explore_max_extra_ms"], 25.0);
     assert_eq!(router["explore_max_extra_rel"], 1.0);
+    assert_eq!(router["predict_computed_prefix"], true);
     assert_eq!(router["affinity_relative_penalty"], 1.25);
     assert_eq!(router["affinity_relative_slack_ms"], 5.0);
     assert_eq!(router["relative_gate_queue_rule"], "every");

@@ -235,8 +235,8 @@ pub struct RouterSession {
     sessions: SessionIndex,
     /// The blocks routed requests are still computing, per pod ([`prefilling`]).
     prefilling: Prefilling,
-    /// Scratch: leading blocks matched per pod for a remote route.
-    matched: Vec<u32>,
+    /// The driver's clock at its last [`RouterSession::advance_clock`] (ms).
+    now_ms: f64,
     /// Scratch: the pods' health before exclusions, and the excluded ids as a dense bitmap.
     health: Vec<bool>,
     excluded: Vec<bool>,
@@ -265,7 +265,7 @@ impl RouterSession {
             adapters: AdapterBook::default(),
             sessions,
             prefilling: Prefilling::default(),
-            matched: Vec::new(),
+            now_ms: 0.0,
             health: Vec::new(),
             excluded: Vec::new(),
         }
@@ -356,8 +356,10 @@ impl RouterSession {
     }
 
     /// Moves the clocks of the session's timed state to the driver's `now_ms`: session
-    /// affinity forgets sessions idle for `session_affinity_ttl_ms`.
+    /// affinity forgets sessions idle for `session_affinity_ttl_ms`, and a prefix still being
+    /// computed counts for one engine step after its route ([`prefilling`]).
     pub fn advance_clock(&mut self, now_ms: f64) {
+        self.now_ms = now_ms;
         self.sessions.advance(now_ms);
     }
 
@@ -419,17 +421,44 @@ impl RouterSession {
         let on = self.router.config().predict_computed_prefix;
         let caps = self.router.prefill_caps_mut();
         if on {
-            self.prefilling.caps(cut, pods, caps);
+            self.prefilling.caps(cut, pods, self.now_ms, caps);
         } else {
             caps.clear();
         }
     }
 
+    /// How long a request predicted `ttft_ms` with `features` waits before its prefill starts:
+    /// its prediction less the same request's on an idle pod of its class (with
+    /// `predict_computed_prefix` only; 0 otherwise). A request that reaches the pod meanwhile
+    /// is scheduled in the same step.
+    fn join_window_ms(&self, class: &str, features: &Features, ttft_ms: f64) -> f64 {
+        if !self.router.config().predict_computed_prefix {
+            return 0.0;
+        }
+        let idle = Features {
+            kv_usage: 0.0,
+            waiting: 0.0,
+            running: 0.0,
+            prefill_tokens_in_flight: 0.0,
+            decode_tokens_in_flight: 0.0,
+            ..*features
+        };
+        (ttft_ms - self.predictor.predict(class, &idle).ttft_ms).max(0.0)
+    }
+
     /// After a route to `pod`, which held the first `held` of `blocks`: the rest are being
-    /// computed there until the request's first token (`predict_computed_prefix`).
-    fn mark_prefilling(&mut self, pod: PodId, blocks: &[BlockHash], held: u32) -> Option<Mark> {
+    /// computed there until the request's first token, and a request arriving within
+    /// `step_ms` would compute them again (`predict_computed_prefix`).
+    fn mark_prefilling(
+        &mut self,
+        pod: PodId,
+        blocks: &[BlockHash],
+        held: u32,
+        step_ms: f64,
+    ) -> Option<Mark> {
         if self.router.config().predict_computed_prefix {
-            self.prefilling.start(pod, blocks, held)
+            self.prefilling
+                .start(pod, blocks, held, self.now_ms + step_ms.max(0.0))
         } else {
             None
         }
@@ -480,7 +509,6 @@ impl RouterSession {
             .ok_or(RouteError::NoDecision)?;
         let (pod_blocks, pod_block_size) = cut.blocks_for(snap);
         let matched = self.router.matched_blocks(decision.pod_id);
-        let prefilling = self.mark_prefilling(decision.pod_id, pod_blocks, matched);
         self.index.record_routed(decision.pod_id, pod_blocks);
         if let Some(key) = request.session {
             self.sessions.record(key, decision.pod_id);
@@ -499,6 +527,14 @@ impl RouterSession {
             chosen.map_or(0.0, |p| p.prefix_score)
         };
         let features = Features::new(snap, request.input_tokens, prefix_score);
+        let window_ms = chosen.map_or(0.0, |p| {
+            self.join_window_ms(
+                &snap.class,
+                &features,
+                p.predicted_ttft_ms - p.adapter_cost_ms,
+            ) + p.predicted_tpot_ms
+        });
+        let prefilling = self.mark_prefilling(decision.pod_id, pod_blocks, matched, window_ms);
         let charge = prefill_charge_tokens(request.input_tokens, computed, pod_block_size);
         let share = self.ledger.charge(decision.pod_id, charge);
         // Only adapters (not the pod's base model) on LoRA pods are booked.
@@ -567,13 +603,7 @@ impl RouterSession {
         input_tokens: u32,
         prefill_tokens: u64,
     ) -> Ticket {
-        let mut prefilling = None;
         if !blocks.is_empty() {
-            if self.router.config().predict_computed_prefix {
-                self.index.match_prefix(blocks, &mut self.matched);
-                let held = self.matched.get(pod.index()).copied().unwrap_or(0);
-                prefilling = self.prefilling.start(pod, blocks, held);
-            }
             self.index.record_routed(pod, blocks);
         }
         Ticket {
@@ -587,7 +617,8 @@ impl RouterSession {
             first_token: false,
             ttft_learnt: false,
             stage: pd::Stage::Whole,
-            prefilling,
+            // Per replica: a sibling of another replica's request is predicted as before.
+            prefilling: None,
         }
     }
 

@@ -9,6 +9,16 @@
 //! exactly that window. With `predict_computed_prefix` the router predicts such a request as
 //! uncached from the first block still being computed (`RouterConfig::predict_computed_prefix`).
 //!
+//! The window: a request that reaches an engine while an earlier one's prefill step is already
+//! running waits for that step and then finds the prefix computed; only one that arrives before
+//! the earlier request is scheduled joins its step and computes the prefix again. So a mark
+//! counts from its route until the request is predicted to start: its predicted TTFT less the
+//! same request's on an idle pod (the wait the load adds), plus one engine step (its predicted
+//! TPOT) (`until_ms`; the driver's clock from `RouterSession::advance_clock`). Siblings sent
+//! together (parallel tool calls, a fan-out) or while the first waits behind a busy pod's step
+//! fall inside it; a request of the same tenant a few hundred ms after one that went straight
+//! into an idle pod does not (it waits for that prefill and hits).
+//!
 //! Each mark is one request's first new block on a pod: its position `from` in the pod's chain
 //! and its hash. The blocks are chained (a block's hash covers the whole prefix before it), so
 //! a prompt that has that hash at that position shares the prefix up to and including it and
@@ -42,6 +52,9 @@ pub struct Mark {
 #[derive(Debug, Clone, Copy)]
 struct Entry {
     id: u64,
+    /// Until when (the driver's clock, ms) a request arriving at the pod would be scheduled
+    /// in the same engine step as this one.
+    until_ms: f64,
     /// Position of the first block the pod did not hold when the request was routed.
     from: u32,
     hash: BlockHash,
@@ -61,7 +74,13 @@ impl Prefilling {
     /// A request carrying `blocks` (in the pod's own block size) was routed to `pod`, which
     /// already held the first `held` of them: the rest are being computed until [`Self::end`].
     /// `None` when nothing is new (or the bound is reached).
-    pub fn start(&mut self, pod: PodId, blocks: &[BlockHash], held: u32) -> Option<Mark> {
+    pub fn start(
+        &mut self,
+        pod: PodId,
+        blocks: &[BlockHash],
+        held: u32,
+        until_ms: f64,
+    ) -> Option<Mark> {
         let hash = *blocks.get(held as usize)?;
         if self.held >= MAX_MARKS {
             self.unmarked += 1;
@@ -75,6 +94,7 @@ impl Prefilling {
         let id = self.next_id;
         self.per_pod[i].push(Entry {
             id,
+            until_ms,
             from: held,
             hash,
         });
@@ -104,10 +124,10 @@ impl Prefilling {
 
     /// For each of `pods` (indexed by [`PodId::index`]): the position in the pod's chain of
     /// `cut` of the first block some request is still computing there, or [`NO_CAP`]. `out`
-    /// is left empty when no pod has a mark. A pod that reports waiting requests is not capped:
-    /// a request queued there starts after the ones before it, whose prefill has then
-    /// computed the prefix.
-    pub fn caps(&self, cut: &PromptCut<'_>, pods: &[PodSnapshot], out: &mut Vec<u32>) {
+    /// is left empty when no pod has a mark. Only marks whose window is still open at `now_ms`
+    /// count, and a pod that reports waiting requests is not capped: a request queued there
+    /// starts after the ones before it, whose prefill has then computed the prefix.
+    pub fn caps(&self, cut: &PromptCut<'_>, pods: &[PodSnapshot], now_ms: f64, out: &mut Vec<u32>) {
         out.clear();
         if self.held == 0 {
             return;
@@ -119,7 +139,7 @@ impl Prefilling {
             let (chain, _) = cut.blocks_for(pod);
             let cap = marks
                 .iter()
-                .filter(|e| chain.get(e.from as usize) == Some(&e.hash))
+                .filter(|e| now_ms <= e.until_ms && chain.get(e.from as usize) == Some(&e.hash))
                 .map(|e| e.from)
                 .min()
                 .unwrap_or(NO_CAP);
@@ -174,13 +194,15 @@ mod tests {
         let mut p = Prefilling::default();
         let first = chain(1, 10);
         // Pod 1 held the first 2 blocks; blocks 2.. are new there.
-        let mark = p.start(PodId(1), &first, 2).expect("new blocks are marked");
+        let mark = p
+            .start(PodId(1), &first, 2, 10.0)
+            .expect("new blocks are marked");
         let pods = pods(3);
         let mut caps = Vec::new();
         // A sibling with the same 10 blocks and 3 more.
         let mut sibling = first.clone();
         sibling.extend(chain(2, 3));
-        p.caps(&cut(&sibling), &pods, &mut caps);
+        p.caps(&cut(&sibling), &pods, 0.0, &mut caps);
         assert_eq!(computed(12, &caps, PodId(1)), 2);
         assert_eq!(computed(0, &caps, PodId(1)), 0);
         // Other pods are not capped.
@@ -189,28 +211,41 @@ mod tests {
         // A prompt that shares only the held part never meets the new blocks.
         let mut other = first[..2].to_vec();
         other.extend(chain(3, 8));
-        p.caps(&cut(&other), &pods, &mut caps);
+        p.caps(&cut(&other), &pods, 0.0, &mut caps);
         assert_eq!(computed(2, &caps, PodId(1)), 2);
         // At the first token the blocks are computed.
         p.end(mark);
-        p.caps(&cut(&sibling), &pods, &mut caps);
+        p.caps(&cut(&sibling), &pods, 0.0, &mut caps);
         assert!(caps.is_empty());
         assert_eq!(computed(12, &caps, PodId(1)), 12);
         assert!(p.is_empty());
     }
 
     #[test]
+    fn a_mark_counts_for_its_window_only() {
+        let mut p = Prefilling::default();
+        let a = chain(1, 8);
+        let _m = p.start(PodId(0), &a, 0, 30.0).unwrap();
+        let mut caps = Vec::new();
+        p.caps(&cut(&a), &pods(1), 30.0, &mut caps);
+        assert_eq!(computed(8, &caps, PodId(0)), 0);
+        // Later, the earlier request's step is running: a newcomer waits for it and hits.
+        p.caps(&cut(&a), &pods(1), 30.5, &mut caps);
+        assert_eq!(computed(8, &caps, PodId(0)), 8);
+    }
+
+    #[test]
     fn a_pod_with_waiting_requests_is_not_capped() {
         let mut p = Prefilling::default();
         let a = chain(1, 8);
-        let _m = p.start(PodId(0), &a, 0).unwrap();
+        let _m = p.start(PodId(0), &a, 0, 10.0).unwrap();
         let mut pods = pods(1);
         let mut caps = Vec::new();
-        p.caps(&cut(&a), &pods, &mut caps);
+        p.caps(&cut(&a), &pods, 0.0, &mut caps);
         assert_eq!(computed(8, &caps, PodId(0)), 0);
         // Queued behind the request bringing the prefix, a sibling starts once it is computed.
         pods[0].waiting = 2;
-        p.caps(&cut(&a), &pods, &mut caps);
+        p.caps(&cut(&a), &pods, 0.0, &mut caps);
         assert_eq!(computed(8, &caps, PodId(0)), 8);
     }
 
@@ -218,13 +253,13 @@ mod tests {
     fn the_earliest_uncomputed_block_of_several_requests_caps_the_prefix() {
         let mut p = Prefilling::default();
         let a = chain(1, 10);
-        let m1 = p.start(PodId(0), &a[..6], 4).unwrap();
-        let m2 = p.start(PodId(0), &a, 1).unwrap();
+        let m1 = p.start(PodId(0), &a[..6], 4, 10.0).unwrap();
+        let m2 = p.start(PodId(0), &a, 1, 10.0).unwrap();
         let mut caps = Vec::new();
-        p.caps(&cut(&a), &pods(1), &mut caps);
+        p.caps(&cut(&a), &pods(1), 0.0, &mut caps);
         assert_eq!(computed(10, &caps, PodId(0)), 1);
         p.end(m2);
-        p.caps(&cut(&a), &pods(1), &mut caps);
+        p.caps(&cut(&a), &pods(1), 0.0, &mut caps);
         assert_eq!(computed(10, &caps, PodId(0)), 4);
         p.end(m1);
         assert_eq!(p.len(), 0);
@@ -234,9 +269,9 @@ mod tests {
     fn a_route_with_nothing_new_is_not_marked_and_a_removed_pod_keeps_no_marks() {
         let mut p = Prefilling::default();
         let a = chain(1, 4);
-        assert_eq!(p.start(PodId(0), &a, 4), None);
-        assert_eq!(p.start(PodId(0), &[], 0), None);
-        let m = p.start(PodId(2), &a, 0).unwrap();
+        assert_eq!(p.start(PodId(0), &a, 4, 10.0), None);
+        assert_eq!(p.start(PodId(0), &[], 0, 10.0), None);
+        let m = p.start(PodId(2), &a, 0, 10.0).unwrap();
         p.remove_pod(PodId(2));
         assert!(p.is_empty());
         // Ending a mark of a removed pod does nothing.
@@ -249,9 +284,9 @@ mod tests {
         let mut p = Prefilling::default();
         let a = chain(1, 2);
         let marks: Vec<_> = (0..MAX_MARKS)
-            .map(|_| p.start(PodId(0), &a, 0).unwrap())
+            .map(|_| p.start(PodId(0), &a, 0, 10.0).unwrap())
             .collect();
-        assert_eq!(p.start(PodId(0), &a, 0), None);
+        assert_eq!(p.start(PodId(0), &a, 0, 10.0), None);
         assert_eq!(p.unmarked(), 1);
         assert_eq!(p.len(), MAX_MARKS);
         drop(marks);

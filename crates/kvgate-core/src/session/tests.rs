@@ -579,7 +579,8 @@ fn a_prefix_still_being_computed_is_predicted_uncached_until_its_first_token() {
     let sibling_blocks: Vec<BlockHash> = (0..102).collect();
     let route = |s: &mut RouterSession, blocks: &[BlockHash]| {
         let tokens = blocks.len() as u32 * 16;
-        s.route(&request(blocks, tokens), &mut pods(2), &[]).unwrap()
+        s.route(&request(blocks, tokens), &mut pods(2), &[])
+            .unwrap()
     };
     let explained = |d: &Decision, pod: usize| d.pods[pod].clone();
 
@@ -608,10 +609,10 @@ fn a_prefix_still_being_computed_is_predicted_uncached_until_its_first_token() {
     assert_eq!(sibling.ticket.prefill_tokens(), 2 * 16);
 }
 
-/// A request that ends before its first token (failed, cut) gives its blocks back too, and a
-/// remote route marks its new blocks like a local one.
+/// A request that ends before its first token (failed, cut) gives its blocks back too; a
+/// remote route is not marked (per replica); a mark counts for one engine step only.
 #[test]
-fn a_mark_ends_with_the_request_and_remote_routes_are_marked() {
+fn a_mark_ends_with_the_request_or_its_window_and_remote_routes_are_not_marked() {
     let blocks: Vec<BlockHash> = (0..50).collect();
     let mut s = session(RouterConfig::default());
     let first = s.route(&request(&blocks, 800), &mut pods(2), &[]).unwrap();
@@ -619,14 +620,21 @@ fn a_mark_ends_with_the_request_and_remote_routes_are_marked() {
     s.finish(first.ticket, None);
     assert!(s.prefilling.is_empty());
     let fresh: Vec<BlockHash> = (100..150).collect();
-    let mut remote = s.route_remote(PodId(1), &fresh, 800, 800);
-    assert_eq!(s.prefilling.len(), 1);
-    let sibling = s.route(&request(&fresh, 800), &mut pods(2), &[]).unwrap();
-    assert_eq!(sibling.decision.pods[1].prefilling_blocks, 50);
-    let marks = s.prefilling.len();
-    s.first_token(&mut remote);
-    assert_eq!(s.prefilling.len(), marks - 1);
-    s.finish(sibling.ticket, None);
-    s.finish(remote, None);
+    let remote = s.route_remote(PodId(1), &fresh, 800, 800);
     assert!(s.prefilling.is_empty());
+    s.finish(remote, None);
+    let other: Vec<BlockHash> = (200..250).collect();
+    let first = s.route(&request(&other, 800), &mut pods(2), &[]).unwrap();
+    let step_ms = first.decision.pods[first.decision.pod_id.index()].predicted_tpot_ms;
+    assert!(step_ms > 0.0);
+    s.advance_clock(step_ms + 1.0);
+    let sibling = s.route(&request(&other, 800), &mut pods(2), &[]).unwrap();
+    assert!(
+        sibling
+            .decision
+            .pods
+            .iter()
+            .all(|p| p.prefilling_blocks == 0)
+    );
+    assert_eq!(sibling.decision.pod_id, first.decision.pod_id);
 }
