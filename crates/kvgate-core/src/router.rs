@@ -73,6 +73,7 @@ impl<'a> PromptCut<'a> {
 /// different block sizes compare (a 255-token prompt: 16-token pod 15 of 15 blocks = 240 tokens
 /// = 1.0; 128-token pod 1 of 1 block = 128 of 240 tokens = 0.53, not 1.0). Same as the block
 /// fraction when the pod's size is the main one.
+#[inline]
 fn held_score(
     cut: &PromptCut<'_>,
     matched_blocks: u32,
@@ -366,11 +367,9 @@ impl Router {
             // block = 128 of 240 tokens = 0.53, not 1.0). Same as the block fraction when
             // the pod's size is the main one.
             let score = held_score(&cut, matched_blocks, prompt_blocks, block_size_tokens);
-            let computed_blocks = computed(matched_blocks, prefill_caps, pod.id);
-            let computed_score = if computed_blocks == matched_blocks {
-                score
-            } else {
-                held_score(&cut, computed_blocks, prompt_blocks, block_size_tokens)
+            let computed_score = match computed(matched_blocks, prefill_caps, pod.id) {
+                c if c == matched_blocks => score,
+                c => held_score(&cut, c, prompt_blocks, block_size_tokens),
             };
             let prediction = predictor.predict(
                 &pod.class,
@@ -450,8 +449,11 @@ impl Router {
                     } else {
                         0
                     },
-                    prefilling_blocks: c.matched_blocks
-                        - computed(c.matched_blocks, &self.prefill_caps, c.pod.id),
+                    prefilling_blocks: if self.prefill_caps.is_empty() {
+                        0
+                    } else {
+                        c.matched_blocks - computed(c.matched_blocks, &self.prefill_caps, c.pod.id)
+                    },
                     id: c.pod.name.clone(),
                     prefix_score: c.prefix_score,
                     predicted_ttft_ms: c.predicted_ttft_ms,

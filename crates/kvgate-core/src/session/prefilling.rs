@@ -24,8 +24,9 @@
 //! a prompt that has that hash at that position shares the prefix up to and including it and
 //! meets the uncomputed part there; a prompt that differs earlier does not reach it.
 //!
-//! Cost: a decision walks the marks of the pods that have some, O(requests before their first
-//! token), with no hash-map probe per block. Bounds: one mark per request between its route and
+//! Cost: a decision walks the open marks of the pods without waiting requests (a mark whose
+//! window has closed goes at the next decision that walks its pod), with no hash-map probe per
+//! block. Bounds: one mark per request between its route and
 //! its first token (or its end), at most [`MAX_MARKS`] in all (24 bytes each: under 1.6 MB);
 //! past the bound a route is not marked (counted in [`Prefilling::unmarked`]) and is predicted
 //! as before.
@@ -127,19 +128,30 @@ impl Prefilling {
     /// is left empty when no pod has a mark. Only marks whose window is still open at `now_ms`
     /// count, and a pod that reports waiting requests is not capped: a request queued there
     /// starts after the ones before it, whose prefill has then computed the prefix.
-    pub fn caps(&self, cut: &PromptCut<'_>, pods: &[PodSnapshot], now_ms: f64, out: &mut Vec<u32>) {
+    pub fn caps(
+        &mut self,
+        cut: &PromptCut<'_>,
+        pods: &[PodSnapshot],
+        now_ms: f64,
+        out: &mut Vec<u32>,
+    ) {
         out.clear();
         if self.held == 0 {
             return;
         }
         for pod in pods.iter().filter(|p| p.waiting == 0) {
-            let Some(marks) = self.per_pod.get(pod.id.index()).filter(|m| !m.is_empty()) else {
+            let Some(marks) = self.per_pod.get_mut(pod.id.index()) else {
                 continue;
             };
+            // A closed window never opens again (the clock only moves on): its mark goes, so a
+            // decision walks only the marks it may use.
+            let before = marks.len();
+            marks.retain(|e| now_ms <= e.until_ms);
+            self.held -= before - marks.len();
             let (chain, _) = cut.blocks_for(pod);
             let cap = marks
                 .iter()
-                .filter(|e| now_ms <= e.until_ms && chain.get(e.from as usize) == Some(&e.hash))
+                .filter(|e| chain.get(e.from as usize) == Some(&e.hash))
                 .map(|e| e.from)
                 .min()
                 .unwrap_or(NO_CAP);
