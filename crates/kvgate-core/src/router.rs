@@ -92,8 +92,9 @@ fn held_score(
     }
 }
 
-/// `matched` leading blocks on a pod whose first block still being computed is at `cap`
-/// (from [`crate::session::prefilling::Prefilling::caps`]; none when `caps` has no entry for it): the blocks the pod has computed.
+/// Of `matched` leading blocks on `pod`, those the pod has computed: `caps` holds, per pod id,
+/// the first block still being computed there ([`crate::session::prefilling::Prefilling::caps`];
+/// no entry: none).
 pub fn computed(matched: u32, caps: &[u32], pod: PodId) -> u32 {
     caps.get(pod.index())
         .map_or(matched, |&cap| matched.min(cap))
@@ -361,11 +362,7 @@ impl Router {
                 None => (matched, cut.blocks.len(), cut.block_size_tokens),
             };
             let matched_blocks = matched.get(pod.id.index()).copied().unwrap_or(0);
-            // A pod of another block size is scored by the tokens it holds over the tokens
-            // of the main chain, so pods of different block sizes compare (a 255-token
-            // prompt: 16-token pod 15 of 15 blocks = 240 tokens = 1.0; 128-token pod 1 of 1
-            // block = 128 of 240 tokens = 0.53, not 1.0). Same as the block fraction when
-            // the pod's size is the main one.
+            // The share of the prompt the pod holds ([`held_score`]).
             let score = held_score(&cut, matched_blocks, prompt_blocks, block_size_tokens);
             let computed_score = match computed(matched_blocks, prefill_caps, pod.id) {
                 c if c == matched_blocks => score,

@@ -357,7 +357,7 @@ impl RouterSession {
 
     /// Moves the clocks of the session's timed state to the driver's `now_ms`: session
     /// affinity forgets sessions idle for `session_affinity_ttl_ms`, and a prefix still being
-    /// computed counts for one engine step after its route ([`prefilling`]).
+    /// computed counts only within its window ([`prefilling`]).
     pub fn advance_clock(&mut self, now_ms: f64) {
         self.now_ms = now_ms;
         self.sessions.advance(now_ms);
@@ -448,17 +448,17 @@ impl RouterSession {
 
     /// After a route to `pod`, which held the first `held` of `blocks`: the rest are being
     /// computed there until the request's first token, and a request arriving within
-    /// `step_ms` would compute them again (`predict_computed_prefix`).
+    /// `window_ms` would compute them again (`predict_computed_prefix`).
     fn mark_prefilling(
         &mut self,
         pod: PodId,
         blocks: &[BlockHash],
         held: u32,
-        step_ms: f64,
+        window_ms: f64,
     ) -> Option<Mark> {
         if self.router.config().predict_computed_prefix {
             self.prefilling
-                .start(pod, blocks, held, self.now_ms + step_ms.max(0.0))
+                .start(pod, blocks, held, self.now_ms + window_ms.max(0.0))
         } else {
             None
         }
