@@ -471,8 +471,9 @@ pub(crate) fn decide_for(
     let mut snaps: Vec<_> = pods.iter().map(|p| p.snapshot()).collect();
     crate::breaker::panic_route(shared, &pods, &mut snaps, excluded);
     let (routed, policy) = {
+        let now_ms = crate::kv_events::clock_ms();
         let mut session = shared.session.lock();
-        session.advance_clock(crate::kv_events::clock_ms());
+        session.advance_clock(now_ms);
         let routed = if meta.split {
             session.route_pd(request, &mut snaps, excluded)
         } else {

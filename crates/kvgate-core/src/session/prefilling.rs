@@ -5,9 +5,9 @@
 //! there. The pod holds it only once that request's prefill has computed it: an engine
 //! registers a block in its prefix cache when the block is computed, so a second request that
 //! is scheduled while the first is still prefilling (in the same step) computes the prefix
-//! again. Parallel tool calls, fan-out siblings and a conversation's quick follow-up arrive in
-//! exactly that window. With `predict_computed_prefix` the router predicts such a request as
-//! uncached from the first block still being computed (`RouterConfig::predict_computed_prefix`).
+//! again. Parallel tool calls and fan-out siblings arrive in exactly that window. With
+//! `predict_computed_prefix` the router predicts such a request as uncached from the first block
+//! still being computed (`RouterConfig::predict_computed_prefix`).
 //!
 //! The window: a request that reaches an engine while an earlier one's prefill step is already
 //! running waits for that step and then finds the prefix computed; only one that arrives before
@@ -24,12 +24,11 @@
 //! a prompt that has that hash at that position shares the prefix up to and including it and
 //! meets the uncomputed part there; a prompt that differs earlier does not reach it.
 //!
-//! Cost: a decision walks the open marks of the pods without waiting requests (a mark whose
-//! window has closed goes at the next decision that walks its pod), with no hash-map probe per
-//! block. Bounds: one mark per request between its route and
-//! its first token (or its end), at most [`MAX_MARKS`] in all (24 bytes each: under 1.6 MB);
-//! past the bound a route is not marked (counted in [`Prefilling::unmarked`]) and is predicted
-//! as before.
+//! Cost: a decision walks the open marks of the pods (a mark whose window has closed goes at the
+//! next decision), with no hash-map probe per block. Bounds: one mark per request from its route
+//! until its window closes, its first token or its end, at most [`MAX_MARKS`] in all (32 bytes
+//! each, up to twice that while a pod's list grows: ≤ 4.2 MB); past the bound a route is not marked (counted in [`Prefilling::unmarked`]) and
+//! is predicted as before.
 
 use crate::blocks::BlockHash;
 use crate::pod::{PodId, PodSnapshot};
@@ -139,15 +138,18 @@ impl Prefilling {
         if self.held == 0 {
             return;
         }
-        for pod in pods.iter().filter(|p| p.waiting == 0) {
+        for pod in pods {
             let Some(marks) = self.per_pod.get_mut(pod.id.index()) else {
                 continue;
             };
             // A closed window never opens again (the clock only moves on): its mark goes, so a
-            // decision walks only the marks it may use.
+            // decision walks only the marks it may use and closed marks hold no room.
             let before = marks.len();
             marks.retain(|e| now_ms <= e.until_ms);
             self.held -= before - marks.len();
+            if pod.waiting > 0 {
+                continue;
+            }
             let (chain, _) = cut.blocks_for(pod);
             let cap = marks
                 .iter()
@@ -289,6 +291,11 @@ mod tests {
         // Ending a mark of a removed pod does nothing.
         p.end(m);
         assert!(p.is_empty());
+    }
+
+    #[test]
+    fn a_mark_takes_the_32_bytes_the_docs_bound() {
+        assert_eq!(std::mem::size_of::<Entry>(), 32);
     }
 
     #[test]
