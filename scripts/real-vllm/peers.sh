@@ -61,6 +61,8 @@
 #                   only tcp:// endpoints, so zmq_forward.py republishes each pod's ipc stream on
 #                   127.0.0.1)
 #   round-robin     kvgate serve --policy round-robin
+#   llmd-chain      kvgate serve --policy llmd-chain (llm-d's current scorer pipeline, as kvgate
+#                   models it: crates/kvgate-core/src/policy/llmd_chain.rs)
 # Pods b0 and b1 (scripts/real-vllm/pod.sh): 128-token blocks, 1 GiB of KV, `--enable-scale-out`
 # (vllm-router asks /v1/completions/render for token ids), cores 0 and 1; started here and
 # stopped at the end. `kvgate loadgen --stream` sends the prompts as text (the synthetic words of
@@ -111,7 +113,7 @@ for w in "${wl[@]}"; do
 done
 for name in "${list[@]}"; do
   case "$name" in
-    kvgate-routed|round-robin|sglang-cache|vllm-cache) ;;
+    kvgate-routed|round-robin|llmd-chain|sglang-cache|vllm-cache) ;;
     kvgate-base) [ -x "${KVGATE_BASE_BIN:-}" ] || { echo "router kvgate-base needs KVGATE_BASE_BIN (an executable kvgate)" >&2; exit 2; } ;;
     kvgate-engine|vllm-kv) [ "$pods_kind" = vllm ] || { echo "router $name needs real vLLM pods (PODS=vllm)" >&2; exit 2; } ;;
     *) echo "unknown router $name" >&2; exit 2 ;;
@@ -300,9 +302,9 @@ start_router() { # name log
         --pod "$p0,events=$ev0,replay=$rp0,model=tiny" \
         --pod "$p1,events=$ev1,replay=$rp1,model=tiny" --decisions-log "$decisions" 2> "$log" &
       ;;
-    round-robin)
+    round-robin|llmd-chain)
       "$kvgate" serve --listen "127.0.0.1:$gw" --admin-listen "127.0.0.1:$((gw + 10))" \
-        --policy round-robin --pod "$p0" --pod "$p1" --decisions-log "$decisions" 2> "$log" &
+        --policy "$name" --pod "$p0" --pod "$p1" --decisions-log "$decisions" 2> "$log" &
       ;;
     sglang-cache)
       "$bench/bin/python" -m sglang_router.launch_router --host 127.0.0.1 --port "$gw" \
