@@ -30,7 +30,8 @@
 #              it is not quiet, QUIET_TRIES (10) more tries QUIET_WAIT_S (30) apart, then the run
 #              is skipped (a later sitting runs it). During the run quiet.py watches (every 2 s);
 #              a violation marks the run "disturbed" in its record (the table leaves its pair out).
-#   KVGATE_BIN, KVGATE_PYTHON (zmq_forward.py's Python), KVGATE_VLLM_RUN, KVGATE_BENCH_PORT (the
+#   KVGATE_BIN, KVGATE_PYTHON (zmq_forward.py's Python, with pyzmq: default .venv/bin/python;
+#   .venv-vllm/bin/python has it too), KVGATE_VLLM_RUN, KVGATE_BENCH_PORT (the
 #   pods: PORT, PORT + 1; replay PORT + 50, + 51), KVGATE_BENCH_GW_PORT (the router: 18280, + 10…21).
 #
 # Resumable: each run (workload, round, router) writes OUT_DIR/<workload>/round-<k>/<router>.*:
@@ -247,6 +248,10 @@ if [ "$todo" -gt 0 ]; then
     case "$name" in sglang-cache|vllm-cache|vllm-kv) needs_bench=1 ;; esac
   done
   [ -x "$kvgate" ] || cargo build --release -p kvgate
+  # vllm-kv's forwarders need pyzmq: refuse now rather than run it without the pods' events.
+  if [[ ",$routers," == *",vllm-kv,"* ]] && ! "$py" -c 'import zmq' 2>/dev/null; then
+    echo "router vllm-kv needs pyzmq in $py (KVGATE_PYTHON; scripts/test makes .venv)" >&2; exit 2
+  fi
   if [ "$pods_kind" = vllm ]; then
     $here/install.sh
     [ -f "$model/config.json" ] || .venv-vllm/bin/python $here/make_model.py "$model" --layers 8 --hidden 512
