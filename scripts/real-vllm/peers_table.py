@@ -47,7 +47,10 @@ BASE = "kvgate-routed"
 # (column, key): the metrics of the ratio table.
 METRICS = [("TTFT mean", "ttft_mean"), ("TTFT p90", "ttft_p90"), ("TTFT p99", "ttft_p99"),
            ("TPOT p99", "tpot_p99"), ("out tok/s", "tok_s"), ("hit rate", "hit")]
-ORDER = ["kvgate-routed", "kvgate-base", "kvgate-engine", "sglang-cache", "vllm-cache", "vllm-kv", "round-robin"]
+ORDER = ["kvgate-routed", "kvgate-base", "kvgate-engine", "sglang-cache", "vllm-cache", "vllm-kv", "llmd-chain",
+         "round-robin"]
+# The peer routers (kvgate's own builds and modes are not peers).
+PEERS = ["sglang-cache", "vllm-cache", "vllm-kv", "llmd-chain", "round-robin"]
 
 
 def nearest_rank(xs, q):
@@ -280,6 +283,7 @@ def table(out_dir, workload, routers=None, base=BASE, resamples=10000, seed=1, k
                 cols.append(fmt_ratio(*bootstrap_median([x for _, x in pr], resamples,
                                                         f"{seed}/{workload}/{r}/{key}")))
             p(f"| {r} | {n} | " + " | ".join(cols) + " |")
+        aim(cells, names, base, resamples, seed, workload, keep_disturbed, p)
         few = [r for r in names if r != base and len(paired_ratios(cells, r, "ttft_mean", base, keep_disturbed)) < 5]
         if few:
             p(f"\n!! fewer than 5 paired rounds for {', '.join(few)}: run more rounds (ROUNDS=…).")
@@ -338,6 +342,37 @@ def table(out_dir, workload, routers=None, base=BASE, resamples=10000, seed=1, k
             except OSError:
                 p(f"  ({name} missing)")
     return cells
+
+
+def aim(cells, names, base, resamples, seed, workload, keep_disturbed, p):
+    """kvgate's default against the best peer per metric (the peer with the lowest median
+    ratio to it): the median of the per-round ratios base ÷ peer and its bootstrap interval,
+    the interval's width, and whether its upper bound is ≤ 1.05 (issue 40's aim; < 1.00 on
+    the agent workload) and its width ≤ 0.2."""
+    peers = [r for r in names if r in PEERS]
+    if not peers:
+        return
+    p(f"\n{base} ÷ the best peer router ({', '.join(peers)}), per metric: median of the per-round "
+      "ratios [90 % interval], the interval's width, and the aim (upper bound ≤ 1.05, < 1.00 on "
+      "the agent workload; width ≤ 0.2):\n")
+    p("| metric | best peer | ratio | width | aim |")
+    p("|---|---|---|---:|---|")
+    bound = 1.0 if workload == "agent" else 1.05
+    for col, key in METRICS[:3]:
+        inverse = {r: [1 / x for _, x in paired_ratios(cells, r, key, base, keep_disturbed) if x > 0]
+                   for r in peers}
+        inverse = {r: xs for r, xs in inverse.items() if xs}
+        if not inverse:
+            continue
+        # The best peer: the highest median of base ÷ peer.
+        best = max(inverse, key=lambda r: median(inverse[r]))
+        med, lo, hi = bootstrap_median(inverse[best], resamples, f"{seed}/{workload}/aim/{best}/{key}")
+        if lo is None:
+            p(f"| {col} | {best} | ×{med:.2f} [n/a] | | n/a |")
+            continue
+        ok = (hi < bound if workload == "agent" else hi <= bound) and hi - lo <= 0.2
+        p(f"| {col} | {best} | ×{med:.2f} [{lo:.2f}–{hi:.2f}] | {hi - lo:.2f} | "
+          f"{'met' if ok else 'not met'} |")
 
 
 def threshold(cells):

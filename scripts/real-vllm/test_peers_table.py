@@ -174,6 +174,25 @@ class Table(unittest.TestCase):
         merged = next(line for line in text.splitlines() if line.startswith("| kvgate-routed | 5 | 100 |"))
         self.assertIn("| 40.0 |", merged)
 
+    def test_aim_against_the_best_peer(self):
+        # The peer is ×0.5 kvgate's TTFT: kvgate ÷ the best peer is ×2.00, the aim not met;
+        # a second, slower peer (×2 kvgate's) is not the best one.
+        for k in range(1, 7):
+            t = 100.0 * k
+            write_cell(self.root, "chat", k, "round-robin",
+                       [rec(i, 2 * t, 2 * t + 90.0, 10, sent=1000.0 * i) for i in range(20)])
+        buf = io.StringIO()
+        pt.table(self.root, "chat", resamples=200, file=buf)
+        text = buf.getvalue()
+        self.assertIn("kvgate-routed ÷ the best peer router (sglang-cache, round-robin)", text)
+        row = next(line for line in text.splitlines() if line.startswith("| TTFT mean |"))
+        self.assertEqual(row, "| TTFT mean | sglang-cache | ×2.00 [2.00–2.00] | 0.00 | not met |")
+        # Against the slower peer alone, kvgate is ×0.50: met (width 0, upper bound ≤ 1.05).
+        buf = io.StringIO()
+        pt.table(self.root, "chat", routers=["kvgate-routed", "round-robin"], resamples=200, file=buf)
+        row = next(line for line in buf.getvalue().splitlines() if line.startswith("| TTFT p99 |"))
+        self.assertEqual(row, "| TTFT p99 | round-robin | ×0.50 [0.50–0.50] | 0.00 | met |")
+
     def test_cli(self):
         here = os.path.dirname(os.path.abspath(__file__))
         r = subprocess.run([sys.executable, os.path.join(here, "peers_table.py"), self.root,

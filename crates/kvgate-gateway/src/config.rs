@@ -167,6 +167,25 @@ pub enum ConfigError {
     NoPods,
     #[error("{0}")]
     Flow(#[from] kvgate_core::flow::FlowConfigError),
+    #[error("session_headers: {0:?} is not a header name")]
+    BadSessionHeader(String),
+}
+
+/// `session_headers` as given (`None`: the defaults), lower-cased and checked to be header
+/// names.
+fn session_headers(given: Option<&[String]>) -> Result<Vec<String>, ConfigError> {
+    let names: Vec<String> = match given {
+        Some(g) => g.iter().map(|n| n.trim().to_ascii_lowercase()).collect(),
+        None => crate::session_key::DEFAULT_SESSION_HEADERS
+            .map(String::from)
+            .to_vec(),
+    };
+    for n in &names {
+        if http::HeaderName::from_bytes(n.as_bytes()).is_err() {
+            return Err(ConfigError::BadSessionHeader(n.clone()));
+        }
+    }
+    Ok(names)
 }
 
 /// Which prefix index routes (DESIGN.md §4); [`IndexKind::help`] says what each is.
@@ -399,6 +418,9 @@ pub struct FileConfig {
     pub cluster_lease_ms: Option<u64>,
     /// Share the predictor's training samples with the other replicas (default true).
     pub cluster_share_samples: Option<bool>,
+    /// Headers naming the client's session, read while session affinity is on (default
+    /// [`crate::session_key::DEFAULT_SESSION_HEADERS`]; `[]`: none).
+    pub session_headers: Option<Vec<String>>,
 }
 
 impl FileConfig {
@@ -500,6 +522,9 @@ pub struct GatewayConfig {
     pub cluster: Option<ClusterConfig>,
     /// `[tracing]`: OpenTelemetry traces ([`crate::otel`]; start only).
     pub tracing: TracingConfig,
+    /// `session_headers`: the headers naming the client's session, lower case, in order of
+    /// precedence ([`crate::session_key`]); read only while the router's session affinity is on.
+    pub session_headers: Vec<String>,
 }
 
 /// `[tracing]`: OpenTelemetry traces exported over OTLP/HTTP (protobuf) ([`crate::otel`]). Read
@@ -759,6 +784,7 @@ impl GatewayConfig {
         flow.validate()?;
         let tracing = file.tracing.clone().unwrap_or_default();
         tracing.validate()?;
+        let session_headers = session_headers(file.session_headers.as_deref())?;
         Ok(GatewayConfig {
             listen: args.listen.or(file.listen).unwrap_or(default_listen()),
             admin_listen: args
@@ -813,6 +839,7 @@ impl GatewayConfig {
             flow,
             cluster,
             tracing,
+            session_headers,
         })
     }
 
@@ -915,6 +942,8 @@ pub struct ConfigDump {
     pub flow_control: kvgate_core::flow::FlowConfig,
     /// `[tracing]`, every key with its value in force.
     pub tracing: TracingConfig,
+    /// The headers naming the client's session (read while session affinity is on).
+    pub session_headers: Vec<String>,
     /// The pod table: the config's pods, then the discovered ones.
     pub pods: Vec<PodDump>,
 }
@@ -1039,6 +1068,7 @@ impl ConfigDump {
             allow_empty_pods: config.allow_empty_pods,
             flow_control: config.flow,
             tracing: config.tracing.clone(),
+            session_headers: config.session_headers.clone(),
             pods,
         }
     }
@@ -1311,6 +1341,38 @@ mod tests {
             .take_while(|l| *l != "```")
             .collect::<Vec<_>>()
             .join("\n")
+    }
+
+    #[test]
+    fn session_headers_default_to_the_agent_clients_and_are_checked() {
+        let file = |t: &str| toml::from_str::<FileConfig>(t).unwrap();
+        let with_pod = |t: &str| format!("pods = [\"http://a:1\"]\n{t}");
+        let c = GatewayConfig::resolve(&no_flags(), Some(&file(&with_pod("")))).unwrap();
+        assert_eq!(
+            c.session_headers,
+            crate::session_key::DEFAULT_SESSION_HEADERS.map(String::from)
+        );
+        let c = GatewayConfig::resolve(
+            &no_flags(),
+            Some(&file(&with_pod("session_headers = [\"X-Agent-Run\"]"))),
+        )
+        .unwrap();
+        assert_eq!(c.session_headers, ["x-agent-run"], "lower-cased");
+        assert_eq!(
+            ConfigDump::new(&c, &[], None).session_headers,
+            ["x-agent-run"]
+        );
+        let none =
+            GatewayConfig::resolve(&no_flags(), Some(&file(&with_pod("session_headers = []"))));
+        assert!(none.unwrap().session_headers.is_empty());
+        let bad = GatewayConfig::resolve(
+            &no_flags(),
+            Some(&file(&with_pod("session_headers = [\"a b\"]"))),
+        );
+        assert!(
+            matches!(bad, Err(ConfigError::BadSessionHeader(_))),
+            "{bad:?}"
+        );
     }
 
     #[test]

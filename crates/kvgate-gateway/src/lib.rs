@@ -39,6 +39,7 @@
 //! | `errors` | OpenAI-style error bodies; `request_error`, `no_healthy_pod`, `upstream_failed` |
 //! | `reject` | a request the gateway answers itself, counted and logged (rate limited): `log_reject`, `reject` |
 //! | `request_id` | the `x-request-id` every answer carries (the client's when usable, else a fresh one) |
+//! | `session_key` | the client's session from its headers (`session_headers`: `x-session-id`, Claude Code's, OpenCode's) → the key session affinity remembers a pod for, or 400 |
 //! | `slo` | `x-slo-ttft-ms` / `x-slo-tpot-ms` (and `x-llm-d-slo-*`) → objectives, or 400 (they route only with `slo_routing`) |
 //! | `metrics` | kvgate's own Prometheus metrics (also the connection, flow, P/D and cluster metric sets their modules fill); `timeout_label` |
 //! | `otel` | `[tracing]`: OpenTelemetry traces over OTLP/HTTP (off by default): the request span continuing the client's `traceparent`, child spans for the flow queue, each decision, upstream call and the stream; the pod's `traceparent`; parent-based ratio sampling; batch queue ≤ 2,048 spans |
@@ -103,6 +104,7 @@ pub mod scrape;
 pub mod scrape_pace;
 pub mod serve;
 pub mod served_models;
+pub mod session_key;
 pub mod slo;
 pub mod sse;
 pub mod state;

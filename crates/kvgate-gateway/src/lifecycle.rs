@@ -50,6 +50,7 @@ impl TicketGuard {
                 blocks,
                 ticket.input_tokens(),
                 ticket.prefill_tokens(),
+                ticket.session(),
             );
             (id, 0)
         });

@@ -729,6 +729,50 @@ async fn with_slo_routing_slo_headers_route_in_slo_mode_and_a_bad_one_is_400() {
     );
 }
 
+/// Session affinity through ext_proc: the session header Envoy passes is read (the pod it went
+/// to is remembered for the session), and a malformed one is answered 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_header_through_ext_proc_is_remembered_and_a_bad_one_is_400() {
+    let dir = std::env::temp_dir().join(format!("kvgate-ext-proc-session-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("kvgate.toml");
+    std::fs::write(
+        &config,
+        "[router]\nexperimental_options = true\nsession_affinity_ttl_ms = 600000\n",
+    )
+    .unwrap();
+    let (_pods, gw) = fleet_with(|args| args.config = Some(config)).await;
+    let mut envoy = routed_stream(&gw, &[("x-claude-code-session-id", "run-7")]).await;
+    assert!(matches!(
+        envoy.recv().await,
+        processing_response::Response::RequestBody(_)
+    ));
+    let decisions = gw.shared().decisions.snapshot();
+    assert_eq!(decisions.len(), 1);
+    let key = xxhash_rust::xxh3::xxh3_64(b"run-7");
+    assert_eq!(
+        gw.shared().session.lock().session_pod(key),
+        Some(decisions[0].decision.pod_id)
+    );
+
+    let mut envoy = routed_stream(&gw, &[("x-session-id", "two words")]).await;
+    let processing_response::Response::ImmediateResponse(r) = envoy.recv().await else {
+        panic!("expected an immediate response")
+    };
+    assert_eq!(r.status.unwrap().code, 400);
+    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(v["error"]["code"], "invalid_session_header");
+    assert_eq!(v["error"]["param"], "x-session-id");
+    assert_eq!(gw.shared().decisions.snapshot().len(), 1);
+    assert_eq!(
+        metric(
+            &gw,
+            "kvgate_rejected_requests_total{reason=\"invalid_session_header\"}"
+        ),
+        1.0
+    );
+}
+
 /// A routed stream: headers answered (BUFFERED), then the body sent; returns once the body is
 /// sent (its answer is the caller's to await).
 async fn routed_stream(gw: &Gateway, extra: &[(&str, &str)]) -> FakeEnvoy {

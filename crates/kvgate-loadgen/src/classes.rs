@@ -144,6 +144,7 @@ mod tests {
                 input_tokens: 16,
                 output_tokens: 1,
                 source: PromptSource::Blocks(Vec::new()),
+                session: None,
             })
             .collect()
     }

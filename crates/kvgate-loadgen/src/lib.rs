@@ -111,6 +111,12 @@ pub struct LoadgenArgs {
     /// Keep each of tenant 0's requests with this probability (1 / --noisy-factor: it sends
     /// only its share; the other tenants' requests are unchanged).
     pub noisy_keep: f64,
+    /// Agent workload: compact each session's history every N steps (0: never), as agent
+    /// clients do with a long context (`kvgate sim --agent-compact-every`).
+    pub agent_compact_every: u32,
+    /// Send each request's session (the agent workload's) in this header, as agent clients
+    /// name theirs (for example `x-session-id`); `None`: no session header.
+    pub session_header: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -197,14 +203,28 @@ pub async fn run(args: LoadgenArgs) -> Result<LoadgenReport, LoadgenError> {
             reason: format!("must be finite and > 0, got {}", args.timeout_s),
         });
     }
+    let session_header = match &args.session_header {
+        Some(name) => Some(
+            reqwest::header::HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+                LoadgenError::InvalidArg {
+                    name: "--session-header",
+                    reason: format!("{name:?} is not a header name"),
+                }
+            })?,
+        ),
+        None => None,
+    };
     let (mut workload, mut requests) = match (&args.trace, args.workload) {
         (Some(path), _) => plan::from_trace(path)?,
         (None, Some(kind)) => plan::generated(
             kind,
-            &args.preset,
-            args.workload_seed,
-            args.max_requests,
-            args.max_context_tokens,
+            &plan::GenerateOptions {
+                preset: &args.preset,
+                seed: args.workload_seed,
+                max_requests: args.max_requests,
+                max_context_tokens: args.max_context_tokens,
+                agent_compact_every: args.agent_compact_every,
+            },
         )?,
         (None, None) => return Err(LoadgenError::NoWorkload),
     };
@@ -282,6 +302,7 @@ pub async fn run(args: LoadgenArgs) -> Result<LoadgenReport, LoadgenError> {
         stream: args.stream,
         token_prompts: args.token_prompts,
         timeout: Duration::from_secs_f64(args.timeout_s),
+        session_header,
     });
     let run_unix_ms = unix_ms_now();
     let (outcomes, lags, makespan_s, input_tokens_sent) =
@@ -421,6 +442,8 @@ struct SendContext {
     stream: bool,
     token_prompts: bool,
     timeout: Duration,
+    /// `--session-header`: the header each request's session goes in.
+    session_header: Option<reqwest::header::HeaderName>,
 }
 
 /// Sends every request at its time; returns outcomes (by request index), dispatch lags, the
@@ -539,6 +562,9 @@ async fn send_one(ctx: &SendContext, r: &Planned, class: Option<SimClass>) -> Ou
             req = req.header(classes::PRIORITY_HEADER, c.priority.to_string());
         }
         req = req.header(classes::TENANT_HEADER, classes::tenant_name(c.tenant));
+    }
+    if let (Some(name), Some(session)) = (&ctx.session_header, r.session) {
+        req = req.header(name.clone(), format!("session-{session:016x}"));
     }
     let resp = match req.send().await {
         Ok(r) => r,

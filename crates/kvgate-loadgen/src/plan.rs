@@ -34,6 +34,8 @@ pub struct Planned {
     pub input_tokens: u32,
     pub output_tokens: u32,
     pub source: PromptSource,
+    /// The client session it belongs to (the agent workload's), for `--session-header`.
+    pub session: Option<u64>,
 }
 
 impl Planned {
@@ -144,19 +146,36 @@ fn planned(r: SimRequest, source: PromptSource) -> Planned {
         input_tokens: r.input_tokens,
         output_tokens: r.output_tokens,
         source,
+        session: r.session,
     }
 }
 
-/// Generates a workload (`preset` for shared-prefix: A–D) and plans its requests.
-/// `max_context_tokens` ends a chat or agent session before a prompt longer than it (default:
-/// the generator's, 32k).
+/// What [`generated`] generates besides the workload's kind.
+#[derive(Debug, Clone, Copy)]
+pub struct GenerateOptions<'a> {
+    /// Shared-prefix preset: A–D.
+    pub preset: &'a str,
+    pub seed: u64,
+    pub max_requests: Option<usize>,
+    /// Chat and agent: end a session before a prompt longer than this (default: the
+    /// generator's, 32k).
+    pub max_context_tokens: Option<u32>,
+    /// Agent: compact each session's history every N steps (0: never).
+    pub agent_compact_every: u32,
+}
+
+/// Generates a workload and plans its requests.
 pub fn generated(
     kind: GeneratedWorkload,
-    preset: &str,
-    seed: u64,
-    max_requests: Option<usize>,
-    max_context_tokens: Option<u32>,
+    options: &GenerateOptions<'_>,
 ) -> Result<(Workload, Vec<Planned>), WorkloadError> {
+    let GenerateOptions {
+        preset,
+        seed,
+        max_requests,
+        max_context_tokens,
+        agent_compact_every,
+    } = *options;
     let (workload, requests) = match kind {
         GeneratedWorkload::Chat => {
             let d = chat::ChatParams::default();
@@ -173,6 +192,7 @@ pub fn generated(
                 seed,
                 max_requests: max_requests.unwrap_or(d.max_requests),
                 max_context_tokens: max_context_tokens.unwrap_or(d.max_context_tokens),
+                compact_every: agent_compact_every,
                 ..d
             })?
         }
@@ -224,4 +244,54 @@ pub fn trim_and_scale(
     }
     workload.rate_scale *= rate_scale;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn agent(compact_every: u32) -> Vec<Planned> {
+        let options = GenerateOptions {
+            preset: "A",
+            seed: 1,
+            max_requests: Some(200),
+            max_context_tokens: None,
+            agent_compact_every: compact_every,
+        };
+        generated(GeneratedWorkload::Agent, &options).unwrap().1
+    }
+
+    #[test]
+    fn agent_requests_carry_their_session_and_compaction_rewrites_prompts() {
+        let plain = agent(0);
+        assert!(plain.iter().all(|p| p.session.is_some()));
+        let sessions: std::collections::HashSet<_> = plain.iter().map(|p| p.session).collect();
+        assert!(sessions.len() > 1, "several sessions");
+        let compacted = agent(2);
+        assert!(compacted.iter().all(|p| p.session.is_some()));
+        let blocks = |p: &Planned| match &p.source {
+            PromptSource::Blocks(b) => b.clone(),
+            PromptSource::HashIds(_) => unreachable!("generated prompts are blocks"),
+        };
+        let rewritten = plain
+            .iter()
+            .zip(&compacted)
+            .filter(|(a, b)| blocks(a) != blocks(b))
+            .count();
+        assert!(rewritten > 0, "compaction changed no prompt");
+        // Other workloads carry no session.
+        let chat = generated(
+            GeneratedWorkload::Chat,
+            &GenerateOptions {
+                preset: "A",
+                seed: 1,
+                max_requests: Some(20),
+                max_context_tokens: None,
+                agent_compact_every: 0,
+            },
+        )
+        .unwrap()
+        .1;
+        assert!(chat.iter().all(|p| p.session.is_none()));
+    }
 }

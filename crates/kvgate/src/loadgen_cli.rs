@@ -89,6 +89,14 @@ pub struct LoadgenCli {
     /// only its share; the other tenants' requests are unchanged).
     #[arg(long, default_value_t = 1.0, requires = "classes")]
     pub noisy_keep: f64,
+    /// Agent workload: compact each session's history every N steps (0: never), as agent
+    /// clients do with a long context.
+    #[arg(long, default_value_t = 0)]
+    pub agent_compact_every: u32,
+    /// Send each request's session (the agent workload's) in this header (for example
+    /// `x-session-id`, which kvgate's session affinity reads).
+    #[arg(long, value_name = "NAME")]
+    pub session_header: Option<String>,
 }
 
 impl From<LoadgenCli> for LoadgenArgs {
@@ -118,6 +126,8 @@ impl From<LoadgenCli> for LoadgenArgs {
             tenants: cli.tenants,
             noisy_factor: cli.noisy_factor,
             noisy_keep: cli.noisy_keep,
+            agent_compact_every: cli.agent_compact_every,
+            session_header: cli.session_header,
         }
     }
 }
@@ -171,6 +181,8 @@ mod tests {
             tenants: 10,
             noisy_factor: 10.0,
             noisy_keep: 1.0,
+            agent_compact_every: 0,
+            session_header: None,
         };
         assert_eq!(parse(&[]), expected);
         assert!(
@@ -205,6 +217,8 @@ mod tests {
             "--tenants=11",
             "--noisy-factor=12.5",
             "--noisy-keep=0.25",
+            "--agent-compact-every=3",
+            "--session-header=x-session-id",
         ]);
         let expected = LoadgenArgs {
             target: "http://t".into(),
@@ -231,6 +245,8 @@ mod tests {
             tenants: 11,
             noisy_factor: 12.5,
             noisy_keep: 0.25,
+            agent_compact_every: 3,
+            session_header: Some("x-session-id".into()),
         };
         assert_eq!(args, expected);
         assert_eq!(

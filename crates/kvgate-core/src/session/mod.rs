@@ -136,6 +136,9 @@ pub struct Ticket {
     /// The blocks this request brought to its pod, being computed until its first token
     /// ([`prefilling`]).
     prefilling: Option<Mark>,
+    /// The request's session key, when session affinity recorded it (what `--cluster` tells
+    /// the other replicas: [`RouterSession::record_session`]).
+    session: Option<u64>,
 }
 
 impl Ticket {
@@ -146,6 +149,12 @@ impl Ticket {
 
     pub fn pod(&self) -> PodId {
         self.share.pod
+    }
+
+    /// The session key session affinity recorded for this request's pod; `None` when the
+    /// request had none or session affinity is off.
+    pub fn session(&self) -> Option<u64> {
+        self.session
     }
 
     /// The features taken at dispatch (what the predictor trains on).
@@ -554,6 +563,7 @@ impl RouterSession {
             ttft_learnt: false,
             stage: pd::Stage::Whole,
             prefilling,
+            session: request.session.filter(|_| self.sessions.is_on()),
         };
         Ok(Routed { decision, ticket })
     }
@@ -586,6 +596,7 @@ impl RouterSession {
             ttft_learnt: false,
             stage: pd::Stage::Whole,
             prefilling: None,
+            session: None,
         }
     }
 
@@ -619,7 +630,20 @@ impl RouterSession {
             stage: pd::Stage::Whole,
             // Per replica: a sibling of another replica's request is predicted as before.
             prefilling: None,
+            session: None,
         }
+    }
+
+    /// Another router replica sent a request of session `key` to `pod` (`--cluster`): session
+    /// affinity remembers it as if this replica had routed it (nothing when it is off).
+    pub fn record_session(&mut self, key: u64, pod: PodId) {
+        self.sessions.record(key, pod);
+    }
+
+    /// The pod session affinity remembers for session `key` (`None`: unknown, forgotten, or
+    /// session affinity off).
+    pub fn session_pod(&self, key: u64) -> Option<PodId> {
+        self.sessions.pod_of(key)
     }
 
     /// The first token arrived: the prefill charge moves to decode (`input + 1` tokens).

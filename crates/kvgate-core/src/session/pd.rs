@@ -172,6 +172,7 @@ impl RouterSession {
             ttft_learnt: false,
             stage: Stage::Decode,
             prefilling: None,
+            session: None,
         };
         prefill.ticket.stage = Stage::Prefill;
         prefill.decision.decode = Some(pick.explanation);

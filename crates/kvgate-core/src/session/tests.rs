@@ -569,6 +569,36 @@ fn a_session_key_floors_its_last_pods_score_without_changing_what_is_charged() {
     assert_eq!(home_score, 0.25, "{decision:?}");
 }
 
+/// The ticket carries the session key only while session affinity is on (what `--cluster`
+/// shares), and a peer's route of a session ([`RouterSession::record_session`]) is remembered
+/// as if this replica had made it.
+#[test]
+fn a_ticket_carries_its_session_key_while_session_affinity_is_on() {
+    let blocks: Vec<BlockHash> = (0..20).collect();
+    let with_session = RouteRequest {
+        session: Some(7),
+        ..request(&blocks, 320)
+    };
+    let mut off = session(RouterConfig::seed());
+    let mut snaps = pods(2);
+    let routed = off.route(&with_session, &mut snaps, &[]).unwrap();
+    assert_eq!(routed.ticket.session(), None);
+    off.record_session(9, PodId(1));
+    assert_eq!(off.session_pod(9), None, "off: nothing remembered");
+
+    let mut on = session(RouterConfig {
+        session_affinity_ttl_ms: 60_000.0,
+        ..RouterConfig::seed()
+    });
+    let routed = on.route(&with_session, &mut snaps, &[]).unwrap();
+    assert_eq!(routed.ticket.session(), Some(7));
+    assert_eq!(on.session_pod(7), Some(routed.decision.pod_id));
+    let without = on.route(&request(&blocks, 320), &mut snaps, &[]).unwrap();
+    assert_eq!(without.ticket.session(), None);
+    on.record_session(9, PodId(1));
+    assert_eq!(on.session_pod(9), Some(PodId(1)));
+}
+
 /// A sibling routed while the request that brought its prefix is still prefilling: with
 /// `predict_computed_prefix` its prediction counts that prefix as uncached on the pod (an
 /// engine computes it again in the same step), so the load gate moves it to the idle pod; once

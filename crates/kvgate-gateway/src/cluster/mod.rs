@@ -136,6 +136,7 @@ impl std::fmt::Debug for Cluster {
 
 impl ReplicaLink for Cluster {
     /// A request was routed (or charged unrouted: no blocks); returns its cluster request id.
+    /// A request of a client session also tells the others its pod (session affinity).
     fn routed(
         &self,
         shared: &Shared,
@@ -143,14 +144,22 @@ impl ReplicaLink for Cluster {
         blocks: &[BlockHash],
         input_tokens: u32,
         prefill_tokens: u64,
+        session: Option<u64>,
     ) -> u64 {
-        self.route_event(
-            shared,
-            wire::pod_key(&pod.url),
-            blocks,
-            input_tokens,
-            prefill_tokens,
-        )
+        let key = wire::pod_key(&pod.url);
+        let request = self.route_event(shared, key, blocks, input_tokens, prefill_tokens);
+        if let Some(session) = session {
+            let live = self.live.lock();
+            self.push(
+                shared,
+                &live,
+                Event::Session {
+                    pod: key,
+                    key: session,
+                },
+            );
+        }
+        request
     }
 
     /// The request's first token; with a training sample (its TTFT, learnt at the first
@@ -780,6 +789,10 @@ fn handle(
                 peers.forget(&mut session, r);
                 tracing::info!(replica = %format_args!("{r:016x}"), "cluster: peer left");
             }
+            Event::Session { pod, key } => match pods.get(pod) {
+                Some(&pod) => session.record_session(*key, pod),
+                None => unknown += 1,
+            },
             Event::Sample { .. } if !cluster.config.share_samples => {}
             Event::Sample { pod, sample } => match classes.get(pod) {
                 Some(&class) => {

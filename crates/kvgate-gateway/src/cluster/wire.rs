@@ -15,6 +15,8 @@
 //!          | 9 sample   pod:u64le mask:u8 [ttft:f64le] [tpot:f64le] feature:f64le*8
 //!                       (a finished request's training sample; mask bit 0: TTFT, bit 1: TPOT;
 //!                       features in `Features`' field order)
+//!          | 10 session pod:u64le key:u64le (a request of client session `key` went to `pod`:
+//!                       session affinity's record, sent only while it is on)
 //! ```
 //!
 //! A pod is named by [`pod_key`], the xxh3-64 of its URL as the gateway shows it, so replicas
@@ -27,7 +29,9 @@
 //! 4,000-token prompt in 16-token blocks: about 2.0 KB for the route, 20 bytes for the rest,
 //! and 90 bytes for its training sample (sent when it completed normally).
 //!
-//! A replica of an older version that does not know tag 9 refuses the whole message (counted
+//! A session-affinity record costs 17 bytes per request that names its session.
+//!
+//! A replica of an older version that does not know tag 9 (or 10) refuses the whole message (counted
 //! as a decode error); its snapshots then repair the transitions it missed, so a rolling
 //! upgrade loses no charge for longer than a snapshot period.
 //!
@@ -92,6 +96,11 @@ pub enum Event {
     Sample {
         pod: u64,
         sample: TrainingSample,
+    },
+    /// A request of client session `key` (`crate::session_key`) went to `pod`.
+    Session {
+        pod: u64,
+        key: u64,
     },
 }
 
@@ -204,6 +213,11 @@ pub fn encode_event(out: &mut Vec<u8>, e: &Event) {
             for v in features_of(&sample.features) {
                 put_u64(out, v.to_bits());
             }
+        }
+        Event::Session { pod, key } => {
+            out.push(10);
+            put_u64(out, *pod);
+            put_u64(out, *key);
         }
     }
 }
@@ -391,6 +405,10 @@ impl Reader<'_> {
                     },
                 }
             }
+            10 => Event::Session {
+                pod: self.u64()?,
+                key: self.u64()?,
+            },
             t => return Err(DecodeError::Tag(t)),
         })
     }
@@ -478,6 +496,10 @@ mod tests {
                         ttft_ms: Some(123.5),
                         tpot_ms: None,
                     },
+                },
+                Event::Session {
+                    pod: 5,
+                    key: 0x0123_4567_89ab_cdef,
                 },
             ],
         }

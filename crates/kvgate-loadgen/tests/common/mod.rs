@@ -60,5 +60,7 @@ pub fn args(target: String, trace: PathBuf) -> LoadgenArgs {
         tenants: 10,
         noisy_factor: 10.0,
         noisy_keep: 1.0,
+        agent_compact_every: 0,
+        session_header: None,
     }
 }
