@@ -54,7 +54,9 @@
 # are reset before every run, so each starts cold):
 #   kvgate-routed   kvgate serve (affinity-gate, routed index: what kvgate itself sent where)
 #   kvgate-base     kvgate-routed's command with the binary $KVGATE_BASE_BIN: a change measured
-#                   against the binary before it, side by side in the same rounds
+#                   against the binary before it, side by side in the same rounds; with
+#                   KVGATE_BASE_CONFIG=FILE also `--config FILE` (a setting measured against the
+#                   default: KVGATE_BASE_BIN may be the same binary)
 #   kvgate-engine   kvgate serve --index engine (the pods' KV events + the model's tokenizer)
 #   sglang-cache    sglang-router 0.3.2 --policy cache_aware
 #   vllm-cache      vllm-router 0.1.17 --policy cache_aware
@@ -279,6 +281,7 @@ if [ "$todo" -gt 0 ]; then
     echo "checkout: $(git rev-parse --short HEAD 2>/dev/null || echo '?') ($(git status --porcelain 2>/dev/null | wc -l) files changed)"
     if [ -n "${KVGATE_BASE_BIN:-}" ]; then
       echo "kvgate-base: $KVGATE_BASE_BIN, binary sha256 $(sha256sum "$KVGATE_BASE_BIN" | cut -c1-16)…, built $(date -u -r "$KVGATE_BASE_BIN" +%FT%TZ)"
+      [ -z "${KVGATE_BASE_CONFIG:-}" ] || { echo "kvgate-base config ($KVGATE_BASE_CONFIG):"; sed "s/^/  /" "$KVGATE_BASE_CONFIG"; }
     fi
   } > "$sit/kvgate.txt"
   cp "$sit/machine.txt" "$out/machine.txt"
@@ -296,10 +299,13 @@ start_router() { # name log
   local decisions="${log%.router.log}.decisions.jsonl"
   case "$name" in
     kvgate-routed|kvgate-base)
-      local bin=$kvgate
-      [ "$name" = kvgate-base ] && bin=$KVGATE_BASE_BIN
+      local bin=$kvgate extra=()
+      if [ "$name" = kvgate-base ]; then
+        bin=$KVGATE_BASE_BIN
+        [ -z "${KVGATE_BASE_CONFIG:-}" ] || extra=(--config "$KVGATE_BASE_CONFIG")
+      fi
       "$bin" serve --listen "127.0.0.1:$gw" --admin-listen "127.0.0.1:$((gw + 10))" \
-        --policy affinity-gate --pod "$p0" --pod "$p1" --decisions-log "$decisions" 2> "$log" &
+        --policy affinity-gate --pod "$p0" --pod "$p1" --decisions-log "$decisions" "${extra[@]}" 2> "$log" &
       ;;
     kvgate-engine)
       "$kvgate" serve --listen "127.0.0.1:$gw" --admin-listen "127.0.0.1:$((gw + 10))" \
