@@ -56,18 +56,7 @@ pub fn session_key(headers: &HeaderMap, names: &[String]) -> Result<Option<u64>,
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::{HeaderName, HeaderValue};
-
-    fn headers(pairs: &[(&str, &[u8])]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in pairs {
-            h.insert(
-                HeaderName::from_bytes(k.as_bytes()).unwrap(),
-                HeaderValue::from_bytes(v).unwrap(),
-            );
-        }
-        h
-    }
+    use crate::slo::tests::headers;
 
     fn defaults() -> Vec<String> {
         DEFAULT_SESSION_HEADERS.map(String::from).to_vec()

@@ -50,11 +50,12 @@ fn objective(headers: &HeaderMap, names: &[&str]) -> Result<Option<f64>, ApiErro
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use http::HeaderValue;
 
-    fn headers(pairs: &[(&str, &[u8])]) -> HeaderMap {
+    /// A header map of `pairs` (also the session-key tests').
+    pub(crate) fn headers(pairs: &[(&str, &[u8])]) -> HeaderMap {
         let mut h = HeaderMap::new();
         for (k, v) in pairs {
             h.insert(
