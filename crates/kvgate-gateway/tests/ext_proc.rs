@@ -157,6 +157,15 @@ async fn fleet_with(tune: impl FnOnce(&mut kvgate_gateway::ServeArgs)) -> (Vec<F
     (pods, gw)
 }
 
+/// [`fleet_with`] with `toml` as the gateway's config file (in a temp folder named for `name`).
+async fn fleet_with_config(name: &str, toml: &str) -> (Vec<FakePod>, Gateway) {
+    let dir = std::env::temp_dir().join(format!("kvgate-ext-proc-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("kvgate.toml");
+    std::fs::write(&config, toml).unwrap();
+    fleet_with(|args| args.config = Some(config)).await
+}
+
 fn metric(gw: &Gateway, name: &str) -> f64 {
     gw.shared()
         .metrics_text()
@@ -670,11 +679,7 @@ fn request_headers_with(extra: &[(&str, &str)]) -> processing_request::Request {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_slo_routing_slo_headers_route_in_slo_mode_and_a_bad_one_is_400() {
-    let dir = std::env::temp_dir().join(format!("kvgate-ext-proc-slo-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let config = dir.join("kvgate.toml");
-    std::fs::write(&config, "[router]\nslo_routing = true\n").unwrap();
-    let (_pods, gw) = fleet_with(|args| args.config = Some(config)).await;
+    let (_pods, gw) = fleet_with_config("slo", "[router]\nslo_routing = true\n").await;
     let mut envoy = FakeEnvoy::connect(&gw).await;
     envoy
         .send(request_headers_with(&[
@@ -712,36 +717,33 @@ async fn with_slo_routing_slo_headers_route_in_slo_mode_and_a_bad_one_is_400() {
             true,
         )))
         .await;
+    assert_rejected_400(&gw, &mut envoy, "invalid_slo_header", "x-slo-ttft-ms").await;
+    assert_eq!(gw.shared().decisions.snapshot().len(), 1);
+}
+
+/// The stream's answer is a 400 with OpenAI error `code` naming `param`, counted once in
+/// `kvgate_rejected_requests_total{reason=code}`.
+async fn assert_rejected_400(gw: &Gateway, envoy: &mut FakeEnvoy, code: &str, param: &str) {
     let processing_response::Response::ImmediateResponse(r) = envoy.recv().await else {
         panic!("expected an immediate response")
     };
     assert_eq!(r.status.unwrap().code, 400);
     let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
-    assert_eq!(v["error"]["code"], "invalid_slo_header");
-    assert_eq!(v["error"]["param"], "x-slo-ttft-ms");
-    assert_eq!(gw.shared().decisions.snapshot().len(), 1);
-    assert_eq!(
-        metric(
-            &gw,
-            "kvgate_rejected_requests_total{reason=\"invalid_slo_header\"}"
-        ),
-        1.0
-    );
+    assert_eq!(v["error"]["code"], code);
+    assert_eq!(v["error"]["param"], param);
+    let counter = format!("kvgate_rejected_requests_total{{reason=\"{code}\"}}");
+    assert_eq!(metric(gw, &counter), 1.0);
 }
 
 /// Session affinity through ext_proc: the session header Envoy passes is read (the pod it went
 /// to is remembered for the session), and a malformed one is answered 400.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_header_through_ext_proc_is_remembered_and_a_bad_one_is_400() {
-    let dir = std::env::temp_dir().join(format!("kvgate-ext-proc-session-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let config = dir.join("kvgate.toml");
-    std::fs::write(
-        &config,
+    let (_pods, gw) = fleet_with_config(
+        "session",
         "[router]\nexperimental_options = true\nsession_affinity_ttl_ms = 600000\n",
     )
-    .unwrap();
-    let (_pods, gw) = fleet_with(|args| args.config = Some(config)).await;
+    .await;
     let mut envoy = routed_stream(&gw, &[("x-claude-code-session-id", "run-7")]).await;
     assert!(matches!(
         envoy.recv().await,
@@ -756,21 +758,8 @@ async fn a_session_header_through_ext_proc_is_remembered_and_a_bad_one_is_400() 
     );
 
     let mut envoy = routed_stream(&gw, &[("x-session-id", "two words")]).await;
-    let processing_response::Response::ImmediateResponse(r) = envoy.recv().await else {
-        panic!("expected an immediate response")
-    };
-    assert_eq!(r.status.unwrap().code, 400);
-    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
-    assert_eq!(v["error"]["code"], "invalid_session_header");
-    assert_eq!(v["error"]["param"], "x-session-id");
+    assert_rejected_400(&gw, &mut envoy, "invalid_session_header", "x-session-id").await;
     assert_eq!(gw.shared().decisions.snapshot().len(), 1);
-    assert_eq!(
-        metric(
-            &gw,
-            "kvgate_rejected_requests_total{reason=\"invalid_session_header\"}"
-        ),
-        1.0
-    );
 }
 
 /// A routed stream: headers answered (BUFFERED), then the body sent; returns once the body is
@@ -793,16 +782,12 @@ async fn routed_stream(gw: &Gateway, extra: &[(&str, &str)]) -> FakeEnvoy {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flow_control_holds_the_body_answer_releases_high_priority_first_and_expires_with_503() {
-    let dir = std::env::temp_dir().join(format!("kvgate-ext-proc-flow-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let config = dir.join("kvgate.toml");
-    std::fs::write(
-        &config,
+    let (_pods, gw) = fleet_with_config(
+        "flow",
         "[flow_control]\nenabled = true\nqueue_ttl_ms = 1500\n\
          [flow_control.saturation]\nmax_in_flight_per_pod = 1\n",
     )
-    .unwrap();
-    let (_pods, gw) = fleet_with(|args| args.config = Some(config)).await;
+    .await;
     // Two streams take the two pods' only places; their responses have not ended.
     let mut held = Vec::new();
     for _ in 0..2 {
