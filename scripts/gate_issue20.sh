@@ -26,6 +26,7 @@ declare -A variants=(
   [default-new]='{}'
   [exr-0]='{"explore_max_extra_rel":0}'
   [pcp-off]='{"predict_computed_prefix":false}'
+  [lbp-off]='{"load_break_pays_prefill":false}'
 )
 # Which variants each workload runs (the Mooncake runs are the slow ones).
 # VARIANTS="a b" runs only those on shared-prefix A and chat, MC_VARIANTS on the trace;

@@ -151,6 +151,13 @@ pub struct RouterConfig {
     /// `affinity_relative_slack_ms`. 0 disables it (seed).
     pub affinity_relative_penalty: f64,
     pub affinity_relative_slack_ms: f64,
+    /// The relative load gate breaks affinity only when the break saves more than the prefill it
+    /// adds: best sticky − best > the move's extra prefill (the best pod's own-prefill share of
+    /// its prediction less the sticky pod's). The target pays that prefill once for this
+    /// request (already in its prediction) and once more for every request queued behind it.
+    /// Seed false, default profile true (BENCHMARKS.md "Real vLLM (CPU): a load break must pay
+    /// for its prefill").
+    pub load_break_pays_prefill: bool,
     /// What exploring picks. Seed: `best-overall`.
     pub explore_mode: ExploreMode,
     /// Bounded-cost exploration: exploring may only pick a pod predicted within this many ms of
@@ -343,6 +350,7 @@ router_keys! {
     affinity_max_ttft_penalty_ms: f64, "affinityMaxTTFTPenaltyMs", "affinityMaxTtftPenaltyMs";
     affinity_relative_penalty: f64, "affinityRelativePenalty";
     affinity_relative_slack_ms: f64, "affinityRelativeSlackMs";
+    load_break_pays_prefill: bool, "loadBreakPaysPrefill";
     explore_mode: ExploreMode, "exploreMode";
     explore_max_extra_ms: f64, "exploreMaxExtraMs";
     explore_max_extra_rel: f64, "exploreMaxExtraRel";
@@ -392,6 +400,7 @@ impl RouterConfig {
             affinity_max_ttft_penalty_ms: 5000.0,
             affinity_relative_penalty: 0.0,
             affinity_relative_slack_ms: 0.0,
+            load_break_pays_prefill: false,
             explore_mode: ExploreMode::BestOverall,
             explore_max_extra_ms: 0.0,
             explore_max_extra_rel: 0.0,
@@ -436,6 +445,7 @@ impl RouterConfig {
                 explore_max_extra_rel: 1.0,
                 affinity_relative_penalty: 1.25,
                 affinity_relative_slack_ms: 5.0,
+                load_break_pays_prefill: true,
                 relative_gate_queue_rule: QueueRule::Every,
                 shared_prefix_epsilon: 0.1,
                 predictor_min_samples: 8,
@@ -776,6 +786,7 @@ mod tests {
             (c.affinity_relative_penalty, c.affinity_relative_slack_ms),
             (1.25, 5.0)
         );
+        assert!(c.load_break_pays_prefill);
         assert_eq!(c.cold_spread_window_ms, 0.0);
         assert_eq!(
             (c.shared_prefix_epsilon, c.shared_prefix_min_requests),
@@ -950,7 +961,12 @@ mod tests {
         assert_eq!(c, RouterConfig::seed());
         assert_eq!(c.explore_mode, ExploreMode::BestOverall);
         assert_eq!(c.affinity_relative_penalty, 0.0);
+        assert!(!c.load_break_pays_prefill);
         assert_eq!(c.cold_spread_window_ms, 0.0);
+        let c =
+            RouterConfig::from_json(&json!({"gateProfile": "seed", "loadBreakPaysPrefill": true}))
+                .unwrap();
+        assert!(c.load_break_pays_prefill);
         let c = RouterConfig::from_json(&json!({"gateProfile": "seed", "coldSpreadWindowMs": 20}))
             .unwrap();
         assert_eq!(c.cold_spread_window_ms, 20.0);

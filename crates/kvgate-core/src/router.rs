@@ -350,6 +350,7 @@ impl Router {
         let session_floor = self.session_floor.take();
         let (matched, matched_other) = (&self.matched, &self.matched_other);
         let prefill_caps = &self.prefill_caps;
+        let prices_prefill = self.policy.prices_prefill();
         // Sized once: a filtered iterator's collect would grow (and copy) it log2(pods) times.
         let mut candidates = Vec::with_capacity(pods.len());
         candidates.extend(pods.iter().filter(|p| p.healthy).map(|pod| {
@@ -368,10 +369,13 @@ impl Router {
                 c if c == matched_blocks => score,
                 c => held_score(&cut, c, prompt_blocks, block_size_tokens),
             };
-            let prediction = predictor.predict(
-                &pod.class,
-                &Features::new(pod, input_tokens, computed_score),
-            );
+            let features = Features::new(pod, input_tokens, computed_score);
+            let prediction = predictor.predict(&pod.class, &features);
+            let prefill_ms = if prices_prefill {
+                predictor.own_prefill_ms(&pod.class, &features)
+            } else {
+                0.0
+            };
             let adapter_fit = adapter_fit(pod.lora.as_ref(), cut.adapter);
             let adapter_cost_ms = match (lora, &pod.lora) {
                 ((true, load_ms, deferral_ms), Some(slots)) => {
@@ -392,6 +396,7 @@ impl Router {
                 predicted_tpot_ms: prediction.tpot_ms,
                 adapter_fit,
                 adapter_cost_ms,
+                prefill_ms,
             }
         }));
         if self.popularity.is_some() {

@@ -38,7 +38,18 @@
 //!   With the seed's `best-overall` mode exploring draws nothing more; the other modes draw one
 //!   more number whenever the coin comes up.
 //! - `affinity_relative_penalty` r and `affinity_relative_slack_ms` s: LOAD_BREAK also when
-//!   best_sticky > r × best_all + s (a gate scaled to the workload; 0 = off).
+//!   best_sticky > r × best_all + s (a gate scaled to the workload; 0 = off). Seed 0 and 0,
+//!   default profile 1.25 and 5 ms.
+//! - `load_break_pays_prefill` (seed false, default profile true): the relative gate breaks
+//!   only when the move saves more than the prefill it adds, best_sticky − best_all >
+//!   prefill(best_all) − prefill(best_sticky), where prefill(p) is the part of p's prediction
+//!   due to this request's own uncached tokens ([`Candidate::prefill_ms`]). The target pays
+//!   that prefill in this request's TTFT and again in the TTFT of every request queued behind
+//!   it; the absolute penalty is not priced. On two real vLLM CPU pods in overload a break 51 ms
+//!   "faster" put a 2,374-token prefill in front of the next requests on the cold pod (the
+//!   next one on it: 2,255 ms against 789 ms without the break), and the relative gate's
+//!   2–3 breaks per run cost ×1.6 the mean TTFT (BENCHMARKS.md "Real vLLM (CPU): a load
+//!   break must pay for its prefill").
 //! - `cold_spread_window_ms` w: in NO_STICKY and LOAD_BREAK, among pods predicted within w ms of
 //!   the best, take the one with the fewest in-flight prompt tokens (prefill tokens not yet
 //!   computed + tokens of decoding requests), spreading new prefixes instead of piling them on
@@ -123,6 +134,7 @@ pub struct AffinityGate {
     pub affinity_max_ttft_penalty_ms: f64,
     pub affinity_relative_penalty: f64,
     pub affinity_relative_slack_ms: f64,
+    pub load_break_pays_prefill: bool,
     pub explore_mode: ExploreMode,
     pub explore_max_extra_ms: f64,
     pub explore_max_extra_rel: f64,
@@ -152,6 +164,7 @@ impl AffinityGate {
             affinity_max_ttft_penalty_ms: config.affinity_max_ttft_penalty_ms,
             affinity_relative_penalty: config.affinity_relative_penalty,
             affinity_relative_slack_ms: config.affinity_relative_slack_ms,
+            load_break_pays_prefill: config.load_break_pays_prefill,
             explore_mode: config.explore_mode,
             explore_max_extra_ms: config.explore_max_extra_ms,
             explore_max_extra_rel: config.explore_max_extra_rel,
@@ -221,15 +234,23 @@ impl AffinityGate {
         }
     }
 
-    /// Whether the load gate breaks affinity, given the best sticky and best overall TTFT and
-    /// whether queueing holds the relative gate back.
-    fn breaks_affinity(&self, best_sticky_ms: f64, best_all_ms: f64, queue_holds: bool) -> bool {
+    /// Whether the load gate breaks affinity from the best sticky pod to the best pod overall,
+    /// given whether queueing holds the relative gate back.
+    fn breaks_affinity(
+        &self,
+        sticky: &Candidate<'_>,
+        best: &Candidate<'_>,
+        queue_holds: bool,
+    ) -> bool {
+        let (best_sticky_ms, best_all_ms) = (sticky.predicted_ttft_ms, best.predicted_ttft_ms);
         let penalty = self.affinity_max_ttft_penalty_ms;
         let absolute = penalty > 0.0 && best_sticky_ms - best_all_ms > penalty;
         let r = self.affinity_relative_penalty;
         let relative = r > 0.0
             && !queue_holds
-            && best_sticky_ms > r * best_all_ms + self.affinity_relative_slack_ms;
+            && best_sticky_ms > r * best_all_ms + self.affinity_relative_slack_ms
+            && (!self.load_break_pays_prefill
+                || best_sticky_ms - best_all_ms > best.prefill_ms - sticky.prefill_ms);
         absolute || relative
     }
 
@@ -421,6 +442,10 @@ impl Policy for AffinityGate {
         true
     }
 
+    fn prices_prefill(&self) -> bool {
+        self.load_break_pays_prefill && self.affinity_relative_penalty > 0.0
+    }
+
     fn gate_state(&self) -> Option<GateState> {
         Some(GateState {
             affinity_gate_tau: self.affinity_gate_tau,
@@ -466,8 +491,8 @@ impl Policy for AffinityGate {
         let best_sticky = argmin_by(candidates, eligible, ttft).ok_or(PolicyError::NoCandidates)?;
 
         if self.breaks_affinity(
-            candidates[best_sticky].predicted_ttft_ms,
-            candidates[best_all].predicted_ttft_ms,
+            &candidates[best_sticky],
+            &candidates[best_all],
             self.queue_blocks_move(candidates, best_all),
         ) {
             eligible.fill(true);
@@ -640,6 +665,61 @@ mod tests {
                 branch: Branch::NoSticky
             }
         );
+    }
+
+    #[test]
+    fn a_relative_load_break_must_save_more_than_the_prefill_it_adds() {
+        let g = AffinityGate {
+            affinity_relative_penalty: 1.25,
+            affinity_relative_slack_ms: 5.0,
+            load_break_pays_prefill: true,
+            ..gate(0.0, 5000.0)
+        };
+        assert!(g.prices_prefill());
+        let (a, b) = (pod(0, 0, 0, 0.1), pod(1, 0, 0, 0.1));
+        // The sticky pod b is predicted 206 ms (6 ms of it its own prefill), the cold pod a
+        // 155 ms: 206 > 1.25 × 155 + 5, a 51 ms saving. Where 145 ms of a's 155 are the whole
+        // prompt's prefill the move adds 139 ms of work: affinity holds. Where a's prefill is
+        // 50 ms the move adds 44 ms and saves 51: it breaks. At exactly the saving it holds.
+        for (a_prefill_ms, branch) in [
+            (145.0, Branch::Exploit),
+            (57.0, Branch::Exploit),
+            (50.0, Branch::LoadBreak),
+        ] {
+            let cold = Candidate {
+                prefill_ms: a_prefill_ms,
+                ..cand(&a, 0, 10, 155.0)
+            };
+            let sticky = Candidate {
+                prefill_ms: 6.0,
+                ..cand(&b, 10, 10, 206.0)
+            };
+            let cands = [cold, sticky];
+            let (pick, _) = run(&mut g.clone(), &facts(10), &cands, &mut rng(1));
+            assert_eq!(
+                pick.unwrap().branch,
+                branch,
+                "a's prefill {a_prefill_ms} ms"
+            );
+            // Without pricing the relative gate breaks affinity in every case.
+            let plain = AffinityGate {
+                load_break_pays_prefill: false,
+                ..g
+            };
+            assert!(!plain.prices_prefill());
+            let (pick, _) = run(&mut plain.clone(), &facts(10), &cands, &mut rng(1));
+            assert_eq!(pick.unwrap().branch, Branch::LoadBreak);
+        }
+        // The absolute penalty is not priced: 5,300 ms against 200 breaks whatever the prefill.
+        let cands = [
+            Candidate {
+                prefill_ms: 6000.0,
+                ..cand(&a, 0, 10, 200.0)
+            },
+            cand(&b, 10, 10, 5300.0),
+        ];
+        let (pick, _) = run(&mut g.clone(), &facts(10), &cands, &mut rng(1));
+        assert_eq!(pick.unwrap().branch, Branch::LoadBreak);
     }
 
     #[test]

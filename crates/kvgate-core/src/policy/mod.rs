@@ -46,6 +46,10 @@ pub struct Candidate<'a> {
     /// Milliseconds of adapter load / deferral in `predicted_ttft_ms` (0 with `lora_aware`
     /// off, or when the adapter is resident).
     pub adapter_cost_ms: f64,
+    /// Milliseconds of `predicted_ttft_ms` due to this request's own uncached prompt tokens: the
+    /// prediction less the prediction as if the pod held the whole prompt (≥ 0). Computed only
+    /// for a policy that prices moves ([`Policy::prices_prefill`]); 0 otherwise.
+    pub prefill_ms: f64,
 }
 
 /// The request as a policy sees it.
@@ -115,6 +119,11 @@ pub trait Policy: Send {
 
     /// Whether the policy routes by the request's SLOs ([`RequestFacts::slo_ttft_ms`], …).
     fn uses_slo(&self) -> bool {
+        false
+    }
+
+    /// Whether the policy reads [`Candidate::prefill_ms`] (one more TTFT prediction per pod).
+    fn prices_prefill(&self) -> bool {
         false
     }
 
@@ -271,6 +280,7 @@ pub(crate) mod testutil {
             predicted_tpot_ms: 10.0,
             adapter_fit: crate::adapters::AdapterFit::NoAdapter,
             adapter_cost_ms: 0.0,
+            prefill_ms: 0.0,
         }
     }
 

@@ -650,6 +650,18 @@ impl LatencyPredictor {
         }
     }
 
+    /// Milliseconds of the predicted TTFT due to the request's own uncached prompt tokens: the
+    /// prediction less the prediction with the whole prompt cached (prefix score 1), ≥ 0.
+    pub fn own_prefill_ms(&self, class: &str, features: &Features) -> f64 {
+        let f = self.encodable(features);
+        let cached = Features {
+            prefix_score: 1.0,
+            ..f
+        };
+        let models = self.models(class);
+        (models.ttft_ms(&self.config, &f) - models.ttft_ms(&self.config, &cached)).max(0.0)
+    }
+
     /// Predicted 90th percentile of TTFT: the point TTFT × the class's tracked p90 of
     /// actual/predicted. Finite and positive for any input.
     pub fn predict_p90_ttft(&self, class: &str, features: &Features) -> f64 {

@@ -703,3 +703,28 @@ fn the_relative_fit_favours_short_requests_where_the_plain_fit_does_not() {
     assert!(err(&plain) > 2.0, "plain fit {}", err(&plain));
     assert_eq!(rel.accuracy().model_resets, 0);
 }
+
+#[test]
+fn own_prefill_is_the_prediction_less_the_prediction_fully_cached() {
+    let p = LatencyPredictor::new(PredictorConfig::default());
+    let cold = Features {
+        input_tokens: 2000.0,
+        prefill_tokens_in_flight: 3000.0,
+        ..Features::default()
+    };
+    let warm = Features {
+        prefix_score: 1.0,
+        ..cold
+    };
+    let own = p.own_prefill_ms("x", &cold);
+    let expected = p.predict("x", &cold).ttft_ms - p.predict("x", &warm).ttft_ms;
+    assert!(own > 0.0, "an uncached prompt has a prefill: {own}");
+    assert!((own - expected).abs() < 1e-9, "{own} against {expected}");
+    // A prompt the pod holds whole adds no prefill, and the share grows with the uncached part.
+    assert_eq!(p.own_prefill_ms("x", &warm), 0.0);
+    let half = Features {
+        prefix_score: 0.5,
+        ..cold
+    };
+    assert!(p.own_prefill_ms("x", &half) < own);
+}
