@@ -229,11 +229,6 @@ pub struct RouterConfig {
     /// 14.0 to 7.8 % on average, routing within ±1 %). ≥ 1. Changing it on a config reload
     /// starts a new predictor (what was learnt is dropped), as changing `predictor_model` does.
     pub predictor_min_samples: u64,
-    /// Strength δ of the RLS regressions' ridge prior towards the analytic model (P₀ = I/δ):
-    /// larger keeps a young model's weights nearer the prior where its features move together
-    /// (running requests, decode tokens in flight and KV use grow as one on a busy pod). > 0.
-    /// Seed and default profile 0.01. Changing it on a reload starts a new predictor.
-    pub predictor_ridge_delta: f64,
     /// Whether the predictor learns a request's TTFT at its first token instead of when the
     /// request ends (a whole decode later: ~8 s for 1,000 output tokens, during which a new
     /// pod class is predicted by the analytic estimate). Seed false; default profile true
@@ -379,7 +374,6 @@ router_keys! {
     predictor_model: ModelKind, "predictorModel";
     predictor_drift_adaptation: bool, "predictorDriftAdaptation";
     predictor_min_samples: u64, "predictorMinSamples";
-    predictor_ridge_delta: f64, "predictorRidgeDelta";
     predictor_ttft_at_first_token: bool, "predictorTtftAtFirstToken";
     predict_computed_prefix: bool, "predictComputedPrefix";
     lora_aware: bool, "loraAware";
@@ -430,7 +424,6 @@ impl RouterConfig {
             predictor_model: ModelKind::Rls,
             predictor_drift_adaptation: false,
             predictor_min_samples: 32,
-            predictor_ridge_delta: 0.01,
             predictor_ttft_at_first_token: false,
             predict_computed_prefix: false,
             lora_aware: true,
@@ -677,12 +670,6 @@ impl RouterConfig {
             ">= 1",
         )?;
         check(
-            "predictor_ridge_delta",
-            self.predictor_ridge_delta,
-            self.predictor_ridge_delta.is_finite() && self.predictor_ridge_delta > 0.0,
-            "> 0",
-        )?;
-        check(
             "explore_max_extra_rel",
             self.explore_max_extra_rel,
             self.explore_max_extra_rel >= 0.0,
@@ -778,7 +765,6 @@ impl PredictorConfig {
             model: router.predictor_model,
             drift_detection: router.predictor_drift_adaptation,
             min_samples: router.predictor_min_samples,
-            ridge_delta: router.predictor_ridge_delta,
             ..PredictorConfig::default()
         }
     }
