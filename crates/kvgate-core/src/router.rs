@@ -1,5 +1,5 @@
 //! The decision pipeline the drivers call: blocks → prefix scores → predictions → policy →
-//! [`Decision`]. Owns the policy and, when the affinity gate reads prefix sharing (its shared-prefix coin or explore bound),
+//! [`Decision`]. Owns the policy and, when the affinity gate's shared-prefix exploration is on,
 //! the prefix-popularity sketch it reads ([`PrefixPopularity`], 128 KiB); the index and the
 //! predictor are passed in, so the gateway and the simulator decide with exactly the same code.
 
@@ -157,9 +157,7 @@ impl Router {
             eligible: Vec::new(),
             predictor_error: None,
             since_error_read: 0,
-            // Read by the shared-prefix coin and by the explore's relative bound.
-            popularity: (policy == PolicyKind::AffinityGate
-                && (config.shared_prefix_epsilon > 0.0 || config.explore_max_extra_rel > 0.0))
+            popularity: (policy == PolicyKind::AffinityGate && config.shared_prefix_epsilon > 0.0)
                 .then(Box::default),
         }
     }

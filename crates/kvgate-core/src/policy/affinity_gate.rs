@@ -213,15 +213,11 @@ impl AffinityGate {
     }
 
     /// A pod exploration may pick: not sticky, within the cost bound of the best pod, and
-    /// needing no adapter load (a bounded explore never loads or evicts a LoRA adapter). The
-    /// relative bound applies only to a request whose cached prefix is `shared`.
-    fn explorable(&self, c: &Candidate<'_>, best_all_ms: f64, shared: bool) -> bool {
-        let rel = if shared {
-            self.explore_max_extra_rel
-        } else {
-            0.0
-        };
-        let bound = self.explore_max_extra_ms.max(rel * best_all_ms.max(0.0));
+    /// needing no adapter load (a bounded explore never loads or evicts a LoRA adapter).
+    fn explorable(&self, c: &Candidate<'_>, best_all_ms: f64) -> bool {
+        let bound = self
+            .explore_max_extra_ms
+            .max(self.explore_max_extra_rel * best_all_ms.max(0.0));
         !self.sticky(c)
             && (bound <= 0.0
                 || (c.predicted_ttft_ms <= best_all_ms + bound && c.adapter_cost_ms <= 0.0))
@@ -305,14 +301,12 @@ impl AffinityGate {
     /// if the coin had not come up).
     fn explore(
         &self,
-        request: &RequestFacts,
         candidates: &[Candidate<'_>],
         best_all: usize,
         eligible: &mut [bool],
         rng: &mut DecisionRng,
     ) -> Option<usize> {
         let best_ms = candidates[best_all].predicted_ttft_ms;
-        let shared = request.prefix_sharers >= self.shared_prefix_min_requests;
         let any_sticky = candidates.iter().any(|c| self.sticky(c));
         match self.explore_mode {
             ExploreMode::BestOverall => {
@@ -327,7 +321,7 @@ impl AffinityGate {
                 // Always one draw here, so the RNG stream does not depend on the candidates.
                 let draw = rng.random::<f64>();
                 for (e, c) in eligible.iter_mut().zip(candidates) {
-                    *e = self.explorable(c, best_ms, shared);
+                    *e = self.explorable(c, best_ms);
                 }
                 let n = eligible.iter().filter(|&&e| e).count();
                 if n == 0 {
@@ -344,7 +338,7 @@ impl AffinityGate {
             }
             ExploreMode::LeastLoadedNonSticky => {
                 for (e, c) in eligible.iter_mut().zip(candidates) {
-                    *e = self.explorable(c, best_ms, shared);
+                    *e = self.explorable(c, best_ms);
                 }
                 let pick = argmin_by(candidates, eligible, in_flight_prompt_tokens);
                 if pick.is_none() {
@@ -473,7 +467,7 @@ impl Policy for AffinityGate {
         let best_all = argmin_by(candidates, eligible, ttft).ok_or(PolicyError::NoCandidates)?;
 
         let coin = rng.random::<f64>() < self.epsilon_for(request, candidates);
-        if coin && let Some(index) = self.explore(request, candidates, best_all, eligible, rng) {
+        if coin && let Some(index) = self.explore(candidates, best_all, eligible, rng) {
             return Ok(Pick {
                 index,
                 branch: Branch::Explore,
@@ -923,9 +917,8 @@ mod tests {
         let (a, b) = (pod(0, 0, 0, 0.1), pod(1, 0, 0, 0.1));
         // Slow pods: the best at 600 ms, the other 150 ms behind — far beyond 25 ms, within
         // 1 × 600 ms: the coin explores.
-        // The relative bound is for a shared prefix (8 recent requests carried it).
         let slow = [cand(&a, 10, 10, 600.0), cand(&b, 0, 10, 750.0)];
-        let (pick, _) = run(&mut g.clone(), &carried_by(8), &slow, &mut rng(3));
+        let (pick, _) = run(&mut g.clone(), &facts(10), &slow, &mut rng(3));
         assert_eq!(
             pick.unwrap(),
             Pick {
@@ -933,13 +926,9 @@ mod tests {
                 branch: Branch::Explore
             }
         );
-        // A conversation's own history (carried by 1) keeps the 25 ms bound: moving it would
-        // prefill the whole conversation again and seed nothing another request can use.
-        let (pick, _) = run(&mut g.clone(), &carried_by(1), &slow, &mut rng(3));
-        assert_eq!(pick.map(|p| p.branch), Ok(Branch::Exploit));
-        // Past twice the best, not even a shared prefix.
+        // Past twice the best, not.
         let far = [cand(&a, 10, 10, 600.0), cand(&b, 0, 10, 1_201.0)];
-        let (pick, _) = run(&mut g.clone(), &carried_by(8), &far, &mut rng(3));
+        let (pick, _) = run(&mut g.clone(), &facts(10), &far, &mut rng(3));
         assert_eq!(pick.map(|p| p.branch), Ok(Branch::Exploit));
         // Fast pods: 25 ms is the larger bound.
         let fast = [cand(&a, 10, 10, 10.0), cand(&b, 0, 10, 34.0)];
