@@ -11,7 +11,9 @@ use crate::decision::{Decision, PodExplanation, SloExplanation};
 use crate::index::popularity::PrefixPopularity;
 use crate::index::{PrefixIndex, prefix_score};
 use crate::pod::{PodId, PodSnapshot};
-use crate::policy::{Candidate, Policy, PolicyError, PolicyKind, RequestFacts, RequestSlo};
+use crate::policy::{
+    Candidate, Policy, PolicyError, PolicyKind, RequestFacts, RequestSlo, argmin_by,
+};
 use crate::predictor::{Features, LatencyPredictor};
 use crate::request::ParsedRequest;
 
@@ -131,6 +133,9 @@ pub struct Router {
     /// path).
     chosen: Option<Chosen>,
     eligible: Vec<bool>,
+    /// Each candidate's features, kept while the policy prices moves
+    /// ([`Policy::prices_prefill_above`]; reused between decisions).
+    features: Vec<Features>,
     /// The predictor's TTFT MAPE as last read, and decisions since (only with ε = auto).
     predictor_error: Option<f64>,
     since_error_read: u32,
@@ -155,6 +160,7 @@ impl Router {
             session_floor: None,
             chosen: None,
             eligible: Vec::new(),
+            features: Vec::new(),
             predictor_error: None,
             since_error_read: 0,
             popularity: (policy == PolicyKind::AffinityGate && config.shared_prefix_epsilon > 0.0)
@@ -350,7 +356,9 @@ impl Router {
         let session_floor = self.session_floor.take();
         let (matched, matched_other) = (&self.matched, &self.matched_other);
         let prefill_caps = &self.prefill_caps;
-        let prices_prefill = self.policy.prices_prefill();
+        let priced_above = self.policy.prices_prefill_above();
+        let features_kept = &mut self.features;
+        features_kept.clear();
         // Sized once: a filtered iterator's collect would grow (and copy) it log2(pods) times.
         let mut candidates = Vec::with_capacity(pods.len());
         candidates.extend(pods.iter().filter(|p| p.healthy).map(|pod| {
@@ -371,11 +379,9 @@ impl Router {
             };
             let features = Features::new(pod, input_tokens, computed_score);
             let prediction = predictor.predict(&pod.class, &features);
-            let prefill_ms = if prices_prefill {
-                predictor.own_prefill_ms(&pod.class, &features)
-            } else {
-                0.0
-            };
+            if priced_above.is_some() {
+                features_kept.push(features);
+            }
             let adapter_fit = adapter_fit(pod.lora.as_ref(), cut.adapter);
             let adapter_cost_ms = match (lora, &pod.lora) {
                 ((true, load_ms, deferral_ms), Some(slots)) => {
@@ -396,9 +402,12 @@ impl Router {
                 predicted_tpot_ms: prediction.tpot_ms,
                 adapter_fit,
                 adapter_cost_ms,
-                prefill_ms,
+                prefill_ms: 0.0,
             }
         }));
+        if let Some(tau) = priced_above {
+            self.price_prefill(&mut candidates, tau, predictor);
+        }
         if self.popularity.is_some() {
             // The deepest main-chain prefix any healthy pod holds.
             let deepest = candidates
@@ -410,6 +419,28 @@ impl Router {
             facts.prefix_sharers = self.prefix_sharers(cut.blocks, deepest);
         }
         (facts, candidates)
+    }
+
+    /// Fills [`Candidate::prefill_ms`] of the best pod overall and of the best pod whose prefix
+    /// score exceeds `tau`, as the policy's argmin will find them (the features were kept in
+    /// `self.features` in candidate order).
+    fn price_prefill(
+        &mut self,
+        candidates: &mut [Candidate<'_>],
+        tau: f64,
+        predictor: &LatencyPredictor,
+    ) {
+        self.eligible.clear();
+        self.eligible.resize(candidates.len(), true);
+        let best_all = argmin_by(candidates, &self.eligible, |c| c.predicted_ttft_ms);
+        for (e, c) in self.eligible.iter_mut().zip(candidates.iter()) {
+            *e = c.prefix_score > tau;
+        }
+        let best_sticky = argmin_by(candidates, &self.eligible, |c| c.predicted_ttft_ms);
+        for i in [best_all, best_sticky].into_iter().flatten() {
+            let class = &candidates[i].pod.class;
+            candidates[i].prefill_ms = predictor.predict_with_prefill(class, &self.features[i]).1;
+        }
     }
 
     /// Runs the policy over evaluated candidates; the second half of [`Router::decide`].
@@ -493,5 +524,58 @@ impl Router {
             predicted_to_meet: headroom_ttft_ms.is_none_or(|h| h >= 0.0)
                 && headroom_tpot_ms.is_none_or(|h| h >= 0.0),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::index::routed::RoutedIndex;
+    use crate::predictor::PredictorConfig;
+    use crate::{PodId, PodSnapshot};
+
+    #[test]
+    fn a_policy_that_prices_moves_gets_the_prefill_of_the_two_pods_it_compares() {
+        let blocks: Vec<BlockHash> = (1..=20).collect();
+        let mut index = RoutedIndex::new();
+        // Pod 1 holds the prompt; pod 0 and pod 2 hold nothing, pod 2 is the busier one.
+        index.record_routed(PodId(1), &blocks);
+        let mut pods: Vec<PodSnapshot> =
+            (0..3).map(|i| PodSnapshot::idle(i, "c", 10_000)).collect();
+        pods[2].in_flight.prefill_tokens = 4_000;
+        let predictor = LatencyPredictor::new(PredictorConfig::default());
+        let input_tokens = 20 * 16;
+
+        let mut router = Router::new(RouterConfig::default(), PolicyKind::AffinityGate);
+        let (_, candidates) = router.evaluate(&blocks, input_tokens, &pods, &index, &predictor);
+        // Pod 1, holding the prompt, is both the best pod overall and the best sticky one.
+        let best = argmin_by(&candidates, &[true; 3], |c| c.predicted_ttft_ms).unwrap();
+        assert_eq!(best, 1);
+        assert_eq!(
+            candidates[1].prefill_ms, 0.0,
+            "pod 1 holds the whole prompt"
+        );
+        // Only the compared pods are priced: pod 0 and pod 2 are neither.
+        assert_eq!(
+            (candidates[0].prefill_ms, candidates[2].prefill_ms),
+            (0.0, 0.0)
+        );
+
+        // Pod 1 loaded: pod 0 is the best overall, and its prefill is priced.
+        pods[1].in_flight.prefill_tokens = 40_000;
+        let (_, candidates) = router.evaluate(&blocks, input_tokens, &pods, &index, &predictor);
+        let best = argmin_by(&candidates, &[true; 3], |c| c.predicted_ttft_ms).unwrap();
+        assert_eq!(best, 0);
+        let features = Features::new(&pods[0], input_tokens, 0.0);
+        let expected = predictor.predict_with_prefill("c", &features).1;
+        assert!(expected > 0.0);
+        assert_eq!(candidates[0].prefill_ms, expected);
+        assert_eq!(candidates[1].prefill_ms, 0.0);
+        assert_eq!(candidates[2].prefill_ms, 0.0);
+
+        // The seed profile prices nothing.
+        let mut seed = Router::new(RouterConfig::seed(), PolicyKind::AffinityGate);
+        let (_, candidates) = seed.evaluate(&blocks, input_tokens, &pods, &index, &predictor);
+        assert!(candidates.iter().all(|c| c.prefill_ms == 0.0));
     }
 }

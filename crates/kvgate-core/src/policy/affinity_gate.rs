@@ -442,8 +442,9 @@ impl Policy for AffinityGate {
         true
     }
 
-    fn prices_prefill(&self) -> bool {
-        self.load_break_pays_prefill && self.affinity_relative_penalty > 0.0
+    fn prices_prefill_above(&self) -> Option<f64> {
+        (self.load_break_pays_prefill && self.affinity_relative_penalty > 0.0)
+            .then_some(self.affinity_gate_tau)
     }
 
     fn gate_state(&self) -> Option<GateState> {
@@ -675,7 +676,7 @@ mod tests {
             load_break_pays_prefill: true,
             ..gate(0.0, 5000.0)
         };
-        assert!(g.prices_prefill());
+        assert_eq!(g.prices_prefill_above(), Some(0.8));
         let (a, b) = (pod(0, 0, 0, 0.1), pod(1, 0, 0, 0.1));
         // The sticky pod b is predicted 206 ms (6 ms of it its own prefill), the cold pod a
         // 155 ms: 206 > 1.25 × 155 + 5, a 51 ms saving. Where 145 ms of a's 155 are the whole
@@ -706,7 +707,7 @@ mod tests {
                 load_break_pays_prefill: false,
                 ..g
             };
-            assert!(!plain.prices_prefill());
+            assert_eq!(plain.prices_prefill_above(), None);
             let (pick, _) = run(&mut plain.clone(), &facts(10), &cands, &mut rng(1));
             assert_eq!(pick.unwrap().branch, Branch::LoadBreak);
         }

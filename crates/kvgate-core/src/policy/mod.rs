@@ -48,7 +48,8 @@ pub struct Candidate<'a> {
     pub adapter_cost_ms: f64,
     /// Milliseconds of `predicted_ttft_ms` due to this request's own uncached prompt tokens: the
     /// prediction less the prediction as if the pod held the whole prompt (≥ 0). Computed only
-    /// for a policy that prices moves ([`Policy::prices_prefill`]); 0 otherwise.
+    /// for the two pods a policy that prices moves compares ([`Policy::prices_prefill_above`]:
+    /// the best pod overall, the best above τ); 0 otherwise.
     pub prefill_ms: f64,
 }
 
@@ -122,9 +123,10 @@ pub trait Policy: Send {
         false
     }
 
-    /// Whether the policy reads [`Candidate::prefill_ms`] (one more TTFT prediction per pod).
-    fn prices_prefill(&self) -> bool {
-        false
+    /// `Some(τ)` when the policy reads [`Candidate::prefill_ms`] of the best pod overall and of
+    /// the best pod whose prefix score exceeds τ (one more TTFT prediction for each).
+    fn prices_prefill_above(&self) -> Option<f64> {
+        None
     }
 
     /// Picks one of `candidates` (never empty when called by the router, but every policy
