@@ -3,7 +3,10 @@
 what weights the RLS learns from a real run, and its prequential error (each request predicted
 before its own first token is learnt), for several ridge strengths. Needs numpy.
 
-    rls_replay.py FILE [FILE ...] [--delta 0.01,1,10] [--min-samples 8]
+    rls_replay.py FILE [FILE ...] [--delta 0.01,1,10] [--min-samples 8] [--keep 0,1,2,3,7]
+
+--keep fits only those features (indices into the table's columns, bias = 0): what a smaller
+feature set would have learnt and predicted on the same requests.
 
 An approximation of `crates/kvgate-core/src/predictor` (plain `rls`): the same 10 scaled TTFT
 features (features.rs), forgetting 0.999, a ridge prior P0 = I/delta centred on the analytic
@@ -48,14 +51,16 @@ def records(path):
     return recs
 
 
-def replay(recs, delta, min_samples):
+def replay(recs, delta, min_samples, keep):
+    d = len(keep)
+    prior = PRIOR[keep]
     events = []
     for r in recs:
         y = r["observed"]["ttft_ms"]
-        events.append((r["timestamp_ms"] + y, 1, r["_x"], y))
-        events.append((r["timestamp_ms"], 0, r["_x"], y))
+        events.append((r["timestamp_ms"] + y, 1, r["_x"][keep], y))
+        events.append((r["timestamp_ms"], 0, r["_x"][keep], y))
     events.sort(key=lambda e: (e[0], e[1]))
-    w, p, n, lam = PRIOR.copy(), np.eye(D) / delta, 0, 0.999
+    w, p, n, lam = prior.copy(), np.eye(d) / delta, 0, 0.999
     errors, signed = [], []
     for _, learn, x, y in events:
         if learn:
@@ -63,14 +68,14 @@ def replay(recs, delta, min_samples):
             den = lam + x @ g
             w = w + g * (y - w @ x) / den
             p = (p - np.outer(g, g) / den) / lam
-            for j in range(D):
+            for j in range(d):
                 if p[j, j] > 1 / delta:
                     s = np.sqrt((1 / delta) / p[j, j])
                     p[j, :] *= s
                     p[:, j] *= s
             n += 1
         else:
-            pred = max(x @ (w if n >= min_samples else PRIOR), 1.0)
+            pred = max(x @ (w if n >= min_samples else prior), 1.0)
             errors.append(abs(pred - y) / y)
             signed.append(pred - y)
     return w, float(np.mean(errors)), float(np.mean(signed))
@@ -81,12 +86,14 @@ def main():
     ap.add_argument("files", nargs="+")
     ap.add_argument("--delta", default="0.01,1,10")
     ap.add_argument("--min-samples", type=int, default=8)
+    ap.add_argument("--keep", default=",".join(str(i) for i in range(D)))
     args = ap.parse_args()
+    keep = [int(i) for i in args.keep.split(",")]
     runs = [records(f) for f in args.files]
-    print("| delta | prequential MAPE | signed error ms | " + " | ".join(NAMES) + " |")
-    print("|---:|---:|---:|" + "---:|" * D)
+    print("| delta | prequential MAPE | signed error ms | " + " | ".join(NAMES[i] for i in keep) + " |")
+    print("|---:|---:|---:|" + "---:|" * len(keep))
     for delta in [float(d) for d in args.delta.split(",")]:
-        out = [replay(r, delta, args.min_samples) for r in runs]
+        out = [replay(r, delta, args.min_samples, keep) for r in runs]
         weights = np.mean([o[0] for o in out], axis=0)
         print(f"| {delta:g} | {np.mean([o[1] for o in out]):.2f} | {np.mean([o[2] for o in out]):.0f} | "
               + " | ".join(f"{v:.0f}" for v in weights) + " |")
