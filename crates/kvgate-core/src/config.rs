@@ -155,8 +155,8 @@ pub struct RouterConfig {
     /// adds: best sticky − best > the move's extra prefill (the best pod's own-prefill share of
     /// its prediction less the sticky pod's). The target pays that prefill once for this
     /// request (already in its prediction) and once more for every request queued behind it.
-    /// Seed false, default profile true (BENCHMARKS.md "Real vLLM (CPU): a load break must pay
-    /// for its prefill").
+    /// Seed false, default profile true (BENCHMARKS.md "Which key of the default profile loses
+    /// when overloaded").
     pub load_break_pays_prefill: bool,
     /// What exploring picks. Seed: `best-overall`.
     pub explore_mode: ExploreMode,

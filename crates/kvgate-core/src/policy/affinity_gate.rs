@@ -47,9 +47,9 @@
 //!   that prefill in this request's TTFT and again in the TTFT of every request queued behind
 //!   it; the absolute penalty is not priced. On two real vLLM CPU pods in overload a break 51 ms
 //!   "faster" put a 2,374-token prefill in front of the next requests on the cold pod (the
-//!   next one on it: 2,255 ms against 789 ms without the break), and the relative gate's
-//!   2–3 breaks per run cost ×1.6 the mean TTFT (BENCHMARKS.md "Real vLLM (CPU): a load
-//!   break must pay for its prefill").
+//!   next one on it: 2,255 ms against 789 ms without the break); the build before this rule
+//!   had ×1.14 [0.97–1.42] its mean TTFT and ×1.39 [0.97–1.60] its p99 there (agent ×40,
+//!   5 rounds; BENCHMARKS.md "Which key of the default profile loses when overloaded").
 //! - `cold_spread_window_ms` w: in NO_STICKY and LOAD_BREAK, among pods predicted within w ms of
 //!   the best, take the one with the fewest in-flight prompt tokens (prefill tokens not yet
 //!   computed + tokens of decoding requests), spreading new prefixes instead of piling them on
