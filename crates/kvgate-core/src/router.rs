@@ -439,7 +439,7 @@ impl Router {
         let best_sticky = argmin_by(candidates, &self.eligible, |c| c.predicted_ttft_ms);
         for i in [best_all, best_sticky].into_iter().flatten() {
             let class = &candidates[i].pod.class;
-            candidates[i].prefill_ms = predictor.predict_with_prefill(class, &self.features[i]).1;
+            candidates[i].prefill_ms = predictor.own_prefill_ms(class, &self.features[i]);
         }
     }
 
@@ -567,7 +567,7 @@ mod tests {
         let best = argmin_by(&candidates, &[true; 3], |c| c.predicted_ttft_ms).unwrap();
         assert_eq!(best, 0);
         let features = Features::new(&pods[0], input_tokens, 0.0);
-        let expected = predictor.predict_with_prefill("c", &features).1;
+        let expected = predictor.own_prefill_ms("c", &features);
         assert!(expected > 0.0);
         assert_eq!(candidates[0].prefill_ms, expected);
         assert_eq!(candidates[1].prefill_ms, 0.0);

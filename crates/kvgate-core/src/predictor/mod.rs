@@ -650,27 +650,19 @@ impl LatencyPredictor {
         }
     }
 
-    /// [`LatencyPredictor::predict`] and the milliseconds of its TTFT due to the request's own
-    /// uncached prompt tokens: the prediction less the prediction with the whole prompt cached
-    /// (prefix score 1), ≥ 0. One class lookup and one sanitising for both.
-    pub fn predict_with_prefill(&self, class: &str, features: &Features) -> (Prediction, f64) {
+    /// Milliseconds of the predicted TTFT due to the request's own uncached prompt tokens: the
+    /// prediction less the prediction with the whole prompt cached (prefix score 1), ≥ 0.
+    pub fn own_prefill_ms(&self, class: &str, features: &Features) -> f64 {
         let f = self.encodable(features);
+        if f.prefix_score >= 1.0 {
+            return 0.0;
+        }
         let models = self.models(class);
-        let ttft_ms = models.ttft_ms(&self.config, &f);
         let cached = Features {
             prefix_score: 1.0,
             ..f
         };
-        let prefill_ms = if f.prefix_score >= 1.0 {
-            0.0
-        } else {
-            (ttft_ms - models.ttft_ms(&self.config, &cached)).max(0.0)
-        };
-        let prediction = Prediction {
-            ttft_ms,
-            tpot_ms: models.tpot_ms(&self.config, &f),
-        };
-        (prediction, prefill_ms)
+        (models.ttft_ms(&self.config, &f) - models.ttft_ms(&self.config, &cached)).max(0.0)
     }
 
     /// Predicted 90th percentile of TTFT: the point TTFT × the class's tracked p90 of
