@@ -442,6 +442,9 @@ impl Policy for AffinityGate {
         true
     }
 
+    /// τ as it stands before this decision: with `affinity_gate_tau = "auto"` the decision's
+    /// own update may move it, and a sticky pod the router did not price counts a prefill of 0
+    /// (the break then looks costlier, never cheaper).
     fn prices_prefill_above(&self) -> Option<f64> {
         (self.load_break_pays_prefill && self.affinity_relative_penalty > 0.0)
             .then_some(self.affinity_gate_tau)
