@@ -45,7 +45,7 @@ pub use config::RouterConfig;
 pub use decision::{
     Branch, Decision, DecodeCandidate, DecodeExplanation, GateState, PodExplanation, SloExplanation,
 };
-pub use models::{ModelPods, ServedModels, pods_for_model};
+pub use models::{ModelPods, ServedModels, pods_for_model, predictor_class};
 pub use pod::{InFlight, PodId, PodRole, PodSnapshot};
 pub use router::{PromptCut, Router};
 pub use session::pd::{PdRouted, Route, Stage};

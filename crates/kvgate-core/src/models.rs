@@ -23,6 +23,12 @@
 //! ([`crate::BlockHasher::chain_seed`]), so the index never credits a pod with a prefix that
 //! pods of another model cached, with one base model or many.
 //!
+//! The predictor's pod classes include the model ([`predictor_class`]): a pod's class is its
+//! configured hardware class and its base model ([`ServedModels::base`]: the declared `model`,
+//! or the first entry of its `/v1/models` with no `parent`, vLLM's base model), as
+//! `class@model`, so an 8B and a 70B model on one GPU type learn one latency model each. A pod
+//! whose model is not known yet keeps its bare class.
+//!
 //! Models are matched by [`AdapterId`] (xxh3-64 of the name, as the LoRA rules and the chain
 //! seed use it): a pod's list costs 8 bytes per id. Bound: at most [`MAX_SERVED_MODELS`] ids per
 //! pod (more are dropped and counted in [`ServedModels::dropped`], never a panic).
@@ -31,6 +37,11 @@ use crate::adapters::AdapterId;
 use crate::pod::PodId;
 use serde_json::Value;
 use std::borrow::Borrow;
+use std::sync::Arc;
+
+/// Longest base-model name kept for a predictor class (bytes; a longer one is cut at a
+/// character boundary): class names label metrics and travel between replicas.
+pub const MAX_BASE_MODEL_NAME: usize = 256;
 
 /// Most model ids kept per pod: a vLLM pod lists its base model and its adapters (tens,
 /// rarely hundreds); the gateway's merged `/v1/models` keeps 10,000 in all.
@@ -40,6 +51,8 @@ pub const MAX_SERVED_MODELS: usize = 10_000;
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ServedModels {
     ids: Vec<AdapterId>,
+    /// The pod's base model, when the list names one (≤ [`MAX_BASE_MODEL_NAME`] bytes).
+    base: Option<Arc<str>>,
     /// Ids beyond the bound, not kept.
     dropped: usize,
 }
@@ -54,9 +67,31 @@ pub enum ModelsListError {
 }
 
 impl ServedModels {
-    /// The models named, in any order, duplicates ignored.
+    /// The models named, in any order, duplicates ignored; no base model.
     pub fn from_names<'a>(names: impl IntoIterator<Item = &'a str>) -> Self {
         Self::from_ids(names.into_iter().map(AdapterId::of))
+    }
+
+    /// A pod declared to serve `model`: that model, as its base model too.
+    pub fn declared(model: &str) -> Self {
+        Self::from_names([model]).with_base(Some(model))
+    }
+
+    fn with_base(mut self, base: Option<&str>) -> Self {
+        self.base = base.filter(|b| !b.is_empty()).map(|b| {
+            let mut end = b.len().min(MAX_BASE_MODEL_NAME);
+            while !b.is_char_boundary(end) {
+                end -= 1;
+            }
+            Arc::from(&b[..end])
+        });
+        self
+    }
+
+    /// The pod's base model: the declared one, or the first entry of its `/v1/models` that has
+    /// no `parent` (vLLM names the base model of each LoRA adapter in its `parent`).
+    pub fn base(&self) -> Option<&str> {
+        self.base.as_deref()
     }
 
     fn from_ids(ids: impl IntoIterator<Item = AdapterId>) -> Self {
@@ -71,21 +106,30 @@ impl ServedModels {
         }
         kept.sort_unstable();
         kept.dedup();
-        ServedModels { ids: kept, dropped }
+        ServedModels {
+            ids: kept,
+            base: None,
+            dropped,
+        }
     }
 
     /// An OpenAI `GET /v1/models` body: the `id` of every entry of `data` (base models and
-    /// adapters alike; entries without a string `id` are skipped, as the merged list skips them).
+    /// adapters alike; entries without a string `id` are skipped, as the merged list skips
+    /// them), and as the base model the first of them without a string `parent`.
     pub fn from_models_list(body: &[u8]) -> Result<Self, ModelsListError> {
         let v: Value = serde_json::from_slice(body)
             .map_err(|e| ModelsListError::InvalidJson(e.to_string()))?;
         let Some(Value::Array(list)) = v.get("data") else {
             return Err(ModelsListError::NoData);
         };
-        Ok(Self::from_names(
+        let named = || {
             list.iter()
-                .filter_map(|m| m.get("id").and_then(Value::as_str)),
-        ))
+                .filter_map(|m| Some((m.get("id")?.as_str()?, m.get("parent"))))
+        };
+        let base = named()
+            .find(|(_, parent)| !parent.is_some_and(Value::is_string))
+            .map(|(id, _)| id);
+        Ok(Self::from_names(named().map(|(id, _)| id)).with_base(base))
     }
 
     pub fn serves(&self, model: AdapterId) -> bool {
@@ -103,6 +147,15 @@ impl ServedModels {
     /// Ids left out over [`MAX_SERVED_MODELS`].
     pub fn dropped(&self) -> usize {
         self.dropped
+    }
+}
+
+/// The predictor class of a pod of hardware class `class` serving `base_model`:
+/// `class@base_model`, or `class` alone while its model is not known (module docs).
+pub fn predictor_class(class: &str, base_model: Option<&str>) -> Arc<str> {
+    match base_model {
+        Some(model) => format!("{class}@{model}").into(),
+        None => class.into(),
     }
 }
 
@@ -158,6 +211,7 @@ mod tests {
             {"object":"model"},{"id":7}]}"#;
         let s = ServedModels::from_models_list(body).unwrap();
         assert_eq!(s.len(), 2);
+        assert_eq!(s.base(), Some("base"));
         assert!(s.serves(id("base")));
         assert!(s.serves(id("sql-lora")));
         assert!(!s.serves(id("other")));
@@ -169,6 +223,36 @@ mod tests {
             ServedModels::from_models_list(br#"{"data":{}}"#),
             Err(ModelsListError::NoData)
         );
+    }
+
+    #[test]
+    fn the_base_model_is_the_first_entry_without_a_parent_and_names_the_predictor_class() {
+        // vLLM lists an adapter with its base as `parent`; the adapter may come first.
+        let body =
+            br#"{"data":[{"id":"sql-lora","parent":"llama-8b"},{"id":"llama-8b","parent":null}]}"#;
+        let s = ServedModels::from_models_list(body).unwrap();
+        assert_eq!(s.base(), Some("llama-8b"));
+        // A server that gives no `parent` at all: its first model.
+        let s = ServedModels::from_models_list(br#"{"data":[{"id":"m1"},{"id":"m2"}]}"#).unwrap();
+        assert_eq!(s.base(), Some("m1"));
+        // Only adapters listed: no base model known.
+        let s = ServedModels::from_models_list(br#"{"data":[{"id":"a","parent":"b"}]}"#).unwrap();
+        assert_eq!(s.base(), None);
+        assert_eq!(ServedModels::declared("tiny").base(), Some("tiny"));
+        assert!(ServedModels::declared("tiny").serves(id("tiny")));
+        assert_eq!(ServedModels::from_names(["tiny"]).base(), None);
+        // Lists that differ only in their base model differ.
+        assert_ne!(
+            ServedModels::declared("tiny"),
+            ServedModels::from_names(["tiny"])
+        );
+        assert_eq!(&*predictor_class("h100", Some("llama-8b")), "h100@llama-8b");
+        assert_eq!(&*predictor_class("h100", None), "h100");
+        // A huge name is cut to the bound, at a character boundary.
+        let huge = "é".repeat(MAX_BASE_MODEL_NAME);
+        let cut = ServedModels::declared(&huge);
+        assert!(cut.base().unwrap().len() <= MAX_BASE_MODEL_NAME);
+        assert!(huge.starts_with(cut.base().unwrap()));
     }
 
     #[test]

@@ -138,8 +138,11 @@ pub struct Pod {
     connect_url: String,
     /// `url` shared with every snapshot, so a decision copies a pointer, not the string.
     name: Arc<str>,
-    /// Predictor class (hardware/model profile).
+    /// The configured class (hardware profile).
     pub class: Arc<str>,
+    /// The predictor's class: `class@base_model` once the pod's base model is known (declared
+    /// or learnt), else `class` ([`kvgate_core::predictor_class`]).
+    predictor_class: Mutex<Arc<str>>,
     /// What it serves in a P/D fleet (`both` unless configured).
     pub role: PodRole,
     /// Its data-parallel rank when it is one engine of a server with `dp=N` (N > 1): requests
@@ -216,6 +219,7 @@ impl Pod {
             name: redact_userinfo(&connect_url).into(),
             connect_url,
             class: class.into(),
+            predictor_class: Mutex::new(class.into()),
             role: PodRole::Both,
             rank: None,
             data_parallel_size: 1,
@@ -249,7 +253,26 @@ impl Pod {
             return;
         }
         m.declared_name = model.map(str::to_string);
-        m.declared = model.map(|n| Arc::new(ServedModels::from_names([n])));
+        m.declared = model.map(|n| Arc::new(ServedModels::declared(n)));
+        self.set_predictor_class(&m);
+    }
+
+    /// The class the predictor learns this pod under (see the field).
+    pub fn predictor_class(&self) -> Arc<str> {
+        self.predictor_class.lock().clone()
+    }
+
+    fn set_predictor_class(&self, m: &PodModels) {
+        let base = m
+            .learnt
+            .as_deref()
+            .or(m.declared.as_deref())
+            .and_then(ServedModels::base);
+        let class = kvgate_core::predictor_class(&self.class, base);
+        let mut current = self.predictor_class.lock();
+        if **current != *class {
+            *current = class;
+        }
     }
 
     /// Records the list read from the pod's `/v1/models`; true when it differs from the one
@@ -261,6 +284,7 @@ impl Pod {
         if m.learnt.as_deref() != Some(&learnt) {
             m.learnt = Some(Arc::new(learnt));
         }
+        self.set_predictor_class(&m);
         changed
     }
 
@@ -370,7 +394,7 @@ impl Pod {
         PodSnapshot {
             id: self.id,
             name: self.name.clone(),
-            class: self.class.clone(),
+            class: self.predictor_class(),
             waiting: s.waiting,
             running: s.running,
             kv_usage: s.kv_usage,

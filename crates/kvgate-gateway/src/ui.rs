@@ -92,7 +92,7 @@ pub fn pods(shared: &Shared) -> Vec<PodView> {
             let last = p.last_kv_batch_unix_ms.load(Ordering::Relaxed);
             PodView {
                 pod: p.url.clone(),
-                class: p.class.to_string(),
+                class: p.predictor_class().to_string(),
                 role: p.role.name(),
                 healthy: p.is_healthy(),
                 breaker_open: p.breaker.is_open(now),

@@ -209,10 +209,13 @@ async fn a_declared_model_routes_before_the_pod_is_asked_and_a_pod_back_up_is_le
     assert_eq!(resp.status(), 503);
     assert_eq!(
         served(&url_b),
-        Some(std::sync::Arc::new(kvgate_core::ServedModels::from_names(
-            ["model-b"]
+        Some(std::sync::Arc::new(kvgate_core::ServedModels::declared(
+            "model-b"
         )))
     );
+    // The predictor learns each pod under its hardware class and its model.
+    let class = |u: &str| shared.pods.by_url(u).unwrap().predictor_class();
+    assert_eq!(&*class(&url_b), "default@model-b");
 
     // Pod b comes up serving model-b2 (not what was declared): its own list is learnt.
     let config = PodConfig {
@@ -241,5 +244,6 @@ async fn a_declared_model_routes_before_the_pod_is_asked_and_a_pod_back_up_is_le
         .await
         .unwrap();
     assert_eq!(resp.status(), 404, "no pod serves model-b any more");
+    assert_eq!(&*class(&url_b), "default@model-b2", "the learnt base model");
     drop((pod_a, pod_b));
 }

@@ -25,11 +25,25 @@ async fn fleet(config_file: Option<std::path::PathBuf>) -> (Vec<RunningPod>, Gat
     .await
     .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !pods.iter().all(|p| gw.pod_healthy(&p.url()) == Some(true)) {
+    // Healthy, and their models learnt: the predictor's class then names the model.
+    let ready = |url: &str| {
+        gw.pod_healthy(url) == Some(true)
+            && gw
+                .shared()
+                .pods
+                .by_url(url)
+                .is_some_and(|p| p.served_models().is_some())
+    };
+    while !pods.iter().all(|p| ready(&p.url())) {
         assert!(Instant::now() < deadline, "pods not healthy in 10 s");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     (pods, gw)
+}
+
+/// The pods' predictor class: the default hardware class and the mock pods' model.
+fn predictor_class() -> String {
+    format!("default@{DEFAULT_MODEL}")
 }
 
 fn chat(turn: u32) -> Value {
@@ -171,7 +185,10 @@ async fn predictor_metrics_per_class_move_after_requests_and_auto_tau_is_exposed
     assert_eq!(
         metric(
             &before,
-            "kvgate_predictor_class_ttft_samples{class=\"default\"}"
+            &format!(
+                "kvgate_predictor_class_ttft_samples{{class=\"{}\"}}",
+                predictor_class()
+            )
         ),
         None,
         "no class has learnt yet"
@@ -187,7 +204,10 @@ async fn predictor_metrics_per_class_move_after_requests_and_auto_tau_is_exposed
         let text = metrics(&gw).await;
         if metric(
             &text,
-            "kvgate_predictor_class_ttft_samples{class=\"default\"}",
+            &format!(
+                "kvgate_predictor_class_ttft_samples{{class=\"{}\"}}",
+                predictor_class()
+            ),
         ) == Some(40.0)
         {
             break text;
@@ -195,7 +215,7 @@ async fn predictor_metrics_per_class_move_after_requests_and_auto_tau_is_exposed
         assert!(Instant::now() < deadline, "no 40 samples:\n{text}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    let class = |name: &str| metric(&text, &format!("{name}{{class=\"default\"}}"));
+    let class = |name: &str| metric(&text, &format!("{name}{{class=\"{}\"}}", predictor_class()));
     // A TPOT needs two output tokens; the mock pod ends some answers after one.
     let tpot_samples = class("kvgate_predictor_class_tpot_samples").unwrap();
     assert!((1.0..=40.0).contains(&tpot_samples), "{tpot_samples}");

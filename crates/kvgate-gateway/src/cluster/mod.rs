@@ -695,9 +695,9 @@ fn handle(
     observe_delivery(m, headers, arrived_us);
     let all = shared.pods.all();
     let pods: FxHashMap<u64, PodId> = all.iter().map(|p| (wire::pod_key(&p.url), p.id)).collect();
-    let classes: FxHashMap<u64, &str> = all
+    let classes: FxHashMap<u64, Arc<str>> = all
         .iter()
-        .map(|p| (wire::pod_key(&p.url), &*p.class))
+        .map(|p| (wire::pod_key(&p.url), p.predictor_class()))
         .collect();
     let mut samples = 0u64;
     let mut peers = cluster.peers.lock();
@@ -795,7 +795,7 @@ fn handle(
             },
             Event::Sample { .. } if !cluster.config.share_samples => {}
             Event::Sample { pod, sample } => match classes.get(pod) {
-                Some(&class) => {
+                Some(class) => {
                     session.learn(class, sample);
                     samples += 1;
                 }
