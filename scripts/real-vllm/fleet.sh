@@ -43,6 +43,14 @@
 #        wildcard (to be bound) and listen beyond loopback.
 #   scripts/real-vllm/fleet.sh dp-up    starts it, writes $run/dp.env
 #   scripts/real-vllm/fleet.sh dp-down  stops it
+# Two pods of two different models (crates/kvgate/tests/real_vllm_models.rs), which replace the
+# others in scripts/test's models phase:
+#   ma   the fleet's tiny model served as `tiny`, core 0, HTTP port+5, replay port+55
+#   mb   another tiny model (make_model.py --seed 1: other weights, 4 layers, hidden 256)
+#        served as `tiny-b`, core 1, HTTP port+6, replay port+56
+#   scripts/real-vllm/fleet.sh models-up    builds the second model if needed, starts both,
+#                                           writes $run/models.env
+#   scripts/real-vllm/fleet.sh models-down  stops both
 # $run is ${KVGATE_VLLM_RUN:-/tmp/kvgate-vllm}; ports from ${KVGATE_VLLM_PORT:-18000}: HTTP
 # port and port+1, replay port+50 and port+51.
 set -euo pipefail
@@ -164,6 +172,37 @@ ENV
   mv "$run/dp.env.new" "$run/dp.env"
   echo "real-vLLM DP server up: $run/dp.env"
   ;;
+models-up)
+  mkdir -p "$run"
+  rm -f "$run/models.env"
+  scripts/real-vllm/install.sh "$venv"
+  [ -f "$model/config.json" ] || "$venv/bin/python" scripts/real-vllm/make_model.py "$model" --layers 8 --hidden 512
+  model_b="$run/tiny-model-b"
+  [ -f "$model_b/config.json" ] || "$venv/bin/python" scripts/real-vllm/make_model.py "$model_b" --layers 4 --hidden 256 --seed 1
+  KVGATE_VLLM_SERVED_NAME=tiny scripts/real-vllm/pod.sh start ma "$model" $((port + 5)) $((port + 55)) 0 &
+  ma=$!
+  KVGATE_VLLM_SERVED_NAME=tiny-b scripts/real-vllm/pod.sh start mb "$model_b" $((port + 6)) $((port + 56)) 1 &
+  mb=$!
+  ok=1
+  wait $ma || ok=0
+  wait $mb || ok=0
+  if [ $ok = 0 ]; then "$0" models-down; exit 1; fi
+  {
+    cat <<ENV
+KVGATE_VLLM_MODELS_A=http://127.0.0.1:$((port + 5)),model=tiny
+KVGATE_VLLM_MODELS_B=http://127.0.0.1:$((port + 6)),model=tiny-b
+ENV
+    speed_lines ma "http://127.0.0.1:$((port + 5))"
+  } > "$run/models.env.new"
+  mv "$run/models.env.new" "$run/models.env"
+  echo "real-vLLM pods of two models up: $run/models.env"
+  ;;
+models-down)
+  scripts/real-vllm/pod.sh stop ma &
+  scripts/real-vllm/pod.sh stop mb &
+  wait
+  rm -f "$run/models.env"
+  ;;
 dp-down)
   scripts/real-vllm/pod.sh stop dp
   rm -f "$run/dp.env"
@@ -180,5 +219,5 @@ down)
   wait
   rm -f "$run/fleet.env"
   ;;
-*) echo "usage: $0 up|down|speed|pd-up|pd-down|dp-up|dp-down" >&2; exit 2 ;;
+*) echo "usage: $0 up|down|speed|pd-up|pd-down|dp-up|dp-down|models-up|models-down" >&2; exit 2 ;;
 esac

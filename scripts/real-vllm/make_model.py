@@ -1,7 +1,8 @@
 """Builds a tiny random-weight Llama model with a locally trained tokenizer and a chat
 template, for a real vLLM on CPU without any download (../shared/reference/real-vllm.md).
 
-Usage: python make_model.py OUT_DIR [--layers N] [--hidden N]
+Usage: python make_model.py OUT_DIR [--layers N] [--hidden N] [--seed N]
+A different --seed gives different weights (another model with the same tokenizer).
 The tokenizer is a byte-level BPE (4096 tokens) trained on the Python standard library's own
 sources, which every machine has. Output text is noise; routing does not care.
 """
@@ -27,6 +28,7 @@ def main():
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--vocab", type=int, default=4096)
+    ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
 
@@ -41,7 +43,7 @@ def main():
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(args.out)
 
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)
     config = LlamaConfig(
         vocab_size=tok.get_vocab_size(), hidden_size=args.hidden,
         intermediate_size=args.hidden * 4, num_hidden_layers=args.layers,
@@ -52,7 +54,7 @@ def main():
     model = LlamaForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(args.out)
     print("model", args.out, "layers", args.layers, "hidden", args.hidden,
-          "vocab", tok.get_vocab_size())
+          "vocab", tok.get_vocab_size(), "seed", args.seed)
 
 
 if __name__ == "__main__":

@@ -9,8 +9,10 @@
 #              prompt fits the pods (max_model_len 4096); the others: `kvgate loadgen --workload W`
 #              (--workload-seed WORKLOAD_SEED, 1; --max-requests REQUESTS; chat and agent:
 #              --max-context-tokens MAX_CONTEXT_TOKENS, 1700 planned tokens ≈ 2,900 text tokens;
-#              shared-prefix: --preset PRESET, A: B–D do not fit 4096 tokens as text). Every
-#              round replays the same requests.
+#              shared-prefix: --preset PRESET, A: B–D do not fit 4096 tokens as text; agent:
+#              AGENT_COMPACT_EVERY N > 0 compacts each session's history every N steps and
+#              sends each request's session in `x-session-id`). Every round replays the same
+#              requests.
 #   ROUNDS     5 (RUNS is read too): rounds 1..ROUNDS; each round runs every router once per
 #              workload, in an order rotated by the round. Raise it in a later sitting to add rounds.
 #   REQUESTS   100; RATE_SCALE 1.0 (arrivals × F). Per workload: REQUESTS_CHAT, RATE_SCALE_AGENT,
@@ -152,6 +154,12 @@ for w in "${wl[@]}"; do
       seed=$(wopt WORKLOAD_SEED "$w" 1) ctx=$(wopt MAX_CONTEXT_TOKENS "$w" 1700)
       params+=(workload_seed="$seed" max_context_tokens="$ctx")
       wargs[$w]="--workload $w --workload-seed $seed --max-requests $n --max-context-tokens $ctx"
+      compact=$(wopt AGENT_COMPACT_EVERY "$w" 0)
+      if [ "$w" = agent ] && [ "$compact" != 0 ]; then
+        # Compacted sessions, each request naming its session (issue 43's session affinity).
+        params+=(agent_compact_every="$compact")
+        wargs[$w]+=" --agent-compact-every $compact --session-header x-session-id"
+      fi
       ;;
   esac
   wargs[$w]+=" --rate-scale $rate"

@@ -17,6 +17,7 @@
 # ${KVGATE_CPUINFO:-/proc/cpuinfo}), else float32 (on an AVX2-only CPU bf16 is emulated, and
 # slower); ${KVGATE_VLLM_DTYPE} overrides the choice, and a `--dtype` among the vllm args wins
 # over both. The dtype a pod runs with is written to $run/NAME.dtype.
+# The pod serves its model as ${KVGATE_VLLM_SERVED_NAME:-tiny} (--served-model-name).
 # KVGATE_VLLM_PIN=1 starts the pod under `taskset -c CORE` (every process and thread on its core;
 # scripts/real-vllm/layout.sh measures what that does); `restart` does not keep it.
 set -euo pipefail
@@ -40,6 +41,8 @@ dtype) cpu_dtype ;;
 start)
   # Saved for `restart`, one argument per line (and NIXL's side-channel port, P/D pods).
   printf '%s\n' "${@:3}" > "$run/$name.args"
+  served=${KVGATE_VLLM_SERVED_NAME:-tiny}
+  echo "$served" > "$run/$name.served"
   if [ -n "${VLLM_NIXL_SIDE_CHANNEL_PORT:-}" ]; then
     echo "$VLLM_NIXL_SIDE_CHANNEL_PORT" > "$run/$name.nixl-port"
   else
@@ -68,7 +71,7 @@ start)
   VLLM_TARGET_DEVICE=cpu VLLM_CPU_KVCACHE_SPACE=${KVGATE_VLLM_KV_GIB:-1} \
   VLLM_CPU_OMP_THREADS_BIND=$core VLLM_SERVER_DEV_MODE=1 \
   setsid "${pin[@]}" "$venv/bin/python" -m vllm.entrypoints.openai.api_server \
-    --model "$model" --served-model-name tiny --host 127.0.0.1 --port "$port" \
+    --model "$model" --served-model-name "$served" --host 127.0.0.1 --port "$port" \
     --enable-prefix-caching --max-model-len 4096 "${dtype_arg[@]}" \
     --kv-events-config "{\"enable_kv_cache_events\": true, \"publisher\": \"zmq\", \"endpoint\": \"$events\", \"replay_endpoint\": \"tcp://127.0.0.1:$replay\"}" \
     "$@" > "$run/$name.log" 2>&1 < /dev/null &
@@ -99,6 +102,10 @@ restart)
   if [ -f "$run/$name.dtype" ]; then
     KVGATE_VLLM_DTYPE=$(cat "$run/$name.dtype")
     export KVGATE_VLLM_DTYPE
+  fi
+  if [ -f "$run/$name.served" ]; then
+    KVGATE_VLLM_SERVED_NAME=$(cat "$run/$name.served")
+    export KVGATE_VLLM_SERVED_NAME
   fi
   "$0" kill "$name"
   exec "$0" start "$name" "${saved[@]}"
