@@ -4,7 +4,7 @@
 #   scripts/real-vllm/peers.sh [OUT_DIR]          (default $OUT_DIR, else /var/tmp/kvgate-peers)
 #
 # Env:
-#   WORKLOAD   mooncake (default) | chat | shared-prefix | agent, or a comma list of them:
+#   WORKLOAD   mooncake (default) | chat | shared-prefix | agent | burst, or a comma list of them:
 #              mooncake: the first REQUESTS requests of the Mooncake conversation trace whose text
 #              prompt fits the pods (max_model_len 4096); the others: `kvgate loadgen --workload W`
 #              (--workload-seed WORKLOAD_SEED, 1; --max-requests REQUESTS; chat and agent:
@@ -60,6 +60,8 @@
 #                   KVGATE_BASE_CONFIG=FILE also `--config FILE` (a setting measured against the
 #                   default: KVGATE_BASE_BIN may be the same binary)
 #   kvgate-engine   kvgate serve --index engine (the pods' KV events + the model's tokenizer)
+#   kvgate-engine-base  kvgate-engine's command with $KVGATE_BASE_BIN and, with
+#                   KVGATE_BASE_CONFIG, `--config FILE` (as kvgate-base for the routed index)
 #   sglang-cache    sglang-router 0.3.2 --policy cache_aware
 #   vllm-cache      vllm-router 0.1.17 --policy cache_aware
 #   vllm-kv         vllm-router 0.1.17 --policy kv_aware, fed by the pods' KV events (ZMQ; it takes
@@ -114,13 +116,16 @@ here=scripts/real-vllm
 IFS=, read -ra wl <<< "$workloads"
 IFS=, read -ra list <<< "$routers"
 for w in "${wl[@]}"; do
-  case "$w" in mooncake|chat|shared-prefix|agent) ;; *) echo "unknown WORKLOAD $w (mooncake|chat|shared-prefix|agent)" >&2; exit 2 ;; esac
+  case "$w" in mooncake|chat|shared-prefix|agent|burst) ;; *) echo "unknown WORKLOAD $w (mooncake|chat|shared-prefix|agent|burst)" >&2; exit 2 ;; esac
 done
 for name in "${list[@]}"; do
   case "$name" in
     kvgate-routed|round-robin|llmd-chain|sglang-cache|vllm-cache) ;;
     kvgate-base) [ -x "${KVGATE_BASE_BIN:-}" ] || { echo "router kvgate-base needs KVGATE_BASE_BIN (an executable kvgate)" >&2; exit 2; } ;;
     kvgate-engine|vllm-kv) [ "$pods_kind" = vllm ] || { echo "router $name needs real vLLM pods (PODS=vllm)" >&2; exit 2; } ;;
+    kvgate-engine-base)
+      [ "$pods_kind" = vllm ] || { echo "router $name needs real vLLM pods (PODS=vllm)" >&2; exit 2; }
+      [ -x "${KVGATE_BASE_BIN:-}" ] || { echo "router $name needs KVGATE_BASE_BIN (an executable kvgate)" >&2; exit 2; } ;;
     *) echo "unknown router $name" >&2; exit 2 ;;
   esac
 done
@@ -144,6 +149,11 @@ for w in "${wl[@]}"; do
       [ -f "$out/$w/slice.jsonl" ] || python3 $here/peers_run.py slice "$trace" "$out/$w/slice.jsonl" "$n"
       params+=(trace="$(basename "$trace")")
       wargs[$w]="--trace $out/$w/slice.jsonl"
+      ;;
+    burst)
+      seed=$(wopt WORKLOAD_SEED "$w" 1)
+      params+=(workload_seed="$seed")
+      wargs[$w]="--workload burst --workload-seed $seed --max-requests $n"
       ;;
     shared-prefix)
       preset=$(wopt PRESET "$w" A) seed=$(wopt WORKLOAD_SEED "$w" 1)
@@ -315,11 +325,16 @@ start_router() { # name log
       "$bin" serve --listen "127.0.0.1:$gw" --admin-listen "127.0.0.1:$((gw + 10))" \
         --policy affinity-gate --pod "$p0" --pod "$p1" --decisions-log "$decisions" "${extra[@]}" 2> "$log" &
       ;;
-    kvgate-engine)
-      "$kvgate" serve --listen "127.0.0.1:$gw" --admin-listen "127.0.0.1:$((gw + 10))" \
+    kvgate-engine|kvgate-engine-base)
+      local bin=$kvgate extra=()
+      if [ "$name" = kvgate-engine-base ]; then
+        bin=$KVGATE_BASE_BIN
+        [ -z "${KVGATE_BASE_CONFIG:-}" ] || extra=(--config "$KVGATE_BASE_CONFIG")
+      fi
+      "$bin" serve --listen "127.0.0.1:$gw" --admin-listen "127.0.0.1:$((gw + 10))" \
         --policy affinity-gate --index engine --tokenizer "$model/tokenizer.json" \
         --pod "$p0,events=$ev0,replay=$rp0,model=tiny" \
-        --pod "$p1,events=$ev1,replay=$rp1,model=tiny" --decisions-log "$decisions" 2> "$log" &
+        --pod "$p1,events=$ev1,replay=$rp1,model=tiny" --decisions-log "$decisions" "${extra[@]}" 2> "$log" &
       ;;
     round-robin|llmd-chain)
       "$kvgate" serve --listen "127.0.0.1:$gw" --admin-listen "127.0.0.1:$((gw + 10))" \

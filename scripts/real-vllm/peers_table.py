@@ -47,7 +47,7 @@ BASE = "kvgate-routed"
 # (column, key): the metrics of the ratio table.
 METRICS = [("TTFT mean", "ttft_mean"), ("TTFT p90", "ttft_p90"), ("TTFT p99", "ttft_p99"),
            ("TPOT p99", "tpot_p99"), ("out tok/s", "tok_s"), ("hit rate", "hit")]
-ORDER = ["kvgate-routed", "kvgate-base", "kvgate-engine", "sglang-cache", "vllm-cache", "vllm-kv", "llmd-chain",
+ORDER = ["kvgate-routed", "kvgate-base", "kvgate-engine", "kvgate-engine-base", "sglang-cache", "vllm-cache", "vllm-kv", "llmd-chain",
          "round-robin"]
 # The peer routers (kvgate's own builds and modes are not peers).
 PEERS = ["sglang-cache", "vllm-cache", "vllm-kv", "llmd-chain", "round-robin"]

@@ -9,8 +9,8 @@ use std::path::Path;
 
 use kvgate_sim::SimRequest;
 use kvgate_sim::workload::{
-    self, Workload, WorkloadError, WorkloadParams, agent, chat, mooncake::MOONCAKE_BLOCK_TOKENS,
-    shared_prefix,
+    self, Workload, WorkloadError, WorkloadParams, agent, burst, chat,
+    mooncake::MOONCAKE_BLOCK_TOKENS, shared_prefix,
 };
 use serde::Deserialize;
 
@@ -54,14 +54,16 @@ pub enum GeneratedWorkload {
     Chat,
     SharedPrefix,
     Agent,
+    Burst,
 }
 
 impl GeneratedWorkload {
     /// Every workload, in the order `kvgate loadgen --help` lists them.
-    pub const ALL: [GeneratedWorkload; 3] = [
+    pub const ALL: [GeneratedWorkload; 4] = [
         GeneratedWorkload::Chat,
         GeneratedWorkload::SharedPrefix,
         GeneratedWorkload::Agent,
+        GeneratedWorkload::Burst,
     ];
 
     /// The name in `--workload`.
@@ -70,6 +72,7 @@ impl GeneratedWorkload {
             GeneratedWorkload::Chat => "chat",
             GeneratedWorkload::SharedPrefix => "shared-prefix",
             GeneratedWorkload::Agent => "agent",
+            GeneratedWorkload::Burst => "burst",
         }
     }
 }
@@ -82,7 +85,7 @@ impl std::str::FromStr for GeneratedWorkload {
         Self::ALL
             .into_iter()
             .find(|w| w.name() == s)
-            .ok_or_else(|| format!("unknown workload `{s}` (chat, shared-prefix or agent)"))
+            .ok_or_else(|| format!("unknown workload `{s}` (chat, shared-prefix, agent or burst)"))
     }
 }
 
@@ -196,6 +199,14 @@ pub fn generated(
                 ..d
             })?
         }
+        GeneratedWorkload::Burst => {
+            let d = burst::BurstParams::default();
+            burst::generate(&burst::BurstParams {
+                seed,
+                max_requests: max_requests.unwrap_or(d.max_requests),
+                ..d
+            })?
+        }
         GeneratedWorkload::SharedPrefix => {
             let p = shared_prefix::SharedPrefixParams::preset(preset).ok_or_else(|| {
                 WorkloadError::InvalidParam {
@@ -293,5 +304,33 @@ mod tests {
         .unwrap()
         .1;
         assert!(chat.iter().all(|p| p.session.is_none()));
+    }
+
+    #[test]
+    fn burst_siblings_share_their_prefix_text_and_arrive_together() {
+        let options = GenerateOptions {
+            preset: "A",
+            seed: 3,
+            max_requests: Some(30),
+            max_context_tokens: None,
+            agent_compact_every: 0,
+        };
+        let (workload, planned) = generated(GeneratedWorkload::Burst, &options).unwrap();
+        assert_eq!(workload.params.kind(), "burst");
+        assert_eq!(planned.len(), 30);
+        let (a, b) = (planned[0].prompt(), planned[1].prompt());
+        let common = a
+            .split(' ')
+            .zip(b.split(' '))
+            .take_while(|(x, y)| x == y)
+            .count();
+        let words = a.split(' ').count();
+        // The 1,200-token prefix of 1,240 tokens: nearly all the words, not all.
+        assert!(
+            common * 100 >= words * 90 && common < words,
+            "{common} of {words}"
+        );
+        assert!(planned[1].arrival_ms - planned[0].arrival_ms <= 50.0);
+        assert!(planned.iter().all(|p| p.session.is_none()));
     }
 }

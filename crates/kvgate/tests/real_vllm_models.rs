@@ -197,7 +197,14 @@ async fn each_request_reaches_a_real_pod_of_its_model_and_an_unknown_model_is_kv
         let (status, _, body) = chat(&via_envoy, &p.model, i >= 2).await;
         assert_eq!(status, 200, "{body}\n{}", envoy.log_text());
         assert_eq!(answered_model(&body).as_deref(), Some(p.model.as_str()));
-        let chosen = shared.decisions.snapshot().last().unwrap().decision.pod.to_string();
+        let chosen = shared
+            .decisions
+            .snapshot()
+            .last()
+            .unwrap()
+            .decision
+            .pod
+            .to_string();
         assert_eq!(chosen, p.url, "through Envoy, request {i} for {}", p.model);
     }
     let (status, _, body) = chat(&via_envoy, "no-such-model", false).await;

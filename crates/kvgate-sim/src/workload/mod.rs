@@ -1,11 +1,12 @@
 //! Workloads: trace readers (Mooncake JSONL, Azure CSV) and seeded generators (multi-turn chat,
-//! llm-d's shared-prefix scenarios, agent sessions), all producing [`SimRequest`]s in arrival order.
+//! llm-d's shared-prefix scenarios, agent sessions, sibling bursts), all producing
+//! [`SimRequest`]s in arrival order.
 //!
 //! - [`load_trace`] reads a trace file and detects its format from the content: a first
 //!   non-empty line starting with `{` is Mooncake JSON Lines ([`mooncake`]); a CSV header with
 //!   `TIMESTAMP`, `ContextTokens`, `GeneratedTokens` is the Azure LLM trace ([`azure`]).
-//! - [`chat::generate`], [`shared_prefix::generate`] and [`agent::generate`] build synthetic
-//!   workloads from a seed.
+//! - [`chat::generate`], [`shared_prefix::generate`], [`agent::generate`] and
+//!   [`burst::generate`] build synthetic workloads from a seed.
 //! - [`scale_rate`] speeds a workload up or down (arrival times ÷ `rate_scale`).
 //!
 //! Bad input policy: trace files are something a user passes on the command line, so a malformed
@@ -15,6 +16,7 @@
 
 pub mod agent;
 pub mod azure;
+pub mod burst;
 pub mod chat;
 pub mod classes;
 pub mod mooncake;
@@ -60,6 +62,8 @@ pub enum WorkloadParams {
     SharedPrefix(shared_prefix::SharedPrefixParams),
     /// Agent sessions: tool calls, tool pauses and parallel calls.
     Agent(agent::AgentParams),
+    /// Sibling bursts sharing a new prefix.
+    Burst(burst::BurstParams),
 }
 
 impl WorkloadParams {
@@ -71,6 +75,7 @@ impl WorkloadParams {
             WorkloadParams::Chat(_) => "chat",
             WorkloadParams::SharedPrefix(_) => "shared-prefix",
             WorkloadParams::Agent(_) => "agent",
+            WorkloadParams::Burst(_) => "burst",
         }
     }
 }
