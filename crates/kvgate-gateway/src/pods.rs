@@ -140,9 +140,6 @@ pub struct Pod {
     name: Arc<str>,
     /// The configured class (hardware profile).
     pub class: Arc<str>,
-    /// The predictor's class: `class@base_model` once the pod's base model is known (declared
-    /// or learnt), else `class` ([`kvgate_core::predictor_class`]).
-    predictor_class: Mutex<Arc<str>>,
     /// What it serves in a P/D fleet (`both` unless configured).
     pub role: PodRole,
     /// Its data-parallel rank when it is one engine of a server with `dp=N` (N > 1): requests
@@ -199,8 +196,12 @@ pub struct PodSeries {
     pub cached_prompt_tokens: prometheus_client::metrics::counter::Counter,
 }
 
-#[derive(Debug, Clone, Copy, Default)]
+/// What a snapshot reads, under one lock: the scraped load and the predictor's class.
+#[derive(Debug, Clone, Default)]
 struct Scraped {
+    /// The predictor's class: `class@base_model` once the pod's base model is known (declared
+    /// or learnt), else `class` ([`kvgate_core::predictor_class`]).
+    predictor_class: Arc<str>,
     running: u32,
     waiting: u32,
     kv_usage: f64,
@@ -219,7 +220,6 @@ impl Pod {
             name: redact_userinfo(&connect_url).into(),
             connect_url,
             class: class.into(),
-            predictor_class: Mutex::new(class.into()),
             role: PodRole::Both,
             rank: None,
             data_parallel_size: 1,
@@ -232,6 +232,7 @@ impl Pod {
             series: OnceLock::new(),
             last_kv_batch_unix_ms: AtomicU64::new(0),
             scraped: Mutex::new(Scraped {
+                predictor_class: class.into(),
                 kv_blocks: default_kv_blocks,
                 ..Scraped::default()
             }),
@@ -259,7 +260,7 @@ impl Pod {
 
     /// The class the predictor learns this pod under (see the field).
     pub fn predictor_class(&self) -> Arc<str> {
-        self.predictor_class.lock().clone()
+        self.scraped.lock().predictor_class.clone()
     }
 
     fn set_predictor_class(&self, m: &PodModels) {
@@ -269,9 +270,9 @@ impl Pod {
             .or(m.declared.as_deref())
             .and_then(ServedModels::base);
         let class = kvgate_core::predictor_class(&self.class, base);
-        let mut current = self.predictor_class.lock();
-        if **current != *class {
-            *current = class;
+        let mut scraped = self.scraped.lock();
+        if *scraped.predictor_class != *class {
+            scraped.predictor_class = class;
         }
     }
 
@@ -390,11 +391,11 @@ impl Pod {
 
     /// The pod as scraped; `in_flight` is left at zero for the session to fill.
     pub fn snapshot(&self) -> PodSnapshot {
-        let s = *self.scraped.lock();
+        let s = self.scraped.lock();
         PodSnapshot {
             id: self.id,
             name: self.name.clone(),
-            class: self.predictor_class(),
+            class: s.predictor_class.clone(),
             waiting: s.waiting,
             running: s.running,
             kv_usage: s.kv_usage,
