@@ -56,6 +56,15 @@
 //! prefill. Not modelled: replica sharing of split routes (each replica's own ledger still
 //! holds them), and the transfer's load on either pod.
 //!
+//! # Mixed-model fleets (`models`)
+//!
+//! With [`ClusterConfig::models`] each pod serves one model and each request names one
+//! ([`crate::models`]). Every decision excludes the pods of other models, through the core's
+//! `pods_for_model` as the gateway's dispatch does (retries and flow-control releases too); a
+//! request whose model no pod serves is rejected (the gateway's 404). Each pod's predictor
+//! class is `profile@model` (all pods one class with `class_blind_predictor`). The
+//! run's `models` gives each model's figures when there is more than one.
+//!
 //! Each busy pod has exactly one pending "step end" event. At a step end the step's emissions are
 //! applied at the step's end time, and the engine's next step starts immediately if it has work.
 //! An arrival at an idle pod starts a step at once.
@@ -65,6 +74,7 @@ use std::collections::{BTreeMap, BinaryHeap};
 
 use std::collections::VecDeque;
 use std::rc::Rc;
+use std::sync::Arc;
 
 use kvgate_core::decision::Branch;
 use kvgate_core::policy::{PolicyKind, RequestSlo};
@@ -88,6 +98,8 @@ use kvgate_core::flow::{
 use crate::engine::{Engine, EngineRequest, LoraConfig};
 use crate::events::{IndexConfig, SimIndex};
 use crate::faults::{FaultPlan, FaultRecorder, MAX_RETRIES};
+use crate::models::ModelFleet;
+use crate::models::recorder::ModelRecorder;
 use crate::profiles::Profile;
 use crate::report::{FlowRunReport, RunMetrics, RunRecorder};
 use crate::{SIM_BLOCK_SIZE_TOKENS, SimRequest};
@@ -179,6 +191,11 @@ pub struct ClusterConfig {
     /// adapters are ignored by the engines). The scrape then reports each pod's slots, running
     /// adapters and deferred requests to the router, as the gateway reads them from vLLM.
     pub lora: Option<LoraConfig>,
+    /// A mixed-model fleet: the model each pod serves and (after
+    /// [`crate::models::assign`]) each request names; its pods' profiles go in `pod_profiles`
+    /// ([`ModelFleet::pod_profiles`]). `None` (default): no model declared, every pod serves
+    /// every request, each pod's class is its profile's name.
+    pub models: Option<Arc<ModelFleet>>,
 }
 
 /// P/D transfer time per prompt token (ms): an 8B Llama-3's KV is 2 × 32 layers × 8 KV heads ×
@@ -211,6 +228,7 @@ impl ClusterConfig {
             pod_roles: Vec::new(),
             transfer_ms_per_token: DEFAULT_TRANSFER_MS_PER_TOKEN,
             lora: None,
+            models: None,
         }
     }
 
@@ -427,6 +445,12 @@ struct Cluster {
     /// P/D transfers in flight: (time key of arrival at the decode pod, request id).
     transfer_due: BinaryHeap<Reverse<(u64, u64)>>,
     transfers: Vec<Option<Transfer>>,
+    /// A mixed-model fleet's models, and each model's completions (more than one model).
+    models: Option<Arc<ModelFleet>>,
+    /// Per model: the pods serving other models (`None`: no pod serves it), found once by the
+    /// core's `pods_for_model` (the pods' models never change in a run).
+    model_excluded: Vec<Option<Vec<PodId>>>,
+    model_recorder: Option<ModelRecorder>,
 }
 
 impl Cluster {
@@ -476,12 +500,12 @@ impl Cluster {
             .zip(&fleet)
             .map(|(i, profile)| {
                 let kv_blocks = config.kv_blocks.unwrap_or(profile.kv_blocks);
-                let class = if config.class_blind_predictor {
-                    CLASS_BLIND
-                } else {
-                    profile.name
+                let class: Arc<str> = match &config.models {
+                    _ if config.class_blind_predictor => CLASS_BLIND.into(),
+                    Some(models) => models.pod_class(i as usize, profile.name),
+                    None => profile.name.into(),
                 };
-                let mut snap = PodSnapshot::idle(i, class, kv_blocks);
+                let mut snap = PodSnapshot::idle(i, &class, kv_blocks);
                 snap.role = config
                     .pod_roles
                     .get(i as usize)
@@ -530,6 +554,17 @@ impl Cluster {
             split: config.pod_roles.iter().any(|r| *r != PodRole::Both),
             transfer_due: BinaryHeap::new(),
             transfers: (0..requests).map(|_| None).collect(),
+            models: config.models.clone(),
+            model_excluded: config.models.as_deref().map_or(Vec::new(), |m| {
+                (0..m.models().len())
+                    .map(|model| m.pods_excluded_for_model(model, pods as usize))
+                    .collect()
+            }),
+            model_recorder: config
+                .models
+                .as_deref()
+                .filter(|m| m.is_mixed())
+                .map(ModelRecorder::new),
             config: config.clone(),
         }
     }
@@ -662,6 +697,9 @@ impl Cluster {
         metrics.kv_index = Some(self.indexes[0].report());
         metrics.gate_state = self.sessions[0].router().gate_state();
         metrics.routes = self.routes;
+        if let (Some(recorder), Some(models)) = (self.model_recorder, &self.models) {
+            metrics.models = recorder.finish(models, &engines);
+        }
         if self.track_flow {
             let released = self.flow_report.released.max(1) as f64;
             self.flow_report.mean_queue_ms = self.queue_ms_sum / released;
@@ -985,6 +1023,19 @@ impl Cluster {
         excluded: &mut Vec<PodId>,
     ) -> Outcome {
         let replica = self.replica_of(r.id);
+        if let Some(models) = &self.models {
+            // The pods of other models are out of every decision (the gateway's
+            // `served_models::not_serving`); no pod of its model: nothing to route to.
+            let model = models.request_model(r.id);
+            let Some(Some(others)) = self.model_excluded.get(model) else {
+                return Outcome::NoPod;
+            };
+            for pod in others {
+                if !excluded.contains(pod) {
+                    excluded.push(*pod);
+                }
+            }
+        }
         self.deliver(now);
         self.indexes[replica].advance(now, self.sessions[replica].index_mut());
         self.sessions[replica].advance_clock(now);
@@ -1451,6 +1502,9 @@ impl Cluster {
                     m.broadcast(replica, now_ms, || Shared::Sample { pod, sample });
                 }
                 self.sessions[replica as usize].finish(req.ticket, Some(observed));
+                if let (Some(recorder), Some(models)) = (&mut self.model_recorder, &self.models) {
+                    recorder.completed(models, e.request_id, routed_to, ttft);
+                }
                 self.recorder.completed(
                     e.request_id,
                     routed_to,

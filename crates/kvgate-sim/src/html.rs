@@ -710,6 +710,7 @@ mod tests {
             gate_state: None,
             routes: Vec::new(),
             flow: None,
+            models: Vec::new(),
         }
     }
 

@@ -5,6 +5,7 @@
 //! - `faults`: pod outages in a run (`--faults`) and what they did.
 //! - `profiles`: step-time profiles calibrated from `shared/profiles/`.
 //! - `events`: the router's prefix index, routed or fed by the pods' KV events (delay, loss).
+//! - `models`: mixed-model fleets (each pod's model, each request's, per-model figures).
 //! - `workload`: trace readers (Mooncake JSONL, Azure CSV) and generators (chat, shared-prefix).
 
 pub mod calibrate;
@@ -13,6 +14,7 @@ pub mod engine;
 pub mod events;
 pub mod faults;
 pub mod html;
+pub mod models;
 pub mod profiles;
 pub mod report;
 pub mod stats;

@@ -240,6 +240,27 @@ pub struct RunMetrics {
     /// [`FlowRunReport`].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub flow: Option<FlowRunReport>,
+    /// A fleet of more than one model (`ClusterConfig::models`): each model's figures, in the
+    /// order the models were given (empty otherwise).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub models: Vec<ModelMetrics>,
+}
+
+/// One model of a mixed fleet in a run ([`crate::models`]).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModelMetrics {
+    pub model: String,
+    /// Pods serving it, and their profile.
+    pub pods: u32,
+    pub profile: String,
+    /// Requests naming it, and of those completed.
+    pub requests: u64,
+    pub completed: u64,
+    pub ttft_ms: Percentiles,
+    /// Prompt tokens served from the prefix cache / prompt tokens on its pods.
+    pub prefix_hit_rate: f64,
+    /// Its requests that completed on a pod of another model: 0, as the routing rule says.
+    pub served_by_other_model: u64,
 }
 
 /// One routed attempt: the request, the pod, the gate's branch and the session's charge.
@@ -517,6 +538,7 @@ impl RunRecorder {
             gate_state: None,
             routes: Vec::new(),
             flow: None,
+            models: Vec::new(),
             in_flight_left: 0,
             faults: None,
             kv_index: None,

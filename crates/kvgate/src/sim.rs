@@ -5,6 +5,7 @@
 //! depend on the number of threads.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
@@ -15,9 +16,10 @@ use kvgate_core::policy::PolicyKind;
 use kvgate_sim::SimRequest;
 use kvgate_sim::cluster::{self, ClusterConfig, DEFAULT_SCRAPE_INTERVAL_MS};
 use kvgate_sim::events::{IndexConfig, IndexMode, LossRecovery};
+use kvgate_sim::models::{FleetModel, ModelFleet};
 use kvgate_sim::profiles::Profile;
 use kvgate_sim::report::RunMetrics;
-use kvgate_sim::workload::{self, Workload, agent, chat, shared_prefix};
+use kvgate_sim::workload::{self, Workload, agent, burst, chat, shared_prefix};
 use serde::Serialize;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -28,6 +30,8 @@ pub enum GeneratedWorkload {
     SharedPrefix,
     /// Agent sessions: tool calls, tool pauses of seconds, parallel calls.
     Agent,
+    /// Bursts of 3–8 siblings sharing a new 1,200-token prefix, arriving within 50 ms.
+    Burst,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -79,9 +83,22 @@ pub struct SimArgs {
     /// overrides --pods and --profile. Each pod's predictor class is its profile's name.
     #[arg(long)]
     pod_profiles: Option<String>,
-    /// Ablation: give every pod the same predictor class, so one model serves a mixed fleet.
+    /// Ablation: give every pod the same predictor class, so one model serves a mixed fleet
+    /// (of profiles, or of models with --fleet-model).
     #[arg(long)]
     class_blind_predictor: bool,
+    /// A mixed-model fleet, one flag per model: `NAME:PODS[:PROFILE][:share=S]` (PROFILE
+    /// defaults to --profile; S: the model's share of the conversations, given for every model
+    /// or none, default in proportion to the pods), e.g. `--fleet-model llama-8b:4
+    /// --fleet-model llama-70b:4:llama3-70b-h100-tp4`. Overrides --pods and --profile. Each
+    /// conversation names one model (drawn with --workload-seed); a request is routed only
+    /// among its model's pods.
+    #[arg(
+        long = "fleet-model",
+        value_name = "NAME:PODS[:PROFILE][:share=S]",
+        conflicts_with = "pod_profiles"
+    )]
+    fleet_model: Vec<String>,
     /// Prefill/decode disaggregation, `P:D`: the first P pods are prefill pods, the next D
     /// decode pods, the rest `both` (e.g. `--pods 4 --pd 1:3`); requests are split as the
     /// gateway splits them, the policy picking the prefill pod.
@@ -229,7 +246,23 @@ struct SimReport<'a> {
     profile: &'a str,
     scrape_interval_ms: f64,
     router_config: RouterConfig,
+    /// A mixed-model fleet's models (`--fleet-model`), in the order given.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    fleet_models: Vec<FleetModelReport>,
     runs: &'a [RunMetrics],
+}
+
+/// One `--fleet-model` in the JSON report.
+#[derive(Debug, Serialize)]
+struct FleetModelReport {
+    model: String,
+    pods: u32,
+    profile: String,
+    /// Its share of the conversations (given or from the pods), and the conversations and
+    /// requests that drew it.
+    share: f64,
+    conversations: u64,
+    requests: u64,
 }
 
 /// `name:count,...` into one profile per pod, in the order given.
@@ -269,6 +302,25 @@ fn parse_pod_profiles(list: &str) -> Result<Vec<&'static Profile>> {
         bail!("--pod-profiles gives no pods");
     }
     Ok(fleet)
+}
+
+/// `--fleet-model` values into a fleet (`default_profile` where none is named).
+fn parse_fleet_models(specs: &[String], default_profile: &'static Profile) -> Result<ModelFleet> {
+    let models = specs
+        .iter()
+        .map(|spec| FleetModel::parse(spec, default_profile))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(ModelFleet::new(models)?)
+}
+
+/// `4 × llama3-8b-h100 (llama-8b) + 4 × llama3-70b-h100-tp4 (llama-70b)`.
+fn models_label(fleet: &ModelFleet) -> String {
+    fleet
+        .models()
+        .iter()
+        .map(|m| format!("{} × {} ({})", m.pods, m.profile.name, m.name))
+        .collect::<Vec<_>>()
+        .join(" + ")
 }
 
 fn profile_by_name(name: &str) -> Result<&'static Profile> {
@@ -394,6 +446,14 @@ fn load_workload(args: &SimArgs) -> Result<(Workload, Vec<SimRequest>)> {
                 ..d
             })?
         }
+        (None, Some(GeneratedWorkload::Burst)) => {
+            let d = burst::BurstParams::default();
+            burst::generate(&burst::BurstParams {
+                seed: args.workload_seed,
+                max_requests: max.unwrap_or(d.max_requests),
+                ..d
+            })?
+        }
         (None, Some(GeneratedWorkload::SharedPrefix)) => {
             let preset =
                 shared_prefix::SharedPrefixParams::preset(&args.preset).with_context(|| {
@@ -405,7 +465,7 @@ fn load_workload(args: &SimArgs) -> Result<(Workload, Vec<SimRequest>)> {
                 ..preset
             })?
         }
-        (None, None) => bail!("give --trace FILE or --workload chat|shared-prefix|agent"),
+        (None, None) => bail!("give --trace FILE or --workload chat|shared-prefix|agent|burst"),
     };
     if let Some(n) = max
         && requests.len() > n
@@ -423,9 +483,14 @@ pub fn run(args: SimArgs) -> Result<()> {
     if args.pods == 0 {
         bail!("--pods must be at least 1");
     }
-    let fleet = match &args.pod_profiles {
-        Some(list) => parse_pod_profiles(list)?,
-        None => vec![profile; args.pods as usize],
+    let mut models = match args.fleet_model.is_empty() {
+        true => None,
+        false => Some(parse_fleet_models(&args.fleet_model, profile)?),
+    };
+    let fleet = match (&args.pod_profiles, &models) {
+        (_, Some(models)) => models.pod_profiles(),
+        (Some(list), None) => parse_pod_profiles(list)?,
+        (None, None) => vec![profile; args.pods as usize],
     };
     let pods = fleet.len() as u32;
     let pod_roles = match &args.pd {
@@ -436,9 +501,10 @@ pub fn run(args: SimArgs) -> Result<()> {
         bail!("--transfer-ms-per-token must be a finite number ≥ 0");
     }
     // The report's `profile`: the profile's name for a uniform fleet (as before), the mix else.
-    let label = match &args.pod_profiles {
-        Some(_) => fleet_label(&fleet),
-        None => profile.name.to_string(),
+    let label = match (&args.pod_profiles, &models) {
+        (_, Some(models)) => models_label(models),
+        (Some(_), None) => fleet_label(&fleet),
+        (None, None) => profile.name.to_string(),
     };
     let mut router_json: serde_json::Value = match &args.router_config {
         Some(json) => serde_json::from_str(json).context("--router-config is not JSON")?,
@@ -484,7 +550,23 @@ pub fn run(args: SimArgs) -> Result<()> {
     }
     router.predictor_drift_adaptation |= args.drift_adaptation;
     router.predictor_ttft_at_first_token |= args.learn_ttft_at_first_token;
-    let (workload, requests) = load_workload(&args)?;
+    let (workload, mut requests) = load_workload(&args)?;
+    let mut fleet_models = Vec::new();
+    if let Some(models) = &mut models {
+        let conversations = kvgate_sim::models::assign(models, &mut requests, args.workload_seed);
+        let requests_per_model = models.requests_per_model();
+        for (i, (m, share)) in models.models().iter().zip(models.shares()).enumerate() {
+            fleet_models.push(FleetModelReport {
+                model: m.name.clone(),
+                pods: m.pods,
+                profile: m.profile.name.to_string(),
+                share,
+                conversations: conversations.get(i).copied().unwrap_or(0),
+                requests: requests_per_model.get(i).copied().unwrap_or(0),
+            });
+        }
+    }
+    let models = models.map(Arc::new);
 
     let mut configs = Vec::new();
     for &rate_scale in &rates {
@@ -522,6 +604,7 @@ pub fn run(args: SimArgs) -> Result<()> {
                                 max_loras,
                                 load_ms: args.lora_load_ms.max(0.0),
                             }),
+                        models: models.clone(),
                         ..ClusterConfig::new(pods, policy, seed)
                     });
                 }
@@ -584,6 +667,7 @@ pub fn run(args: SimArgs) -> Result<()> {
 
     print_table(&workload, pods, &label, &runs);
     print_faults(&runs);
+    print_models(&runs);
     if args.index.contains(&SimIndexMode::Engine) {
         print_index_table(&runs, args.seed.len());
     }
@@ -593,6 +677,7 @@ pub fn run(args: SimArgs) -> Result<()> {
         profile: &label,
         scrape_interval_ms: args.scrape_interval,
         router_config: router,
+        fleet_models,
         runs: &runs,
     };
     if let Some(path) = &args.json {
@@ -614,6 +699,48 @@ pub fn run(args: SimArgs) -> Result<()> {
         std::fs::write(path, page).with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
+}
+
+/// Per run of a fleet of several models: each model's completions, TTFT and hit rate.
+fn print_models(runs: &[RunMetrics]) {
+    if runs.iter().all(|r| r.models.is_empty()) {
+        return;
+    }
+    println!();
+    println!(
+        "{:<19} {:>5} {:>4} {:<20} {:>4} {:>6} {:>9} {:>9} {:>9} {:>9} {:>6} {:>5}",
+        "policy",
+        "rate",
+        "seed",
+        "model",
+        "pods",
+        "done",
+        "ttft_mean",
+        "ttft_p50",
+        "ttft_p90",
+        "ttft_p99",
+        "hit%",
+        "other"
+    );
+    for r in runs {
+        for m in &r.models {
+            println!(
+                "{:<19} {:>5} {:>4} {:<20} {:>4} {:>6} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>6.1} {:>5}",
+                r.policy,
+                r.rate_scale,
+                r.seed,
+                m.model,
+                m.pods,
+                m.completed,
+                m.ttft_ms.mean,
+                m.ttft_ms.p50,
+                m.ttft_ms.p90,
+                m.ttft_ms.p99,
+                m.prefix_hit_rate * 100.0,
+                m.served_by_other_model,
+            );
+        }
+    }
 }
 
 /// Per run with faults: outcome counts, steady vs during-outage TTFT, and the timeline.
