@@ -250,6 +250,12 @@ fresh_pods() {
     start_pods
   else
     for p in "$p0" "$p1"; do curl -sf -X POST "$p/reset_prefix_cache" > /dev/null; done
+    # vLLM publishes the reset's AllBlocksCleared only at its next engine step: one token of
+    # work each, so an engine-mode router's replay does not bring back the last run's blocks.
+    for p in "$p0" "$p1"; do
+      curl -sf "$p/v1/completions" -H 'content-type: application/json' \
+        -d '{"model": "tiny", "prompt": "reset", "max_tokens": 1}' > /dev/null || true
+    done
     sleep 1
   fi
 }

@@ -122,6 +122,9 @@ pub struct Router {
     matched_other: Vec<Vec<u32>>,
     /// Of `matched`, the blocks that were pending routes (engine mode; empty when none).
     pending_matched: Vec<u32>,
+    /// The same per other block size of the fleet, with those sizes (in `PromptCut::other_sizes`
+    /// order): a pod scored at its own block size reports its own pending blocks.
+    pending_other: Vec<(u32, Vec<u32>)>,
     /// Per pod id, the first block of the prompt still being computed there
     /// ([`crate::session::prefilling`]; filled by the session before each decision with
     /// `predict_computed_prefix`, empty otherwise): predictions count the prefix as cached up
@@ -156,6 +159,7 @@ impl Router {
             matched: Vec::new(),
             matched_other: Vec::new(),
             pending_matched: Vec::new(),
+            pending_other: Vec::new(),
             prefill_caps: Vec::new(),
             session_floor: None,
             chosen: None,
@@ -326,8 +330,17 @@ impl Router {
             self.matched_other
                 .resize_with(cut.other_sizes.len(), Vec::new);
         }
-        for (sized, matched) in cut.other_sizes.iter().zip(&mut self.matched_other) {
+        self.pending_other
+            .resize_with(cut.other_sizes.len(), Default::default);
+        for ((sized, matched), (size, pending)) in cut
+            .other_sizes
+            .iter()
+            .zip(&mut self.matched_other)
+            .zip(&mut self.pending_other)
+        {
             index.match_prefix(&sized.blocks, matched);
+            index.pending_matched(pending);
+            *size = sized.block_size_tokens;
         }
         self.chosen = None;
         if self.config.epsilon_explore_sticky.is_auto() {
@@ -475,13 +488,15 @@ impl Router {
                 .zip(&self.eligible)
                 .map(|(c, &eligible)| PodExplanation {
                     pending_blocks: if c.block_size_tokens == facts.block_size_tokens {
-                        self.pending_matched
-                            .get(c.pod.id.index())
-                            .copied()
-                            .unwrap_or(0)
+                        Some(&self.pending_matched)
                     } else {
-                        0
-                    },
+                        self.pending_other
+                            .iter()
+                            .find(|(size, _)| *size == c.block_size_tokens)
+                            .map(|(_, pending)| pending)
+                    }
+                    .and_then(|pending| pending.get(c.pod.id.index()).copied())
+                    .unwrap_or(0),
                     prefilling_blocks: if self.prefill_caps.is_empty() {
                         0
                     } else {
@@ -577,5 +592,93 @@ mod tests {
         let mut seed = Router::new(RouterConfig::seed(), PolicyKind::AffinityGate);
         let (_, candidates) = seed.evaluate(&blocks, input_tokens, &pods, &index, &predictor);
         assert!(candidates.iter().all(|c| c.prefill_ms == 0.0));
+    }
+
+    /// An index whose pods all hold `held` of any chain, `pending` of them pending routes; it
+    /// answers the chain of `pending_size` blocks (its length) with pending, the others with 0.
+    struct PendingStub {
+        held: u32,
+        pending: u32,
+        pending_chain_len: usize,
+        last_len: std::cell::Cell<usize>,
+    }
+
+    impl PrefixIndex for PendingStub {
+        fn match_prefix(&self, blocks: &[BlockHash], matched: &mut Vec<u32>) {
+            self.last_len.set(blocks.len());
+            matched.clear();
+            matched.resize(2, self.held.min(blocks.len() as u32));
+        }
+        fn record_routed(&mut self, _: PodId, _: &[BlockHash]) {}
+        fn pending_matched(&self, out: &mut Vec<u32>) {
+            out.clear();
+            if self.last_len.get() == self.pending_chain_len {
+                out.resize(2, self.pending);
+            }
+        }
+        fn set_capacity(&mut self, _: PodId, _: u32) {}
+        fn remove_pod(&mut self, _: PodId) {}
+        fn indexed_blocks(&self) -> usize {
+            0
+        }
+    }
+
+    #[test]
+    fn a_pod_scored_at_its_own_block_size_reports_its_pending_blocks() {
+        // The main chain at 16 tokens (64 blocks); pod 1 reports 128-token blocks (8 of them).
+        let main: Vec<BlockHash> = (1..=64).collect();
+        let other = [crate::blocks::SizedBlocks {
+            block_size_tokens: 128,
+            blocks: (100..108).collect(),
+        }];
+        let cut = PromptCut {
+            blocks: &main,
+            block_size_tokens: 16,
+            other_sizes: &other,
+            adapter: None,
+        };
+        let mut pods: Vec<PodSnapshot> =
+            (0..2).map(|i| PodSnapshot::idle(i, "c", 10_000)).collect();
+        pods[1].block_size_tokens = Some(128);
+        // Pending routes only on the 128-token chain: pod 1 reports them, pod 0 (main) none.
+        let index = PendingStub {
+            held: 6,
+            pending: 4,
+            pending_chain_len: 8,
+            last_len: Default::default(),
+        };
+        let predictor = LatencyPredictor::new(PredictorConfig::default());
+        let mut router = Router::new(RouterConfig::default(), PolicyKind::AffinityGate);
+        let decision = router
+            .decide_cut(
+                cut,
+                1024,
+                None,
+                &pods,
+                &index,
+                &predictor,
+                &mut <DecisionRng as rand::SeedableRng>::seed_from_u64(1),
+            )
+            .unwrap();
+        let pending: Vec<u32> = decision.pods.iter().map(|p| p.pending_blocks).collect();
+        assert_eq!(pending, vec![0, 4]);
+        // And on the main chain: pod 0 reports them, pod 1 none.
+        let index = PendingStub {
+            pending_chain_len: 64,
+            ..index
+        };
+        let decision = router
+            .decide_cut(
+                cut,
+                1024,
+                None,
+                &pods,
+                &index,
+                &predictor,
+                &mut <DecisionRng as rand::SeedableRng>::seed_from_u64(1),
+            )
+            .unwrap();
+        let pending: Vec<u32> = decision.pods.iter().map(|p| p.pending_blocks).collect();
+        assert_eq!(pending, vec![4, 0]);
     }
 }

@@ -1162,3 +1162,205 @@ async fn a_deep_queue_on_the_real_pods_cuts_nothing_and_empties_no_pod() {
     )
     .await;
 }
+
+/// A `--config` file holding `toml`, in a directory of this test process.
+fn config_file(name: &str, toml: &str) -> String {
+    let dir = std::env::temp_dir().join(format!("kvgate-real-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("kvgate.toml");
+    std::fs::write(&path, toml).unwrap();
+    path.display().to_string()
+}
+
+/// A completion through kvgate, with `headers`: (`x-kvgate-pod`, body).
+async fn complete_with(
+    gw: &ServeProcess,
+    prompt: &str,
+    headers: &[(&str, &str)],
+) -> (String, Value) {
+    let mut req = client()
+        .post(format!("{}/v1/completions", gw.base))
+        .json(&json!({"model": "tiny", "prompt": prompt, "max_tokens": 2}));
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let r = req.send().await.unwrap();
+    let status = r.status();
+    let pod = r
+        .headers()
+        .get("x-kvgate-pod")
+        .map(|v| v.to_str().unwrap_or_default().to_string())
+        .unwrap_or_default();
+    let text = r.text().await.unwrap();
+    assert!(status.is_success(), "{status}: {text}");
+    (pod, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+/// kvgate's last `n` decisions, oldest first.
+async fn last_decisions(gw: &ServeProcess, n: usize) -> Vec<Value> {
+    let all: Value = client()
+        .get(format!("{}/debug/decisions", gw.admin))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let all = all.as_array().unwrap();
+    all[all.len().saturating_sub(n)..].to_vec()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_sharing_a_new_prefix_stays_on_one_real_pod_with_pending_routes() {
+    let Some((fleet, _lock)) = fleet("a_burst_sharing_a_new_prefix_stays_on_one_real_pod").await
+    else {
+        return;
+    };
+    // Pending routes on; predictions that count a pending prefix as cached (otherwise the
+    // load gate may move siblings to the idle pod: this test is about where pending routes
+    // alone put them, as tests/engine_index_score.rs does on mock pods).
+    let config = config_file(
+        "pending",
+        "[router]\nexperimental_options = true\nengine_pending_ttl_ms = 2000\n\
+         predict_computed_prefix = false\n",
+    );
+    let tokenizer = fleet.model_dir.join("tokenizer.json").display().to_string();
+    let (a0, a1) = (fleet.p0.pod_arg(), fleet.p1.pod_arg());
+    let args = [
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--index",
+        "engine",
+        "--tokenizer",
+        &tokenizer,
+        "--scrape-interval-ms",
+        "100",
+        "--config",
+        &config,
+        "--pod",
+        &a0,
+        "--pod",
+        &a1,
+    ];
+    let gw = start_serve(&args, |_| {});
+    wait_healthy(&gw, 2).await;
+    // The KV events flow: a warm-up prompt is scored on the pod that served it.
+    let warm = prompt(&tag(), 10);
+    let (home, _) = complete_with(&gw, &warm, &[]).await;
+    let pod = if home == fleet.p0.url {
+        &fleet.p0
+    } else {
+        &fleet.p1
+    };
+    wait_for(
+        "the warm-up's blocks in kvgate",
+        scaled(Duration::from_secs(10)),
+        || async { score(&gw, &warm, pod).await > 0.0 },
+    )
+    .await;
+    const SIBLINGS: usize = 4;
+    let mut pending_decisions = 0;
+    for burst in 0..3 {
+        // ~1,000 tokens no earlier request sent, then a question of each sibling's own.
+        let shared = prompt(&tag(), 35);
+        let mut calls = tokio::task::JoinSet::new();
+        for k in 0..SIBLINGS {
+            let (base, text) = (gw.base.clone(), format!("{shared}# question {k}?\n"));
+            calls.spawn(async move {
+                let r = client()
+                    .post(format!("{base}/v1/completions"))
+                    .json(&json!({"model": "tiny", "prompt": text, "max_tokens": 2}))
+                    .send()
+                    .await
+                    .unwrap();
+                assert!(r.status().is_success(), "{}", r.status());
+                r.headers()["x-kvgate-pod"].to_str().unwrap().to_string()
+            });
+        }
+        let served: std::collections::BTreeSet<String> =
+            calls.join_all().await.into_iter().collect();
+        assert_eq!(served.len(), 1, "burst {burst} spread over {served:?}");
+        pending_decisions += last_decisions(&gw, SIBLINGS)
+            .await
+            .iter()
+            .filter(|d| {
+                d["pods"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|p| p["pending_blocks"].as_u64().unwrap_or(0) > 0)
+            })
+            .count();
+        // The burst's blocks are stored (its pending routes confirmed) before the next one.
+        tokio::time::sleep(scaled(Duration::from_millis(500))).await;
+    }
+    assert!(
+        pending_decisions > 0,
+        "no sibling was decided on a pending route"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_comes_back_to_its_real_pod_after_its_prompt_is_rewritten() {
+    let Some((fleet, _lock)) = fleet("a_session_comes_back_to_its_real_pod").await else {
+        return;
+    };
+    // Session affinity on (experimental), the seed gate without exploration.
+    let config = config_file(
+        "sessions",
+        "[router]\ngate_profile = \"seed\"\nexperimental_options = true\n\
+         session_affinity_ttl_ms = 600000\nepsilon_explore_sticky = 0.0\n",
+    );
+    let gw = routed_gateway_with(fleet, &["--config", &config]).await;
+    // Four agent sessions start at once: the in-flight ledger spreads them over both pods.
+    let sessions: Vec<String> = (0..4).map(|i| format!("agent-{i}-{}", tag())).collect();
+    let mut starts = tokio::task::JoinSet::new();
+    for (i, s) in sessions.iter().enumerate() {
+        let (base, s, text) = (gw.base.clone(), s.clone(), prompt(&tag(), 20));
+        starts.spawn(async move {
+            let r = client()
+                .post(format!("{base}/v1/completions"))
+                .header("x-session-id", &s)
+                .json(&json!({"model": "tiny", "prompt": text, "max_tokens": 8}))
+                .send()
+                .await
+                .unwrap();
+            assert!(r.status().is_success(), "{}", r.status());
+            (i, r.headers()["x-kvgate-pod"].to_str().unwrap().to_string())
+        });
+    }
+    let mut home = vec![String::new(); sessions.len()];
+    for (i, pod) in starts.join_all().await {
+        home[i] = pod;
+    }
+    let used: std::collections::BTreeSet<&String> = home.iter().collect();
+    assert_eq!(used.len(), 2, "the sessions started on both pods: {home:?}");
+    // Each session's context compacted: a prompt that shares nothing with either pod. Its
+    // session's pod scores the floor (0.9), the other pod 0, and it goes home.
+    for (i, s) in sessions.iter().enumerate() {
+        let (pod, _) = complete_with(&gw, &prompt(&tag(), 20), &[("x-session-id", s)]).await;
+        assert_eq!(pod, home[i], "session {i}'s rewritten prompt");
+        let d = &last_decisions(&gw, 1).await[0];
+        for p in d["pods"].as_array().unwrap() {
+            let score = p["prefix_score"].as_f64().unwrap();
+            if p["id"] == home[i].as_str() {
+                assert!(score >= 0.9, "the session's floor on its pod: {d}");
+            } else {
+                assert_eq!(score, 0.0, "nothing cached elsewhere: {d}");
+            }
+        }
+    }
+    // Without the header the same kind of prompt scores 0 everywhere.
+    complete_with(&gw, &prompt(&tag(), 20), &[]).await;
+    let d = &last_decisions(&gw, 1).await[0];
+    assert!(
+        d["pods"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|p| p["prefix_score"].as_f64() == Some(0.0)),
+        "{d}"
+    );
+}
