@@ -434,6 +434,21 @@ impl Router {
         (facts, candidates)
     }
 
+    /// The pending blocks behind `c`'s score, from the chain of its block size.
+    fn pending_blocks_of(&self, c: &Candidate<'_>, main_block_size: u32) -> u32 {
+        let pending = match c.block_size_tokens == main_block_size {
+            true => Some(&self.pending_matched),
+            false => self
+                .pending_other
+                .iter()
+                .find(|(size, _)| *size == c.block_size_tokens)
+                .map(|(_, pending)| pending),
+        };
+        pending
+            .and_then(|p| p.get(c.pod.id.index()).copied())
+            .unwrap_or(0)
+    }
+
     /// Fills [`Candidate::prefill_ms`] of the best pod overall and of the best pod whose prefix
     /// score exceeds `tau`, as the policy's argmin will find them (the features were kept in
     /// `self.features` in candidate order).
@@ -479,6 +494,9 @@ impl Router {
             matched_blocks: chosen.matched_blocks,
             explanation: pick.index,
         });
+        // Pending routes scored this decision (engine mode with `engine_pending_ttl_ms` only).
+        let any_pending = !self.pending_matched.is_empty()
+            || self.pending_other.iter().any(|(_, p)| !p.is_empty());
         Ok(Decision {
             pod: chosen.pod.name.clone(),
             pod_id: chosen.pod.id,
@@ -487,16 +505,10 @@ impl Router {
                 .iter()
                 .zip(&self.eligible)
                 .map(|(c, &eligible)| PodExplanation {
-                    pending_blocks: if c.block_size_tokens == facts.block_size_tokens {
-                        Some(&self.pending_matched)
-                    } else {
-                        self.pending_other
-                            .iter()
-                            .find(|(size, _)| *size == c.block_size_tokens)
-                            .map(|(_, pending)| pending)
-                    }
-                    .and_then(|pending| pending.get(c.pod.id.index()).copied())
-                    .unwrap_or(0),
+                    pending_blocks: match any_pending {
+                        false => 0,
+                        true => self.pending_blocks_of(c, facts.block_size_tokens),
+                    },
                     prefilling_blocks: if self.prefill_caps.is_empty() {
                         0
                     } else {
