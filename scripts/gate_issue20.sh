@@ -27,6 +27,8 @@ declare -A variants=(
   [exr-0]='{"explore_max_extra_rel":0}'
   [pcp-off]='{"predict_computed_prefix":false}'
   [lbp-off]='{"load_break_pays_prefill":false}'
+  [ms32]='{"predictor_min_samples":32}'
+  [ttft-end]='{"predictor_ttft_at_first_token":false}'
 )
 # Which variants each workload runs (the Mooncake runs are the slow ones).
 # VARIANTS="a b" runs only those on shared-prefix A and chat, MC_VARIANTS on the trace;

@@ -51,7 +51,7 @@
 
 pub use crate::decisions::FlowNote;
 use crate::errors::ApiError;
-use crate::flow_gate::Verdict;
+use crate::flow_gate::{Dispatching, Verdict};
 pub use crate::flow_gate::{FlowGate, Turn};
 use crate::metrics::band_label;
 pub use crate::metrics::{ClassLabels, DispatchLabels, FlowMetrics, ShedLabels};
@@ -92,13 +92,15 @@ pub struct FlowClass {
 fn view(shared: &Shared, cfg: &FlowConfig) -> FleetRoom {
     let pods = shared.pods.all();
     let mut snaps: Vec<_> = pods.iter().map(|p| p.snapshot()).collect();
-    {
+    // Read under the session's lock: a routed request leaves `dispatching` under it, in the
+    // step that charges it to the ledger (`Dispatching`).
+    let dispatching = {
         let session = shared.session.lock();
         for s in &mut snaps {
             s.in_flight = session.in_flight(s.id);
         }
-    }
-    let dispatching = shared.flow.dispatching.load(Ordering::Acquire);
+        shared.flow.dispatching.load(Ordering::Acquire)
+    };
     FleetRoom::of(
         &cfg.saturation,
         &snaps,
@@ -392,10 +394,10 @@ pub async fn wait_turn(
     };
     let id = match offer {
         Offer::Dispatch(_) => {
-            gate.dispatching.fetch_add(1, Ordering::AcqRel);
+            let dispatching = Dispatching::enter(&gate.dispatching);
             count_dispatch(shared, band, &tenant, None);
             return Ok(Turn {
-                dispatching: Some(gate.dispatching.clone()),
+                dispatching: Some(dispatching),
                 wake: Some(gate.wake.clone()),
                 note: Some(note(0.0)),
                 queued: Duration::ZERO,
@@ -436,7 +438,7 @@ pub async fn wait_turn(
     match verdict {
         Ok(Verdict::Go { queued_ms, closed }) => {
             let turn = Turn {
-                dispatching: Some(gate.dispatching.clone()),
+                dispatching: Some(Dispatching::counted(&gate.dispatching)),
                 wake: Some(gate.wake.clone()),
                 note: Some(note(queued_ms)),
                 queued: Duration::from_secs_f64(queued_ms / 1e3),

@@ -50,10 +50,43 @@ impl Default for FlowGate {
     }
 }
 
+/// One request's place in [`FlowGate::dispatching`] (let go, not yet routed), left once: by
+/// the routed decision, under the session's lock in the same step as the ledger's charge (so
+/// flow control's view of the fleet never counts the request twice, or not at all), or when
+/// the [`Turn`] is dropped unrouted.
+#[derive(Debug)]
+pub struct Dispatching {
+    count: Arc<AtomicU32>,
+    left: AtomicBool,
+}
+
+impl Dispatching {
+    /// Counts one more request in `count`.
+    pub(crate) fn enter(count: &Arc<AtomicU32>) -> Dispatching {
+        count.fetch_add(1, Ordering::AcqRel);
+        Dispatching::counted(count)
+    }
+
+    /// The place the driver counted in `count` when it released the request.
+    pub(crate) fn counted(count: &Arc<AtomicU32>) -> Dispatching {
+        Dispatching {
+            count: count.clone(),
+            left: AtomicBool::new(false),
+        }
+    }
+
+    /// Leaves the count (the first call only).
+    pub(crate) fn leave(&self) {
+        if !self.left.swap(true, Ordering::AcqRel) {
+            self.count.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
 /// A request's permission to route: held until its first decision is made (dropping it
 /// tells the driver the fleet's ledger now counts the request).
 pub struct Turn {
-    pub(crate) dispatching: Option<Arc<AtomicU32>>,
+    pub(crate) dispatching: Option<Dispatching>,
     pub(crate) wake: Option<Arc<Notify>>,
     pub note: Option<FlowNote>,
     /// Time spent queued.
@@ -78,7 +111,7 @@ impl Turn {
 impl Drop for Turn {
     fn drop(&mut self) {
         if let Some(d) = self.dispatching.take() {
-            d.fetch_sub(1, Ordering::AcqRel);
+            d.leave();
         }
         if let Some(w) = self.wake.take() {
             w.notify_one();
@@ -124,5 +157,37 @@ impl FlowGate {
                 })
                 .set(i64::try_from(n).unwrap_or(i64::MAX));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A request routed leaves the count under the session's lock; its turn, dropped after,
+    /// does not leave it a second time (which would hide another request's place).
+    #[test]
+    fn a_place_among_the_let_go_requests_is_left_once() {
+        let count = Arc::new(AtomicU32::new(0));
+        let other = Dispatching::enter(&count);
+        let mut turn = Turn::free();
+        turn.dispatching = Some(Dispatching::enter(&count));
+        assert_eq!(count.load(Ordering::Acquire), 2);
+        turn.dispatching.as_ref().unwrap().leave();
+        assert_eq!(count.load(Ordering::Acquire), 1);
+        drop(turn);
+        assert_eq!(
+            count.load(Ordering::Acquire),
+            1,
+            "the other request still counts"
+        );
+        // One the driver counted at release is left by its unrouted turn's drop.
+        count.fetch_add(1, Ordering::AcqRel);
+        let mut released = Turn::free();
+        released.dispatching = Some(Dispatching::counted(&count));
+        drop(released);
+        assert_eq!(count.load(Ordering::Acquire), 1);
+        other.leave();
+        assert_eq!(count.load(Ordering::Acquire), 0);
     }
 }

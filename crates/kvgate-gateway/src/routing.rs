@@ -434,6 +434,10 @@ pub(crate) struct DecisionMeta<'a> {
     pub split: bool,
     /// The request's trace: each decision is a `kvgate.decide` span ([`crate::otel`]).
     pub trace: &'a crate::otel::RequestTrace,
+    /// The request's place among flow control's let-go requests (flow control on, before its
+    /// first routed decision): a routed decision leaves it under the session's lock, where
+    /// the ledger charges the request.
+    pub dispatching: Option<&'a crate::flow_gate::Dispatching>,
 }
 
 /// A routed request: the chosen pod and the request's ticket on it.
@@ -490,6 +494,9 @@ pub(crate) fn decide_for(
                 .route(request, &mut snaps, excluded)
                 .map(Route::Whole)
         };
+        if let (Ok(_), Some(d)) = (&routed, meta.dispatching) {
+            d.leave();
+        }
         (routed, session.router().policy_kind().name())
     };
     let routed = match routed {

@@ -196,8 +196,6 @@ struct Exchange {
     duplex: bool,
     /// The data plane's subset hint (`None`: no hint, every pod is a candidate).
     subset: Option<Vec<String>>,
-    /// The request's admission slot, held until its response ends.
-    slot: Option<crate::limits::Slot>,
     /// Our sender of answers: closed when Envoy cancels the stream (ends a queue wait).
     answers: mpsc::Sender<Result<ProcessingResponse, GrpcStatus>>,
     body: BytesMut,
@@ -211,6 +209,9 @@ struct Exchange {
     /// headers); empty with tracing off ([`crate::otel`]).
     trace: RequestTrace,
     upstream: StageSpan,
+    /// The request's admission slot, held until its response ends. Declared last: fields drop
+    /// in order, so an exchange Envoy cancels ends its spans before its slot goes.
+    slot: Option<crate::limits::Slot>,
 }
 
 enum Outcome {
@@ -635,8 +636,18 @@ impl Exchange {
     }
 
     fn finish_response(&mut self) {
-        self.slot = None;
-        let Some(t) = self.tracker.take() else {
+        // The request's spans end with its response, before its admission slot goes: shutdown
+        // waits for the slots, then flushes the exporter (a span ended after that is lost).
+        let tracker = self.tracker.take();
+        let slot = self.slot.take();
+        self.finish_tracker(tracker);
+        self.upstream = StageSpan::default();
+        self.trace = RequestTrace::default();
+        drop(slot);
+    }
+
+    fn finish_tracker(&mut self, tracker: Option<Tracker>) {
+        let Some(t) = tracker else {
             return;
         };
         let usage = match &mut self.scanner {

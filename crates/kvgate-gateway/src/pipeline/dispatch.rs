@@ -183,6 +183,7 @@ pub(crate) async fn dispatch<D: Deliver>(
             flow: flow.as_ref(),
             split: split.is_some(),
             trace,
+            dispatching: turn.as_ref().and_then(|t| t.dispatching.as_ref()),
         };
         let pick = decide(shared, &request, &excluded, &closed, meta);
         if matches!(pick, Pick::Routed(_) | Pick::Split(_)) {
