@@ -4,9 +4,16 @@ what weights the RLS learns from a real run, and its prequential error (each req
 before its own first token is learnt), for several ridge strengths. Needs numpy.
 
     rls_replay.py FILE [FILE ...] [--delta 0.01,1,10] [--min-samples 8] [--keep 0,1,2,3,7]
+                  [--monotone]
 
 --keep fits only those features (indices into the table's columns, bias = 0): what a smaller
 feature set would have learnt and predicted on the same requests.
+
+--monotone predicts with the weights projected onto "every load weight >= 0" (the bias is free)
+in the regression's own metric (P^-1, the RLS cost's Hessian): a weight below 0 is fixed at 0 and
+the others move by the least the samples allow (active set, added until none is negative). A
+build whose RLS predicted with these weights was measured on the real pods and not kept
+(BENCHMARKS.md "Load weights held non-negative").
 
 An approximation of `crates/kvgate-core/src/predictor` (plain `rls`): the same 10 scaled TTFT
 features (features.rs), forgetting 0.999, a ridge prior P0 = I/delta centred on the analytic
@@ -51,7 +58,22 @@ def records(path):
     return recs
 
 
-def replay(recs, delta, min_samples, keep):
+def project(w, p):
+    """The weights nearest to w in the metric P^-1 with every weight but the bias >= 0."""
+    active = [j for j in range(1, len(w)) if w[j] < 0]
+    v = w
+    while active:
+        a = np.array(active)
+        v = w - p[:, a] @ np.linalg.solve(p[np.ix_(a, a)], w[a])
+        v[a] = 0.0
+        more = [j for j in range(1, len(w)) if j not in active and v[j] < 0]
+        if not more:
+            break
+        active += more
+    return v
+
+
+def replay(recs, delta, min_samples, keep, monotone=False):
     d = len(keep)
     prior = PRIOR[keep]
     events = []
@@ -75,10 +97,11 @@ def replay(recs, delta, min_samples, keep):
                     p[:, j] *= s
             n += 1
         else:
-            pred = max(x @ (w if n >= min_samples else prior), 1.0)
+            used = (project(w, p) if monotone else w) if n >= min_samples else prior
+            pred = max(x @ used, 1.0)
             errors.append(abs(pred - y) / y)
             signed.append(pred - y)
-    return w, float(np.mean(errors)), float(np.mean(signed))
+    return (project(w, p) if monotone else w), float(np.mean(errors)), float(np.mean(signed))
 
 
 def main():
@@ -87,13 +110,14 @@ def main():
     ap.add_argument("--delta", default="0.01,1,10")
     ap.add_argument("--min-samples", type=int, default=8)
     ap.add_argument("--keep", default=",".join(str(i) for i in range(D)))
+    ap.add_argument("--monotone", action="store_true")
     args = ap.parse_args()
     keep = [int(i) for i in args.keep.split(",")]
     runs = [records(f) for f in args.files]
     print("| delta | prequential MAPE | signed error ms | " + " | ".join(NAMES[i] for i in keep) + " |")
     print("|---:|---:|---:|" + "---:|" * len(keep))
     for delta in [float(d) for d in args.delta.split(",")]:
-        out = [replay(r, delta, args.min_samples, keep) for r in runs]
+        out = [replay(r, delta, args.min_samples, keep, args.monotone) for r in runs]
         weights = np.mean([o[0] for o in out], axis=0)
         print(f"| {delta:g} | {np.mean([o[1] for o in out]):.2f} | {np.mean([o[2] for o in out]):.0f} | "
               + " | ".join(f"{v:.0f}" for v in weights) + " |")

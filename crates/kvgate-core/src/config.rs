@@ -224,9 +224,11 @@ pub struct RouterConfig {
     pub predictor_drift_adaptation: bool,
     /// Samples a pod class needs before its regression replaces the analytic estimate, for
     /// TTFT and for TPOT each (and before `gbdt`'s first training): the predictor's
-    /// `min_samples`. Seed 32; default profile 8 (EVALUATION.md §14.2: with
-    /// [`RouterConfig::predictor_ttft_at_first_token`] it takes the held-out TTFT error from
-    /// 14.0 to 7.8 % on average, routing within ±1 %). ≥ 1. Changing it on a config reload
+    /// `min_samples`. 32 in both profiles. The default profile had 8 (EVALUATION.md §14.2:
+    /// held-out TTFT error in the simulator), but on real vLLM pods a regression of 10 weights
+    /// fitted on 8–31 samples ranked the pods worse than the analytic estimate: 32 had ×0.74
+    /// the mean TTFT of 8 on the overloaded agent workload, the simulator's §17.10 rows within
+    /// 1 % (BENCHMARKS.md "The predictor's first samples"). ≥ 1. Changing it on a config reload
     /// starts a new predictor (what was learnt is dropped), as changing `predictor_model` does.
     pub predictor_min_samples: u64,
     /// Whether the predictor learns a request's TTFT at its first token instead of when the
@@ -448,7 +450,6 @@ impl RouterConfig {
                 load_break_pays_prefill: true,
                 relative_gate_queue_rule: QueueRule::Every,
                 shared_prefix_epsilon: 0.1,
-                predictor_min_samples: 8,
                 predictor_ttft_at_first_token: true,
                 predict_computed_prefix: true,
                 ..base

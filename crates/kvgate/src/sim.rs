@@ -138,8 +138,7 @@ pub struct SimArgs {
     #[arg(long)]
     predictor_model: Option<kvgate_core::predictor::ModelKind>,
     /// TTFT samples a pod class needs before its regressor replaces the analytic estimate
-    /// (overrides the router config's `predictor_min_samples`: 8 in the default profile, 32 in
-    /// the seed's).
+    /// (overrides the router config's `predictor_min_samples`: 32 in both profiles).
     #[arg(long)]
     predictor_min_samples: Option<u64>,
     /// The predictor learns each TTFT at the request's first token instead of at its end

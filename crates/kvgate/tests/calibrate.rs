@@ -55,7 +55,11 @@ fn kvgate(args: &[&str]) -> String {
     stdout
 }
 
-/// (mean, p90) TTFT of `kvgate sim` on the Mooncake slice with `profile`.
+/// (mean, p90) TTFT of `kvgate sim` on the Mooncake slice with `profile`, routed by
+/// `least-request`: a policy that does not learn from the TTFTs, so the two runs differ by the
+/// profiles alone. The affinity gate turns a 1 % difference in one term into different routes
+/// (its runs of the true and the fitted profile differed by up to +44 % on some seeds;
+/// BENCHMARKS.md "`kvgate calibrate` against a known profile").
 fn sim_ttft(trace: &Path, profile: &Path, json: &Path) -> (f64, f64) {
     kvgate(&[
         "sim",
@@ -65,6 +69,8 @@ fn sim_ttft(trace: &Path, profile: &Path, json: &Path) -> (f64, f64) {
         "300",
         "--pods",
         "16",
+        "--policy",
+        "least-request",
         "--profile",
         profile.to_str().unwrap(),
         "--json",

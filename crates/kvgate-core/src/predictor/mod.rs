@@ -14,7 +14,7 @@
 //!   by name (a fleet has a handful). Classes first seen after the table is full share one
 //!   fallback pair of models; memory is bounded.
 //! - **Cold start.** Until a class has `min_samples` (32; the router config's
-//!   `predictor_min_samples` sets it, 8 in the default profile) TTFT samples its TTFT is the analytic
+//!   `predictor_min_samples` sets it, 32 in both profiles) TTFT samples its TTFT is the analytic
 //!   estimate of [`analytic`] (llm-d's in-flight prefill tokens / peak prefill throughput,
 //!   15 928 tok/s); likewise for TPOT with its own sample count. The regressors train from the
 //!   first sample, and they start from the analytic weights, so the hand-over is smooth.
