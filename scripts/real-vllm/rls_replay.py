@@ -13,7 +13,10 @@ feature set would have learnt and predicted on the same requests.
 in the regression's own metric (P^-1, the RLS cost's Hessian): a weight below 0 is fixed at 0 and
 the others move by the least the samples allow (active set, added until none is negative). A
 build whose RLS predicted with these weights was measured on the real pods and not kept
-(BENCHMARKS.md "Load weights held non-negative").
+(BENCHMARKS.md "The predictor's first samples").
+
+--min-samples defaults to 8, the default profile's `predictor_min_samples` until 2026-12-07 and
+the value every replay figure in BENCHMARKS.md was taken with; the core's default is 32 now.
 
 An approximation of `crates/kvgate-core/src/predictor` (plain `rls`): the same 10 scaled TTFT
 features (features.rs), forgetting 0.999, a ridge prior P0 = I/delta centred on the analytic
