@@ -7,12 +7,14 @@
 #   WORKLOAD   mooncake (default) | chat | shared-prefix | agent | burst, or a comma list of them:
 #              mooncake: the first REQUESTS requests of the Mooncake conversation trace whose text
 #              prompt fits the pods (max_model_len 4096); the others: `kvgate loadgen --workload W`
-#              (--workload-seed WORKLOAD_SEED, 1; --max-requests REQUESTS; chat and agent:
+#              (--workload-seed WORKLOAD_SEED, 1, or `round`: round k replays seed k, so the rounds
+#              sample placements of several workloads, not one workload's noise; --max-requests
+#              REQUESTS; chat and agent:
 #              --max-context-tokens MAX_CONTEXT_TOKENS, 1700 planned tokens ≈ 2,900 text tokens;
 #              shared-prefix: --preset PRESET, A: B–D do not fit 4096 tokens as text; agent:
 #              AGENT_COMPACT_EVERY N > 0 compacts each session's history every N steps and
 #              sends each request's session in `x-session-id`). Every round replays the same
-#              requests.
+#              requests (every router of a round the same ones with WORKLOAD_SEED=round).
 #   ROUNDS     5 (RUNS is read too): rounds 1..ROUNDS; each round runs every router once per
 #              workload, in an order rotated by the round. Raise it in a later sitting to add rounds.
 #   REQUESTS   100; RATE_SCALE 1.0 (arrivals × F). Per workload: REQUESTS_CHAT, RATE_SCALE_AGENT,
@@ -415,7 +417,7 @@ run_cell() { # WORKLOAD ROUND ROUTER POSITION
   local started rc=0
   started=$(date +%s.%3N)
   # shellcheck disable=SC2086
-  "$kvgate" loadgen --target "http://127.0.0.1:$gw" ${wargs[$w]} \
+  "$kvgate" loadgen --target "http://127.0.0.1:$gw" ${wargs[$w]//--workload-seed round/--workload-seed $k} \
     --stream --model tiny --max-concurrency 256 --timeout-s 600 --quiet \
     --pod-metrics "$p0" --pod-metrics "$p1" --json "$cell.json" --requests-jsonl "$cell.requests.jsonl" \
     > "$cell.loadgen.log" 2>&1 || rc=$?
