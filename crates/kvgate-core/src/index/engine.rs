@@ -182,6 +182,9 @@ impl EngineIndex {
     /// Starts following a pod's events; `model` seeds its sequences' chains. Re-adding a pod
     /// with another model clears it.
     pub fn add_pod(&mut self, pod: PodId, model: &str) {
+        // Events store blocks whose ancestors may be missing here (a lost event, another
+        // medium): the storage must not assume prefix-closed block sets.
+        self.blocks.allow_holes();
         if pod.index() >= MAX_PODS {
             self.stats.unknown_pod += 1;
             return;
