@@ -48,7 +48,7 @@ target=${CARGO_TARGET_DIR:-$root/target}
 echo "== building kvgate and cost_bench (release)"
 cargo build --release -q -p kvgate || exit 1
 cargo build --release -q -p kvgate-gateway --example cost_bench || exit 1
-kvgate="$target/release/kvgate"
+kvgate="${KVGATE_BIN:-$target/release/kvgate}"  # KVGATE_BIN: another build, side by side
 bench="$target/release/examples/cost_bench"
 
 python=""
