@@ -46,6 +46,8 @@
 #   .router.log, .loadgen.log
 #   .decisions.jsonl (kvgate routers) kvgate serve --decisions-log: every decision with each pod's
 #                   prediction and load, and the TTFT observed (scripts/real-vllm/decisions_table.py)
+#   .capture.jsonl  (kvgate routers) kvgate serve --capture: one Mooncake line per request with its
+#                   timing keys, the input of `kvgate calibrate --from-capture` (issue 42)
 #   .meta.json      written last: the run is complete (a rerun skips it). Its sitting, order in
 #                   the round, times, disturbed or not, the hit rate.
 # OUT_DIR/<workload>/params.json holds the workload's parameters: a rerun with other parameters
@@ -322,7 +324,7 @@ rp0="tcp://127.0.0.1:$((port + 50))" rp1="tcp://127.0.0.1:$((port + 51))"
 
 start_router() { # name log
   local name=$1 log=$2
-  local decisions="${log%.router.log}.decisions.jsonl"
+  local decisions="${log%.router.log}.decisions.jsonl" capture="${log%.router.log}.capture.jsonl"
   case "$name" in
     kvgate-routed|kvgate-base)
       local bin=$kvgate extra=()
@@ -331,7 +333,8 @@ start_router() { # name log
         [ -z "${KVGATE_BASE_CONFIG:-}" ] || extra=(--config "$KVGATE_BASE_CONFIG")
       fi
       "$bin" serve --listen "127.0.0.1:$gw" --admin-listen "127.0.0.1:$((gw + 10))" \
-        --policy affinity-gate --pod "$p0" --pod "$p1" --decisions-log "$decisions" "${extra[@]}" 2> "$log" &
+        --policy affinity-gate --pod "$p0" --pod "$p1" --decisions-log "$decisions" \
+        --capture "$capture" "${extra[@]}" 2> "$log" &
       ;;
     kvgate-engine|kvgate-engine-base)
       local bin=$kvgate extra=()
@@ -342,11 +345,13 @@ start_router() { # name log
       "$bin" serve --listen "127.0.0.1:$gw" --admin-listen "127.0.0.1:$((gw + 10))" \
         --policy affinity-gate --index engine --tokenizer "$model/tokenizer.json" \
         --pod "$p0,events=$ev0,replay=$rp0,model=tiny" \
-        --pod "$p1,events=$ev1,replay=$rp1,model=tiny" --decisions-log "$decisions" "${extra[@]}" 2> "$log" &
+        --pod "$p1,events=$ev1,replay=$rp1,model=tiny" --decisions-log "$decisions" \
+        --capture "$capture" "${extra[@]}" 2> "$log" &
       ;;
     round-robin|llmd-chain)
       "$kvgate" serve --listen "127.0.0.1:$gw" --admin-listen "127.0.0.1:$((gw + 10))" \
-        --policy "$name" --pod "$p0" --pod "$p1" --decisions-log "$decisions" 2> "$log" &
+        --policy "$name" --pod "$p0" --pod "$p1" --decisions-log "$decisions" \
+        --capture "$capture" 2> "$log" &
       ;;
     sglang-cache)
       "$bench/bin/python" -m sglang_router.launch_router --host 127.0.0.1 --port "$gw" \
