@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs the affinity gate with each option of issue 12 alone (on top of the seed's gate), and the
 # default profile, on one workload at the given rate scales and seeds; one JSON per variant.
+# (EVALUATION.md §3's explore-least-loaded and explore-if-no-sticky rows measured explore modes
+# removed on 2026-12-07; they are no longer run.)
 # Usage: scripts/gate_options.sh OUT_DIR "sim args..." (e.g. "--trace T --pods 8 --sweep rate-scale=0.55,1,2,4")
 set -euo pipefail
 out=$1; shift
@@ -11,8 +13,6 @@ seed='"gate_profile":"seed"'
 declare -A variants=(
   [seed]="{$seed}"
   [explore-random]="{$seed,\"explore_mode\":\"random-non-sticky\"}"
-  [explore-least-loaded]="{$seed,\"explore_mode\":\"least-loaded-non-sticky\"}"
-  [explore-if-no-sticky]="{$seed,\"explore_mode\":\"random-if-no-sticky\"}"
   [explore-bounded-25]="{$seed,\"explore_mode\":\"random-non-sticky\",\"explore_max_extra_ms\":25}"
   [cold-spread-20]="{$seed,\"cold_spread_window_ms\":20}"
   [relative-1.5x-100ms]="{$seed,\"affinity_relative_penalty\":1.5,\"affinity_relative_slack_ms\":100}"

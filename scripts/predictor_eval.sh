@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Produces the predictor tables of EVALUATION.md §6: per predictor model (rls, gbdt, gbdt-p90,
-# analytic), `affinity-gate` driven by it on the Mooncake conversation trace and the chat
-# workload at four loads, against every baseline policy (run once, with the default rls
-# predictor: only `latency` among them uses a predictor); then the mixed pool (4 H100 + 4 A100)
-# with class-aware and class-blind prediction. Writes JSON into OUT_DIR (default
+# Produces the predictor tables of EVALUATION.md §6: `affinity-gate` driven by the predictor
+# (rls; the gbdt, gbdt-p90 and analytic models of §6.3 were removed on 2026-12-07) on the
+# Mooncake conversation trace and the chat workload at four loads, against every baseline policy
+# (only `latency` among them uses a predictor); then the mixed pool (4 H100 + 4 A100) with
+# class-aware and class-blind prediction. Writes JSON into OUT_DIR (default
 # predictor-out/) and prints the tables (scripts/predictor_table.py).
 # WORKLOADS (default "mooncake chat mixed") picks workloads; BASELINES (default: every baseline)
 # the baseline policies, comma-separated; SEEDS (default 1) the seeds.
@@ -24,25 +24,20 @@ for name in ${WORKLOADS:-mooncake chat mixed}; do
   mkdir -p "$out/$name"
   # shellcheck disable=SC2086
   $bin sim ${workloads[$name]} --policy $baselines --seed "$seeds" --quiet --json "$out/$name/baselines.json" > /dev/null
-  for model in rls gbdt gbdt-p90 analytic; do
+  # shellcheck disable=SC2086
+  $bin sim ${workloads[$name]} --policy affinity-gate --seed "$seeds" --quiet \
+    --json "$out/$name/rls.json" > /dev/null
+  if [ "$name" = mixed ]; then
     # shellcheck disable=SC2086
-    $bin sim ${workloads[$name]} --policy affinity-gate --predictor-model $model --seed "$seeds" --quiet \
-      --json "$out/$name/$model.json" > /dev/null
-    if [ "$name" = mixed ]; then
-      # shellcheck disable=SC2086
-      $bin sim ${workloads[$name]} --policy affinity-gate --predictor-model $model --class-blind-predictor \
-        --seed "$seeds" --quiet --json "$out/$name/$model-blind.json" > /dev/null
-    fi
-  done
+    $bin sim ${workloads[$name]} --policy affinity-gate --class-blind-predictor \
+      --seed "$seeds" --quiet --json "$out/$name/rls-blind.json" > /dev/null
+  fi
   echo "### $name"
   echo
   if [ "$name" = mixed ]; then
     scripts/predictor_table.py "$out/$name/baselines.json" \
-      "rls=$out/$name/rls.json" "rls class-blind=$out/$name/rls-blind.json" \
-      "gbdt=$out/$name/gbdt.json" "gbdt class-blind=$out/$name/gbdt-blind.json" \
-      "gbdt-p90=$out/$name/gbdt-p90.json" "gbdt-p90 class-blind=$out/$name/gbdt-p90-blind.json" \
-      "analytic=$out/$name/analytic.json" "analytic class-blind=$out/$name/analytic-blind.json"
+      "rls=$out/$name/rls.json" "rls class-blind=$out/$name/rls-blind.json"
   else
-    scripts/predictor_table.py "$out/$name/baselines.json" "$out/$name"/{rls,gbdt,gbdt-p90,analytic}.json
+    scripts/predictor_table.py "$out/$name/baselines.json" "$out/$name/rls.json"
   fi
 done

@@ -8,9 +8,9 @@ Each file's runs are labelled by its `router_config.predictor_model` (or by NAME
 NAME=file.json). Prints, per rate scale:
 
 1. accuracy of the focus policy's runs: busy %, TTFT MAPE %, TPOT MAPE % (the chosen pod's
-   predictions over the whole run), TTFT coverage % (requests with TTFT ≤ predicted: the p90
-   coverage of `gbdt-p90`, about 50 % for a central model), and the online p90 coverage of the
-   predictor's own p90 (last 1000 samples; for point models the p90 ratio tracker);
+   predictions over the whole run), TTFT coverage % (requests with TTFT ≤ predicted: about 50 %
+   for a central model), and the online p90 coverage of the predictor's own p90 (last 1000
+   samples; the p90 ratio tracker);
 2. routing quality: mean / p99 TTFT and hit rate of the focus policy per model, and of the best
    baseline policy (lowest mean TTFT among the non-kvgate policies found in any file at that
    rate), with the ratio to it.

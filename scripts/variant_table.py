@@ -7,7 +7,7 @@ Usage: scripts/variant_table.py BASE.json VARIANT.json [VARIANT.json ...]
 Each file is one variant (its file name names it), run with the same workload, rate scales and
 seeds. Per rate scale, one row per variant: mean / p99 TTFT (mean over seeds), their ratios to
 BASE of the same seed as mean [min–max], prefix hit rate, SLO goodput when the runs had SLOs,
-and the final τ / ε of auto runs.
+and the τ / ε the gate had at the end (the runs' `gate_state`).
 """
 import json
 import os

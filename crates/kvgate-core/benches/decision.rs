@@ -3,8 +3,8 @@
 //! - `decision/full/{16,64,256,1024,4096}`: one full decision — parse-free hashing of a 32,000-character
 //!   prompt, prefix match over the routed index, predict for every pod, affinity gate — with
 //!   the request's prefix cached on a quarter of the pods and a trained predictor.
-//! - `decision/full/auto_tau_epsilon/64`: the same with `affinity_gate_tau` and
-//!   `epsilon_explore_sticky` set to `"auto"`, to compare with `decision/full/64`.
+//! - `decision/full/no_shared_prefix_epsilon/64`: the same without the prefix-popularity
+//!   sketch (`shared_prefix_epsilon` 0), to compare with `decision/full/64`.
 //! - `decision/driver/{decide_and_record,session_route}/64`: what a driver does per request,
 //!   the old way (`Router::decide` over the routed index, then `record_routed`) and through the
 //!   lifecycle (`RouterSession::route` — decision, record, features, ledger charge — then
@@ -16,7 +16,6 @@
 //!   fleet of two (half the pods left out).
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use kvgate_core::config::GateSetting;
 use kvgate_core::index::PrefixIndex;
 use kvgate_core::index::routed::RoutedIndex;
 use kvgate_core::policy::PolicyKind;
@@ -36,21 +35,14 @@ fn bench_decision(c: &mut Criterion) {
     for pods_n in [16u32, 64, 256, 1024, 4096] {
         let pods = fleet(pods_n);
         let index = fleet_index(&pods, &text);
-        // The default gate, and the same with τ and ε "auto" (histogram + Otsu every 256
-        // decisions, ε update, predictor error read every 128): their cost side by side.
-        let auto = RouterConfig {
-            affinity_gate_tau: GateSetting::Auto,
-            epsilon_explore_sticky: GateSetting::Auto,
-            ..RouterConfig::default()
-        };
-        // And without the prefix-popularity sketch (shared-prefix exploration off).
+        // The default gate, and the same without the prefix-popularity sketch (shared-prefix
+        // exploration off): their cost side by side.
         let no_popularity = RouterConfig {
             shared_prefix_epsilon: 0.0,
             ..RouterConfig::default()
         };
         for (name, config) in [
             ("fixed", RouterConfig::default()),
-            ("auto", auto),
             ("no_popularity", no_popularity),
         ] {
             if name != "fixed" && pods_n != 64 {
@@ -61,7 +53,6 @@ fn bench_decision(c: &mut Criterion) {
             let mut scratch = Vec::with_capacity(1024);
             let id = match name {
                 "fixed" => BenchmarkId::from_parameter(pods_n),
-                "auto" => BenchmarkId::new("auto_tau_epsilon", pods_n),
                 _ => BenchmarkId::new("no_shared_prefix_epsilon", pods_n),
             };
             group.bench_function(id, |b| {

@@ -13,24 +13,23 @@
 //! on reload) and [`RouterConfig::from_json`] (`kvgate decide`, `kvgate sim --router-config`) both
 //! read a `RouterKeys` (every key absent or given), start from the profile and validate.
 //!
-//! `affinity_gate_tau` and `epsilon_explore_sticky` take a number or `"auto"` ([`GateSetting`]):
-//! `auto` lets the gate choose the value online (`policy/auto_tau.rs`, `policy/auto_epsilon.rs`).
+//! **Removed options.** Options that EVALUATION.md measured as helping nowhere were removed on
+//! 2026-12-07, and a config that still sets one is refused with a message that names the key,
+//! the evidence and what to use instead ([`removed`]): `affinity_gate_tau = "auto"` and
+//! `epsilon_explore_sticky = "auto"` (§9), `explore_mode = "least-loaded-non-sticky"` and
+//! `"random-if-no-sticky"` (§3), and the `predictor_model` key (§6.3, §14: `rls`, the one model
+//! left).
 //!
 //! **Experimental options.** Options that measured no better than the defaults anywhere are
 //! accepted only with `experimental_options = true` (camelCase `experimentalOptions`; default
 //! false), so they do not ship as equals of the measured ones; without it such a value is an
-//! error that names the evidence ([`EXPERIMENTAL`]). They are: `affinity_gate_tau = "auto"` and
-//! `epsilon_explore_sticky = "auto"` (EVALUATION.md §9: neutral, or worse under queueing),
-//! `explore_mode = least-loaded-non-sticky` and `random-if-no-sticky` (§3: no better than
-//! random exploration, or never spreading shared prefixes), `predictor_model = gbdt`,
-//! `gbdt-p90` and `analytic` (§6.3: `rls` is the most accurate and the best router),
-//! `session_affinity_ttl_ms` above 0 (BENCHMARKS.md: neutral on compacted agent sessions). The
-//! simulator, where options are measured, turns the switch on unless its `--router-config` says
-//! otherwise.
+//! error that names the evidence ([`EXPERIMENTAL`]). There is one: `session_affinity_ttl_ms`
+//! above 0 (BENCHMARKS.md: neutral on compacted agent sessions). The simulator, where options
+//! are measured, turns the switch on unless its `--router-config` says otherwise.
 
 use crate::blocks::DEFAULT_BLOCK_SIZE_TOKENS;
 use crate::index::DEFAULT_POD_CAPACITY_BLOCKS;
-use crate::predictor::{ModelKind, PredictorConfig};
+use crate::predictor::PredictorConfig;
 use crate::request::DEFAULT_CHARS_PER_TOKEN;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -48,18 +47,29 @@ pub enum GateProfile {
 }
 
 /// What the affinity gate does when its ε coin says "explore".
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ExploreMode {
     /// The seed: the best predicted TTFT over all pods (rarely reaches a cold pod).
     BestOverall,
     /// A uniformly random pod among the non-sticky ones (all pods if every pod is sticky).
     RandomNonSticky,
-    /// The non-sticky pod with the fewest in-flight prompt tokens.
-    LeastLoadedNonSticky,
-    /// Explore only requests that have no sticky pod (new prefixes), to a uniformly random pod;
-    /// a request with a sticky pod is never sent away from its cache.
-    RandomIfNoSticky,
+}
+
+impl<'de> Deserialize<'de> for ExploreMode {
+    /// The two modes by name; the removed ones are refused with their replacement.
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        const NAMES: &[&str] = &["best-overall", "random-non-sticky"];
+        let name = String::deserialize(d)?;
+        match name.as_str() {
+            "best-overall" => Ok(ExploreMode::BestOverall),
+            "random-non-sticky" => Ok(ExploreMode::RandomNonSticky),
+            "least-loaded-non-sticky" | "random-if-no-sticky" => Err(serde::de::Error::custom(
+                removed(&format!("explore_mode = {name:?}"), EXPLORE_MODE_REMOVED),
+            )),
+            _ => Err(serde::de::Error::unknown_variant(&name, NAMES)),
+        }
+    }
 }
 
 /// When queueing holds the affinity gate's relative load gate back
@@ -77,58 +87,88 @@ pub enum QueueRule {
     Target,
 }
 
-/// The seed's τ (llm-d's `affinityGateTau`); also where `affinity_gate_tau = "auto"` starts.
+/// The seed's τ (llm-d's `affinityGateTau`).
 pub const DEFAULT_AFFINITY_GATE_TAU: f64 = 0.80;
-/// The seed's ε (llm-d's `epsilonExploreSticky`); also the floor of `epsilon_explore_sticky =
-/// "auto"`.
+/// The seed's ε (llm-d's `epsilonExploreSticky`).
 pub const DEFAULT_EPSILON_EXPLORE_STICKY: f64 = 0.01;
 
-/// A gate parameter given as a number, or `"auto"`: chosen online by the gate.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum GateSetting {
-    Fixed(f64),
-    Auto,
+/// The day the options that helped nowhere left kvgate (see the module docs).
+pub const REMOVED_ON: &str = "2026-12-07";
+
+/// Why `explore_mode`'s two other modes were removed, and what to use.
+const EXPLORE_MODE_REMOVED: &str = "EVALUATION.md §3: no better than random exploration, worse \
+     where queueing is real, or never spreading shared prefixes; use \"random-non-sticky\" or \
+     \"best-overall\", or leave the key out for the profile's mode (the default profile's is \
+     \"random-non-sticky\")";
+
+/// The message for a config that sets a removed option: `what` (the key, with its value when
+/// only that value was removed), then why and what to use instead.
+pub fn removed(what: &str, why_and_instead: &str) -> String {
+    format!("{what} was removed on {REMOVED_ON} ({why_and_instead})")
 }
 
-impl GateSetting {
-    pub fn is_auto(self) -> bool {
-        self == GateSetting::Auto
-    }
+/// Reads a gate parameter (τ or ε) given as a number; the removed `"auto"` is refused with the
+/// number to use instead.
+macro_rules! gate_number {
+    ($name:ident, $key:literal, $default:literal, $evidence:literal) => {
+        /// A value of the key as read from a config (a number).
+        #[derive(Debug, Clone, Copy)]
+        struct $name(f64);
 
-    /// The fixed value, or `auto_start` (the value `auto` starts from).
-    pub fn value_or(self, auto_start: f64) -> f64 {
-        match self {
-            GateSetting::Fixed(v) => v,
-            GateSetting::Auto => auto_start,
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                #[derive(Deserialize)]
+                #[serde(untagged)]
+                enum Raw {
+                    Number(f64),
+                    Text(String),
+                }
+                match Raw::deserialize(d)? {
+                    Raw::Number(v) => Ok($name(v)),
+                    Raw::Text(t) if t == "auto" => Err(serde::de::Error::custom(removed(
+                        concat!($key, " = \"auto\""),
+                        concat!(
+                            $evidence,
+                            "; give a number, or leave the key out for ",
+                            $default
+                        ),
+                    ))),
+                    Raw::Text(t) => Err(serde::de::Error::custom(format!(
+                        concat!($key, ": expected a number, got {:?}"),
+                        t
+                    ))),
+                }
+            }
         }
-    }
+
+        impl From<$name> for f64 {
+            fn from(v: $name) -> f64 {
+                v.0
+            }
+        }
+    };
 }
 
-impl Serialize for GateSetting {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match self {
-            GateSetting::Fixed(v) => s.serialize_f64(*v),
-            GateSetting::Auto => s.serialize_str("auto"),
-        }
-    }
-}
+gate_number!(
+    TauNumber,
+    "affinity_gate_tau",
+    "0.80, the default",
+    "EVALUATION.md §9: TTFT within ±1 % of the fixed 0.80 on every workload short of overload"
+);
+gate_number!(
+    EpsilonNumber,
+    "epsilon_explore_sticky",
+    "0.01, the default",
+    "EVALUATION.md §9: within 1 % of the fixed 0.01, worse on the Mooncake p99"
+);
 
-impl<'de> Deserialize<'de> for GateSetting {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Number(f64),
-            Text(String),
-        }
-        match Raw::deserialize(d)? {
-            Raw::Number(v) => Ok(GateSetting::Fixed(v)),
-            Raw::Text(t) if t == "auto" => Ok(GateSetting::Auto),
-            Raw::Text(t) => Err(serde::de::Error::custom(format!(
-                "expected a number or \"auto\", got {t:?}"
-            ))),
-        }
-    }
+/// `predictor_model`, a removed key: present at all, it is refused.
+fn removed_predictor_model<'de, D: serde::Deserializer<'de>>(_: D) -> Result<(), D::Error> {
+    Err(serde::de::Error::custom(removed(
+        "predictor_model",
+        "EVALUATION.md §6.3 and §14: the gate routed best with `rls`, now the only model; leave \
+         the key out",
+    )))
 }
 
 /// Deserialised through `RouterKeys`: the chosen `gate_profile` first, every key given over it
@@ -138,12 +178,10 @@ pub struct RouterConfig {
     /// Base of the gate parameters (`seed` or `default`); see the module docs.
     pub gate_profile: GateProfile,
     // ---- affinity gate (DESIGN.md §2; defaults from llm-d's predicted-latency scorer) ----
-    /// Pods whose prefix score is strictly above this are sticky. Default 0.80; `"auto"`:
-    /// Otsu's threshold of the observed best-pod scores (`policy/auto_tau.rs`).
-    pub affinity_gate_tau: GateSetting,
-    /// Probability of skipping the gate and considering every pod. Default 0.01; `"auto"`:
-    /// raised after pods join and while the predictor is inaccurate (`policy/auto_epsilon.rs`).
-    pub epsilon_explore_sticky: GateSetting,
+    /// Pods whose prefix score is strictly above this are sticky. Default 0.80.
+    pub affinity_gate_tau: f64,
+    /// Probability of skipping the gate and considering every pod. Default 0.01.
+    pub epsilon_explore_sticky: f64,
     /// Break affinity when the best sticky pod's predicted TTFT exceeds the best pod's by more
     /// than this. Default 5000 ms; 0 disables the load gate (as upstream).
     pub affinity_max_ttft_penalty_ms: f64,
@@ -158,7 +196,7 @@ pub struct RouterConfig {
     /// Seed false, default profile true (BENCHMARKS.md "Which key of the default profile loses
     /// when overloaded").
     pub load_break_pays_prefill: bool,
-    /// What exploring picks. Seed: `best-overall`.
+    /// What exploring picks. Seed `best-overall`, default profile `random-non-sticky`.
     pub explore_mode: ExploreMode,
     /// Bounded-cost exploration: exploring may only pick a pod predicted within this many ms of
     /// the best pod's TTFT; with no such pod the request is not explored. 0, with
@@ -211,11 +249,7 @@ pub struct RouterConfig {
     /// Routed-index capacity per pod when the pod has not reported its KV blocks. Default 31,250.
     pub lru_capacity_per_server: u32,
 
-    // ---- latency predictor ----
-    /// The predictor's model per pod class: `rls` (default), `rls-rel`, `rls-split`,
-    /// `rls-split-rel`, `gbdt`, `gbdt-p90`, `analytic` (see `predictor::model`; EVALUATION.md §14
-    /// compares them across workloads).
-    pub predictor_model: ModelKind,
+    // ---- latency predictor (one model: RLS per pod class, `predictor::model`) ----
     /// Whether a drift episode (a class's recent error far above its long-run error) resets the
     /// class's confidence and speeds up its forgetting. Default false: episodes are still
     /// detected and exposed as metrics, but adapting on them made Mooncake at 4× rate tip into
@@ -223,13 +257,14 @@ pub struct RouterConfig {
     /// pods change speed (it recovers a 2× slowdown in ~300 samples instead of thousands).
     pub predictor_drift_adaptation: bool,
     /// Samples a pod class needs before its regression replaces the analytic estimate, for
-    /// TTFT and for TPOT each (and before `gbdt`'s first training): the predictor's
+    /// TTFT and for TPOT each: the predictor's
     /// `min_samples`. 32 in both profiles. The default profile had 8 (EVALUATION.md §14.2:
     /// held-out TTFT error in the simulator), but on real vLLM pods a regression of 10 weights
     /// fitted on 8–31 samples ranked the pods worse than the analytic estimate: 32 had ×0.74
     /// the mean TTFT of 8 on the overloaded agent workload, the simulator's §17.10 rows within
     /// 1 % (BENCHMARKS.md "The predictor's first samples"). ≥ 1. Changing it on a config reload
-    /// starts a new predictor (what was learnt is dropped), as changing `predictor_model` does.
+    /// starts a new predictor (what was learnt is dropped), as changing
+    /// `predictor_drift_adaptation` does.
     pub predictor_min_samples: u64,
     /// Whether the predictor learns a request's TTFT at its first token instead of when the
     /// request ends (a whole decode later: ~8 s for 1,000 output tokens, during which a new
@@ -313,17 +348,28 @@ fn given<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
 
 /// Declares [`RouterKeys`] from one list of `field: type, "camelCaseAlias"…;` lines, so that the
 /// keys read from a file and the keys laid over the profile cannot drift apart; the list must name
-/// every field of [`RouterConfig`] (checked at compile time).
+/// every field of [`RouterConfig`] (checked at compile time). The `removed { key: "refusing fn",
+/// "alias"…; }` block first names keys that are no longer read: a config that sets one is
+/// refused by that function's message.
 macro_rules! router_keys {
-    ($($field:ident: $ty:ty $(, $alias:tt)*;)*) => {
-        /// A router config as written: every key absent or given, unknown keys rejected. The one
-        /// way in to a [`RouterConfig`] (its `Deserialize` and [`RouterConfig::from_json`]).
+    (
+        removed { $($removed:ident: $refuse:literal $(, $removed_alias:tt)*;)* }
+        $($field:ident: $ty:ty $(, $alias:tt)*;)*
+    ) => {
+        /// A router config as written: every key absent or given, unknown keys rejected, removed
+        /// keys refused with their replacement. The one way in to a [`RouterConfig`] (its
+        /// `Deserialize` and [`RouterConfig::from_json`]).
         #[derive(Debug, Default, Deserialize)]
         #[serde(default, deny_unknown_fields)]
         struct RouterKeys {
             $(
                 #[serde(deserialize_with = "given" $(, alias = $alias)*)]
                 $field: Option<$ty>,
+            )*
+            $(
+                #[serde(deserialize_with = $refuse $(, alias = $removed_alias)*)]
+                #[allow(dead_code)] // never read: reading the key is an error
+                $removed: (),
             )*
         }
 
@@ -333,7 +379,7 @@ macro_rules! router_keys {
                 let mut config = RouterConfig::for_profile(self.gate_profile.unwrap_or_default());
                 $(
                     if let Some(value) = self.$field {
-                        config.$field = value;
+                        config.$field = value.into();
                     }
                 )*
                 config
@@ -346,9 +392,13 @@ macro_rules! router_keys {
 }
 
 router_keys! {
+    // Keys removed on 2026-12-07: refused, with what to use instead.
+    removed {
+        predictor_model: "removed_predictor_model", "predictorModel";
+    }
     gate_profile: GateProfile, "gateProfile";
-    affinity_gate_tau: GateSetting, "affinityGateTau";
-    epsilon_explore_sticky: GateSetting, "epsilonExploreSticky";
+    affinity_gate_tau: TauNumber, "affinityGateTau";
+    epsilon_explore_sticky: EpsilonNumber, "epsilonExploreSticky";
     affinity_max_ttft_penalty_ms: f64, "affinityMaxTTFTPenaltyMs", "affinityMaxTtftPenaltyMs";
     affinity_relative_penalty: f64, "affinityRelativePenalty";
     affinity_relative_slack_ms: f64, "affinityRelativeSlackMs";
@@ -373,7 +423,6 @@ router_keys! {
     block_size_tokens: u32, "blockSizeTokens";
     chars_per_token: u32, "averageCharactersPerToken";
     lru_capacity_per_server: u32, "lruCapacityPerServer";
-    predictor_model: ModelKind, "predictorModel";
     predictor_drift_adaptation: bool, "predictorDriftAdaptation";
     predictor_min_samples: u64, "predictorMinSamples";
     predictor_ttft_at_first_token: bool, "predictorTtftAtFirstToken";
@@ -397,8 +446,8 @@ impl RouterConfig {
     pub fn for_profile(profile: GateProfile) -> Self {
         let base = RouterConfig {
             gate_profile: GateProfile::Seed,
-            affinity_gate_tau: GateSetting::Fixed(DEFAULT_AFFINITY_GATE_TAU),
-            epsilon_explore_sticky: GateSetting::Fixed(DEFAULT_EPSILON_EXPLORE_STICKY),
+            affinity_gate_tau: DEFAULT_AFFINITY_GATE_TAU,
+            epsilon_explore_sticky: DEFAULT_EPSILON_EXPLORE_STICKY,
             affinity_max_ttft_penalty_ms: 5000.0,
             affinity_relative_penalty: 0.0,
             affinity_relative_slack_ms: 0.0,
@@ -423,7 +472,6 @@ impl RouterConfig {
             block_size_tokens: DEFAULT_BLOCK_SIZE_TOKENS,
             chars_per_token: DEFAULT_CHARS_PER_TOKEN,
             lru_capacity_per_server: DEFAULT_POD_CAPACITY_BLOCKS,
-            predictor_model: ModelKind::Rls,
             predictor_drift_adaptation: false,
             predictor_min_samples: 32,
             predictor_ttft_at_first_token: false,
@@ -479,49 +527,12 @@ pub enum ConfigError {
 }
 
 /// The experimental values: (key, value, the evidence that they do not help).
-pub const EXPERIMENTAL: [(&str, &str, &str); 8] = [
-    (
-        "affinity_gate_tau",
-        "auto",
-        "EVALUATION.md §9: TTFT within ±1 % of the fixed 0.80 on every workload",
-    ),
-    (
-        "epsilon_explore_sticky",
-        "auto",
-        "EVALUATION.md §9: within 1 % of the fixed 0.01, worse on Mooncake p99",
-    ),
-    (
-        "explore_mode",
-        "least-loaded-non-sticky",
-        "EVALUATION.md §3: no better than random exploration, worse where queueing is real",
-    ),
-    (
-        "explore_mode",
-        "random-if-no-sticky",
-        "EVALUATION.md §3: never spreads shared-prefix groups (1.23x the best peer)",
-    ),
-    (
-        "predictor_model",
-        "gbdt",
-        "EVALUATION.md §6.3: less accurate and a worse router than rls",
-    ),
-    (
-        "predictor_model",
-        "gbdt-p90",
-        "EVALUATION.md §6.3: less accurate and a worse router than rls",
-    ),
-    (
-        "predictor_model",
-        "analytic",
-        "EVALUATION.md §6.3: 200 % TTFT error, a worse router than rls",
-    ),
-    (
-        "session_affinity_ttl_ms",
-        "> 0",
-        "BENCHMARKS.md \"Session affinity on compacted agent sessions\": TTFT within 1 % of \
-         prefix-only routing",
-    ),
-];
+pub const EXPERIMENTAL: [(&str, &str, &str); 1] = [(
+    "session_affinity_ttl_ms",
+    "> 0",
+    "BENCHMARKS.md \"Session affinity on compacted agent sessions\": TTFT within 1 % of \
+     prefix-only routing",
+)];
 
 impl RouterConfig {
     /// Parses a JSON object (snake_case or camelCase keys) and validates it: the chosen
@@ -541,27 +552,10 @@ impl RouterConfig {
 
     /// The experimental values this config uses (see [`EXPERIMENTAL`]).
     pub fn experimental_values(&self) -> Vec<(&'static str, &'static str, &'static str)> {
-        let explore = match self.explore_mode {
-            ExploreMode::LeastLoadedNonSticky => "least-loaded-non-sticky",
-            ExploreMode::RandomIfNoSticky => "random-if-no-sticky",
-            _ => "",
-        };
-        let used = [
-            (
-                "affinity_gate_tau",
-                self.affinity_gate_tau.is_auto().then_some("auto"),
-            ),
-            (
-                "epsilon_explore_sticky",
-                self.epsilon_explore_sticky.is_auto().then_some("auto"),
-            ),
-            ("explore_mode", Some(explore)),
-            ("predictor_model", Some(self.predictor_model.name())),
-            (
-                "session_affinity_ttl_ms",
-                (self.session_affinity_ttl_ms > 0.0).then_some("> 0"),
-            ),
-        ];
+        let used = [(
+            "session_affinity_ttl_ms",
+            (self.session_affinity_ttl_ms > 0.0).then_some("> 0"),
+        )];
         EXPERIMENTAL
             .into_iter()
             .filter(|(key, value, _)| {
@@ -598,22 +592,18 @@ impl RouterConfig {
             }
         }
         let unit = |v: f64| (0.0..=1.0).contains(&v);
-        if let GateSetting::Fixed(tau) = self.affinity_gate_tau {
-            check(
-                "affinity_gate_tau",
-                tau,
-                unit(tau),
-                "0 <= tau <= 1, or \"auto\"",
-            )?;
-        }
-        if let GateSetting::Fixed(epsilon) = self.epsilon_explore_sticky {
-            check(
-                "epsilon_explore_sticky",
-                epsilon,
-                unit(epsilon),
-                "0 <= epsilon <= 1, or \"auto\"",
-            )?;
-        }
+        check(
+            "affinity_gate_tau",
+            self.affinity_gate_tau,
+            unit(self.affinity_gate_tau),
+            "0 <= tau <= 1",
+        )?;
+        check(
+            "epsilon_explore_sticky",
+            self.epsilon_explore_sticky,
+            unit(self.epsilon_explore_sticky),
+            "0 <= epsilon <= 1",
+        )?;
         check(
             "affinity_max_ttft_penalty_ms",
             self.affinity_max_ttft_penalty_ms,
@@ -757,13 +747,12 @@ impl RouterConfig {
 /// The predictor side of a router config: here, beside the config, so that the predictor does
 /// not depend on the router's config.
 impl PredictorConfig {
-    /// The predictor a router config asks for: its model, drift adaptation and cold-start
-    /// sample count (`predictor_model`, `predictor_drift_adaptation`, `predictor_min_samples`),
-    /// every other field at its default. The gateway and the simulator both start here, so a
+    /// The predictor a router config asks for: its drift adaptation and cold-start sample
+    /// count (`predictor_drift_adaptation`, `predictor_min_samples`), every other field at its
+    /// default. The gateway and the simulator both start here, so a
     /// profile means the same predictor in both.
     pub fn for_router(router: &RouterConfig) -> Self {
         PredictorConfig {
-            model: router.predictor_model,
             drift_detection: router.predictor_drift_adaptation,
             min_samples: router.predictor_min_samples,
             ..PredictorConfig::default()
@@ -807,8 +796,8 @@ mod tests {
     #[test]
     fn defaults_are_the_documented_ones() {
         let c = RouterConfig::seed();
-        assert_eq!(c.affinity_gate_tau, GateSetting::Fixed(0.80));
-        assert_eq!(c.epsilon_explore_sticky, GateSetting::Fixed(0.01));
+        assert_eq!(c.affinity_gate_tau, 0.80);
+        assert_eq!(c.epsilon_explore_sticky, 0.01);
         assert_eq!(c.affinity_max_ttft_penalty_ms, 5000.0);
         assert_eq!(c.block_size_tokens, 16);
         assert_eq!(c.lru_capacity_per_server, 31_250);
@@ -821,29 +810,67 @@ mod tests {
             "affinityGateTau": 0.9, "epsilonExploreSticky": 0.0, "affinityMaxTTFTPenaltyMs": 100
         }))
         .unwrap();
-        assert_eq!(c.affinity_gate_tau, GateSetting::Fixed(0.9));
-        assert_eq!(c.epsilon_explore_sticky, GateSetting::Fixed(0.0));
+        assert_eq!(c.affinity_gate_tau, 0.9);
+        assert_eq!(c.epsilon_explore_sticky, 0.0);
         assert_eq!(c.affinity_max_ttft_penalty_ms, 100.0);
     }
 
     #[test]
-    fn auto_is_accepted_for_tau_and_epsilon_in_both_spellings() {
-        let c = RouterConfig::from_json(&json!({
-            "affinity_gate_tau": "auto", "epsilon_explore_sticky": "auto",
-            "experimental_options": true
-        }))
-        .unwrap();
-        assert_eq!(c.affinity_gate_tau, GateSetting::Auto);
-        assert_eq!(c.epsilon_explore_sticky, GateSetting::Auto);
-        let c = RouterConfig::from_json(&json!({"affinityGateTau": "auto", "gate_profile": "seed",
-                "experimentalOptions": true}))
-        .unwrap();
-        assert_eq!(c.affinity_gate_tau, GateSetting::Auto);
-        assert_eq!(c.epsilon_explore_sticky, GateSetting::Fixed(0.01));
-        // Round trip: auto serialises as "auto", numbers as numbers.
-        let v = serde_json::to_value(c).unwrap();
-        assert_eq!(v["affinity_gate_tau"], "auto");
-        assert_eq!(v["epsilon_explore_sticky"], 0.01);
+    fn removed_values_are_refused_naming_the_key_and_the_default() {
+        for (config, key, instead) in [
+            (
+                json!({"affinity_gate_tau": "auto"}),
+                "affinity_gate_tau = \"auto\"",
+                "0.80",
+            ),
+            (
+                json!({"affinityGateTau": "auto"}),
+                "affinity_gate_tau = \"auto\"",
+                "0.80",
+            ),
+            (
+                json!({"epsilonExploreSticky": "auto", "experimental_options": true}),
+                "epsilon_explore_sticky = \"auto\"",
+                "0.01",
+            ),
+            (
+                json!({"explore_mode": "least-loaded-non-sticky"}),
+                "explore_mode = \"least-loaded-non-sticky\"",
+                "\"random-non-sticky\"",
+            ),
+            (
+                json!({"exploreMode": "random-if-no-sticky", "gate_profile": "seed"}),
+                "explore_mode = \"random-if-no-sticky\"",
+                "\"best-overall\"",
+            ),
+        ] {
+            let err = RouterConfig::from_json(&config).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("{key} was removed on 2026-12-07")),
+                "{err}"
+            );
+            assert!(err.contains("EVALUATION.md §"), "{err}");
+            assert!(err.contains(instead), "{err}");
+            // The file path (serde) says the same.
+            let err = serde_json::from_value::<RouterConfig>(config).unwrap_err();
+            assert!(err.to_string().contains(key), "{err}");
+        }
+    }
+
+    #[test]
+    fn the_removed_predictor_model_key_is_refused_in_either_spelling_whatever_its_value() {
+        for config in [
+            json!({"predictor_model": "gbdt"}),
+            json!({"predictorModel": "rls-split"}),
+            json!({"predictor_model": "rls"}),
+        ] {
+            let err = RouterConfig::from_json(&config).unwrap_err().to_string();
+            assert!(
+                err.contains("predictor_model was removed on 2026-12-07"),
+                "{err}"
+            );
+            assert!(err.contains("leave the key out"), "{err}");
+        }
     }
 
     #[test]
@@ -873,7 +900,7 @@ mod tests {
         // What measured better somewhere stays a plain key.
         let c = RouterConfig::from_json(&json!({
             "cold_spread_window_ms": 20, "predictor_drift_adaptation": true,
-            "explore_mode": "best-overall", "slo_routing": true, "predictor_model": "rls"
+            "explore_mode": "best-overall", "slo_routing": true
         }))
         .unwrap();
         assert!(c.experimental_values().is_empty());
@@ -882,33 +909,27 @@ mod tests {
     }
 
     #[test]
-    fn other_words_than_auto_are_rejected() {
+    fn other_words_than_a_number_are_rejected_for_tau_and_epsilon() {
         for bad in [json!("Auto"), json!("0.8"), json!(true), json!(null)] {
             let err = RouterConfig::from_json(&json!({"affinity_gate_tau": bad})).unwrap_err();
             assert!(matches!(err, ConfigError::Parse(_)), "{bad}: {err}");
         }
         let err =
             RouterConfig::from_json(&json!({"epsilonExploreSticky": "sometimes"})).unwrap_err();
-        assert!(err.to_string().contains("auto"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("epsilon_explore_sticky: expected a number"),
+            "{err}"
+        );
+        let err = RouterConfig::from_json(&json!({"explore_mode": "everywhere"})).unwrap_err();
+        assert!(err.to_string().contains("random-non-sticky"), "{err}");
     }
 
     #[test]
-    fn predictor_model_key_picks_the_model_and_rejects_unknown_names() {
-        assert_eq!(RouterConfig::default().predictor_model, ModelKind::Rls);
-        let lab = |v: serde_json::Value| {
-            let mut v = v;
-            v["experimental_options"] = json!(true);
-            RouterConfig::from_json(&v).unwrap()
-        };
-        let c = lab(json!({"predictor_model": "gbdt-p90"}));
-        assert_eq!(c.predictor_model, ModelKind::GbdtP90);
-        let c = lab(json!({"predictorModel": "analytic"}));
-        assert_eq!(c.predictor_model, ModelKind::Analytic);
+    fn predictor_drift_adaptation_is_read_in_either_spelling() {
         let c = RouterConfig::from_json(&json!({"predictorDriftAdaptation": true})).unwrap();
         assert!(c.predictor_drift_adaptation);
         assert!(!RouterConfig::default().predictor_drift_adaptation);
-        let err = RouterConfig::from_json(&json!({"predictor_model": "xgboost"})).unwrap_err();
-        assert!(err.to_string().contains("xgboost"), "{err}");
     }
 
     #[test]
@@ -1003,20 +1024,20 @@ mod tests {
     #[test]
     fn deserialize_and_from_json_read_every_key_alike() {
         let v = json!({
-            "gate_profile": "seed", "affinityGateTau": "auto", "affinity_relative_penalty": 2,
+            "gate_profile": "seed", "affinityGateTau": 0.5, "affinity_relative_penalty": 2,
             "prefixWeight": 1, "cache_threshold": 0.5, "blockSizeTokens": 32,
-            "predictor_model": "gbdt", "predictorDriftAdaptation": true,
+            "predictorDriftAdaptation": true, "exploreMode": "random-non-sticky",
             "experimental_options": true
         });
         let via_serde: RouterConfig = serde_json::from_value(v.clone()).unwrap();
         assert_eq!(via_serde, RouterConfig::from_json(&v).unwrap());
         assert_eq!(via_serde.gate_profile, GateProfile::Seed);
-        assert_eq!(via_serde.affinity_gate_tau, GateSetting::Auto);
+        assert_eq!(via_serde.affinity_gate_tau, 0.5);
         assert_eq!(via_serde.affinity_relative_penalty, 2.0);
         assert_eq!(via_serde.weighted_prefix_weight, 1.0);
         assert_eq!(via_serde.block_size_tokens, 32);
-        assert_eq!(via_serde.predictor_model, ModelKind::Gbdt);
-        assert_eq!(via_serde.explore_mode, ExploreMode::BestOverall);
+        assert!(via_serde.predictor_drift_adaptation);
+        assert_eq!(via_serde.explore_mode, ExploreMode::RandomNonSticky);
     }
 
     #[test]
@@ -1025,7 +1046,7 @@ mod tests {
             RouterConfig::seed(),
             RouterConfig::default(),
             RouterConfig {
-                affinity_gate_tau: GateSetting::Auto,
+                affinity_gate_tau: 0.5,
                 cold_spread_window_ms: 20.0,
                 experimental_options: true,
                 ..RouterConfig::seed()

@@ -11,12 +11,10 @@ use std::sync::Arc;
 pub enum Branch {
     /// Affinity gate: the ε coin came up and the request was explored. What was picked depends
     /// on `explore_mode`: `best-overall` (the seed) the best predicted TTFT over all pods;
-    /// `random-non-sticky` (the default) a uniformly random pod among those not sticky;
-    /// `least-loaded-non-sticky` the non-sticky pod with the fewest in-flight prompt tokens;
-    /// `random-if-no-sticky` a uniformly random pod, only for requests with no sticky pod. In
-    /// the three non-sticky modes `explore_max_extra_ms` (25 ms by default) also restricts the
-    /// pick to pods predicted within that much of the best; when no pod qualifies the request is
-    /// not explored and takes one of the other branches.
+    /// `random-non-sticky` (the default) a uniformly random pod among those not sticky. In
+    /// that mode `explore_max_extra_ms` (25 ms by default) also restricts the pick to pods
+    /// predicted within that much of the best; when no pod qualifies the request is not
+    /// explored and takes one of the other branches.
     Explore,
     /// Affinity gate: best latency among the sticky pods (score > τ).
     Exploit,
@@ -81,17 +79,11 @@ fn is_zero(v: &f64) -> bool {
     *v == 0.0
 }
 
-/// The affinity gate's parameters in force at a decision (they move when set to `auto`).
+/// The affinity gate's parameters in force.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct GateState {
     pub affinity_gate_tau: f64,
     pub epsilon_explore_sticky: f64,
-    /// `affinity_gate_tau = "auto"`.
-    #[serde(skip)]
-    pub tau_auto: bool,
-    /// `epsilon_explore_sticky = "auto"`.
-    #[serde(skip)]
-    pub epsilon_auto: bool,
 }
 
 /// What an SLO-aware policy (the affinity gate) decided for a request with objectives: the
@@ -116,9 +108,6 @@ pub struct Decision {
     pub pod_id: crate::pod::PodId,
     pub branch: Branch,
     pub pods: Vec<PodExplanation>,
-    /// The gate's τ and ε for this decision, present when either is `auto`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub gate: Option<GateState>,
     /// SLO mode: present when the request carried objectives and the policy routes by them.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub slo: Option<SloExplanation>,

@@ -17,10 +17,6 @@ use crate::policy::{
 use crate::predictor::{Features, LatencyPredictor};
 use crate::request::ParsedRequest;
 
-/// Decisions between two reads of the predictor's TTFT MAPE (an O(window) mean) for
-/// [`RequestFacts::predictor_ttft_mape`].
-pub const PREDICTOR_ERROR_REFRESH: u32 = 128;
-
 /// A prompt as the router scores it: its block chain at the main block size, and at every other
 /// block size a pod of the fleet caches in. A pod whose [`PodSnapshot::block_size_tokens`] equals
 /// one of `other_sizes` is scored against that chain; every other pod against `blocks`.
@@ -139,9 +135,6 @@ pub struct Router {
     /// Each candidate's features, kept while the policy prices moves
     /// ([`Policy::prices_prefill_above`]; reused between decisions).
     features: Vec<Features>,
-    /// The predictor's TTFT MAPE as last read, and decisions since (only with ε = auto).
-    predictor_error: Option<f64>,
-    since_error_read: u32,
     /// How many recent requests carried each block: counted by every decision, read for
     /// [`RequestFacts::prefix_sharers`] (only with the affinity gate's `shared_prefix_epsilon`).
     popularity: Option<Box<PrefixPopularity>>,
@@ -165,8 +158,6 @@ impl Router {
             chosen: None,
             eligible: Vec::new(),
             features: Vec::new(),
-            predictor_error: None,
-            since_error_read: 0,
             popularity: (policy == PolicyKind::AffinityGate && config.shared_prefix_epsilon > 0.0)
                 .then(Box::default),
         }
@@ -343,21 +334,12 @@ impl Router {
             *size = sized.block_size_tokens;
         }
         self.chosen = None;
-        if self.config.epsilon_explore_sticky.is_auto() {
-            if self.predictor_error.is_none() || self.since_error_read >= PREDICTOR_ERROR_REFRESH {
-                let acc = predictor.accuracy();
-                self.predictor_error = (acc.samples > 0).then_some(acc.ttft_mape);
-                self.since_error_read = 0;
-            }
-            self.since_error_read += 1;
-        }
         let mut facts = RequestFacts {
             prompt_blocks: cut.blocks.len(),
             input_tokens,
             block_size_tokens: cut.block_size_tokens,
             slo_ttft_ms: None,
             slo_tpot_ms: None,
-            predictor_ttft_mape: self.predictor_error,
             adapter: cut.adapter,
             prefix_sharers: 0,
         };
@@ -523,10 +505,6 @@ impl Router {
                     adapter_cost_ms: c.adapter_cost_ms,
                 })
                 .collect(),
-            gate: self
-                .policy
-                .gate_state()
-                .filter(|g| g.tau_auto || g.epsilon_auto),
             slo: self.slo_explanation(facts, chosen),
             decode: None,
         })

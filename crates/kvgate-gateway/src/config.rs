@@ -32,8 +32,8 @@
 //!
 //! [router]                         # kvgate_core::RouterConfig; llm-d camelCase names accepted
 //! gate_profile = "seed"            # the gate as specified; keys below override it
-//! affinity_gate_tau = 0.80        # or "auto" (Otsu's threshold of the observed prefix scores)
-//! epsilon_explore_sticky = 0.01    # or "auto" (more exploring after joins / while inaccurate)
+//! affinity_gate_tau = 0.80         # a pod is sticky above this prefix score
+//! epsilon_explore_sticky = 0.01    # the probability of exploring instead
 //! ```
 //!
 //! `[router]` is read by `RouterConfig`'s own `Deserialize`: the `gate_profile` first, the keys
@@ -1321,7 +1321,6 @@ mod tests {
             );
         }
     }
-    use kvgate_core::config::GateSetting;
 
     fn no_flags() -> ServeArgs {
         ServeArgs::default()
@@ -1501,7 +1500,7 @@ mod tests {
         .unwrap();
         assert_eq!(c.policy, PolicyKind::LeastRequest);
         assert_eq!(c.scrape_interval, Duration::from_millis(200));
-        assert_eq!(c.router.affinity_gate_tau, GateSetting::Fixed(0.5));
+        assert_eq!(c.router.affinity_gate_tau, 0.5);
         assert_eq!(
             c.pods,
             vec![
@@ -1608,7 +1607,7 @@ mod tests {
         let file = FileConfig::load(&path).unwrap();
         let c = GatewayConfig::resolve(&no_flags(), Some(&file)).unwrap();
         assert_eq!(c.policy, PolicyKind::Prefix);
-        assert_eq!(c.router.affinity_gate_tau, GateSetting::Fixed(0.9));
+        assert_eq!(c.router.affinity_gate_tau, 0.9);
         assert_eq!(c.pods.len(), 1);
     }
 
@@ -1845,18 +1844,44 @@ explore_max_extra_ms = 9
     }
 
     #[test]
-    fn auto_tau_and_epsilon_are_read_from_toml_in_both_spellings() {
-        let file: FileConfig = toml::from_str(
-            "[router]\naffinityGateTau = \"auto\"\nepsilon_explore_sticky = \"auto\"\nexperimentalOptions = true\n",
-        )
-        .unwrap();
-        let c = GatewayConfig::resolve(&no_flags(), Some(&file)).unwrap();
-        assert_eq!(c.router.affinity_gate_tau, GateSetting::Auto);
-        assert_eq!(c.router.epsilon_explore_sticky, GateSetting::Auto);
+    fn a_config_file_that_sets_a_removed_key_or_value_fails_to_load_naming_it() {
+        for (name, text, names) in [
+            // A removed key, in either spelling and in each file format.
+            (
+                "removed-key.toml",
+                "[router]\npredictor_model = \"gbdt\"\n",
+                "predictor_model was removed on 2026-12-07",
+            ),
+            (
+                "removed-key.yaml",
+                "router:\n  predictorModel: rls-split\n",
+                "predictor_model was removed on 2026-12-07",
+            ),
+            // A removed value of a kept key.
+            (
+                "removed-value.toml",
+                "[router]\naffinityGateTau = \"auto\"\nexperimentalOptions = true\n",
+                "affinity_gate_tau = \"auto\" was removed on 2026-12-07",
+            ),
+            (
+                "removed-value.json",
+                r#"{"router": {"explore_mode": "least-loaded-non-sticky"}}"#,
+                "explore_mode = \"least-loaded-non-sticky\" was removed on 2026-12-07",
+            ),
+        ] {
+            let err = FileConfig::load(&temp_file(name, text)).unwrap_err();
+            let message = err.to_string();
+            assert!(
+                matches!(err, ConfigError::Parse { .. }),
+                "{name}: {message}"
+            );
+            assert!(message.contains(names), "{name}: {message}");
+            assert!(message.contains("EVALUATION.md §"), "{name}: {message}");
+        }
         // An integer is a number too.
         let file: FileConfig = toml::from_str("[router]\naffinity_gate_tau = 1\n").unwrap();
         let c = GatewayConfig::resolve(&no_flags(), Some(&file)).unwrap();
-        assert_eq!(c.router.affinity_gate_tau, GateSetting::Fixed(1.0));
+        assert_eq!(c.router.affinity_gate_tau, 1.0);
     }
 
     #[test]

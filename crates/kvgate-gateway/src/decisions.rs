@@ -171,7 +171,6 @@ mod tests {
                     pod_id: PodId(0),
                     branch: Branch::Exploit,
                     pods: vec![],
-                    gate: None,
                     slo: None,
                     decode: None,
                 },

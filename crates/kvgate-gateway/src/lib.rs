@@ -55,7 +55,6 @@
 //! | `token_cache` | token mode's tokenization reuse: prompts cut at provably safe points (message boundaries), each segment's ids kept in a bounded LRU (`--tokenization-cache-mib`, 64 MiB), so a conversation's next turn tokenizes only its new text |
 //! | `chat_template` | the model's chat template (next to `--tokenizer`, or `--chat-template FILE`), rendered as vLLM does (minijinja), so chat prompts cut into the engine's token blocks |
 //! | `capture` | `--capture FILE`: served requests as Mooncake JSONL (no text), for replay |
-//! | `trainer` | background retraining of the predictor's tree models; swaps them in under the lock |
 //! | `serve` | `Gateway::start`, `serve` (`ServeArgs` is `config`'s, re-exported) |
 //!
 //! Memory bounds: traffic connections ≤ `max_connections` (8,192); requests in service ≤ `max_concurrent_requests` (1024), waiting ≤
@@ -110,7 +109,6 @@ pub mod sse;
 pub mod state;
 pub mod token_cache;
 pub mod tokenizer;
-pub mod trainer;
 pub mod ui;
 pub mod upstream;
 

@@ -118,7 +118,7 @@ pub struct Metrics {
     pub predictor_class_drift_episodes: Family<ClassLabel, Counter>,
     pub predictor_class_ttft_samples: Family<ClassLabel, Gauge>,
     pub predictor_class_tpot_samples: Family<ClassLabel, Gauge>,
-    /// The affinity gate's τ and ε in force (they move with `auto`; unset for other policies).
+    /// The affinity gate's τ and ε in force (unset for other policies).
     pub affinity_gate_tau: Gauge<f64, AtomicU64>,
     pub epsilon_explore_sticky: Gauge<f64, AtomicU64>,
     pub index_blocks: Gauge,
@@ -503,12 +503,12 @@ impl Metrics {
         );
         r.register(
             "affinity_gate_tau",
-            "The affinity gate's threshold in force (moves with affinity_gate_tau = auto)",
+            "The affinity gate's threshold in force (affinity_gate_tau)",
             self.affinity_gate_tau.clone(),
         );
         r.register(
             "epsilon_explore_sticky",
-            "The affinity gate's explore rate in force (moves with epsilon_explore_sticky = auto)",
+            "The affinity gate's explore rate in force (epsilon_explore_sticky)",
             self.epsilon_explore_sticky.clone(),
         );
         r.register(

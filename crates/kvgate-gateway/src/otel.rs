@@ -558,7 +558,6 @@ mod tests {
                 pod("b", 0.1, 30.0),
                 pod("c", 0.5, 35.0),
             ],
-            gate: None,
             slo: None,
             decode: None,
         };

@@ -216,7 +216,6 @@ impl Gateway {
         if let Some(cluster) = cluster {
             tasks.extend(crate::cluster::start(&shared, cluster).await);
         }
-        tasks.push(tokio::spawn(crate::trainer::run(shared.clone())));
         tasks.push(tokio::spawn(crate::ui::sample_loop(shared.clone())));
         tasks.push(tokio::spawn(summarise_log_lines(shared.clone())));
         match crate::discovery::start(&shared, &args).await {

@@ -107,15 +107,6 @@ pub struct Shared {
     discovered: Mutex<Vec<crate::pods::PodEntry>>,
 }
 
-/// The predictor's config for the router's ([`PredictorConfig::for_router`]); tree models train
-/// in the background ([`crate::trainer`]).
-pub fn predictor_config(router: &kvgate_core::RouterConfig) -> PredictorConfig {
-    PredictorConfig {
-        gbdt_background_training: true,
-        ..PredictorConfig::for_router(router)
-    }
-}
-
 /// What a gateway is given at start besides its config; none of it changes afterwards.
 #[derive(Default)]
 pub struct StartParts {
@@ -155,7 +146,7 @@ impl Shared {
         let session = RouterSession::new(
             config.router,
             config.policy,
-            predictor_config(&config.router),
+            PredictorConfig::for_router(&config.router),
             config.seed,
         );
         Ok(Arc::new(Shared {
@@ -205,8 +196,11 @@ impl Shared {
             if old.router != new.router || old.policy != new.policy {
                 session.set_router(new.router, new.policy);
             }
-            if predictor_config(&old.router) != predictor_config(&new.router) {
-                session.set_predictor(LatencyPredictor::new(predictor_config(&new.router)));
+            if PredictorConfig::for_router(&old.router) != PredictorConfig::for_router(&new.router)
+            {
+                session.set_predictor(LatencyPredictor::new(PredictorConfig::for_router(
+                    &new.router,
+                )));
             }
         }
         self.forget_removed(&changes);

@@ -95,7 +95,7 @@ pub struct PredictorMetrics {
     pub ttft_mape: f64,
     pub tpot_mape: f64,
     /// Fraction of requests whose TTFT was at or below the chosen pod's predicted TTFT: about
-    /// 0.5 for a central model, the p90 coverage for `gbdt-p90` (ideal 0.9).
+    /// 0.5 for a central model such as the predictor's.
     pub ttft_coverage: f64,
     /// The predictor's own running report (recent window, p90 coverage).
     pub online: AccuracyReport,

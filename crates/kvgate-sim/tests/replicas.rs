@@ -24,7 +24,7 @@ fn repeated_prompt() -> Vec<SimRequest> {
 fn config(replicas: u32, sharing: Option<Sharing>) -> ClusterConfig {
     ClusterConfig {
         router: kvgate_core::RouterConfig {
-            epsilon_explore_sticky: kvgate_core::config::GateSetting::Fixed(0.0),
+            epsilon_explore_sticky: 0.0,
             ..Default::default()
         },
         replicas,

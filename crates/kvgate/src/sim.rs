@@ -133,10 +133,10 @@ pub struct SimArgs {
     /// first token, failed after it; the report adds a TTFT timeline.
     #[arg(long)]
     faults: Option<String>,
-    /// The predictor's model: rls, rls-rel, rls-split, rls-split-rel, gbdt, gbdt-p90 or analytic
-    /// (overrides the router config's `predictor_model`; default rls).
-    #[arg(long)]
-    predictor_model: Option<kvgate_core::predictor::ModelKind>,
+    /// Removed on 2026-12-07 (the predictor is always `rls`); kept hidden only to refuse old
+    /// command lines with a message that says so.
+    #[arg(long, hide = true)]
+    predictor_model: Option<String>,
     /// TTFT samples a pod class needs before its regressor replaces the analytic estimate
     /// (overrides the router config's `predictor_min_samples`: 32 in both profiles).
     #[arg(long)]
@@ -476,6 +476,16 @@ fn load_workload(args: &SimArgs) -> Result<(Workload, Vec<SimRequest>)> {
 }
 
 pub fn run(args: SimArgs) -> Result<()> {
+    if let Some(model) = &args.predictor_model {
+        bail!(
+            "{}",
+            kvgate_core::config::removed(
+                &format!("--predictor-model {model}"),
+                "EVALUATION.md §6.3 and §14: the gate routed best with `rls`, now the only model; \
+                 drop the flag"
+            )
+        );
+    }
     let policies = parse_policies(&args.policy)?;
     let rates = parse_rates(&args)?;
     let profile = profile_by_name(&args.profile)?;
@@ -540,9 +550,6 @@ pub fn run(args: SimArgs) -> Result<()> {
     };
     if slo.sanitized() != slo {
         bail!("--slo-ttft-ms / --slo-tpot-ms must be finite and > 0");
-    }
-    if let Some(model) = args.predictor_model {
-        router.predictor_model = model;
     }
     if let Some(n) = args.predictor_min_samples {
         router.predictor_min_samples = n;
@@ -828,12 +835,6 @@ fn print_table(workload: &Workload, pods: u32, fleet: &str, runs: &[RunMetrics])
         let mut out = String::new();
         if let Some(g) = r.slo_goodput {
             out.push_str(&format!("  good% {:.1}", g * 100.0));
-        }
-        if let Some(g) = r.gate_state.filter(|g| g.tau_auto || g.epsilon_auto) {
-            out.push_str(&format!(
-                "  tau {:.2} eps {:.3}",
-                g.affinity_gate_tau, g.epsilon_explore_sticky
-            ));
         }
         out
     };

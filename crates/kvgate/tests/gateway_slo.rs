@@ -1,4 +1,4 @@
-//! The gateway's SLO mode (`slo_routing`), predictor metrics and `affinity_gate_tau = "auto"` in front of four
+//! The gateway's SLO mode (`slo_routing`), predictor metrics and the gate's parameters in front of four
 //! real mock pods (in process, 127.0.0.1 ephemeral ports), seen from outside: requests over
 //! HTTP, `/debug/decisions` and `/metrics` from the admin listener.
 
@@ -169,15 +169,12 @@ async fn with_slo_routing_slo_headers_switch_the_gate_to_slo_mode_and_bad_ones_a
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn predictor_metrics_per_class_move_after_requests_and_auto_tau_is_exposed() {
-    let path = router_config(
-        "auto-tau",
-        "affinity_gate_tau = \"auto\"\nexperimental_options = true",
-    );
+async fn predictor_metrics_per_class_move_after_requests_and_the_gate_parameters_are_exposed() {
+    let path = router_config("tau-0.7", "affinity_gate_tau = 0.7");
     let (_pods, gw) = fleet(Some(path)).await;
 
     let before = metrics(&gw).await;
-    assert_eq!(metric(&before, "kvgate_affinity_gate_tau "), Some(0.8));
+    assert_eq!(metric(&before, "kvgate_affinity_gate_tau "), Some(0.7));
     assert_eq!(
         metric(&before, "kvgate_epsilon_explore_sticky "),
         Some(0.01)
@@ -228,11 +225,6 @@ async fn predictor_metrics_per_class_move_after_requests_and_auto_tau_is_exposed
     let drift = class("kvgate_predictor_class_drift").unwrap();
     assert!(drift == 0.0 || drift == 1.0, "{drift}");
     assert!(class("kvgate_predictor_class_drift_episodes_total").is_some());
-    // τ = auto: each decision explains the τ it used (0.80 until 256 decisions are seen).
-    let d = decisions(&gw).await;
-    assert_eq!(d.len(), 40);
-    assert!(
-        d.iter().all(|r| r["gate"]["affinity_gate_tau"] == 0.8),
-        "{d:#?}"
-    );
+    assert_eq!(decisions(&gw).await.len(), 40);
+    assert_eq!(metric(&text, "kvgate_affinity_gate_tau "), Some(0.7));
 }

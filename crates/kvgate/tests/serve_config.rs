@@ -107,10 +107,10 @@ async fn seed_profile_in_the_config_file_is_in_force_and_a_rewrite_reloads_it() 
     write(
         &path,
         "max_retries = 0\npods = [{ url = \"http://127.0.0.1:9\", class = \"h100\" }]\n\
-         [router]\ngate_profile = \"seed\"\nexplore_mode = \"random-if-no-sticky\"\nexperimental_options = true\n",
+         [router]\ngate_profile = \"seed\"\nexplore_mode = \"random-non-sticky\"\n",
     );
     let dump = wait_for_dump(&c, &admin, "reloaded the seed with explore_mode", |d| {
-        d["router"]["explore_mode"] == "random-if-no-sticky"
+        d["router"]["explore_mode"] == "random-non-sticky"
     })
     .await;
     assert_eq!(dump["router"]["gate_profile"], "seed");

@@ -196,7 +196,6 @@ mod tests {
             pod_id: PodId(0),
             branch: crate::decision::Branch::NoSticky,
             pods,
-            gate: None,
             slo: None,
             decode: None,
         }

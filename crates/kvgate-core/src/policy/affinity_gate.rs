@@ -17,12 +17,11 @@
 //!
 //! Options beyond the seed (each off in `gate_profile = seed`; see EVALUATION.md for what each
 //! measured):
-//! - `explore_mode`: what EXPLORE picks — `best-overall` (seed), `random-non-sticky` (a uniform
-//!   pod among those not sticky, one extra RNG draw), `least-loaded-non-sticky` (the non-sticky
-//!   pod with the fewest in-flight prompt tokens). Exploring is meant to seed caches on cold pods;
-//!   the best pod overall is usually the sticky one, so the seed's explore rarely does that.
-//!   `random-if-no-sticky` explores only requests without a sticky pod (to a random pod), so no
-//!   conversation is ever sent away from its cache by the coin.
+//! - `explore_mode`: what EXPLORE picks — `best-overall` (seed), `random-non-sticky` (default
+//!   profile: a uniform pod among those not sticky, one extra RNG draw). Exploring is meant to
+//!   seed caches on cold pods; the best pod overall is usually the sticky one, so the seed's
+//!   explore rarely does that. (Two other modes, least-loaded and sticky-less-only exploration,
+//!   were removed on 2026-12-07: EVALUATION.md §3.)
 //! - `explore_max_extra_ms` x and `explore_max_extra_rel` r: exploring may only pick a pod
 //!   predicted within max(x, r × best) ms of the best pod (cheap moves, such as a short shared
 //!   prefix); with none, the coin is ignored. 0 and 0 = unbounded (seed); default profile 25 ms
@@ -35,8 +34,8 @@
 //!   adapter load (`adapter_cost_ms`): exploring seeds caches, it does not load or evict LoRA
 //!   adapters (with 8 adapters in 8 slots the relative bound otherwise cost 2 extra loads in
 //!   the simulator's LoRA test).
-//!   With the seed's `best-overall` mode exploring draws nothing more; the other modes draw one
-//!   more number whenever the coin comes up.
+//!   With the seed's `best-overall` mode exploring draws nothing more; `random-non-sticky`
+//!   draws one more number whenever the coin comes up.
 //! - `affinity_relative_penalty` r and `affinity_relative_slack_ms` s: LOAD_BREAK also when
 //!   best_sticky > r × best_all + s (a gate scaled to the workload; 0 = off). Seed 0 and 0,
 //!   default profile 1.25 and 5 ms.
@@ -99,38 +98,24 @@
 //! load gate lets queueing on a hot pod override its cache benefit.
 //!
 //! Parameters (defaults from llm-d's predicted-latency scorer, GIE `scorer.go` `DefaultConfig`):
-//! - `epsilon_explore_sticky` = 0.01  (probability of skipping the gate); `"auto"`: recomputed
-//!   every decision by [`super::auto_epsilon`] (higher after pods join or while the predictor's
-//!   TTFT error is high, floor 0.01)
+//! - `epsilon_explore_sticky` = 0.01  (probability of skipping the gate)
 //! - `affinity_gate_tau` = 0.80       (score a pod must exceed to be sticky; multi-turn scores
-//!   are bimodal, near 0 or near 1, and 0.80 separates the modes); `"auto"`: Otsu's threshold
-//!   of the best-pod prefix scores seen, by [`super::auto_tau`] (every decision with a prompt
-//!   block feeds it; τ moves every 256 decisions, within [0.20, 0.95], starting at 0.80)
+//!   are bimodal, near 0 or near 1, and 0.80 separates the modes)
 //! - `affinity_max_ttft_penalty_ms` = 5000 (load gate; 0 disables it, as upstream)
 //!
-//! The values in force are in [`Policy::gate_state`], and in each decision's explanation
-//! (`gate`) when either is `auto`.
+//! (`"auto"` values of τ and ε, chosen online, were removed on 2026-12-07: EVALUATION.md §9.)
+//! The values in force are in [`Policy::gate_state`].
 
-use super::auto_epsilon::AutoEpsilon;
-use super::auto_tau::AutoTau;
 use super::{Candidate, Pick, Policy, PolicyError, PolicyKind, RequestFacts, argmin_by};
 use crate::DecisionRng;
-use crate::config::{
-    DEFAULT_AFFINITY_GATE_TAU, DEFAULT_EPSILON_EXPLORE_STICKY, ExploreMode, QueueRule, RouterConfig,
-};
+use crate::config::{ExploreMode, QueueRule, RouterConfig};
 use crate::decision::{Branch, GateState};
 use rand::RngExt;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AffinityGate {
-    /// τ in force (fixed, or the last value `auto_tau` chose).
     pub affinity_gate_tau: f64,
-    /// ε in force (fixed, or the last value `auto_epsilon` chose).
     pub epsilon_explore_sticky: f64,
-    /// `affinity_gate_tau = "auto"`.
-    pub auto_tau: Option<AutoTau>,
-    /// `epsilon_explore_sticky = "auto"`.
-    pub auto_epsilon: Option<AutoEpsilon>,
     pub affinity_max_ttft_penalty_ms: f64,
     pub affinity_relative_penalty: f64,
     pub affinity_relative_slack_ms: f64,
@@ -149,18 +134,8 @@ pub struct AffinityGate {
 impl AffinityGate {
     pub fn new(config: &RouterConfig) -> Self {
         AffinityGate {
-            affinity_gate_tau: config.affinity_gate_tau.value_or(DEFAULT_AFFINITY_GATE_TAU),
-            epsilon_explore_sticky: config
-                .epsilon_explore_sticky
-                .value_or(DEFAULT_EPSILON_EXPLORE_STICKY),
-            auto_tau: config
-                .affinity_gate_tau
-                .is_auto()
-                .then(|| AutoTau::new(DEFAULT_AFFINITY_GATE_TAU)),
-            auto_epsilon: config
-                .epsilon_explore_sticky
-                .is_auto()
-                .then(AutoEpsilon::default),
+            affinity_gate_tau: config.affinity_gate_tau,
+            epsilon_explore_sticky: config.epsilon_explore_sticky,
             affinity_max_ttft_penalty_ms: config.affinity_max_ttft_penalty_ms,
             affinity_relative_penalty: config.affinity_relative_penalty,
             affinity_relative_slack_ms: config.affinity_relative_slack_ms,
@@ -174,24 +149,6 @@ impl AffinityGate {
             relative_gate_queue_rule: config.relative_gate_queue_rule,
             shared_prefix_epsilon: config.shared_prefix_epsilon,
             shared_prefix_min_requests: config.shared_prefix_min_requests,
-        }
-    }
-
-    /// The `auto` parameters learn from this decision before it is made.
-    fn adapt(&mut self, request: &RequestFacts, candidates: &[Candidate<'_>]) {
-        if let Some(auto) = &mut self.auto_epsilon {
-            self.epsilon_explore_sticky =
-                auto.update(candidates.len(), request.predictor_ttft_mape);
-        }
-        if let Some(auto) = &mut self.auto_tau {
-            if request.prompt_blocks > 0 {
-                let best = candidates
-                    .iter()
-                    .map(|c| c.prefix_score)
-                    .fold(0.0_f64, f64::max);
-                auto.observe(best);
-            }
-            self.affinity_gate_tau = auto.tau();
         }
     }
 
@@ -307,17 +264,12 @@ impl AffinityGate {
         rng: &mut DecisionRng,
     ) -> Option<usize> {
         let best_ms = candidates[best_all].predicted_ttft_ms;
-        let any_sticky = candidates.iter().any(|c| self.sticky(c));
         match self.explore_mode {
             ExploreMode::BestOverall => {
                 eligible.fill(true);
                 Some(best_all)
             }
-            ExploreMode::RandomIfNoSticky if any_sticky => {
-                rng.random::<f64>();
-                None
-            }
-            ExploreMode::RandomNonSticky | ExploreMode::RandomIfNoSticky => {
+            ExploreMode::RandomNonSticky => {
                 // Always one draw here, so the RNG stream does not depend on the candidates.
                 let draw = rng.random::<f64>();
                 for (e, c) in eligible.iter_mut().zip(candidates) {
@@ -335,16 +287,6 @@ impl AffinityGate {
                     .filter(|(_, e)| **e)
                     .nth(k)
                     .map(|(i, _)| i)
-            }
-            ExploreMode::LeastLoadedNonSticky => {
-                for (e, c) in eligible.iter_mut().zip(candidates) {
-                    *e = self.explorable(c, best_ms);
-                }
-                let pick = argmin_by(candidates, eligible, in_flight_prompt_tokens);
-                if pick.is_none() {
-                    eligible.fill(true);
-                }
-                pick
             }
         }
     }
@@ -442,9 +384,8 @@ impl Policy for AffinityGate {
         true
     }
 
-    /// τ as it stands before this decision: with `affinity_gate_tau = "auto"` the decision's
-    /// own update may move it, and a sticky pod the router did not price counts a prefill of 0
-    /// (the break then looks costlier, never cheaper).
+    /// τ: a sticky pod the router did not price counts a prefill of 0 (the break then looks
+    /// costlier, never cheaper).
     fn prices_prefill_above(&self) -> Option<f64> {
         (self.load_break_pays_prefill && self.affinity_relative_penalty > 0.0)
             .then_some(self.affinity_gate_tau)
@@ -454,8 +395,6 @@ impl Policy for AffinityGate {
         Some(GateState {
             affinity_gate_tau: self.affinity_gate_tau,
             epsilon_explore_sticky: self.epsilon_explore_sticky,
-            tau_auto: self.auto_tau.is_some(),
-            epsilon_auto: self.auto_epsilon.is_some(),
         })
     }
 
@@ -466,7 +405,6 @@ impl Policy for AffinityGate {
         eligible: &mut [bool],
         rng: &mut DecisionRng,
     ) -> Result<Pick, PolicyError> {
-        self.adapt(request, candidates);
         let ttft = |c: &Candidate<'_>| c.predicted_ttft_ms;
         let best_all = argmin_by(candidates, eligible, ttft).ok_or(PolicyError::NoCandidates)?;
 
@@ -525,7 +463,7 @@ mod tests {
 
     fn gate(epsilon: f64, penalty: f64) -> AffinityGate {
         AffinityGate::new(&RouterConfig {
-            epsilon_explore_sticky: crate::config::GateSetting::Fixed(epsilon),
+            epsilon_explore_sticky: epsilon,
             affinity_max_ttft_penalty_ms: penalty,
             ..RouterConfig::seed()
         })
@@ -832,42 +770,6 @@ mod tests {
     }
 
     #[test]
-    fn random_if_no_sticky_exploration_leaves_sticky_requests_alone() {
-        let g = AffinityGate {
-            explore_mode: ExploreMode::RandomIfNoSticky,
-            ..gate(1.0, 5000.0)
-        };
-        let (a, b, c) = (pod(0, 0, 0, 0.1), pod(1, 0, 0, 0.1), pod(2, 0, 0, 0.1));
-        let sticky = [
-            cand(&a, 10, 10, 50.0),
-            cand(&b, 0, 10, 40.0),
-            cand(&c, 0, 10, 45.0),
-        ];
-        let (pick, _) = run(&mut g.clone(), &facts(10), &sticky, &mut rng(1));
-        assert_eq!(
-            pick.unwrap(),
-            Pick {
-                index: 0,
-                branch: Branch::Exploit
-            }
-        );
-        let cold = [
-            cand(&a, 0, 10, 50.0),
-            cand(&b, 0, 10, 40.0),
-            cand(&c, 0, 10, 45.0),
-        ];
-        let mut r = rng(2);
-        let mut seen = [0u32; 3];
-        for _ in 0..300 {
-            let (pick, _) = run(&mut g.clone(), &facts(10), &cold, &mut r);
-            let pick = pick.unwrap();
-            assert_eq!(pick.branch, Branch::Explore);
-            seen[pick.index] += 1;
-        }
-        assert!(seen.iter().all(|&n| n > 70), "{seen:?}");
-    }
-
-    #[test]
     fn bounded_exploration_skips_pods_too_far_behind_and_falls_back_to_the_gate() {
         let g = AffinityGate {
             explore_mode: ExploreMode::RandomNonSticky,
@@ -956,29 +858,6 @@ mod tests {
         let resident = [cand(&a, 10, 10, 60.0), cand(&b, 0, 10, 80.0)];
         let (pick, _) = run(&mut g.clone(), &facts(10), &resident, &mut rng(3));
         assert_eq!(pick.map(|p| p.branch), Ok(Branch::Explore));
-    }
-
-    #[test]
-    fn least_loaded_non_sticky_exploration_picks_the_lightest_cold_pod() {
-        let g = AffinityGate {
-            explore_mode: ExploreMode::LeastLoadedNonSticky,
-            ..gate(1.0, 5000.0)
-        };
-        let (a, mut b, c) = (pod(0, 0, 0, 0.1), pod(1, 0, 0, 0.1), pod(2, 0, 0, 0.1));
-        in_flight(&mut b, 900, 0);
-        let cands = [
-            cand(&a, 10, 10, 50.0),
-            cand(&b, 0, 10, 60.0),
-            cand(&c, 0, 10, 70.0),
-        ];
-        let (pick, _) = run(&mut g.clone(), &facts(10), &cands, &mut rng(1));
-        assert_eq!(
-            pick.unwrap(),
-            Pick {
-                index: 2,
-                branch: Branch::Explore
-            }
-        );
     }
 
     #[test]
@@ -1268,59 +1147,5 @@ mod tests {
             }
         );
         assert_eq!(eligible, vec![true, true, false]);
-    }
-
-    #[test]
-    fn auto_tau_learns_a_low_valley_and_then_a_half_cached_pod_is_sticky() {
-        let mut g = AffinityGate::new(&RouterConfig {
-            affinity_gate_tau: crate::config::GateSetting::Auto,
-            epsilon_explore_sticky: crate::config::GateSetting::Fixed(0.0),
-            ..RouterConfig::seed()
-        });
-        let (a, b) = (pod(0, 0, 0, 0.1), pod(1, 0, 0, 0.1));
-        // Half-cached pod b (score 0.5) vs a faster cold pod a: with τ 0.80, b is not sticky.
-        let half = [cand(&a, 0, 10, 100.0), cand(&b, 5, 10, 150.0)];
-        let (pick, _) = run(&mut g.clone(), &facts(10), &half, &mut rng(1));
-        assert_eq!(pick.unwrap().branch, Branch::NoSticky);
-        assert_eq!(g.gate_state().unwrap().affinity_gate_tau, 0.80);
-        // Traffic whose best scores are 0.1 or 0.5: the valley is 0.11..0.50, so τ ≈ 0.31.
-        let cold = [cand(&a, 1, 10, 100.0), cand(&b, 0, 10, 150.0)];
-        let mut r = rng(2);
-        for i in 0..512 {
-            let c = if i % 2 == 0 { &cold } else { &half };
-            run(&mut g, &facts(10), c, &mut r).0.unwrap();
-        }
-        let tau = g.gate_state().unwrap().affinity_gate_tau;
-        assert!((tau - 0.31).abs() < 0.02, "{tau}");
-        let (pick, _) = run(&mut g, &facts(10), &half, &mut r);
-        assert_eq!(
-            pick.unwrap(),
-            Pick {
-                index: 1,
-                branch: Branch::Exploit
-            }
-        );
-    }
-
-    #[test]
-    fn auto_epsilon_starts_at_the_ceiling_and_explores_more_than_the_floor() {
-        let mut g = AffinityGate::new(&RouterConfig {
-            epsilon_explore_sticky: crate::config::GateSetting::Auto,
-            ..RouterConfig::seed()
-        });
-        let (a, b) = (pod(0, 0, 0, 0.1), pod(1, 0, 0, 0.1));
-        let cands = [cand(&a, 10, 10, 200.0), cand(&b, 0, 10, 100.0)];
-        let mut r = rng(3);
-        let mut explored = 0;
-        for _ in 0..200 {
-            if run(&mut g, &facts(10), &cands, &mut r).0.unwrap().branch == Branch::Explore {
-                explored += 1;
-            }
-        }
-        let eps = g.gate_state().unwrap().epsilon_explore_sticky;
-        // The first 200 decisions after the start run at ε from 0.10 down to 0.01 + 0.09 ×
-        // 2^(−199/1000) ≈ 0.088: ~19 explores expected, where the fixed 0.01 would give ~2.
-        assert!((eps - 0.0884).abs() < 1e-3, "{eps}");
-        assert!((8..=35).contains(&explored), "{explored}");
     }
 }

@@ -5,8 +5,6 @@
 //! scores or predicts itself, so every policy is judged on the same inputs.
 
 pub mod affinity_gate;
-pub mod auto_epsilon;
-pub mod auto_tau;
 pub mod dynamo_kv;
 pub mod latency;
 pub mod least_kv;
@@ -66,10 +64,6 @@ pub struct RequestFacts {
     pub slo_ttft_ms: Option<f64>,
     /// The request's TPOT objective (`x-slo-tpot-ms`), if it carries one.
     pub slo_tpot_ms: Option<f64>,
-    /// The predictor's recent TTFT MAPE (fraction), refreshed by the router every
-    /// [`crate::router::PREDICTOR_ERROR_REFRESH`] decisions; read by `epsilon_explore_sticky =
-    /// "auto"`.
-    pub predictor_ttft_mape: Option<f64>,
     /// The LoRA adapter the request names (its `model`), if the driver knows it.
     pub adapter: Option<AdapterId>,
     /// About how many recent requests carried the prompt's deepest block that some pod holds
@@ -293,7 +287,6 @@ pub(crate) mod testutil {
             block_size_tokens: 16,
             slo_ttft_ms: None,
             slo_tpot_ms: None,
-            predictor_ttft_mape: None,
             adapter: None,
             prefix_sharers: 0,
         }

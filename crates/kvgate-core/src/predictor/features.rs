@@ -101,17 +101,6 @@ impl Features {
         (self.prefill_tokens_in_flight + self.uncached_prompt_tokens() - free).max(0.0)
     }
 
-    /// Whether a request with these features will wait before its prefill starts (the regime of
-    /// the split models, [`super::model`]): the pod reports waiting requests, or its KV is short
-    /// ([`Features::kv_shortfall_tokens`] > 0), or the prefill tokens dispatched ahead of it and
-    /// not yet done reach `queued_prefill_tokens` (one engine step's token budget: they fill at
-    /// least one step before this request's turn).
-    pub fn queued(&self, queued_prefill_tokens: f64) -> bool {
-        self.waiting > 0.0
-            || self.kv_shortfall_tokens() > 0.0
-            || self.prefill_tokens_in_flight >= queued_prefill_tokens
-    }
-
     /// (1 − prefix score) × input tokens.
     pub fn uncached_prompt_tokens(&self) -> f64 {
         (1.0 - self.prefix_score).clamp(0.0, 1.0) * self.input_tokens
@@ -250,18 +239,6 @@ mod tests {
         assert_eq!(roomy.ttft_vector()[9], 0.0);
         let idle = Features { waiting: 0.0, ..f };
         assert_eq!(idle.ttft_vector()[7], 0.0);
-        // Waiting requests, a KV shortfall or a full step of prefill ahead each mean a wait.
-        assert!(f.queued(8192.0));
-        let admitted = Features {
-            waiting: 0.0,
-            ..roomy
-        };
-        assert!(!admitted.queued(8192.0));
-        assert!(admitted.queued(3000.0));
-        assert!(
-            Features { waiting: 0.0, ..f }.queued(8192.0),
-            "KV shortfall"
-        );
         assert_eq!(f.tpot_vector(), [1.0, 0.5, 2.0, 0.5, 3.0, 0.2]);
     }
 }

@@ -1,11 +1,9 @@
 //! Latency predictor: TTFT and TPOT per (request, pod), trained online (DESIGN.md §5).
 //!
-//! - **Model.** Per pod class, one [`LatencyModel`] predicting TTFT and TPOT from the
-//!   engineered, O(1)-scaled features of [`features`], picked by `model` (config key
-//!   `predictor_model`; [`model`]): `rls` (the default), `rls-rel`, `rls-split`, `rls-split-rel`
-//!   (relative-error fit and/or a queued / admitted-at-once split), `gbdt`, `gbdt-p90` (gradient-boosted
-//!   trees retrained from bucketed samples, [`gbdt_model`]) or `analytic`. The default regressor
-//!   is [`Rls`], one per target:
+//! - **Model.** Per pod class, one [`RlsModel`] predicting TTFT and TPOT from the
+//!   engineered, O(1)-scaled features of [`features`] ([`model`]; the other models that were
+//!   selectable were removed on 2026-12-07, EVALUATION.md §6.3 and §14). Its regressor is
+//!   [`Rls`], one per target:
 //!   recursive least squares with forgetting factor λ = `forgetting_factor` (0.999) and a ridge
 //!   prior P₀ = I/δ, δ = `ridge_delta` (0.01), centred on the analytic model. Targets are
 //!   predicted on a linear scale (TTFT is close to additive in tokens of work); every output is
@@ -20,9 +18,7 @@
 //!   first sample, and they start from the analytic weights, so the hand-over is smooth.
 //! - **Accuracy** ([`accuracy`]): prequential MAPE over the last `accuracy_window` (1000)
 //!   samples, and a per-class p90 TTFT from a tracked quantile of actual/predicted, with its
-//!   coverage (the split models track one quantile per regime, queued or admitted at once,
-//!   [`Features::queued`] with `queued_prefill_tokens`, default 8192). See
-//!   [`LatencyPredictor::predict_p90_ttft`].
+//!   coverage. See [`LatencyPredictor::predict_p90_ttft`].
 //! - **Drift** ([`drift`]): per class and target, a recent and a long-run mean of the absolute
 //!   percentage error; when the recent one passes max(2 × long-run, 20 %) the class's regressor
 //!   forgets its confidence (covariance back to the prior, weights kept) and runs with
@@ -32,33 +28,23 @@
 //!   `max_predicted_ms`] (so ≤ 0 too) are ignored and counted (`rejected_targets`); samples whose features are not finite are ignored and counted
 //!   (`rejected_features`). Prediction accepts any features: they are sanitised first.
 //!
-//! `predict` is allocation-free (stack vectors, a linear scan of the class table; a tree model
-//! walks at most trees × depth nodes). With `rls`, `observe` is O(d²) with d ≤ 10 and allocates
-//! only the first time it sees a class; with `gbdt`/`gbdt-p90` it stores the sample in its
-//! bucket and, when a retrain is due, either trains inline (`gbdt_background_training` false,
-//! the default: deterministic, for the simulator) or leaves the snapshot for the driver
-//! ([`LatencyPredictor::take_training_jobs`], [`LatencyPredictor::install`]).
+//! `predict` is allocation-free (stack vectors, a linear scan of the class table). `observe` is
+//! O(d²) with d ≤ 10 and allocates only the first time it sees a class.
 
 pub mod accuracy;
 pub mod analytic;
 pub mod drift;
 pub mod features;
-pub mod gbdt;
-pub mod gbdt_model;
 pub mod model;
 pub mod rls;
-pub mod samples;
 
 pub use features::{Features, TPOT_DIM, TTFT_DIM};
-pub use gbdt::GbdtParams;
-pub use gbdt_model::{TrainedModels, TrainingJob};
-pub use model::{LatencyModel, ModelKind};
+pub use model::RlsModel;
 pub use rls::{OnlineRegressor, Rls};
 
 use accuracy::{AccuracyTracker, LogRatioQuantile};
 use drift::{DriftBounds, DriftDetector};
-use model::{ClassModel, Target};
-use samples::Sample;
+use model::{Sample, Target};
 use serde::Serialize;
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -123,19 +109,6 @@ pub const CLASS_COVERAGE_ALPHA: f64 = 0.01;
 /// [`LatencyPredictor::new`]; [`PredictorConfig::validate`] reports them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PredictorConfig {
-    /// The model of every class (config key `predictor_model`). Default `rls`.
-    pub model: ModelKind,
-    /// Boosting parameters of `gbdt` / `gbdt-p90` ([`gbdt`]).
-    pub gbdt: GbdtParams,
-    /// Samples kept per bucket for the tree models ([`samples`]). Default 64, 1..=4096.
-    pub gbdt_bucket_capacity: usize,
-    /// The tree models retrain at most every this many samples per class (sooner while the
-    /// class is young; [`gbdt_model`]). Default 256, ≥ 1.
-    pub gbdt_retrain_every: u64,
-    /// false (default): the tree models train inline, at the observation that makes a retrain
-    /// due (deterministic; the simulator). true: due snapshots wait for the driver
-    /// ([`LatencyPredictor::take_training_jobs`]), which trains them off the decision path.
-    pub gbdt_background_training: bool,
     /// RLS forgetting factor λ in (0, 1]. Default 0.999: half-life ≈ 693 samples.
     pub forgetting_factor: f64,
     /// Ridge prior strength δ > 0; P₀ = I/δ on O(1)-scaled features. Default 0.01 (weak: the
@@ -167,11 +140,6 @@ pub struct PredictorConfig {
     /// Ratio p90/point assumed before a class has data. Default 1.5 (a guess; it adapts within
     /// a few dozen samples).
     pub ttft_p90_initial_ratio: f64,
-    /// The split models ([`model`], `rls-split`, `rls-split-rel`) count a request as queued when
-    /// at least this many prefill tokens are in flight ahead of it (or the pod reports waiting
-    /// requests, or its KV is short; [`Features::queued`]). Default 8192: vLLM's
-    /// `max_num_batched_tokens`, one engine step's token budget. > 0.
-    pub queued_prefill_tokens: f64,
     /// Whether the TTFT model sees the KV-shortfall feature (memory pressure; see
     /// [`features`]). Default true; false is the ablation measured in EVALUATION.md.
     pub kv_shortfall_feature: bool,
@@ -199,11 +167,6 @@ pub struct PredictorConfig {
 impl Default for PredictorConfig {
     fn default() -> Self {
         PredictorConfig {
-            model: ModelKind::Rls,
-            gbdt: GbdtParams::default(),
-            gbdt_bucket_capacity: 64,
-            gbdt_retrain_every: 256,
-            gbdt_background_training: false,
             forgetting_factor: 0.999,
             ridge_delta: 0.01,
             min_samples: 32,
@@ -216,7 +179,6 @@ impl Default for PredictorConfig {
             accuracy_window: 1000,
             ttft_p90_step: 0.01,
             ttft_p90_initial_ratio: 1.5,
-            queued_prefill_tokens: 8192.0,
             kv_shortfall_feature: true,
             drift_detection: false,
             drift_forgetting_factor: 0.99,
@@ -260,13 +222,6 @@ impl PredictorConfig {
             ("forgetting_factor", "(0, 1]"),
             c.forgetting_factor,
             d.forgetting_factor,
-            &mut first,
-        );
-        c.queued_prefill_tokens = checked(
-            positive(c.queued_prefill_tokens),
-            ("queued_prefill_tokens", "> 0"),
-            c.queued_prefill_tokens,
-            d.queued_prefill_tokens,
             &mut first,
         );
         c.ridge_delta = checked(
@@ -385,57 +340,6 @@ impl PredictorConfig {
         if !bounds_ok {
             c.min_predicted_ms = d.min_predicted_ms;
         }
-        c.gbdt_bucket_capacity = checked(
-            (1..=4096).contains(&c.gbdt_bucket_capacity),
-            ("gbdt_bucket_capacity", "1..=4096"),
-            c.gbdt_bucket_capacity,
-            d.gbdt_bucket_capacity,
-            &mut first,
-        );
-        c.gbdt_retrain_every = checked(
-            c.gbdt_retrain_every >= 1,
-            ("gbdt_retrain_every", ">= 1"),
-            c.gbdt_retrain_every,
-            d.gbdt_retrain_every,
-            &mut first,
-        );
-        let g = &mut c.gbdt;
-        let dg = d.gbdt;
-        g.trees = checked(
-            (1..=1000).contains(&g.trees),
-            ("gbdt.trees", "1..=1000"),
-            g.trees,
-            dg.trees,
-            &mut first,
-        );
-        g.max_depth = checked(
-            (1..=12).contains(&g.max_depth),
-            ("gbdt.max_depth", "1..=12"),
-            g.max_depth,
-            dg.max_depth,
-            &mut first,
-        );
-        g.learning_rate = checked(
-            positive(g.learning_rate) && g.learning_rate <= 1.0,
-            ("gbdt.learning_rate", "(0, 1]"),
-            g.learning_rate,
-            dg.learning_rate,
-            &mut first,
-        );
-        g.min_leaf = checked(
-            g.min_leaf >= 1,
-            ("gbdt.min_leaf", ">= 1"),
-            g.min_leaf,
-            dg.min_leaf,
-            &mut first,
-        );
-        g.bins = checked(
-            (2..=256).contains(&g.bins),
-            ("gbdt.bins", "2..=256"),
-            g.bins,
-            dg.bins,
-            &mut first,
-        );
         (c, first)
     }
 }
@@ -459,15 +363,6 @@ fn checked<T: std::fmt::Display>(
     default
 }
 
-/// Where a [`TrainingJob`] came from, for [`LatencyPredictor::install`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ClassSlot {
-    /// The class at this index of the class table, by name.
-    Class(usize, String),
-    /// The shared fallback of classes beyond `max_classes`.
-    Overflow,
-}
-
 /// The p90 quantile tracked for [`LatencyPredictor::predict_p90_ttft`].
 const P90: f64 = 0.9;
 
@@ -475,11 +370,8 @@ const P90: f64 = 0.9;
 #[derive(Debug, Clone)]
 struct ClassModels {
     class: String,
-    model: ClassModel,
+    model: RlsModel,
     ttft_p90: LogRatioQuantile,
-    /// The p90 ratio of queued requests when the model is split (`ttft_p90` then serves the
-    /// requests admitted at once).
-    ttft_p90_queued: Option<LogRatioQuantile>,
     ttft_drift: DriftDetector,
     tpot_drift: DriftDetector,
     /// Recent p90 coverage (see [`ClassAccuracy::ttft_p90_coverage`]) and samples scored.
@@ -491,15 +383,12 @@ impl ClassModels {
     fn new(class: &str, config: &PredictorConfig) -> Self {
         ClassModels {
             class: class.to_string(),
-            model: ClassModel::new(config),
+            model: RlsModel::new(config),
             ttft_p90: LogRatioQuantile::new(
                 config.ttft_p90_initial_ratio,
                 P90,
                 config.ttft_p90_step,
             ),
-            ttft_p90_queued: config.model.is_split().then(|| {
-                LogRatioQuantile::new(config.ttft_p90_initial_ratio, P90, config.ttft_p90_step)
-            }),
             ttft_drift: DriftDetector::default(),
             tpot_drift: DriftDetector::default(),
             ttft_p90_coverage: 0.0,
@@ -547,21 +436,9 @@ impl ClassModels {
         })
     }
 
-    /// The p90 ratio tracker of these features' regime.
-    fn p90_tracker(&self, config: &PredictorConfig, f: &Features) -> &LogRatioQuantile {
-        match &self.ttft_p90_queued {
-            Some(q) if f.queued(config.queued_prefill_tokens) => q,
-            _ => &self.ttft_p90,
-        }
-    }
-
-    /// The p90 TTFT: the model's own answer for a p90 model, else point × tracked ratio.
-    fn ttft_p90_ms(&self, config: &PredictorConfig, f: &Features, point_ms: f64) -> f64 {
-        if config.model.is_p90() {
-            return point_ms;
-        }
-        let ratio = self.p90_tracker(config, f).ratio();
-        bounded_ms(config, point_ms * ratio, point_ms)
+    /// The p90 TTFT: point × the tracked ratio.
+    fn ttft_p90_ms(&self, config: &PredictorConfig, point_ms: f64) -> f64 {
+        bounded_ms(config, point_ms * self.ttft_p90.ratio(), point_ms)
     }
 }
 
@@ -670,11 +547,10 @@ impl LatencyPredictor {
     pub fn predict_p90_ttft(&self, class: &str, features: &Features) -> f64 {
         let f = self.encodable(features);
         let models = self.models(class);
-        models.ttft_p90_ms(&self.config, &f, models.ttft_ms(&self.config, &f))
+        models.ttft_p90_ms(&self.config, models.ttft_ms(&self.config, &f))
     }
 
-    /// The class's current p90 of actual/predicted TTFT (of requests admitted at once, when
-    /// the model is split).
+    /// The class's current p90 of actual/predicted TTFT.
     pub fn ttft_p90_ratio(&self, class: &str) -> f64 {
         self.models(class).ttft_p90.ratio()
     }
@@ -754,13 +630,10 @@ impl LatencyPredictor {
         // Score and adapt with the model as it was before this sample (prequential), then learn.
         if let Some(actual) = ttft {
             let predicted = models.ttft_ms(config, &f);
-            let predicted_p90 = models.ttft_p90_ms(config, &f, predicted);
+            let predicted_p90 = models.ttft_p90_ms(config, predicted);
             self.accuracy.score_ttft(actual, predicted, predicted_p90);
             models.score_p90(actual, predicted_p90);
-            match &mut models.ttft_p90_queued {
-                Some(q) if f.queued(config.queued_prefill_tokens) => q.observe(actual, predicted),
-                _ => models.ttft_p90.observe(actual, predicted),
-            }
+            models.ttft_p90.observe(actual, predicted);
             if models.model.samples(Target::Ttft) >= config.min_samples {
                 let episodes = models.ttft_drift.episodes();
                 let drifting = models.ttft_drift.observe(ape(actual, predicted), &bounds);
@@ -787,43 +660,6 @@ impl LatencyPredictor {
             ttft_ms: ttft,
             tpot_ms: tpot,
         });
-    }
-
-    /// Background training ([`PredictorConfig::gbdt_background_training`]): the snapshots of
-    /// the classes whose tree models are due for a retrain, each marked taken. Train them with
-    /// [`TrainingJob::train`] anywhere (it is pure) and hand the result to
-    /// [`LatencyPredictor::install`]. Empty for other models and in inline mode.
-    pub fn take_training_jobs(&mut self) -> Vec<(ClassSlot, TrainingJob)> {
-        let mut jobs = Vec::new();
-        let slots = self
-            .classes
-            .iter_mut()
-            .enumerate()
-            .map(|(i, m)| (ClassSlot::Class(i, m.class.clone()), m))
-            .chain(std::iter::once((ClassSlot::Overflow, &mut self.overflow)));
-        for (slot, models) in slots {
-            if let ClassModel::Gbdt(g) = &mut models.model
-                && let Some(job) = g.take_job()
-            {
-                jobs.push((slot, job));
-            }
-        }
-        jobs
-    }
-
-    /// Swaps freshly trained trees into a class's model (a pointer swap); ignored when the slot
-    /// no longer holds that class or the class does not use trees.
-    pub fn install(&mut self, slot: &ClassSlot, trained: TrainedModels) {
-        let models = match slot {
-            ClassSlot::Class(i, class) => match self.classes.get_mut(*i) {
-                Some(m) if &m.class == class => m,
-                _ => return,
-            },
-            ClassSlot::Overflow => &mut self.overflow,
-        };
-        if let ClassModel::Gbdt(g) = &mut models.model {
-            g.install(trained);
-        }
     }
 
     /// Accuracy and drift state of every class with its own models, in first-seen order

@@ -207,7 +207,7 @@ fn the_same_seed_and_requests_give_the_same_decisions() {
 fn a_reseeded_session_draws_from_its_new_seed() {
     // Exploration on every other request, so the draws show in the picks.
     let router = RouterConfig {
-        epsilon_explore_sticky: crate::config::GateSetting::Fixed(0.5),
+        epsilon_explore_sticky: 0.5,
         ..RouterConfig::default()
     };
     let run = |reseed: Option<u64>| {
@@ -336,7 +336,7 @@ fn lora_pod(id: u32, max_loras: u32, running: &[&str]) -> PodSnapshot {
 
 fn no_explore() -> RouterConfig {
     RouterConfig {
-        epsilon_explore_sticky: crate::config::GateSetting::Fixed(0.0),
+        epsilon_explore_sticky: 0.0,
         ..RouterConfig::seed()
     }
 }
