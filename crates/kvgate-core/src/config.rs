@@ -162,8 +162,13 @@ gate_number!(
     "EVALUATION.md §9: within 1 % of the fixed 0.01, worse on the Mooncake p99"
 );
 
-/// `predictor_model`, a removed key: present at all, it is refused.
-fn removed_predictor_model<'de, D: serde::Deserializer<'de>>(_: D) -> Result<(), D::Error> {
+/// `predictor_model`, a removed key: `"rls"` (the one model left, so a config that named the
+/// default keeps working) is accepted and ignored; any other value is refused.
+fn removed_predictor_model<'de, D: serde::Deserializer<'de>>(d: D) -> Result<(), D::Error> {
+    let value = <String as serde::Deserialize>::deserialize(d)?;
+    if value == "rls" {
+        return Ok(());
+    }
     Err(serde::de::Error::custom(removed(
         "predictor_model",
         "EVALUATION.md §6.3 and §14: the gate routed best with `rls`, now the only model; leave \
@@ -858,11 +863,16 @@ mod tests {
     }
 
     #[test]
-    fn the_removed_predictor_model_key_is_refused_in_either_spelling_whatever_its_value() {
+    fn the_removed_predictor_model_key_is_refused_in_either_spelling_unless_it_names_rls() {
+        for config in [json!({"predictor_model": "rls"}), json!({"predictorModel": "rls"})] {
+            assert_eq!(
+                RouterConfig::from_json(&config).unwrap(),
+                RouterConfig::default()
+            );
+        }
         for config in [
             json!({"predictor_model": "gbdt"}),
             json!({"predictorModel": "rls-split"}),
-            json!({"predictor_model": "rls"}),
         ] {
             let err = RouterConfig::from_json(&config).unwrap_err().to_string();
             assert!(
