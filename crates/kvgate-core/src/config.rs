@@ -864,7 +864,10 @@ mod tests {
 
     #[test]
     fn the_removed_predictor_model_key_is_refused_in_either_spelling_unless_it_names_rls() {
-        for config in [json!({"predictor_model": "rls"}), json!({"predictorModel": "rls"})] {
+        for config in [
+            json!({"predictor_model": "rls"}),
+            json!({"predictorModel": "rls"}),
+        ] {
             assert_eq!(
                 RouterConfig::from_json(&config).unwrap(),
                 RouterConfig::default()
