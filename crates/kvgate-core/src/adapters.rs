@@ -48,11 +48,11 @@
 //! - `lora_load_ms` = 25: loading a rank-8 adapter into a slot. Source: an estimate of the order
 //!   of magnitude: a rank-8 adapter of a 7–8B model is tens of MB copied host → GPU (a few ms at
 //!   PCIe rates) plus vLLM's slot activation; kvgate's own measurement on vLLM CPU with the tiny
-//!   model is in EVALUATION.md §15 — tune it for your model and hardware.
+//!   model is in docs/decisions/lora-aware.md — tune it for your model and hardware.
 //! - `lora_deferral_ms` = 1000: one wait for a slot, i.e. the time the running requests of a
 //!   resident adapter take to drain. Source: an estimate — half of a 256-token decode at
 //!   ~8 ms/token (the simulator's H100 profile); the simulator's measurement of the policy with it
-//!   is in EVALUATION.md §15.
+//!   is in docs/decisions/lora-aware.md.
 //!
 //! Bounds: an [`AdapterSet`] holds at most [`MAX_TRACKED_ADAPTERS`] ids (more are dropped and
 //! not counted as running: the fit then errs towards `Resident`/`FreeSlot`, never a panic); the

@@ -7,13 +7,13 @@
 //!
 //! `gate_profile` picks the base the affinity-gate keys start from: `seed` is the gate exactly as
 //! specified in DESIGN.md §2 (kept forever as the specification and the baseline); `default` is
-//! kvgate's recommended gate, chosen by the measurements in EVALUATION.md. Keys given explicitly
+//! kvgate's recommended gate, chosen by the measurements in docs/decisions/ (one record per key). Keys given explicitly
 //! override the profile's values. Every reader goes through that merge: `RouterConfig`'s
 //! `Deserialize` (a `[router]` table in `kvgate serve --config`, TOML, YAML or JSON, on start and
 //! on reload) and [`RouterConfig::from_json`] (`kvgate decide`, `kvgate sim --router-config`) both
 //! read a `RouterKeys` (every key absent or given), start from the profile and validate.
 //!
-//! **Removed options.** Options that EVALUATION.md measured as helping nowhere were removed on
+//! **Removed options.** Options that the decision records (docs/decisions/) found helping nowhere were removed on
 //! 2026-12-07, and a config that still sets one is refused with a message that names the key,
 //! the evidence and what to use instead ([`removed`]): `affinity_gate_tau = "auto"` and
 //! `epsilon_explore_sticky = "auto"` (§9), `explore_mode = "least-loaded-non-sticky"` and
@@ -41,7 +41,7 @@ pub enum GateProfile {
     /// The seed's gate exactly: explore = best latency overall, absolute 5000 ms load gate,
     /// τ 0.80, ε 0.01, nothing else.
     Seed,
-    /// kvgate's recommended settings (see EVALUATION.md).
+    /// kvgate's recommended settings (docs/decisions/README.md).
     #[default]
     Default,
 }
@@ -77,7 +77,7 @@ impl<'de> Deserialize<'de> for ExploreMode {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum QueueRule {
-    /// Never: the relative gate as measured in EVALUATION.md §3 (the seed's value).
+    /// Never: the relative gate as measured in docs/decisions/relative-load-gate.md (the seed's value).
     #[default]
     Off,
     /// While every candidate pod reports waiting requests (the default profile's value).
@@ -96,7 +96,7 @@ pub const DEFAULT_EPSILON_EXPLORE_STICKY: f64 = 0.01;
 pub const REMOVED_ON: &str = "2026-12-07";
 
 /// Why `explore_mode`'s two other modes were removed, and what to use.
-const EXPLORE_MODE_REMOVED: &str = "EVALUATION.md §3: no better than random exploration, worse \
+const EXPLORE_MODE_REMOVED: &str = "docs/decisions/explore-modes-removed.md: no better than random exploration, worse \
      where queueing is real, or never spreading shared prefixes; use \"random-non-sticky\" or \
      \"best-overall\", or leave the key out for the profile's mode (the default profile's is \
      \"random-non-sticky\")";
@@ -153,13 +153,13 @@ gate_number!(
     TauNumber,
     "affinity_gate_tau",
     "0.80, the default",
-    "EVALUATION.md §9: TTFT within ±1 % of the fixed 0.80 on every workload short of overload"
+    "docs/decisions/tau-epsilon-auto.md: TTFT within ±1 % of the fixed 0.80 on every workload short of overload"
 );
 gate_number!(
     EpsilonNumber,
     "epsilon_explore_sticky",
     "0.01, the default",
-    "EVALUATION.md §9: within 1 % of the fixed 0.01, worse on the Mooncake p99"
+    "docs/decisions/tau-epsilon-auto.md: within 1 % of the fixed 0.01, worse on the Mooncake p99"
 );
 
 /// `predictor_model`, a removed key: `"rls"` (the one model left, so a config that named the
@@ -171,8 +171,8 @@ fn removed_predictor_model<'de, D: serde::Deserializer<'de>>(d: D) -> Result<(),
     }
     Err(serde::de::Error::custom(removed(
         "predictor_model",
-        "EVALUATION.md §6.3 and §14: the gate routed best with `rls`, now the only model; leave \
-         the key out",
+        "docs/decisions/predictor-tree-and-analytic-models.md and predictor-rls-variants.md: the \
+         gate routed best with `rls`, now the only model; leave the key out",
     )))
 }
 
@@ -222,13 +222,13 @@ pub struct RouterConfig {
     pub balance_window_rel: f64,
     /// Admission-aware load gate: when queueing holds the relative load gate back — `every`
     /// pod reports waiting requests, or the best pod overall (the `target` of a break) does.
-    /// Seed `off`, default profile `every` (EVALUATION.md §17).
+    /// Seed `off`, default profile `every` (docs/decisions/relative-gate-queue-rule.md).
     pub relative_gate_queue_rule: QueueRule,
     /// Shared-prefix exploration: the exploration probability for a request whose deepest
     /// cached block was carried by at least `shared_prefix_min_requests` recent requests (a
     /// shared system prompt, not one conversation's history; `index/popularity.rs`). The
     /// larger of this and `epsilon_explore_sticky` applies, except while every pod reports
-    /// waiting requests. Seed 0 (off), default profile 0.1 (EVALUATION.md §17.9).
+    /// waiting requests. Seed 0 (off), default profile 0.1 (docs/decisions/shared-prefix-epsilon.md).
     pub shared_prefix_epsilon: f64,
     /// Recent requests that must have carried a prompt's deepest cached block for
     /// `shared_prefix_epsilon` to apply. Default 8.
@@ -258,12 +258,12 @@ pub struct RouterConfig {
     /// Whether a drift episode (a class's recent error far above its long-run error) resets the
     /// class's confidence and speeds up its forgetting. Default false: episodes are still
     /// detected and exposed as metrics, but adapting on them made Mooncake at 4× rate tip into
-    /// growing queues on one seed of three (EVALUATION.md §6.2); turn it on for fleets whose
+    /// growing queues on one seed of three (docs/decisions/predictor-drift-adaptation.md); turn it on for fleets whose
     /// pods change speed (it recovers a 2× slowdown in ~300 samples instead of thousands).
     pub predictor_drift_adaptation: bool,
     /// Samples a pod class needs before its regression replaces the analytic estimate, for
     /// TTFT and for TPOT each: the predictor's
-    /// `min_samples`. 32 in both profiles. The default profile had 8 (EVALUATION.md §14.2:
+    /// `min_samples`. 32 in both profiles. The default profile had 8 (docs/decisions/predictor-min-samples.md:
     /// held-out TTFT error in the simulator), but on real vLLM pods a regression of 10 weights
     /// fitted on 8–31 samples ranked the pods worse than the analytic estimate: 32 had ×0.74
     /// the mean TTFT of 8 on the overloaded agent workload, the simulator's §17.10 rows within
@@ -274,7 +274,7 @@ pub struct RouterConfig {
     /// Whether the predictor learns a request's TTFT at its first token instead of when the
     /// request ends (a whole decode later: ~8 s for 1,000 output tokens, during which a new
     /// pod class is predicted by the analytic estimate). Seed false; default profile true
-    /// (EVALUATION.md §14.2). The TPOT is learnt at the end either way.
+    /// (docs/decisions/predictor-ttft-at-first-token.md). The TPOT is learnt at the end either way.
     pub predictor_ttft_at_first_token: bool,
     /// Whether a prediction counts a matched prefix as cached only where the pod will have
     /// computed it: the blocks an earlier request brought to the pod count as uncached for a
@@ -320,7 +320,7 @@ pub struct RouterConfig {
     // ---- SLO routing ----
     /// Whether requests' latency objectives (the gateway's `x-slo-*` headers, the simulator's
     /// `--slo-ttft-ms`) change routing: with it, the affinity gate picks by SLO headroom.
-    /// Default false: SLO routing lowered goodput in EVALUATION.md §8; objectives are still
+    /// Default false: SLO routing lowered goodput in docs/decisions/slo-routing.md; objectives are still
     /// validated and recorded without it.
     pub slo_routing: bool,
     /// Allows the options that measured no better than the defaults (see the module docs).
@@ -492,7 +492,7 @@ impl RouterConfig {
         };
         match profile {
             GateProfile::Seed => base,
-            // Chosen by the measurements in EVALUATION.md ("Beating the peers").
+            // Chosen by the measurements in docs/decisions/ (README: one record per key).
             GateProfile::Default => RouterConfig {
                 gate_profile: GateProfile::Default,
                 explore_mode: ExploreMode::RandomNonSticky,
@@ -854,7 +854,7 @@ mod tests {
                 err.contains(&format!("{key} was removed on 2026-12-07")),
                 "{err}"
             );
-            assert!(err.contains("EVALUATION.md §"), "{err}");
+            assert!(err.contains("docs/decisions/"), "{err}");
             assert!(err.contains(instead), "{err}");
             // The file path (serde) says the same.
             let err = serde_json::from_value::<RouterConfig>(config).unwrap_err();

@@ -1876,7 +1876,7 @@ explore_max_extra_ms = 9
                 "{name}: {message}"
             );
             assert!(message.contains(names), "{name}: {message}");
-            assert!(message.contains("EVALUATION.md §"), "{name}: {message}");
+            assert!(message.contains("docs/decisions/"), "{name}: {message}");
         }
         // An integer is a number too.
         let file: FileConfig = toml::from_str("[router]\naffinity_gate_tau = 1\n").unwrap();

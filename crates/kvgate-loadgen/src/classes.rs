@@ -15,7 +15,7 @@
 //!
 //! The groups reported ([`ClassReport`]): high priority, normal priority, the quiet tenants
 //! (1…), the noisy tenant (0), each with requests asked, served, TTFT percentiles and errors
-//! by kind — the figures EVALUATION.md §11 gives for the simulator.
+//! by kind — the figures docs/decisions/flow-control.md gives for the simulator.
 
 use std::collections::BTreeMap;
 

@@ -104,7 +104,7 @@ pub struct PredictorMetrics {
     /// [`PredictorMetrics::ttft_mape`] of each tenth of the completed requests in arrival
     /// order: the first tenths show the cold start (predictions made before the pod class had
     /// learnt from enough finished requests), the last ones the predictor once warm
-    /// (EVALUATION.md §14.2). Zeros with fewer than 10 completed requests.
+    /// (docs/decisions/predictor-ttft-at-first-token.md). Zeros with fewer than 10 completed requests.
     pub ttft_mape_by_tenth: [f64; 10],
 }
 

@@ -143,7 +143,7 @@ pub struct SimArgs {
     predictor_min_samples: Option<u64>,
     /// The predictor learns each TTFT at the request's first token instead of at its end
     /// (forces the router config's `predictor_ttft_at_first_token` on: on in the default
-    /// profile, off in the seed's; EVALUATION.md §14.2). To turn it off under the default
+    /// profile, off in the seed's; docs/decisions/predictor-ttft-at-first-token.md). To turn it off under the default
     /// profile: --router-config '{"predictor_ttft_at_first_token": false}'.
     #[arg(long)]
     learn_ttft_at_first_token: bool,
@@ -481,7 +481,7 @@ pub fn run(args: SimArgs) -> Result<()> {
             "{}",
             kvgate_core::config::removed(
                 &format!("--predictor-model {model}"),
-                "EVALUATION.md §6.3 and §14: the gate routed best with `rls`, now the only model; \
+                "docs/decisions/predictor-tree-and-analytic-models.md and predictor-rls-variants.md: the gate routed best with `rls`, now the only model; \
                  drop the flag"
             )
         );

@@ -1,4 +1,4 @@
-//! Options removed on 2026-12-07 (EVALUATION.md: they helped nowhere), as a user who still sets
+//! Options removed on 2026-12-07 (docs/decisions/: they helped nowhere), as a user who still sets
 //! them meets them: the command fails before anything runs, and its message names the key or
 //! value, says it was removed, and says what to use instead.
 

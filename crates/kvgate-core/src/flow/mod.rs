@@ -54,18 +54,18 @@
 //! into the fleet's *bulk headroom*: the saturation detector's
 //! with the KV threshold lowered by `saturation.bulk_kv_reserve` (default 0.3: 0.8 − 0.3 = 0.5
 //! of KV) and the queue depth by `saturation.bulk_queue_reserve` (default 4: 5 − 4 = 1, only a
-//! pod with no queue; EVALUATION.md §11.5). The driver asks [`FlowQueue::next_is_bulk`]; with
+//! pod with no queue; docs/decisions/flow-control.md). The driver asks [`FlowQueue::next_is_bulk`]; with
 //! headroom but no bulk headroom it takes [`FlowQueue::pop_non_bulk`] (the next request in the order above that is not bulk),
 //! so the others' and higher bands' requests find room at once and the flood waits in the
 //! queue (and expires at the TTL) rather than in the engines. A tenant alone in the queue is
 //! bulk too (when it holds two or more): the room it leaves is what the next tenant's arrival
-//! finds. Measured in EVALUATION.md §11.
+//! finds. Measured in docs/decisions/flow-control.md.
 //!
 //! The flooding rule holds at the door too ([`FlowQueue::offer`]): with the queue empty and
 //! the fleet with headroom, a flooding tenant's band-≤-0 request is dispatched only while there
 //! is bulk headroom, else queued. Without it the flood, let through at once while the queue is
 //! still empty, fills the pods to the KV threshold before the queue forms, and the others'
-//! arrivals of that moment wait in the engines (EVALUATION.md §11.3).
+//! arrivals of that moment wait in the engines (docs/decisions/flow-control.md).
 //!
 //! The drivers also *dispatch by headroom*: a released request is routed only among the pods
 //! with headroom for it ([`saturation::pod_headroom`] under its thresholds), so it can start
@@ -542,7 +542,7 @@ impl<T> FlowQueue<T> {
         self.note_arrival(cfg, tenant, req.cost_tokens, now_ms);
         // A request that is not bulk queued behind waiting bulk requests is released by the
         // driver's next check with dispatch by headroom, which measured better than sending
-        // it at once to any pod (EVALUATION §11.3).
+        // it at once to any pod (docs/decisions/flow-control.md).
         if self.len == 0
             && room.saturation.headroom() > 0
             && (room.bulk_headroom > 0 || !self.is_bulk(cfg, tenant, band, now_ms))

@@ -33,11 +33,11 @@
 //! - `bulk_kv_reserve` **0.3**: KV kept free of *bulk* requests (the flood of the tenant
 //!   holding most of the queue, see [`super`]): they see `kv_cache_util_threshold −
 //!   bulk_kv_reserve` ([`SaturationConfig::bulk`], [`fleet_bulk_headroom`]). Chosen by
-//!   measurement (EVALUATION.md §11: 0, 0.2, 0.3 tried).
+//!   measurement (docs/decisions/flow-control.md: 0, 0.2, 0.3 tried).
 //! - `bulk_queue_reserve` **4**: places of the queue depth kept free of bulk requests: they see
 //!   `max(1, queue_depth_threshold − bulk_queue_reserve)` = 1, i.e. only a pod with no queue
 //!   (scraped, or estimated from the ledger) takes one, so the flood never waits in an engine
-//!   queue ahead of the others' arrivals. Chosen by measurement (EVALUATION.md §11.5: 0, 3, 4
+//!   queue ahead of the others' arrivals. Chosen by measurement (docs/decisions/flow-control.md: 0, 3, 4
 //!   in the simulator; 0 and 4 live, 3 seeds × 3 rounds); 0 gives bulk the plain depth.
 
 use crate::pod::PodSnapshot;

@@ -15,13 +15,13 @@
 //! Exactly at the penalty affinity is kept; only a difference strictly above it breaks
 //! affinity. Ties in predicted TTFT go to the pod with fewer requests, then the lower index.
 //!
-//! Options beyond the seed (each off in `gate_profile = seed`; see EVALUATION.md for what each
+//! Options beyond the seed (each off in `gate_profile = seed`; see docs/decisions/ for what each
 //! measured):
 //! - `explore_mode`: what EXPLORE picks — `best-overall` (seed), `random-non-sticky` (default
 //!   profile: a uniform pod among those not sticky, one extra RNG draw). Exploring is meant to
 //!   seed caches on cold pods; the best pod overall is usually the sticky one, so the seed's
 //!   explore rarely does that. (Two other modes, least-loaded and sticky-less-only exploration,
-//!   were removed on 2026-12-07: EVALUATION.md §3.)
+//!   were removed on 2026-12-07: docs/decisions/explore-modes-removed.md.)
 //! - `explore_max_extra_ms` x and `explore_max_extra_rel` r: exploring may only pick a pod
 //!   predicted within max(x, r × best) ms of the best pod (cheap moves, such as a short shared
 //!   prefix); with none, the coin is ignored. 0 and 0 = unbounded (seed); default profile 25 ms
@@ -53,7 +53,7 @@
 //!   the best, take the one with the fewest in-flight prompt tokens (prefill tokens not yet
 //!   computed + tokens of decoding requests), spreading new prefixes instead of piling them on
 //!   the pod that happens to predict a hair faster (0 = off).
-//! - `balance_window_ms` w and `balance_window_rel` r (issue 20, EVALUATION.md §17): in
+//! - `balance_window_ms` w and `balance_window_rel` r (issue 20, docs/decisions/balance-window.md): in
 //!   EXPLOIT, among the sticky pods predicted within max(w, r × best sticky TTFT) ms of the best
 //!   sticky pod, take the one with the lowest scraped KV usage (`vllm:kv_cache_usage_perc`,
 //!   `least-kv`'s signal). Where every pod holds a shared prefix it moves the mean TTFT to
@@ -61,7 +61,7 @@
 //!   pays for it in TPOT and p99 (×1.18 → ×1.21 `least-request`'s p99). Only among sticky
 //!   pods: over all pods it cost the conversation trace 36 % mean at rate 4. 0 and 0 = off (seed
 //!   and default profiles).
-//! - `relative_gate_queue_rule` (issue 20, EVALUATION.md §17): admission-aware relative load
+//! - `relative_gate_queue_rule` (issue 20, docs/decisions/relative-gate-queue-rule.md): admission-aware relative load
 //!   gate. `off` (seed): as above. `every` (default profile): the relative gate holds while
 //!   every candidate pod reports waiting requests — in overload, moving a request off its cache
 //!   only adds its prefill to another queue (conversation trace at rate 6: mean ×1.12 → ×1.08
@@ -69,8 +69,8 @@
 //!   overall (where a break would send the request) reports waiting requests. The absolute
 //!   penalty is unaffected.
 //!
-//! - `shared_prefix_epsilon` ε_s and `shared_prefix_min_requests` n (issue 20, EVALUATION.md
-//!   §17.9): the coin comes up with probability max(ε, ε_s) for a request whose deepest block
+//! - `shared_prefix_epsilon` ε_s and `shared_prefix_min_requests` n (issue 20,
+//!   docs/decisions/shared-prefix-epsilon.md): the coin comes up with probability max(ε, ε_s) for a request whose deepest block
 //!   held by some pod was carried by at least n recent requests ([`RequestFacts::prefix_sharers`]:
 //!   a shared system prompt, where seeding more pods early spreads the group; one
 //!   conversation's history counts one or two, so conversations keep ε), unless every pod
@@ -103,7 +103,7 @@
 //!   are bimodal, near 0 or near 1, and 0.80 separates the modes)
 //! - `affinity_max_ttft_penalty_ms` = 5000 (load gate; 0 disables it, as upstream)
 //!
-//! (`"auto"` values of τ and ε, chosen online, were removed on 2026-12-07: EVALUATION.md §9.)
+//! (`"auto"` values of τ and ε, chosen online, were removed on 2026-12-07: docs/decisions/tau-epsilon-auto.md.)
 //! The values in force are in [`Policy::gate_state`].
 
 use super::{Candidate, Pick, Policy, PolicyError, PolicyKind, RequestFacts, argmin_by};

@@ -2,7 +2,7 @@
 //!
 //! - **Model.** Per pod class, one [`RlsModel`] predicting TTFT and TPOT from the
 //!   engineered, O(1)-scaled features of [`features`] ([`model`]; the other models that were
-//!   selectable were removed on 2026-12-07, EVALUATION.md §6.3 and §14). Its regressor is
+//!   selectable were removed on 2026-12-07, docs/decisions/predictor-tree-and-analytic-models.md, predictor-rls-variants.md). Its regressor is
 //!   [`Rls`], one per target:
 //!   recursive least squares with forgetting factor λ = `forgetting_factor` (0.999) and a ridge
 //!   prior P₀ = I/δ, δ = `ridge_delta` (0.01), centred on the analytic model. Targets are
@@ -141,11 +141,12 @@ pub struct PredictorConfig {
     /// a few dozen samples).
     pub ttft_p90_initial_ratio: f64,
     /// Whether the TTFT model sees the KV-shortfall feature (memory pressure; see
-    /// [`features`]). Default true; false is the ablation measured in EVALUATION.md.
+    /// [`features`]). Default true; false is the ablation measured in
+    /// docs/decisions/predictor-model-rls.md.
     pub kv_shortfall_feature: bool,
     /// Whether a drift episode resets confidence and lowers the forgetting factor ([`drift`]).
-    /// Default false (the router config's `predictor_drift_adaptation`; see EVALUATION.md
-    /// §6.2 for why): episodes are still detected and counted but λ stays put.
+    /// Default false (the router config's `predictor_drift_adaptation`; see
+    /// docs/decisions/predictor-drift-adaptation.md for why): episodes are still detected and counted but λ stays put.
     pub drift_detection: bool,
     /// λ while a class is in a drift episode. Default 0.99 (half-life ≈ 69 samples).
     pub drift_forgetting_factor: f64,

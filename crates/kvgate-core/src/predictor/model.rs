@@ -6,7 +6,7 @@
 //! It is the one model kvgate ships. The others that were selectable with `predictor_model`
 //! (gradient-boosted trees `gbdt` / `gbdt-p90` with the gateway's background trainer, the
 //! analytic formulas alone, and the `rls-rel` / `rls-split` / `rls-split-rel` variants of this
-//! regression) were removed on 2026-12-07: EVALUATION.md §6.3 and §14 measured none routing
+//! regression) were removed on 2026-12-07: docs/decisions/predictor-tree-and-analytic-models.md and predictor-rls-variants.md measured none routing
 //! better than this one anywhere.
 
 use super::PredictorConfig;

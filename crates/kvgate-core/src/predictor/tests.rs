@@ -420,7 +420,7 @@ fn regime_change(drift_detection: bool, after: usize) -> (f64, LatencyPredictor)
 
 #[test]
 fn drift_detection_fires_on_a_regime_change_and_recovers_faster() {
-    // 300 samples after the pod became 2× slower. Figures (EVALUATION.md, "Predictor"):
+    // 300 samples after the pod became 2× slower. Figures (docs/decisions/predictor-drift-adaptation.md):
     // held-out TTFT MAPE 0.6 % with drift handling, 37.0 % without (λ stays 0.999); the
     // noise floor is 2 % (±4 % uniform).
     let (with_drift, p) = regime_change(true, 300);
