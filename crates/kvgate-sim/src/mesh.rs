@@ -167,9 +167,10 @@ impl Mesh {
     /// check, its snapshot sent).
     pub fn advance(&mut self, t: f64, sessions: &mut [RouterSession], pods: &[PodSnapshot]) {
         self.deliver(t, sessions, pods);
-        for i in 0..self.machines.len() {
+        let replicas = self.machines.len();
+        for (i, session) in sessions.iter_mut().enumerate().take(replicas) {
             if self.machines[i].poll_timeout() as f64 <= t {
-                self.machines[i].handle_timeout(t as u64, &mut sessions[i]);
+                self.machines[i].handle_timeout(t as u64, session);
                 self.transmit(i, t);
             }
         }
