@@ -7,12 +7,11 @@
 //! end) and returns it in `Drop` whatever path the request ends on (done, upstream error,
 //! client abort, retry elsewhere), so no ending can leak a charge.
 //!
-//! With `--cluster` the guard also reports each transition to the other replicas
-//! ([`crate::cluster`]): the route with its blocks and charge, the first token, decode tokens
-//! in steps of [`crate::cluster::TOKENS_PER_EVENT`], the end. They apply them as the same
-//! transitions of their own sessions.
+//! With `--cluster` the guard also reports each transition to the core's replica machine
+//! ([`crate::cluster`]): the route with its blocks and charge, the first token, every decode
+//! token (the machine sends them in steps of 32), the end. The other replicas apply them as
+//! the same transitions of their own sessions.
 
-use crate::cluster::TOKENS_PER_EVENT;
 use crate::decisions::DecisionRecord;
 use crate::pods::Pod;
 use crate::state::Shared;
@@ -24,8 +23,8 @@ pub struct TicketGuard {
     shared: Arc<Shared>,
     pod: Arc<Pod>,
     ticket: Option<Ticket>,
-    /// With `--cluster`: the request's id there and decode tokens not yet reported.
-    shared_as: Option<(u64, u64)>,
+    /// With `--cluster`: the request's id there.
+    shared_as: Option<u64>,
     /// With `--decisions-log`: the request's decision record, completed at its end.
     record: Option<Box<DecisionRecord>>,
 }
@@ -44,15 +43,14 @@ impl TicketGuard {
     /// the other replicas record too).
     pub fn new(shared: Arc<Shared>, pod: Arc<Pod>, ticket: Ticket, blocks: &[BlockHash]) -> Self {
         let shared_as = shared.cluster.as_ref().map(|c| {
-            let id = c.routed(
+            c.routed(
                 &shared,
                 &pod,
                 blocks,
                 ticket.input_tokens(),
                 ticket.prefill_tokens(),
                 ticket.session(),
-            );
-            (id, 0)
+            )
         });
         TicketGuard {
             shared,
@@ -90,7 +88,7 @@ impl TicketGuard {
             && !t.has_first_token()
         {
             let sample = self.shared.session.lock().first_token_seen(t, ttft_ms);
-            if let (Some(c), Some((id, _))) = (self.shared.cluster.as_ref(), self.shared_as) {
+            if let (Some(c), Some(id)) = (self.shared.cluster.as_ref(), self.shared_as) {
                 c.first_token(&self.shared, id, t.decode_tokens(), sample);
             }
         }
@@ -103,13 +101,8 @@ impl TicketGuard {
         }
         if let Some(t) = self.ticket.as_mut() {
             self.shared.session.lock().tokens_generated(t, tokens);
-            if let (Some(c), Some((id, unreported))) =
-                (self.shared.cluster.as_ref(), self.shared_as.as_mut())
-            {
-                *unreported += tokens;
-                if *unreported >= TOKENS_PER_EVENT {
-                    c.tokens(&self.shared, *id, std::mem::take(unreported));
-                }
+            if let (Some(c), Some(id)) = (self.shared.cluster.as_ref(), self.shared_as) {
+                c.tokens(&self.shared, id, tokens);
             }
         }
     }
@@ -145,11 +138,9 @@ impl TicketGuard {
                 self.shared.decisions.ended(*record, observed);
             }
             self.shared.session.lock().finish(t, observed);
-            if let (Some(c), Some((id, _))) = (self.shared.cluster.as_ref(), self.shared_as.take())
-            {
-                // Nothing left to teach (the TTFT went out with the first token, no TPOT with
-                // under two tokens): the finish goes without a sample.
-                let sample = sample.filter(|s| s.ttft_ms.is_some() || s.tpot_ms.is_some());
+            if let (Some(c), Some(id)) = (self.shared.cluster.as_ref(), self.shared_as.take()) {
+                // A sample with nothing left to teach (the TTFT went out with the first token,
+                // no TPOT with under two tokens) is not sent: the machine filters it.
                 c.finish(&self.shared, id, sample);
             }
         }

@@ -136,7 +136,7 @@ async fn joined(gws: &[&Gateway], peers: usize) {
     for gw in gws {
         let c = Cluster::of(gw.shared()).expect("cluster on");
         eventually("connected and peers known", || {
-            c.is_connected() && c.peers.lock().stats().peers >= peers
+            c.is_connected() && c.peer_stats().peers >= peers
         })
         .await;
     }
@@ -689,13 +689,13 @@ async fn a_dead_replicas_charges_expire_after_its_lease_and_a_leaving_one_is_rel
     let a2 = replica(&pods, &nats).await;
     joined(&[&a2], 1).await;
     eventually("B knows A2", || {
-        Cluster::of(b.shared()).unwrap().peers.lock().stats().peers == 1
+        Cluster::of(b.shared()).unwrap().peer_stats().peers == 1
     })
     .await;
     a2.shutdown(Duration::from_millis(100)).await;
     let left = Instant::now();
     eventually("B forgot A2", || {
-        Cluster::of(b.shared()).unwrap().peers.lock().stats().peers == 0
+        Cluster::of(b.shared()).unwrap().peer_stats().peers == 0
     })
     .await;
     assert!(

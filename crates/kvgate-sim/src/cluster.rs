@@ -34,14 +34,13 @@
 //! With `replicas` = R > 1, R routers (one [`RouterSession`] each, seeds `seed + i`) sit behind
 //! a round-robin balancer: request `id` goes to replica `id mod R` (its retries too). Each
 //! replica's in-flight ledger and routed index start knowing only its own requests, as
-//! independent `kvgate serve` replicas. With `sharing` (the gateway's `--cluster`), every
-//! replica's route (with the prompt's blocks and its charge), first token, decode tokens (every
-//! [`SHARED_TOKENS_PER_EVENT`], as the gateway) and finish reach every other replica after
-//! `delay_ms`, each lost with probability `loss`, and are applied through the core's
-//! [`PeerBook`] — the same session transitions, as the gateway's cluster module does; every
-//! [`SNAPSHOT_INTERVAL_MS`] each replica's live requests follow the same path and repair what
-//! loss left wrong. Deliveries are applied before each routing decision (only decisions read
-//! the state). R = 1 runs exactly as before (no extra event, no extra random draw).
+//! independent `kvgate serve` replicas. With `sharing` (the gateway's `--cluster`), each
+//! replica runs the core's replica machine ([`kvgate_core::session::replica`], the code the
+//! gateway runs) and [`crate::mesh`] carries its messages: every route (with the prompt's
+//! blocks and its charge), first token, decode tokens in steps of 32, finish, training sample
+//! and once-a-second snapshot reaches every other replica after `delay_ms`, each lost with
+//! probability `loss`, and is applied when it arrives; leases expire as in the gateway. R = 1
+//! runs exactly as before (no extra event, no extra random draw).
 //!
 //! # Prefill/decode disaggregation (`pod_roles`, `transfer_ms_per_token`)
 //!
@@ -71,23 +70,15 @@
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
-
-use std::collections::VecDeque;
-use std::rc::Rc;
 use std::sync::Arc;
 
 use kvgate_core::decision::Branch;
 use kvgate_core::policy::{PolicyKind, RequestSlo};
 use kvgate_core::predictor::PredictorConfig;
-use kvgate_core::session::peers::{PeerBook, PeerEvent, SnapshotEntry};
-use kvgate_core::{BlockHash, TrainingSample};
 use kvgate_core::{
     LoraSlots, Observed, PdRouted, PodId, PodRole, PodSnapshot, Route, RouteRequest, Routed,
     RouterConfig, RouterSession, Ticket,
 };
-use rand::rngs::ChaCha8Rng;
-use rand::{RngExt, SeedableRng};
-use rustc_hash::FxHashSet;
 
 use kvgate_core::flow::saturation::{pod_headroom, waiting_estimate};
 use kvgate_core::flow::{
@@ -98,6 +89,8 @@ use kvgate_core::flow::{
 use crate::engine::{Engine, EngineRequest, LoraConfig};
 use crate::events::{IndexConfig, SimIndex};
 use crate::faults::{FaultPlan, FaultRecorder, MAX_RETRIES};
+use crate::mesh::Mesh;
+pub use crate::mesh::Sharing;
 use crate::models::ModelFleet;
 use crate::models::recorder::ModelRecorder;
 use crate::profiles::Profile;
@@ -106,11 +99,6 @@ use crate::{SIM_BLOCK_SIZE_TOKENS, SimRequest};
 
 /// Default scrape interval of pod metrics, as the gateway's default.
 pub const DEFAULT_SCRAPE_INTERVAL_MS: f64 = 50.0;
-/// Decode tokens a request accumulates before it is shared (the gateway's `TOKENS_PER_EVENT`).
-pub const SHARED_TOKENS_PER_EVENT: u64 = 32;
-/// How often each replica shares its live requests (the gateway's `SNAPSHOT_INTERVAL`).
-pub const SNAPSHOT_INTERVAL_MS: f64 = 1_000.0;
-const SHARE_LOSS_SEED_SALT: u64 = 0x5ba7_e0f1_0550_0001;
 
 /// One replica's last scrape of one pod (staggered scrapes).
 #[derive(Debug, Clone, Copy, Default)]
@@ -118,18 +106,6 @@ struct ScrapedMetrics {
     waiting: u32,
     running: u32,
     kv_usage: f64,
-}
-
-/// How replicas share their routing events (`--share-delay-ms`, `--share-loss`).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Sharing {
-    /// Publish-to-apply delay of every event, ms (NATS on a LAN: well under 1 ms).
-    pub delay_ms: f64,
-    /// Probability that one event is lost on its way to one replica.
-    pub loss: f64,
-    /// Share each completed request's predictor training sample, as `kvgate serve
-    /// --cluster` does by default (`cluster_share_samples`).
-    pub samples: bool,
 }
 
 /// One simulated run: a fleet, a policy, a seed.
@@ -254,8 +230,9 @@ struct InFlightRequest {
     attempt: u8,
     /// The replica that routed it.
     replica: u32,
-    /// Decode tokens not yet shared with the other replicas.
-    unshared_tokens: u64,
+    /// With sharing: the request's id in its replica's machine (`None`: not shared, as a P/D
+    /// stage).
+    shared_as: Option<u64>,
     /// P/D: on the prefill pod, the decode stage's ticket, held until the prefill's token.
     handoff: Option<Ticket>,
     /// When this stage was dispatched (the prefill stage's TTFT is from then).
@@ -268,79 +245,6 @@ struct Transfer {
     ticket: Ticket,
     attempt: u8,
     replica: u32,
-}
-
-/// A shared routing event on its way from one replica to another.
-#[derive(Debug, Clone)]
-enum Shared {
-    Route {
-        request: u64,
-        pod: PodId,
-        input_tokens: u32,
-        prefill_tokens: u64,
-        blocks: Rc<[BlockHash]>,
-    },
-    FirstToken(u64),
-    Tokens(u64, u64),
-    Finish(u64),
-    Snapshot {
-        next_request: u64,
-        live: Rc<[SnapshotEntry]>,
-    },
-    /// A completed request's training sample, for the predictor of `pod`'s class.
-    Sample {
-        pod: PodId,
-        sample: TrainingSample,
-    },
-}
-
-#[derive(Debug)]
-struct Delivery {
-    at_ms: f64,
-    from: u32,
-    to: u32,
-    seq: u64,
-    event: Shared,
-}
-
-/// The replicas' sharing state (only with R > 1 and `sharing`).
-#[derive(Debug)]
-struct Mesh {
-    sharing: Sharing,
-    books: Vec<PeerBook>,
-    /// Deliveries in time order (a constant delay keeps publish order).
-    queue: VecDeque<Delivery>,
-    /// Each replica's next sequence number.
-    seq: Vec<u64>,
-    /// One past the highest share id each replica routed.
-    next_request: Vec<u64>,
-    /// Each replica's requests in flight (for its snapshots).
-    live: Vec<FxHashSet<u64>>,
-    next_snapshot_ms: f64,
-    rng: ChaCha8Rng,
-}
-
-impl Mesh {
-    /// Queues one copy of `event()` from replica `from` to every other replica, due at
-    /// `at_ms` + the sharing delay; each copy takes a sequence number and is lost with
-    /// probability `loss` (a lost copy still uses its number, as a dropped message would).
-    fn broadcast(&mut self, from: u32, at_ms: f64, event: impl Fn() -> Shared) {
-        let replicas = self.books.len() as u32;
-        for to in (0..replicas).filter(|&to| to != from) {
-            let seq = self.seq[from as usize];
-            self.seq[from as usize] += 1;
-            if self.sharing.loss > 0.0 && self.rng.random::<f64>() < self.sharing.loss {
-                continue;
-            }
-            self.queue.push_back(Delivery {
-                at_ms: at_ms + self.sharing.delay_ms,
-                from,
-                to,
-                seq,
-                event: event(),
-            });
-        }
-    }
 }
 
 /// How routing one attempt of a request ended.
@@ -477,16 +381,10 @@ impl Cluster {
             sessions.push(session);
         }
         let wants_events = indexes[0].wants_events();
-        let mesh = config.sharing.filter(|_| replicas > 1).map(|sharing| Mesh {
-            sharing,
-            books: (0..replicas).map(|_| PeerBook::default()).collect(),
-            queue: VecDeque::new(),
-            seq: vec![0; replicas as usize],
-            next_request: vec![0; replicas as usize],
-            live: vec![FxHashSet::default(); replicas as usize],
-            next_snapshot_ms: SNAPSHOT_INTERVAL_MS,
-            rng: ChaCha8Rng::seed_from_u64(config.seed ^ SHARE_LOSS_SEED_SALT),
-        });
+        let mesh = config
+            .sharing
+            .filter(|_| replicas > 1)
+            .map(|sharing| Mesh::new(sharing, replicas as usize, config.seed));
         let engines: Vec<Engine> = fleet
             .iter()
             .map(|profile| {
@@ -619,10 +517,13 @@ impl Cluster {
                 }
             }
             let Some((at, kind)) = next else { break };
-            if let Some(t) = self.mesh.as_ref().map(|m| m.next_snapshot_ms)
+            // The replicas' network: messages arriving, snapshots and lease checks due.
+            if let Some(t) = self.mesh.as_ref().and_then(Mesh::next_due_ms)
                 && time_key(t) < at
             {
-                self.share_snapshots(t);
+                if let Some(mesh) = &mut self.mesh {
+                    mesh.advance(t, &mut self.sessions, &self.snapshots);
+                }
                 continue;
             }
             // Scrapes happen at multiples of the interval while anything is pending.
@@ -686,11 +587,7 @@ impl Cluster {
         // Own requests only: the peers' charges still held (events in transit, or lost with
         // no later snapshot) are released first.
         if let Some(mesh) = &mut self.mesh {
-            for (book, session) in mesh.books.iter_mut().zip(&mut self.sessions) {
-                for peer in book.peer_ids() {
-                    book.forget(session, peer);
-                }
-            }
+            mesh.forget_peers(&mut self.sessions);
         }
         metrics.in_flight_left = self.sessions.iter().map(|s| s.in_flight_total()).sum();
         metrics.faults = self.faults.map(FaultRecorder::finish);
@@ -753,13 +650,9 @@ impl Cluster {
                 self.sessions[req.replica as usize].finish(decode, None);
             }
             self.sessions[req.replica as usize].finish(req.ticket, None);
-            share(
-                &mut self.mesh,
-                req.replica,
-                share_id(id, req.attempt),
-                now,
-                Shared::Finish,
-            );
+            if let (Some(mesh), Some(shared_as)) = (&mut self.mesh, req.shared_as) {
+                mesh.on(req.replica as usize, now, |m| m.finish(shared_as, None));
+            }
             let arrival = self.recorder.arrival_ms(id).unwrap_or(now);
             let retry = req.first_token_ms.is_none() && req.attempt < MAX_RETRIES;
             let routed = match requests.get(id as usize) {
@@ -1148,32 +1041,26 @@ impl Cluster {
             return Outcome::NoPod;
         }
         if let Some(slot) = self.in_flight.get_mut(r.id as usize) {
-            let (prefill, input) = (ticket.prefill_tokens(), ticket.input_tokens());
+            let shared_as = self.mesh.as_mut().map(|mesh| {
+                mesh.on(replica, now, |m| {
+                    m.route(
+                        decision.pod_id.index() as u64,
+                        &r.blocks,
+                        ticket.input_tokens(),
+                        ticket.prefill_tokens(),
+                        ticket.session(),
+                    )
+                })
+            });
             *slot = Some(InFlightRequest {
                 ticket,
                 first_token_ms: None,
                 attempt,
                 replica: replica as u32,
-                unshared_tokens: 0,
+                shared_as,
                 handoff: None,
                 dispatched_ms: now,
             });
-            if let Some(m) = &mut self.mesh {
-                m.live[replica].insert(r.id);
-                let sid = share_id(r.id, attempt);
-                m.next_request[replica] = m.next_request[replica].max(sid + 1);
-                let blocks: Rc<[BlockHash]> = r.blocks.as_slice().into();
-                let pod = decision.pod_id;
-                share(&mut self.mesh, replica as u32, sid, now, |request| {
-                    Shared::Route {
-                        request,
-                        pod,
-                        input_tokens: input,
-                        prefill_tokens: prefill,
-                        blocks: blocks.clone(),
-                    }
-                });
-            }
         } else {
             self.sessions[replica].finish(ticket, None);
         }
@@ -1213,7 +1100,7 @@ impl Cluster {
                 first_token_ms: None,
                 attempt,
                 replica: replica as u32,
-                unshared_tokens: 0,
+                shared_as: None,
                 handoff: Some(decode),
                 dispatched_ms: now,
             });
@@ -1266,7 +1153,7 @@ impl Cluster {
                 first_token_ms: None,
                 attempt: t.attempt,
                 replica: t.replica,
-                unshared_tokens: 0,
+                shared_as: None,
                 handoff: None,
                 dispatched_ms: now,
             });
@@ -1280,87 +1167,10 @@ impl Cluster {
         (request % self.sessions.len() as u64) as usize
     }
 
-    /// Every replica shares its live requests (at `at_ms`).
-    fn share_snapshots(&mut self, at_ms: f64) {
-        let Some(m) = &mut self.mesh else {
-            return;
-        };
-        m.next_snapshot_ms = at_ms + SNAPSHOT_INTERVAL_MS;
-        let replicas = m.books.len() as u32;
-        for from in 0..replicas {
-            let mut ids: Vec<u64> = m.live[from as usize].iter().copied().collect();
-            ids.sort_unstable();
-            let live: Rc<[SnapshotEntry]> = ids
-                .iter()
-                .filter_map(|&id| {
-                    self.in_flight
-                        .get(id as usize)
-                        .and_then(Option::as_ref)
-                        .map(|r| (id, r))
-                })
-                .map(|(id, r)| SnapshotEntry {
-                    request: share_id(id, r.attempt),
-                    pod: r.ticket.pod(),
-                    input_tokens: r.ticket.input_tokens(),
-                    prefill_tokens: r.ticket.prefill_tokens(),
-                    first_token: r.ticket.has_first_token(),
-                    decode_tokens: r.ticket.decode_tokens().saturating_sub(r.unshared_tokens),
-                })
-                .collect();
-            // Every request `from` routed so far is below this; the live ones are listed.
-            let next_request = m.next_request[from as usize];
-            let event = Shared::Snapshot { next_request, live };
-            m.broadcast(from, at_ms, || event.clone());
-        }
-    }
-
-    /// Applies every shared event due by `now` to its replica.
+    /// Applies every shared message due by `now` to its replica.
     fn deliver(&mut self, now: f64) {
-        let Some(m) = &mut self.mesh else {
-            return;
-        };
-        while m.queue.front().is_some_and(|d| d.at_ms <= now) {
-            let Some(d) = m.queue.pop_front() else { break };
-            let book = &mut m.books[d.to as usize];
-            let session = &mut self.sessions[d.to as usize];
-            let from = u64::from(d.from);
-            if !book.accept(from, d.seq, d.at_ms as u64) {
-                continue;
-            }
-            match d.event {
-                Shared::Route {
-                    request,
-                    pod,
-                    input_tokens,
-                    prefill_tokens,
-                    blocks,
-                } => book.apply(
-                    session,
-                    from,
-                    PeerEvent::Route {
-                        request,
-                        pod,
-                        input_tokens,
-                        prefill_tokens,
-                        blocks: &blocks,
-                    },
-                ),
-                Shared::FirstToken(request) => {
-                    book.apply(session, from, PeerEvent::FirstToken { request })
-                }
-                Shared::Tokens(request, tokens) => {
-                    book.apply(session, from, PeerEvent::Tokens { request, tokens })
-                }
-                Shared::Finish(request) => book.apply(session, from, PeerEvent::Finish { request }),
-                Shared::Snapshot { next_request, live } => {
-                    book.reconcile(session, from, next_request, &live, true);
-                }
-                Shared::Sample { pod, sample } => {
-                    if let Some(p) = self.snapshots.get(pod.index()) {
-                        session.learn(&p.class, &sample);
-                    }
-                }
-            }
+        if let Some(mesh) = &mut self.mesh {
+            mesh.deliver(now, &mut self.sessions, &self.snapshots);
         }
     }
 
@@ -1426,7 +1236,6 @@ impl Cluster {
                 continue;
             }
             let replica = req.replica;
-            let sid = share_id(e.request_id, req.attempt);
             if req.first_token_ms.is_none() {
                 req.first_token_ms = Some(now_ms);
                 // The same TTFT `finish` would train on (see there).
@@ -1435,23 +1244,17 @@ impl Cluster {
                     _ => self.recorder.ttft_ms(e.request_id, now_ms),
                 };
                 let session = &mut self.sessions[replica as usize];
-                if let Some(sample) = session.first_token_seen(&mut req.ticket, Some(ttft))
-                    && let Some(m) = self.mesh.as_mut().filter(|m| m.sharing.samples)
-                {
-                    let pod = req.ticket.pod();
-                    m.broadcast(replica, now_ms, || Shared::Sample { pod, sample });
+                let sample = session.first_token_seen(&mut req.ticket, Some(ttft));
+                if let (Some(mesh), Some(id)) = (&mut self.mesh, req.shared_as) {
+                    let decode = req.ticket.decode_tokens();
+                    mesh.on(replica as usize, now_ms, |m| {
+                        m.first_token(id, decode, sample)
+                    });
                 }
-                share(&mut self.mesh, replica, sid, now_ms, Shared::FirstToken);
             } else {
                 self.sessions[replica as usize].tokens_generated(&mut req.ticket, 1);
-                if self.mesh.is_some() {
-                    req.unshared_tokens += 1;
-                    if req.unshared_tokens >= SHARED_TOKENS_PER_EVENT {
-                        let n = std::mem::take(&mut req.unshared_tokens);
-                        share(&mut self.mesh, replica, sid, now_ms, |r| {
-                            Shared::Tokens(r, n)
-                        });
-                    }
+                if let (Some(mesh), Some(id)) = (&mut self.mesh, req.shared_as) {
+                    mesh.on(replica as usize, now_ms, |m| m.tokens(id, 1));
                 }
             }
             if e.finished {
@@ -1485,21 +1288,13 @@ impl Cluster {
                     *t = ttft;
                 }
                 let replica = req.replica;
-                share(
-                    &mut self.mesh,
-                    replica,
-                    share_id(e.request_id, req.attempt),
-                    now_ms,
-                    Shared::Finish,
-                );
                 let observed = Observed {
                     ttft_ms: pod_ttft,
                     tpot_ms: tpot,
                 };
-                if let Some(m) = self.mesh.as_mut().filter(|m| m.sharing.samples) {
+                if let (Some(mesh), Some(id)) = (&mut self.mesh, req.shared_as) {
                     let sample = req.ticket.training_sample(&observed);
-                    let pod = req.ticket.pod();
-                    m.broadcast(replica, now_ms, || Shared::Sample { pod, sample });
+                    mesh.on(replica as usize, now_ms, |m| m.finish(id, Some(sample)));
                 }
                 self.sessions[replica as usize].finish(req.ticket, Some(observed));
                 if let (Some(recorder), Some(models)) = (&mut self.model_recorder, &self.models) {
@@ -1518,23 +1313,6 @@ impl Cluster {
         }
         self.start_step(pod, now_ms);
     }
-}
-
-/// A request's id between replicas: its id and attempt (a retry is a new route).
-fn share_id(request: u64, attempt: u8) -> u64 {
-    (request << 2) | u64::from(attempt.min(3))
-}
-
-/// Sends one event of `from`'s request `sid` to every other replica (each copy lost with the
-/// sharing's loss rate); nothing without sharing.
-fn share(mesh: &mut Option<Mesh>, from: u32, sid: u64, now: f64, event: impl Fn(u64) -> Shared) {
-    let Some(m) = mesh else {
-        return;
-    };
-    if matches!(event(0), Shared::Finish(_)) {
-        m.live[from as usize].remove(&(sid >> 2));
-    }
-    m.broadcast(from, now, || event(sid));
 }
 
 /// Counts of the affinity gate's branches (zeros for other policies).

@@ -3,6 +3,8 @@
 //! - `engine`: the engine model of one pod (KV blocks with prefix caching, continuous batching,
 //!   chunked prefill, preemption, profile step times). Also driven in real time by the mock pod.
 //! - `faults`: pod outages in a run (`--faults`) and what they did.
+//! - `mesh`: the network between router replicas (`--replicas`, `--share`), each running the
+//!   core's replica machine, as `kvgate serve --cluster` does.
 //! - `profiles`: step-time profiles calibrated from `shared/profiles/`.
 //! - `events`: the router's prefix index, routed or fed by the pods' KV events (delay, loss).
 //! - `models`: mixed-model fleets (each pod's model, each request's, per-model figures).
@@ -13,6 +15,7 @@ pub mod cluster;
 pub mod engine;
 pub mod events;
 pub mod faults;
+pub mod mesh;
 pub mod html;
 pub mod models;
 pub mod profiles;

@@ -32,6 +32,7 @@ pub mod ledger;
 pub mod pd;
 pub mod peers;
 pub mod prefilling;
+pub mod replica;
 
 use crate::DecisionRng;
 use crate::adapters::AdapterId;

@@ -2,53 +2,48 @@
 //! NAME`): every replica publishes its requests' routing transitions over NATS and applies the
 //! others', so each replica's in-flight ledger and routed index hold the whole fleet's work.
 //!
-//! # Algorithm
+//! # What runs where
+//!
+//! The protocol is the core's sans-IO [`ReplicaMachine`]
+//! (`kvgate_core::session::replica`, whose docs give the algorithm and every parameter):
+//! request ids, sequence numbers, the live table its snapshots list, decode tokens in steps of
+//! 32, the snapshot every second and after each (re)connect, lease expiry, dedup, applying the
+//! peers' events through the core's `PeerBook`, shared training samples, warm-up answers. The
+//! simulator's replicas (`kvgate sim --replicas R --share`) run the same machine. This module
+//! is its driver, and only does I/O:
 //!
 //! - **Publishing.** [`crate::lifecycle::TicketGuard`] reports its request's transitions here
-//!   ([`Cluster::routed`], [`Cluster::first_token`], [`Cluster::tokens`], [`Cluster::finish`]):
-//!   route (pod, prompt tokens, the charge, the prompt's block hashes), first token, decode
-//!   tokens in steps of [`TOKENS_PER_EVENT`], finish. Each becomes a [`wire::Event`] pushed with
-//!   `try_send` onto a bounded queue of [`QUEUE_EVENTS`]: a full queue drops the event and counts
-//!   it (`kvgate_cluster_events_dropped_total{reason="queue_full"}`), so routing never waits on
-//!   the network. One publisher task drains the queue into messages (everything queued, up to
-//!   [`MAX_MESSAGE_BYTES`]) on `kvgate.<NAME>.events`, each with this replica's id and the next
-//!   sequence number. While NATS is unreachable events are dropped
-//!   (`reason="disconnected"`); the snapshots below repair what they would have said.
-//! - **Snapshots.** Every [`SNAPSHOT_INTERVAL`] (and right after every (re)connect) a replica
-//!   publishes its live requests ([`wire::Event::Snapshot`]); peers reconcile against it
-//!   ([`kvgate_core::session::peers::PeerBook::reconcile`]), which also renews the replica's
-//!   lease.
-//! - **Applying.** The receiver task decodes each message (garbage is counted and skipped),
-//!   refuses duplicates by sequence number, maps pod keys ([`wire::pod_key`]) to this replica's
-//!   pod ids (pods it does not have are skipped and counted) and applies the events through the
-//!   core's [`kvgate_core::session::peers::PeerBook`] — the same session transitions a local
-//!   request makes. A peer silent for the lease (`cluster_lease_ms`, default 3,000) has its
-//!   charges returned; one that shuts down says `Bye` and is released at once.
-//! - **Warm-up.** After every (re)connect a replica asks its peers for their routed index
-//!   ([`wire::Event::SyncRequest`]); each answers on `kvgate.<NAME>.to.<replica id>` with, per
-//!   pod, its newest [`MAX_INDEX_BLOCKS_PER_POD`] blocks oldest first, in chunks of
-//!   [`INDEX_CHUNK_BLOCKS`], which the asker records, so a new replica routes warm and one that
-//!   was partitioned learns the routes it missed.
-//! - **Training samples.** A request that completed normally also sends its predictor sample
-//!   ([`wire::Event::Sample`]: the pod, the features at dispatch, the observed TTFT/TPOT);
-//!   peers learn it for that pod's class ([`kvgate_core::RouterSession::learn`]), so every
-//!   replica's predictor trains on the whole fleet's requests. Measured in EVALUATION.md §12:
-//!   4 replicas training each on its own quarter over-predicted more than one router did.
-//!   `cluster_share_samples = false` turns it off.
+//!   ([`ReplicaLink`]); each goes into the machine under its lock (held for microseconds) and
+//!   wakes the publisher task, so routing never waits on the network. The publisher takes the
+//!   machine's messages ([`ReplicaMachine::poll_transmit`]: up to [`MAX_MESSAGE_EVENTS`]
+//!   events or [`MAX_MESSAGE_BYTES`]), encodes them ([`wire`]) and publishes them on
+//!   `kvgate.<NAME>.events`, stamped with when their oldest event was queued
+//!   ([`QUEUED_HEADER`]). It also runs the machine's timer
+//!   ([`ReplicaMachine::poll_timeout`] / [`ReplicaMachine::handle_timeout`]: snapshots, lease
+//!   expiry). While NATS is unreachable the waiting events are dropped
+//!   (`kvgate_cluster_events_dropped_total{reason="disconnected"}`); a full outbox drops
+//!   events too (`reason="queue_full"`); the snapshots repair both.
+//! - **Receiving.** The receiver task decodes each message (garbage is counted and skipped),
+//!   skips its own (NATS echoes them), measures the delivery delay, and hands the rest to
+//!   [`ReplicaMachine::handle_message`] with this replica's pods by key ([`wire::pod_key`]: the
+//!   xxh3 of the pod's URL), then counts what it did (`kvgate_cluster_*`). A peer asking for a
+//!   warm-up gets this replica's routed index, pod by pod
+//!   ([`ReplicaMachine::index_answer`]), on `kvgate.<NAME>.to.<replica id>`.
 //! - **Decision seed.** A replica's session draws from its configured seed mixed with its
 //!   replica id (`decision_seed`), so replicas from one config do not explore in lockstep.
 //!
 //! NATS core (no JetStream) is used: at-most-once, ordered per publisher. The failure
 //! semantics follow from the above: NATS down → each replica routes on its own state (nothing
-//! waits on NATS), its peers' charges expire after the lease, and
-//! `kvgate_cluster_divergence_seconds` (seconds since the disconnect, or since the stalest peer
-//! was heard from) rises; after the reconnect the snapshots and the index sync converge.
+//! waits on NATS), its peers' charges expire after the lease (`cluster_lease_ms`, default
+//! 3,000), and `kvgate_cluster_divergence_seconds` (seconds since the disconnect, or since the
+//! stalest peer was heard from) rises; after the reconnect the snapshots and the index sync
+//! converge. A replica that shuts down says goodbye ([`leave`]) and is released at once.
 //!
 //! # Bounds
 //!
-//! Queue: [`QUEUE_EVENTS`] events (a route holds its prompt's block hashes: ≤ 8 bytes × 65,536).
-//! Own live requests: one small entry per request in flight (bounded by the admission slots).
-//! Peers: [`kvgate_core::session::peers::PeerConfig`]'s bounds. Bandwidth: see [`wire`].
+//! The machine's ([`kvgate_core::session::replica::ReplicaConfig`]: ≤ 8,192 waiting events,
+//! ≤ 65,536 own live requests, the peers' `PeerConfig` bounds). A message is at most
+//! [`MAX_MESSAGE_BYTES`] unless one event alone is larger. Bandwidth: see [`wire`].
 
 pub mod wire;
 
@@ -58,42 +53,22 @@ use crate::pods::Pod;
 use crate::state::{ReplicaLink, Shared};
 use bytes::Bytes;
 use futures_util::StreamExt;
-use kvgate_core::index::PrefixIndex;
-use kvgate_core::session::peers::{PeerBook, PeerConfig, PeerEvent, SnapshotEntry};
+use kvgate_core::session::peers::{PeerConfig, PeerStats};
+use kvgate_core::session::replica::{
+    Expired, PodKeys, ReplicaConfig, ReplicaMachine, ReplicaMessage,
+};
 use kvgate_core::{BlockHash, PodId, TrainingSample};
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
-use wire::{Event, SnapshotItem};
 
-/// Decode tokens a request accumulates before it reports them (the rest goes with the finish).
-pub const TOKENS_PER_EVENT: u64 = 32;
-/// Events waiting for the publisher; beyond, dropped and counted.
-pub const QUEUE_EVENTS: usize = 8_192;
 /// Largest message the publisher builds (NATS's default `max_payload` is 1 MiB).
 pub const MAX_MESSAGE_BYTES: usize = 256 << 10;
-/// How often a replica publishes its live requests.
-pub const SNAPSHOT_INTERVAL: Duration = Duration::from_secs(1);
-/// How often leases are checked.
-pub const EXPIRE_TICK: Duration = Duration::from_millis(250);
-/// Blocks per index message of a warm-up answer.
-pub const INDEX_CHUNK_BLOCKS: usize = 8_192;
-/// Newest blocks per pod a warm-up answer carries.
-pub const MAX_INDEX_BLOCKS_PER_POD: usize = 65_536;
-
-/// This replica's view of one of its own requests (what its snapshots say).
-#[derive(Debug, Clone, Copy)]
-struct Live {
-    pod: u64,
-    input_tokens: u32,
-    prefill_tokens: u64,
-    first_token: bool,
-    decode_tokens: u64,
-}
+/// Most events the publisher puts in one message.
+pub const MAX_MESSAGE_EVENTS: usize = 4_096;
 
 /// The connection's state as the NATS client's event callback reports it.
 #[derive(Debug)]
@@ -111,17 +86,16 @@ pub struct Cluster {
     pub config: ClusterConfig,
     /// This replica's id (random per start).
     pub replica: u64,
-    next_request: AtomicU64,
-    seq: AtomicU64,
-    queue: mpsc::Sender<Event>,
+    /// The replica protocol; locked before the session, never the other way.
+    machine: Mutex<ReplicaMachine>,
+    /// Wakes the publisher: the machine has events to send.
+    wake: tokio::sync::Notify,
     /// Wall-clock µs at which the oldest event not yet taken by the publisher was queued (0:
     /// none); the publisher takes it with a batch and sends it in the message's
     /// [`QUEUED_HEADER`], so peers measure the delivery delay.
     oldest_queued_us: AtomicU64,
-    live: Mutex<FxHashMap<u64, Live>>,
-    /// Peers' requests charged here (locked before the session, never the other way).
-    pub peers: Mutex<PeerBook>,
     link: Arc<Link>,
+    /// The machine's clock: `now_ms` is milliseconds since this instant.
     epoch: Instant,
 }
 
@@ -147,19 +121,9 @@ impl ReplicaLink for Cluster {
         session: Option<u64>,
     ) -> u64 {
         let key = wire::pod_key(&pod.url);
-        let request = self.route_event(shared, key, blocks, input_tokens, prefill_tokens);
-        if let Some(session) = session {
-            let live = self.live.lock();
-            self.push(
-                shared,
-                &live,
-                Event::Session {
-                    pod: key,
-                    key: session,
-                },
-            );
-        }
-        request
+        self.outbound(shared, |m| {
+            m.route(key, blocks, input_tokens, prefill_tokens, session)
+        })
     }
 
     /// The request's first token; with a training sample (its TTFT, learnt at the first
@@ -171,42 +135,23 @@ impl ReplicaLink for Cluster {
         decode_tokens: u64,
         sample: Option<TrainingSample>,
     ) {
-        let mut live = self.live.lock();
-        let pod = live.get_mut(&request).map(|l| {
-            l.first_token = true;
-            l.prefill_tokens = 0;
-            l.decode_tokens = decode_tokens;
-            l.pod
-        });
-        self.push(shared, &live, Event::FirstToken { request });
-        if let (Some(pod), Some(sample), true) = (pod, sample, self.config.share_samples) {
-            self.push(shared, &live, Event::Sample { pod, sample });
-        }
+        self.outbound(shared, |m| m.first_token(request, decode_tokens, sample));
     }
 
-    /// `tokens` more decode tokens (the guard batches them by [`TOKENS_PER_EVENT`]).
+    /// `tokens` more decode tokens (the machine reports them in steps of 32).
     fn tokens(&self, shared: &Shared, request: u64, tokens: u64) {
-        let mut live = self.live.lock();
-        if let Some(l) = live.get_mut(&request) {
-            l.decode_tokens = l.decode_tokens.saturating_add(tokens);
-        }
-        self.push(shared, &live, Event::Tokens { request, tokens });
+        self.outbound(shared, |m| m.tokens(request, tokens));
     }
 
     /// The request ended; with a training sample (it completed normally), that goes out
     /// too, for the other replicas' predictors.
     fn finish(&self, shared: &Shared, request: u64, sample: Option<TrainingSample>) {
-        let mut live = self.live.lock();
-        let pod = live.remove(&request).map(|l| l.pod);
-        self.push(shared, &live, Event::Finish { request });
-        if let (Some(pod), Some(sample), true) = (pod, sample, self.config.share_samples) {
-            self.push(shared, &live, Event::Sample { pod, sample });
-        }
+        self.outbound(shared, |m| m.finish(request, sample));
     }
 
     /// Refreshes the `kvgate_cluster_*` gauges.
     fn refresh_gauges(&self, m: &ClusterMetrics) {
-        let stats = self.peers.lock().stats();
+        let stats = self.peer_stats();
         m.connected.set(i64::from(self.is_connected()));
         m.peers.set(stats.peers as i64);
         m.remote_requests.set(stats.requests as i64);
@@ -271,14 +216,69 @@ fn direct_subject(name: &str, replica: u64) -> String {
     format!("kvgate.{name}.to.{replica:016x}")
 }
 
+/// This replica's pods by their key on the wire ([`wire::pod_key`]), for the machine.
+struct GatewayPods {
+    pods: FxHashMap<u64, PodId>,
+    classes: FxHashMap<u64, Arc<str>>,
+}
+
+impl GatewayPods {
+    fn of(shared: &Shared) -> Self {
+        let all = shared.pods.all();
+        GatewayPods {
+            pods: all.iter().map(|p| (wire::pod_key(&p.url), p.id)).collect(),
+            classes: all
+                .iter()
+                .map(|p| (wire::pod_key(&p.url), p.predictor_class()))
+                .collect(),
+        }
+    }
+}
+
+impl PodKeys for GatewayPods {
+    fn pod(&self, key: u64) -> Option<PodId> {
+        self.pods.get(&key).copied()
+    }
+
+    fn class(&self, key: u64) -> Option<&str> {
+        self.classes.get(&key).map(|c| &**c)
+    }
+}
+
 impl Cluster {
+    /// Replica `replica`'s membership, its machine started now.
+    fn new(config: ClusterConfig, replica: u64) -> Cluster {
+        let machine = ReplicaMachine::new(
+            replica,
+            ReplicaConfig {
+                share_samples: config.share_samples,
+                peers: PeerConfig {
+                    lease_ms: config.lease.as_millis() as u64,
+                    ..PeerConfig::default()
+                },
+                ..ReplicaConfig::default()
+            },
+            0,
+        );
+        Cluster {
+            config,
+            replica,
+            machine: Mutex::new(machine),
+            wake: tokio::sync::Notify::new(),
+            oldest_queued_us: AtomicU64::new(0),
+            link: Arc::new(Link {
+                connected: AtomicBool::new(false),
+                down_since: Mutex::new(Some(Instant::now())),
+                connects: AtomicU64::new(0),
+                reconnected: tokio::sync::Notify::new(),
+            }),
+            epoch: Instant::now(),
+        }
+    }
+
     /// This replica's membership, when `--cluster` started one ([`Shared::cluster`]).
     pub fn of(shared: &Shared) -> Option<Arc<Cluster>> {
         shared.cluster.clone()?.into_any().downcast().ok()
-    }
-
-    fn metrics<'a>(&self, shared: &'a Shared) -> &'a ClusterMetrics {
-        &shared.metrics.cluster
     }
 
     fn now_ms(&self) -> u64 {
@@ -289,61 +289,46 @@ impl Cluster {
         self.link.connected.load(Ordering::Acquire)
     }
 
-    /// Queues `e`; the caller holds `live` (already updated for `e`), so a snapshot (built
-    /// under the same lock, after draining the queue) never shows a transition whose event is
-    /// still to be sent after it.
-    fn push(&self, shared: &Shared, _live: &FxHashMap<u64, Live>, e: Event) {
-        // Only the first event after a take reads the clock.
-        if self.oldest_queued_us.load(Ordering::Relaxed) == 0 {
-            let _ = self.oldest_queued_us.compare_exchange(
-                0,
-                unix_us(),
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            );
-        }
-        if self.queue.try_send(e).is_err() {
-            self.metrics(shared)
+    /// The peers' counters (with the gauges: peers known, their requests charged here).
+    pub fn peer_stats(&self) -> PeerStats {
+        self.machine.lock().peer_stats()
+    }
+
+    /// Runs one of this replica's own transitions in the machine; counts what a full outbox
+    /// dropped, stamps the queue time of the first event since the publisher's last take, and
+    /// wakes the publisher.
+    fn outbound<T>(&self, shared: &Shared, f: impl FnOnce(&mut ReplicaMachine) -> T) -> T {
+        let mut m = self.machine.lock();
+        let (pending, dropped) = (m.pending_events(), m.stats().outbox_dropped);
+        let out = f(&mut m);
+        let (queued, dropped) = (
+            m.pending_events() > pending,
+            m.stats().outbox_dropped - dropped,
+        );
+        drop(m);
+        if dropped > 0 {
+            shared
+                .metrics
+                .cluster
                 .events_dropped
                 .get_or_create(&ClusterReasonLabel {
                     reason: "queue_full",
                 })
-                .inc();
+                .inc_by(dropped);
         }
-    }
-
-    fn route_event(
-        &self,
-        shared: &Shared,
-        key: u64,
-        blocks: &[BlockHash],
-        input_tokens: u32,
-        prefill_tokens: u64,
-    ) -> u64 {
-        let mut live = self.live.lock();
-        let request = self.next_request.fetch_add(1, Ordering::Relaxed);
-        live.insert(
-            request,
-            Live {
-                pod: key,
-                input_tokens,
-                prefill_tokens,
-                first_token: false,
-                decode_tokens: 0,
-            },
-        );
-        self.push(
-            shared,
-            &live,
-            Event::Route {
-                request,
-                pod: key,
-                input_tokens,
-                prefill_tokens,
-                blocks: blocks.to_vec(),
-            },
-        );
-        request
+        if queued {
+            // Only the first event after a take reads the clock.
+            if self.oldest_queued_us.load(Ordering::Relaxed) == 0 {
+                let _ = self.oldest_queued_us.compare_exchange(
+                    0,
+                    unix_us(),
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                );
+            }
+            self.wake.notify_one();
+        }
+        out
     }
 
     /// Seconds the view of the other replicas may be behind (the divergence gauge).
@@ -356,14 +341,15 @@ impl Cluster {
                 .map_or(0.0, |t| t.elapsed().as_secs_f64());
         }
         let now = self.now_ms();
-        self.peers
+        self.machine
             .lock()
+            .peers()
             .staleness_ms(now)
             .map_or(0.0, |ms| ms as f64 / 1000.0)
     }
 
     /// When the oldest event of the batch being taken now was queued (now if none is pending);
-    /// called before the batch is drained, so an event queued meanwhile makes the next batch's
+    /// called before the batch is taken, so an event queued meanwhile makes the next batch's
     /// stamp early, never late (the delay is over-, not under-stated).
     fn take_queued_us(&self) -> u64 {
         match self.oldest_queued_us.swap(0, Ordering::Relaxed) {
@@ -372,87 +358,48 @@ impl Cluster {
         }
     }
 
-    /// Appends to `out` every event still queued, then a snapshot of the live requests, both
-    /// taken under the `live` lock: the events a snapshot reflects are all ahead of it on the
-    /// wire. (A snapshot sent ahead of queued events made peers apply those events on top of
-    /// it: decode tokens counted twice, routes ignored as known and their blocks never
-    /// recorded.)
-    fn pending_then_snapshot(&self, rx: &mut mpsc::Receiver<Event>, out: &mut Vec<Event>) {
-        let live = self.live.lock();
-        while let Ok(e) = rx.try_recv() {
-            out.push(e);
-        }
-        out.push(Self::snapshot_of(
-            self.next_request.load(Ordering::Relaxed),
-            &live,
-        ));
-    }
-
-    fn snapshot_of(next_request: u64, live: &FxHashMap<u64, Live>) -> Event {
-        Event::Snapshot {
-            next_request,
-            complete: true,
-            live: live
-                .iter()
-                .map(|(r, l)| SnapshotItem {
-                    request: *r,
-                    pod: l.pod,
-                    input_tokens: l.input_tokens,
-                    prefill_tokens: l.prefill_tokens,
-                    first_token: l.first_token,
-                    decode_tokens: l.decode_tokens,
-                })
-                .collect(),
-        }
+    /// The machine's next message, encoded (at most [`MAX_MESSAGE_EVENTS`] events and, past
+    /// the first, [`MAX_MESSAGE_BYTES`]); `None` when nothing waits.
+    fn next_message(&self) -> Option<(Vec<u8>, usize)> {
+        let mut body = Vec::new();
+        let mut n = 0;
+        let msg = self.machine.lock().poll_transmit(|e| {
+            if n >= MAX_MESSAGE_EVENTS || (n > 0 && body.len() >= MAX_MESSAGE_BYTES) {
+                return false;
+            }
+            wire::encode_event(&mut body, e);
+            n += 1;
+            true
+        })?;
+        Some((framed(&msg, &body), msg.events.len()))
     }
 }
 
+/// `msg`'s header followed by its already encoded events.
+fn framed(msg: &ReplicaMessage, body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(body.len() + 24);
+    wire::encode_header(&mut out, msg.replica, msg.seq, msg.events.len());
+    out.extend_from_slice(body);
+    out
+}
+
 /// A replica's membership before it runs: the [`Cluster`] (given to the gateway's state at
-/// start, [`crate::state::StartParts::cluster`]) and its event queue's receiving end, for the
-/// publisher [`start`] spawns.
+/// start, [`crate::state::StartParts::cluster`]), for the tasks [`start`] spawns.
 pub struct Prepared {
     pub cluster: Arc<Cluster>,
-    events: mpsc::Receiver<Event>,
 }
 
 /// This replica's [`Cluster`], not connected yet.
 pub fn prepare(config: ClusterConfig) -> Prepared {
-    let link = Arc::new(Link {
-        connected: AtomicBool::new(false),
-        down_since: Mutex::new(Some(Instant::now())),
-        connects: AtomicU64::new(0),
-        reconnected: tokio::sync::Notify::new(),
-    });
-    let (tx, rx) = mpsc::channel(QUEUE_EVENTS);
-    let replica = random_replica_id();
-    let cluster = Arc::new(Cluster {
-        peers: Mutex::new(PeerBook::new(PeerConfig {
-            lease_ms: config.lease.as_millis() as u64,
-            ..PeerConfig::default()
-        })),
-        config,
-        replica,
-        next_request: AtomicU64::new(0),
-        seq: AtomicU64::new(0),
-        queue: tx,
-        oldest_queued_us: AtomicU64::new(0),
-        live: Mutex::new(FxHashMap::default()),
-        link,
-        epoch: Instant::now(),
-    });
     Prepared {
-        cluster,
-        events: rx,
+        cluster: Arc::new(Cluster::new(config, random_replica_id())),
     }
 }
 
 /// Connects (in the background: the gateway starts whether or not NATS is up) and starts the
 /// publisher and receiver tasks of `prepared`, which `shared` holds as its cluster link.
 pub async fn start(shared: &Arc<Shared>, prepared: Prepared) -> Vec<JoinHandle<()>> {
-    let Prepared {
-        cluster,
-        events: rx,
-    } = prepared;
+    let Prepared { cluster } = prepared;
     let replica = cluster.replica;
     // Before anything routes, and whether or not NATS is usable.
     let seed = decision_seed(shared.config().seed, replica);
@@ -509,114 +456,107 @@ pub async fn start(shared: &Arc<Shared>, prepared: Prepared) -> Vec<JoinHandle<(
         "cluster: replica started"
     );
     vec![
-        tokio::spawn(publisher(
-            shared.clone(),
-            cluster.clone(),
-            client.clone(),
-            rx,
-        )),
+        tokio::spawn(publisher(shared.clone(), cluster.clone(), client.clone())),
         tokio::spawn(receiver(shared.clone(), cluster, client)),
     ]
 }
 
-/// Publishes `events` as one message (several if they pass [`MAX_MESSAGE_BYTES`]) on `subject`;
-/// dropped and counted while disconnected.
-async fn send(
+fn count_dropped(shared: &Shared, events: u64) {
+    shared
+        .metrics
+        .cluster
+        .events_dropped
+        .get_or_create(&ClusterReasonLabel {
+            reason: "disconnected",
+        })
+        .inc_by(events);
+}
+
+/// Publishes one encoded message of `events` events on `subject`; dropped and counted while
+/// disconnected.
+async fn publish(
     shared: &Shared,
-    cluster: &Cluster,
     client: &async_nats::Client,
     subject: &str,
-    events: &[Event],
+    bytes: Vec<u8>,
+    events: usize,
     queued_us: u64,
 ) {
     let m = &shared.metrics.cluster;
-    if !cluster.is_connected() {
-        m.events_dropped
-            .get_or_create(&ClusterReasonLabel {
-                reason: "disconnected",
-            })
-            .inc_by(events.len() as u64);
-        return;
-    }
-    let mut start = 0;
-    while start < events.len() {
-        let mut body = Vec::new();
-        let mut n = 0;
-        for e in &events[start..] {
-            if n > 0 && body.len() >= MAX_MESSAGE_BYTES {
-                break;
-            }
-            wire::encode_event(&mut body, e);
-            n += 1;
+    let len = bytes.len();
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(QUEUED_HEADER, queued_us.to_string().as_str());
+    match client
+        .publish_with_headers(subject.to_string(), headers, Bytes::from(bytes))
+        .await
+    {
+        Ok(()) => {
+            m.messages_sent.inc();
+            m.bytes_sent.inc_by(len as u64);
         }
-        start += n;
-        let seq = cluster.seq.fetch_add(1, Ordering::Relaxed);
-        let mut out = Vec::with_capacity(body.len() + 24);
-        wire::encode_header(&mut out, cluster.replica, seq, n);
-        out.extend_from_slice(&body);
-        let len = out.len();
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert(QUEUED_HEADER, queued_us.to_string().as_str());
-        match client
-            .publish_with_headers(subject.to_string(), headers, Bytes::from(out))
-            .await
-        {
-            Ok(()) => {
-                m.messages_sent.inc();
-                m.bytes_sent.inc_by(len as u64);
-            }
-            Err(e) => {
-                m.events_dropped
-                    .get_or_create(&ClusterReasonLabel {
-                        reason: "disconnected",
-                    })
-                    .inc_by(n as u64);
-                tracing::debug!(error = %e, "cluster: publish failed");
-            }
+        Err(e) => {
+            count_dropped(shared, events as u64);
+            tracing::debug!(error = %e, "cluster: publish failed");
         }
     }
 }
 
-async fn publisher(
-    shared: Arc<Shared>,
-    cluster: Arc<Cluster>,
-    client: async_nats::Client,
-    mut rx: mpsc::Receiver<Event>,
-) {
-    let subject = events_subject(&cluster.config.name);
-    let mut tick = tokio::time::interval(SNAPSHOT_INTERVAL);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut batch: Vec<Event> = Vec::new();
+/// Sends every message the machine has waiting (or, while disconnected, drops and counts
+/// their events).
+async fn flush(shared: &Shared, cluster: &Cluster, client: &async_nats::Client, subject: &str) {
+    let queued = cluster.take_queued_us();
     loop {
-        tokio::select! {
-            e = rx.recv() => {
-                let Some(e) = e else { return };
-                let queued = cluster.take_queued_us();
-                batch.push(e);
-                while batch.len() < 4_096 {
-                    match rx.try_recv() {
-                        Ok(e) => batch.push(e),
-                        Err(_) => break,
-                    }
-                }
-                send(&shared, &cluster, &client, &subject, &batch, queued).await;
-                batch.clear();
+        if !cluster.is_connected() {
+            let n = cluster.machine.lock().discard_pending();
+            if n > 0 {
+                count_dropped(shared, n as u64);
             }
-            _ = tick.tick() => {
-                let queued = cluster.take_queued_us();
-                cluster.pending_then_snapshot(&mut rx, &mut batch);
-                send(&shared, &cluster, &client, &subject, &batch, queued).await;
-                batch.clear();
-            }
-            _ = cluster.link.reconnected.notified() => {
-                // After a (re)connect: say what is live now, and ask for the routes missed.
-                let queued = cluster.take_queued_us();
-                cluster.pending_then_snapshot(&mut rx, &mut batch);
-                batch.push(Event::SyncRequest);
-                send(&shared, &cluster, &client, &subject, &batch, queued).await;
-                batch.clear();
-            }
+            return;
         }
+        let Some((bytes, events)) = cluster.next_message() else {
+            return;
+        };
+        publish(shared, client, subject, bytes, events, queued).await;
+    }
+}
+
+/// Logs and counts what a timeout's lease expiry did.
+fn report_expired(shared: &Shared, expired: Expired) {
+    if expired.peers == 0 {
+        return;
+    }
+    let m = &shared.metrics.cluster;
+    m.expired_peers.inc_by(expired.peers);
+    m.expired_requests.inc_by(expired.requests);
+    tracing::warn!(
+        peers = expired.peers,
+        requests = expired.requests,
+        "cluster: peer lease expired; its charges returned"
+    );
+}
+
+/// Drives the machine's clock and sends what it queues: woken by a transition, the machine's
+/// timeout, or a (re)connect.
+async fn publisher(shared: Arc<Shared>, cluster: Arc<Cluster>, client: async_nats::Client) {
+    let subject = events_subject(&cluster.config.name);
+    loop {
+        let due = cluster.machine.lock().poll_timeout();
+        let at = tokio::time::Instant::from_std(cluster.epoch + Duration::from_millis(due));
+        tokio::select! {
+            _ = cluster.wake.notified() => {}
+            _ = tokio::time::sleep_until(at) => {
+                let now = cluster.now_ms();
+                let expired = {
+                    let mut m = cluster.machine.lock();
+                    let mut session = shared.session.lock();
+                    m.handle_timeout(now, &mut session)
+                };
+                report_expired(&shared, expired);
+            }
+            // After a (re)connect: say what is live now, and ask for the routes missed.
+            _ = cluster.link.reconnected.notified() => cluster.machine.lock().reconnected(),
+        }
+        flush(&shared, &cluster, &client, &subject).await;
     }
 }
 
@@ -633,41 +573,10 @@ async fn receiver(shared: Arc<Shared>, cluster: Arc<Cluster>, client: async_nats
     let events = subscribe(events_subject(&cluster.config.name)).await;
     let direct = subscribe(direct_subject(&cluster.config.name, cluster.replica)).await;
     let mut messages = futures_util::stream::select(events, direct);
-    let mut tick = tokio::time::interval(EXPIRE_TICK);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            m = messages.next() => {
-                let Some(m) = m else { return };
-                if let Some(asker) = handle(&shared, &cluster, &m.payload, m.headers.as_ref()) {
-                    answer_sync(&shared, &cluster, &client, asker).await;
-                }
-            }
-            _ = tick.tick() => expire(&shared, &cluster),
+    while let Some(m) = messages.next().await {
+        if let Some(asker) = handle(&shared, &cluster, &m.payload, m.headers.as_ref()) {
+            answer_sync(&shared, &cluster, &client, asker).await;
         }
-    }
-}
-
-fn expire(shared: &Shared, cluster: &Cluster) {
-    let now = cluster.now_ms();
-    let mut peers = cluster.peers.lock();
-    let before = peers.stats();
-    let n = {
-        let mut session = shared.session.lock();
-        peers.expire(&mut session, now)
-    };
-    if n > 0 {
-        let after = peers.stats();
-        let m = &shared.metrics.cluster;
-        m.expired_peers
-            .inc_by(after.expired_peers - before.expired_peers);
-        m.expired_requests
-            .inc_by(after.expired_requests - before.expired_requests);
-        tracing::warn!(
-            peers = n,
-            requests = after.expired_requests - before.expired_requests,
-            "cluster: peer lease expired; its charges returned"
-        );
     }
 }
 
@@ -688,153 +597,54 @@ fn handle(
             return None;
         }
     };
+    // NATS echoes this replica's own messages: skipped before any lock is taken.
     if msg.replica == cluster.replica {
         return None;
     }
     m.messages_received.inc();
     observe_delivery(m, headers, arrived_us);
-    let all = shared.pods.all();
-    let pods: FxHashMap<u64, PodId> = all.iter().map(|p| (wire::pod_key(&p.url), p.id)).collect();
-    let classes: FxHashMap<u64, Arc<str>> = all
-        .iter()
-        .map(|p| (wire::pod_key(&p.url), p.predictor_class()))
-        .collect();
-    let mut samples = 0u64;
-    let mut peers = cluster.peers.lock();
-    if !peers.accept(msg.replica, msg.seq, cluster.now_ms()) {
+    let pods = GatewayPods::of(shared);
+    let got = {
+        let mut machine = cluster.machine.lock();
+        let mut session = shared.session.lock();
+        machine.handle_message(cluster.now_ms(), &mut session, &pods, &msg)
+    };
+    if got.duplicate {
         m.duplicates.inc();
         return None;
     }
-    let before = peers.stats();
-    let mut unknown = 0u64;
-    let mut index_blocks = 0u64;
-    let mut asked = None;
-    let mut session = shared.session.lock();
-    for e in &msg.events {
-        let r = msg.replica;
-        match e {
-            Event::Route {
-                request,
-                pod,
-                input_tokens,
-                prefill_tokens,
-                blocks,
-            } => match pods.get(pod) {
-                Some(&pod) => peers.apply(
-                    &mut session,
-                    r,
-                    PeerEvent::Route {
-                        request: *request,
-                        pod,
-                        input_tokens: *input_tokens,
-                        prefill_tokens: *prefill_tokens,
-                        blocks,
-                    },
-                ),
-                None => unknown += 1,
-            },
-            Event::FirstToken { request } => {
-                peers.apply(&mut session, r, PeerEvent::FirstToken { request: *request })
-            }
-            Event::Tokens { request, tokens } => peers.apply(
-                &mut session,
-                r,
-                PeerEvent::Tokens {
-                    request: *request,
-                    tokens: *tokens,
-                },
-            ),
-            Event::Finish { request } => {
-                peers.apply(&mut session, r, PeerEvent::Finish { request: *request })
-            }
-            Event::Snapshot {
-                next_request,
-                complete,
-                live,
-            } => {
-                let mut entries = Vec::with_capacity(live.len());
-                for i in live {
-                    match pods.get(&i.pod) {
-                        Some(&pod) => entries.push(SnapshotEntry {
-                            request: i.request,
-                            pod,
-                            input_tokens: i.input_tokens,
-                            prefill_tokens: i.prefill_tokens,
-                            first_token: i.first_token,
-                            decode_tokens: i.decode_tokens,
-                        }),
-                        // Left out, and the snapshot still complete: a request on a pod
-                        // this replica lacks was never charged here (its route was skipped
-                        // too), or was charged to a pod since removed, whose charge is void.
-                        // (Treating such a snapshot as partial kept every lost finish charged
-                        // for as long as the peer had any request on that pod.)
-                        None => unknown += 1,
-                    }
-                }
-                peers.reconcile(&mut session, r, *next_request, &entries, *complete);
-            }
-            Event::SyncRequest => asked = Some(r),
-            Event::Index { pod, blocks } => match pods.get(pod) {
-                Some(&pod) => {
-                    // The routed index's contents, not a route: nothing becomes pending.
-                    let index = &mut session.index_mut().routed;
-                    for b in blocks {
-                        index.record_routed(pod, std::slice::from_ref(b));
-                    }
-                    index_blocks += blocks.len() as u64;
-                }
-                None => unknown += 1,
-            },
-            Event::Bye => {
-                peers.forget(&mut session, r);
-                tracing::info!(replica = %format_args!("{r:016x}"), "cluster: peer left");
-            }
-            Event::Session { pod, key } => match pods.get(pod) {
-                Some(&pod) => session.record_session(*key, pod),
-                None => unknown += 1,
-            },
-            Event::Sample { .. } if !cluster.config.share_samples => {}
-            Event::Sample { pod, sample } => match classes.get(pod) {
-                Some(class) => {
-                    session.learn(class, sample);
-                    samples += 1;
-                }
-                None => unknown += 1,
-            },
-        }
+    m.events_applied.inc_by(got.applied);
+    m.repairs.inc_by(got.repairs);
+    m.unknown_pod.inc_by(got.unknown_pod);
+    m.index_blocks_received.inc_by(got.index_blocks);
+    m.samples_applied.inc_by(got.samples);
+    if got.left {
+        tracing::info!(replica = %format_args!("{:016x}", msg.replica), "cluster: peer left");
     }
-    drop(session);
-    let after = peers.stats();
-    m.events_applied.inc_by(after.applied - before.applied);
-    m.repairs.inc_by(after.repairs - before.repairs);
-    m.unknown_pod.inc_by(unknown);
-    m.index_blocks_received.inc_by(index_blocks);
-    m.samples_applied.inc_by(samples);
-    asked
+    got.sync_asked
 }
 
 /// Answers a warm-up request: this replica's routed index, per pod, oldest first.
 async fn answer_sync(shared: &Shared, cluster: &Cluster, client: &async_nats::Client, asker: u64) {
     let subject = direct_subject(&cluster.config.name, asker);
     for pod in shared.pods.all().iter() {
-        let blocks = shared
-            .session
-            .lock()
-            .index()
-            .routed
-            .pod_blocks_oldest_first(pod.id, MAX_INDEX_BLOCKS_PER_POD);
-        let key = wire::pod_key(&pod.url);
-        for chunk in blocks.chunks(INDEX_CHUNK_BLOCKS) {
-            let e = Event::Index {
-                pod: key,
-                blocks: chunk.to_vec(),
-            };
-            send(
+        let messages = {
+            let mut m = cluster.machine.lock();
+            let session = shared.session.lock();
+            m.index_answer(&session, pod.id, wire::pod_key(&pod.url))
+        };
+        for msg in messages {
+            let events = msg.events.len();
+            if !cluster.is_connected() {
+                count_dropped(shared, events as u64);
+                continue;
+            }
+            publish(
                 shared,
-                cluster,
                 client,
                 &subject,
-                std::slice::from_ref(&e),
+                wire::encode(&msg),
+                events,
                 unix_us(),
             )
             .await;
@@ -848,46 +658,52 @@ pub async fn leave(shared: &Shared, wait: Duration) {
     let Some(cluster) = Cluster::of(shared) else {
         return;
     };
-    let _ = tokio::time::timeout(wait, cluster.queue.send(Event::Bye)).await;
-    // Let the publisher put it on the wire.
+    cluster.machine.lock().leave();
+    cluster.wake.notify_one();
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let pending = cluster.machine.lock().pending_events();
+        if pending == 0 || tokio::time::Instant::now() >= deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Let the client put it on the wire.
     tokio::time::sleep(Duration::from_millis(20)).await;
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvgate_core::config::RouterConfig;
-    use kvgate_core::policy::PolicyKind;
-    use kvgate_core::predictor::PredictorConfig;
-    use kvgate_core::{InFlight, RouterSession};
     use prometheus_client::metrics::histogram::Histogram;
     use prometheus_client::registry::Registry;
+    use wire::Event;
 
-    fn cluster() -> (Cluster, mpsc::Receiver<Event>) {
-        let (tx, rx) = mpsc::channel(QUEUE_EVENTS);
-        let c = Cluster {
-            config: ClusterConfig {
+    fn cluster(share_samples: bool) -> Cluster {
+        Cluster::new(
+            ClusterConfig {
                 url: "nats://127.0.0.1:1".into(),
                 name: "t".into(),
                 lease: Duration::from_millis(DEFAULT_LEASE_MS),
-                share_samples: true,
+                share_samples,
             },
-            replica: 1,
-            next_request: AtomicU64::new(0),
-            seq: AtomicU64::new(0),
-            queue: tx,
-            oldest_queued_us: AtomicU64::new(0),
-            live: Mutex::new(FxHashMap::default()),
-            peers: Mutex::new(PeerBook::default()),
-            link: Arc::new(Link {
-                connected: AtomicBool::new(false),
-                down_since: Mutex::new(None),
-                connects: AtomicU64::new(0),
-                reconnected: tokio::sync::Notify::new(),
-            }),
-            epoch: Instant::now(),
-        };
-        (c, rx)
+            1,
+        )
+    }
+
+    /// Every event the machine has waiting, in order.
+    fn sent(c: &Cluster) -> Vec<Event> {
+        let mut m = c.machine.lock();
+        std::iter::from_fn(|| m.poll_transmit(|_| true))
+            .flat_map(|msg| msg.events)
+            .collect()
+    }
+
+    fn shared() -> Arc<Shared> {
+        Shared::new(
+            crate::config::GatewayConfig::resolve(&crate::config::ServeArgs::default(), None)
+                .unwrap(),
+        )
     }
 
     /// The text exposition of one histogram's `_count` and `_sum`.
@@ -925,15 +741,12 @@ mod tests {
 
     #[tokio::test]
     async fn a_batch_is_stamped_with_its_oldest_events_queue_time() {
-        let (c, _rx) = cluster();
-        let shared = Shared::new(
-            crate::config::GatewayConfig::resolve(&crate::config::ServeArgs::default(), None)
-                .unwrap(),
-        );
+        let c = cluster(true);
+        let shared = shared();
         let before = unix_us();
-        c.route_event(&shared, 7, &[], 100, 100);
+        c.outbound(&shared, |m| m.route(7, &[], 100, 100, None));
         std::thread::sleep(Duration::from_millis(5));
-        c.route_event(&shared, 7, &[], 100, 100);
+        c.outbound(&shared, |m| m.route(7, &[], 100, 100, None));
         let stamp = c.take_queued_us();
         assert!(
             stamp >= before && stamp < before + 5_000,
@@ -943,123 +756,39 @@ mod tests {
         assert!(c.take_queued_us() >= before + 5_000);
     }
 
-    /// Applies `events` (as a peer would receive them, in order) to a fresh session.
-    fn apply(events: &[Event]) -> RouterSession {
-        let mut s = RouterSession::new(
-            RouterConfig::default(),
-            PolicyKind::AffinityGate,
-            PredictorConfig::default(),
-            1,
-        );
-        let mut book = PeerBook::default();
-        assert!(book.accept(1, 0, 0));
-        let pod = PodId(0);
-        for e in events {
-            match e {
-                Event::Route {
-                    request,
-                    input_tokens,
-                    prefill_tokens,
-                    blocks,
-                    ..
-                } => book.apply(
-                    &mut s,
-                    1,
-                    PeerEvent::Route {
-                        request: *request,
-                        pod,
-                        input_tokens: *input_tokens,
-                        prefill_tokens: *prefill_tokens,
-                        blocks,
-                    },
-                ),
-                Event::FirstToken { request } => {
-                    book.apply(&mut s, 1, PeerEvent::FirstToken { request: *request })
-                }
-                Event::Tokens { request, tokens } => book.apply(
-                    &mut s,
-                    1,
-                    PeerEvent::Tokens {
-                        request: *request,
-                        tokens: *tokens,
-                    },
-                ),
-                Event::Finish { request } => {
-                    book.apply(&mut s, 1, PeerEvent::Finish { request: *request })
-                }
-                Event::Snapshot {
-                    next_request,
-                    complete,
-                    live,
-                } => {
-                    let entries: Vec<_> = live
-                        .iter()
-                        .map(|i| SnapshotEntry {
-                            request: i.request,
-                            pod,
-                            input_tokens: i.input_tokens,
-                            prefill_tokens: i.prefill_tokens,
-                            first_token: i.first_token,
-                            decode_tokens: i.decode_tokens,
-                        })
-                        .collect();
-                    book.reconcile(&mut s, 1, *next_request, &entries, *complete);
-                }
-                _ => {}
-            }
+    #[test]
+    fn a_message_holds_at_most_its_event_count_and_byte_bound_and_numbers_follow() {
+        let c = cluster(true);
+        let shared = shared();
+        // Routes of 8,192 blocks: 64 KiB each, so the fourth passes the byte bound.
+        let blocks: Vec<u64> = (0..8_192).collect();
+        for _ in 0..6 {
+            c.outbound(&shared, |m| m.route(7, &blocks, 100, 100, None));
         }
-        s
-    }
-
-    #[tokio::test]
-    async fn a_snapshot_goes_out_after_the_queued_events_it_reflects_so_peers_count_them_once() {
-        let shared = Shared::new(
-            crate::config::GatewayConfig::resolve(&crate::config::ServeArgs::default(), None)
-                .unwrap(),
-        );
-        let (c, mut rx) = cluster();
-        // Routed, first token (100 + 1 decode tokens), 32 more: all still queued when the
-        // snapshot tick comes.
-        let r = c.route_event(&shared, 7, &[11, 12, 13], 100, 60);
-        c.first_token(&shared, r, 101, None);
-        c.tokens(&shared, r, 32);
-        let mut out = Vec::new();
-        c.pending_then_snapshot(&mut rx, &mut out);
-        assert_eq!(out.len(), 4);
-        assert!(matches!(out[3], Event::Snapshot { .. }), "snapshot last");
-        let s = apply(&out);
-        assert_eq!(
-            s.in_flight(PodId(0)),
-            InFlight {
-                requests: 1,
-                prefill_tokens: 0,
-                decode_tokens: 133
-            },
-            "decode tokens counted once"
-        );
-        assert_eq!(
-            s.index().routed.pod_blocks(PodId(0)),
-            3,
-            "the route's blocks learnt"
-        );
-        // Nothing left behind: later events follow the snapshot.
-        assert!(rx.try_recv().is_err());
+        for _ in 0..MAX_MESSAGE_EVENTS {
+            c.outbound(&shared, |m| m.route(7, &[], 1, 1, None));
+        }
+        let mut sizes = Vec::new();
+        while let Some((bytes, events)) = c.next_message() {
+            let msg = wire::decode(&bytes).unwrap();
+            assert_eq!(msg.events.len(), events);
+            assert_eq!(msg.seq, sizes.len() as u64);
+            sizes.push(events);
+        }
+        assert_eq!(sizes, [4, MAX_MESSAGE_EVENTS, 2]);
     }
 
     #[tokio::test]
     async fn a_peers_training_sample_teaches_this_replicas_predictor_unless_sharing_is_off() {
         for share in [true, false] {
-            let shared = Shared::new(
-                crate::config::GatewayConfig::resolve(&crate::config::ServeArgs::default(), None)
-                    .unwrap(),
-            );
+            let shared = shared();
             shared.pods.replace(
                 &[crate::pods::PodEntry::new("http://127.0.0.1:9", "default")],
                 1000,
             );
-            let (mut c, mut rx) = cluster();
-            c.config.share_samples = share;
-            let key = wire::pod_key(&shared.pods.all()[0].url);
+            let c = cluster(share);
+            let pod = shared.pods.all()[0].clone();
+            let key = wire::pod_key(&pod.url);
             let sample = TrainingSample {
                 features: kvgate_core::predictor::Features {
                     input_tokens: 100.0,
@@ -1088,12 +817,9 @@ mod tests {
                 u64::from(share)
             );
             // A local request that completed sends its sample after its finish.
-            let r = c.route_event(&shared, key, &[], 100, 100);
+            let r = c.routed(&shared, &pod, &[], 100, 100, None);
             c.finish(&shared, r, Some(sample));
-            let mut out = Vec::new();
-            while let Ok(e) = rx.try_recv() {
-                out.push(e);
-            }
+            let out = sent(&c);
             assert!(matches!(out[1], Event::Finish { .. }));
             assert_eq!(out.len(), 2 + usize::from(share), "{out:?}");
             if share {
@@ -1105,14 +831,11 @@ mod tests {
                 tpot_ms: None,
                 ..sample
             };
-            let r = c.route_event(&shared, key, &[], 100, 100);
+            let r = c.routed(&shared, &pod, &[], 100, 100, None);
             c.first_token(&shared, r, 101, Some(ttft));
-            let r2 = c.route_event(&shared, key, &[], 100, 100);
+            let r2 = c.routed(&shared, &pod, &[], 100, 100, None);
             c.first_token(&shared, r2, 101, None);
-            let mut out = Vec::new();
-            while let Ok(e) = rx.try_recv() {
-                out.push(e);
-            }
+            let out = sent(&c);
             assert!(matches!(out[1], Event::FirstToken { request } if request == r));
             assert_eq!(out.len(), 4 + usize::from(share), "{out:?}");
             if share {

@@ -1,5 +1,6 @@
-//! The cluster messages on the wire: a small binary encoding (integers as LEB128 varints, pod
-//! keys and block hashes as 8 bytes little-endian).
+//! The replica machine's messages ([`kvgate_core::session::replica`]) on the wire: a small
+//! binary encoding (integers as LEB128 varints, pod keys and block hashes as 8 bytes
+//! little-endian).
 //!
 //! ```text
 //! message  = version:u8 (1) replica:u64le seq:varint count:varint event*
@@ -23,8 +24,8 @@
 //! configured with the same pods agree without a shared id table.
 //!
 //! Size: a routed request costs one route (about 17 bytes + 8 per prompt block), a first token
-//! (about 4), a tokens event per [`super::TOKENS_PER_EVENT`] generated tokens (about 6) and a
-//! finish (about 4), plus its share of a message header (10 to 20 bytes per message, several
+//! (about 4), a tokens event per 32 generated tokens (about 6; the machine's
+//! `tokens_per_event`) and a finish (about 4), plus its share of a message header (10 to 20 bytes per message, several
 //! events per message under load) and NATS's own framing (about 40 bytes per message). A
 //! 4,000-token prompt in 16-token blocks: about 2.0 KB for the route, 20 bytes for the rest,
 //! and 90 bytes for its training sample (sent when it completed normally).
@@ -52,64 +53,12 @@ pub fn pod_key(url: &str) -> u64 {
     xxhash_rust::xxh3::xxh3_64(url.as_bytes())
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SnapshotItem {
-    pub request: u64,
-    pub pod: u64,
-    pub input_tokens: u32,
-    pub prefill_tokens: u64,
-    pub first_token: bool,
-    pub decode_tokens: u64,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub enum Event {
-    Route {
-        request: u64,
-        pod: u64,
-        input_tokens: u32,
-        prefill_tokens: u64,
-        blocks: Vec<BlockHash>,
-    },
-    FirstToken {
-        request: u64,
-    },
-    Tokens {
-        request: u64,
-        tokens: u64,
-    },
-    Finish {
-        request: u64,
-    },
-    Snapshot {
-        next_request: u64,
-        complete: bool,
-        live: Vec<SnapshotItem>,
-    },
-    SyncRequest,
-    Index {
-        pod: u64,
-        blocks: Vec<BlockHash>,
-    },
-    Bye,
-    /// A finished request's training sample, for the predictor of `pod`'s class.
-    Sample {
-        pod: u64,
-        sample: TrainingSample,
-    },
-    /// A request of client session `key` (`crate::session_key`) went to `pod`.
-    Session {
-        pod: u64,
-        key: u64,
-    },
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct Message {
-    pub replica: u64,
-    pub seq: u64,
-    pub events: Vec<Event>,
-}
+/// The events are the core replica machine's, encoded here: `Event` is
+/// [`kvgate_core::session::replica::ReplicaEvent`], `Message` its
+/// [`kvgate_core::session::replica::ReplicaMessage`].
+pub use kvgate_core::session::replica::{
+    ReplicaEvent as Event, ReplicaMessage as Message, SnapshotItem,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum DecodeError {
