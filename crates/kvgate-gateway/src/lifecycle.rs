@@ -117,7 +117,7 @@ impl TicketGuard {
             let sample = observed.as_ref().map(|o| t.training_sample(o));
             if let (Some(s), Some(o)) = (&sample, &observed) {
                 // `RUST_LOG=kvgate::samples=debug`: every sample with the prediction made at
-                // dispatch, to compare what replicas saw (EVALUATION.md §12.3).
+                // dispatch, to compare what replicas saw (docs/decisions/cluster-sharing.md).
                 let f = &s.features;
                 tracing::debug!(
                     target: "kvgate::samples",

@@ -736,8 +736,8 @@ impl Cluster {
                     *q = 0.0;
                 }
                 // At the door the router picks among every pod, as with flow control off:
-                // routing only among pods with headroom here measured worse (EVALUATION
-                // §11.3; the cause not analysed).
+                // routing only among pods with headroom here measured worse
+                // (docs/decisions/flow-control.md; the cause not analysed).
                 if let Some(f) = &mut self.faults {
                     f.arrived(now);
                 }

@@ -664,7 +664,7 @@ impl RouterSession {
     /// [`RouterSession::first_token`], and the predictor learns the TTFT now, `ttft_ms` after
     /// dispatch, instead of when the request finishes: a sample as soon as it is known, not a
     /// whole decode later (shared-prefix B in the simulator: 1000 output tokens, 8 s, while a
-    /// new class answers with the analytic estimate; EVALUATION.md §14.2). `finish` then
+    /// new class answers with the analytic estimate; docs/decisions/predictor-ttft-at-first-token.md). `finish` then
     /// trains TPOT only. Returns the TTFT sample (to share with other replicas), or `None` for
     /// a P/D decode stage (its first token waits on the transfer; it trains no TTFT) and when
     /// the first token was already seen.

@@ -58,8 +58,8 @@
 //!   live requests is about 2 KB on the wire.
 //! - `expire_tick_ms` = 250: how often leases are checked (a dead peer's charges go within
 //!   `lease_ms` + 250 ms).
-//! - `share_samples` = true (`cluster_share_samples`): EVALUATION.md §12.1 measured four
-//!   replicas each training on its own quarter over-predicting more than one router.
+//! - `share_samples` = true (`cluster_share_samples`): four replicas each training on its own
+//!   quarter over-predicted more than one router (docs/decisions/cluster-sharing.md).
 //! - `max_outbox_events` = 8,192: events waiting for the driver; beyond, an event of a request
 //!   transition is dropped and counted (the next snapshot repairs it). Snapshots, sync requests
 //!   and goodbyes are never dropped.
