@@ -133,8 +133,8 @@ pub struct SimArgs {
     /// first token, failed after it; the report adds a TTFT timeline.
     #[arg(long)]
     faults: Option<String>,
-    /// Removed on 2026-12-07 (the predictor is always `rls`); kept hidden only to refuse old
-    /// command lines with a message that says so.
+    /// Removed on 2026-12-07 (the predictor is always `rls`); kept hidden only to accept `rls`
+    /// and refuse the other old values with a message that says so.
     #[arg(long, hide = true)]
     predictor_model: Option<String>,
     /// TTFT samples a pod class needs before its regressor replaces the analytic estimate
@@ -476,13 +476,13 @@ fn load_workload(args: &SimArgs) -> Result<(Workload, Vec<SimRequest>)> {
 }
 
 pub fn run(args: SimArgs) -> Result<()> {
-    if let Some(model) = &args.predictor_model {
+    if let Some(model) = args.predictor_model.as_ref().filter(|m| *m != "rls") {
         bail!(
             "{}",
             kvgate_core::config::removed(
                 &format!("--predictor-model {model}"),
-                "docs/decisions/predictor-tree-and-analytic-models.md and predictor-rls-variants.md: the gate routed best with `rls`, now the only model; \
-                 drop the flag"
+                "docs/decisions/predictor-tree-and-analytic-models.md and predictor-rls-variants.md: \
+                 the gate routed best with `rls`, now the only model; drop the flag"
             )
         );
     }

@@ -1,6 +1,7 @@
 //! Options removed on 2026-12-07 (docs/decisions/: they helped nowhere), as a user who still sets
 //! them meets them: the command fails before anything runs, and its message names the key or
-//! value, says it was removed, and says what to use instead.
+//! value, says it was removed, and says what to use instead (`predictor_model` naming `rls`, the
+//! one model left, is accepted).
 
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -38,6 +39,25 @@ fn sim_refuses_the_removed_predictor_model_flag_saying_what_to_do() {
         "{err}"
     );
     assert!(err.contains("drop the flag"), "{err}");
+}
+
+#[test]
+fn sim_accepts_the_removed_predictor_model_flag_when_it_names_rls() {
+    let out = kvgate(&[
+        "sim",
+        "--workload",
+        "chat",
+        "--max-requests",
+        "10",
+        "--predictor-model",
+        "rls",
+        "--quiet",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
