@@ -743,3 +743,15 @@ impl RouterSession {
 
 #[cfg(test)]
 mod tests;
+
+/// A session with the default router, the affinity gate and the default predictor, seeded with
+/// `seed`: the starting point of the session modules' unit tests.
+#[cfg(test)]
+pub(crate) fn test_session(seed: u64) -> RouterSession {
+    RouterSession::new(
+        crate::config::RouterConfig::default(),
+        crate::policy::PolicyKind::AffinityGate,
+        crate::predictor::PredictorConfig::default(),
+        seed,
+    )
+}

@@ -241,19 +241,12 @@ struct DecodePick {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::RouterConfig;
     use crate::blocks::BlockHash;
-    use crate::policy::{PolicyKind, RequestSlo};
-    use crate::predictor::PredictorConfig;
+    use crate::policy::RequestSlo;
     use crate::session::Observed;
 
     fn session() -> RouterSession {
-        RouterSession::new(
-            RouterConfig::default(),
-            PolicyKind::AffinityGate,
-            PredictorConfig::default(),
-            7,
-        )
+        super::super::test_session(7)
     }
 
     fn pod(id: u32, role: PodRole) -> PodSnapshot {

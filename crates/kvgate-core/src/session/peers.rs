@@ -436,18 +436,10 @@ impl PeerBook {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::RouterConfig;
     use crate::pod::InFlight;
-    use crate::policy::PolicyKind;
-    use crate::predictor::PredictorConfig;
 
     fn session() -> RouterSession {
-        RouterSession::new(
-            RouterConfig::default(),
-            PolicyKind::AffinityGate,
-            PredictorConfig::default(),
-            1,
-        )
+        super::super::test_session(1)
     }
 
     fn route(request: u64, blocks: &[BlockHash]) -> PeerEvent<'_> {

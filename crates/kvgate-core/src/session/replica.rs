@@ -679,18 +679,11 @@ fn next_tick(due: u64, period: u64, now_ms: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::RouterConfig;
     use crate::pod::InFlight;
-    use crate::policy::PolicyKind;
-    use crate::predictor::{Features, PredictorConfig};
+    use crate::predictor::Features;
 
     fn session() -> RouterSession {
-        RouterSession::new(
-            RouterConfig::default(),
-            PolicyKind::AffinityGate,
-            PredictorConfig::default(),
-            1,
-        )
+        super::super::test_session(1)
     }
 
     /// Two pods, keyed by their index, both of class "c".
