@@ -969,6 +969,15 @@ impl Cluster {
                         continue;
                     }
                     self.recorder.decided(&pd.decision);
+                    if self.config.record_routes {
+                        self.routes.push(crate::report::RouteRecord {
+                            request: r.id,
+                            pod: prefill.0,
+                            branch: pd.decision.branch.as_str(),
+                            charged_prefill_tokens: pd.prefill.prefill_tokens(),
+                            decode_pod: Some(pd.decode_pod().0),
+                        });
+                    }
                     if self.track_flow {
                         self.predicted_ttft
                             .observe(&pd.decision, self.snapshots.len());
@@ -1004,6 +1013,7 @@ impl Cluster {
                     pod: pod.0,
                     branch: routed.decision.branch.as_str(),
                     charged_prefill_tokens: routed.ticket.prefill_tokens(),
+                    decode_pod: None,
                 });
             }
             return self.dispatch(r, now, routed, attempt, replica);

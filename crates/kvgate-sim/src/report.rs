@@ -264,12 +264,14 @@ pub struct ModelMetrics {
 }
 
 /// One routed attempt: the request, the pod, the gate's branch and the session's charge.
+/// A P/D request's `pod` is its prefill pod, and `decode_pod` its decode pod.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct RouteRecord {
     pub request: u64,
     pub pod: u32,
     pub branch: &'static str,
     pub charged_prefill_tokens: u64,
+    pub decode_pod: Option<u32>,
 }
 
 /// Collects a run's events; turns them into [`RunMetrics`] at the end.
