@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Flow control live: `kvgate serve` in front of mock pods under overload, with 20 % high-priority
 # requests and one tenant sending 10× its share — the live twin of the simulator's
-# `cargo run --release -p kvgate-sim --example flow_overload` (EVALUATION.md §11).
+# `cargo run --release -p kvgate-sim --example flow_overload` (docs/decisions/flow-control.md).
 #
 #   bench/flow_overload.sh [--requests N] [--pods P] [--time-scale X] [--rate R]
 #                          [--unloaded-rate U] [--seed S] [--trace FILE] [--out DIR]
@@ -18,7 +18,8 @@
 #   unloaded   the trace at --unloaded-rate, flow control off: the reference TTFTs
 #   off, on    the trace at --rate, flow control off / on (defaults + the scaled TTL)
 #   on-noflood on, with the flooding rule off (`bulk_window_ms = 0`: only the queue's bulk
-#              tenant is bulk), for the side-by-side of EVALUATION.md §11.3
+#              tenant is bulk), for the flooding rule's side-by-side
+#              (docs/decisions/flow-control.md)
 #   off-share, on-share  the same with the noisy tenant thinned to its share
 #                (`kvgate loadgen --noisy-keep 0.1`; the other tenants' requests identical)
 # --config-extra TOML: text appended to every run's gateway config (after its [flow_control]
@@ -35,8 +36,8 @@
 # within a round: a run and its reference side by side; a round without an `unloaded` run takes
 # the one already in --out, e.g. `--runs unloaded` once, then `--runs on,on-share --repeat 3`
 # with the same --out). The quiet tenants' p99 is the
-# 11th-slowest of ~1,100 first tokens at 2,400 requests, so single rounds scatter (EVALUATION.md
-# §11.4). Needs: cargo, curl, python3 (standard library only).
+# 11th-slowest of ~1,100 first tokens at 2,400 requests, so single rounds scatter (BENCHMARKS.md
+# "Flow control under overload"). Needs: cargo, curl, python3 (standard library only).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)

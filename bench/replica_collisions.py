@@ -11,7 +11,7 @@ and 20 ms, over all pairs and over pairs of prompts above 8,000 tokens.
 
 One router decides such a pair one after the other, the second seeing the first's charge;
 R replicas decide it in parallel when the parts go to different replicas, each before it hears
-of the other's route (EVALUATION.md §12.4). A higher same-pod share than one replica's is what
+of the other's route (docs/decisions/cluster-sharing.md). A higher same-pod share than one replica's is what
 that costs. Standard library only.
 """
 import json

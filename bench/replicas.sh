@@ -25,7 +25,7 @@
 # P+40+i, nats P+90; `KVGATE_BENCH_PORT_BASE` is the same. --routers-nice N runs the replicas
 # and the load generators under `nice -n N`, so the mock pods (whose wall-clock steps are the
 # pods' TTFT) get the CPU first: on a 2-core machine the routers' share otherwise slows the
-# pods' clocks (EVALUATION.md §12.3). --pin runs the mock pods on CPU 0 alone and everything
+# pods' clocks (BENCHMARKS.md "Several gateway replicas"). --pin runs the mock pods on CPU 0 alone and everything
 # else (replicas, load generators, nats-server) on the other CPUs (`taskset`): the pods' clocks
 # then share no core with the routers, so the pods' own TTFT measures placement, not contention.
 # --jitter-ms J moves each request's arrival later by a uniform draw in [0, J) ms (seeded, the

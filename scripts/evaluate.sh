@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Produces every table of EVALUATION.md: all policies, then each affinity-gate option, on the
+# Produces the all-policy and gate-option tables (docs/decisions/affinity-gate.md and the gate
+# options' records): all policies, then each affinity-gate option, on the
 # Mooncake conversation trace (several loads, and under memory pressure), the chat workload and
 # shared-prefix preset A. Writes JSON into OUT_DIR (default eval-out/); then run
 #   scripts/sim_table.py OUT_DIR/<workload>/all.json

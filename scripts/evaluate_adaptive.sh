@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Produces the tables of EVALUATION.md §8 (SLO goodput): the affinity gate (default profile)
-# with and without SLO routing. (Its §9 part, fixed against "auto" τ / ε, went with the "auto"
-# values on 2026-12-07.) Writes JSON into OUT_DIR (default eval-adaptive/); then
+# Produces the SLO goodput tables (docs/decisions/slo-routing.md): the affinity gate (default
+# profile) with and without SLO routing. (Its part against "auto" τ / ε went with the "auto"
+# values on 2026-12-07: docs/decisions/tau-epsilon-auto.md.) Writes JSON into OUT_DIR (default eval-adaptive/); then
 #   scripts/variant_table.py OUT_DIR/slo/<workload>/no-slo-routing.json OUT_DIR/slo/<workload>/slo-routing.json
 # Build first: cargo build --release -p kvgate. SEEDS (default 1) and THREADS (default 2) apply.
 set -euo pipefail

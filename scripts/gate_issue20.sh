@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# EVALUATION.md §17 (issue 20): the gate's admission-aware load gate, balance window and
+# Issue 20 (docs/decisions/relative-gate-queue-rule.md, balance-window.md, shared-prefix-epsilon.md;
+# the peers table in affinity-gate.md): the gate's admission-aware load gate, balance window and
 # exploration rate against the peers on shared-prefix A, chat and the Mooncake trace.
 #
 # Usage: scripts/gate_issue20.sh OUT_DIR   (release build of `kvgate` first; KVGATE=path overrides)
@@ -11,7 +12,7 @@ trace=${TRACE:-../shared/traces/mooncake_fast25_conversation_trace.jsonl}
 seeds=${SEEDS:-1,2,3}
 mkdir -p "$out"/{sp,chat,mc}
 
-# Relative to the default profile (which has relative_gate_queue_rule = every since §17).
+# Relative to the default profile (which has relative_gate_queue_rule = every since issue 20).
 declare -A variants=(
   [queue-off]='{"relative_gate_queue_rule":"off"}'
   [queue-target]='{"relative_gate_queue_rule":"target"}'
@@ -43,7 +44,7 @@ run() { # dir, workload args..., then policy/config args
 sp=(--workload shared-prefix --preset A --max-requests 6000 --pods 8 --sweep rate-scale=1,2,4)
 chat=(--workload chat --pods 8 --sweep rate-scale=1,4,8)
 # `prefix` (one pod gets the whole trace: hours of model time, slow to simulate) and `random`
-# are left out on the trace; neither is ever the best peer there (§1.1).
+# are left out on the trace; neither is ever the best peer there (docs/decisions/affinity-gate.md).
 mc=(--trace "$trace" --pods 8 --sweep rate-scale=1,4,6)
 mc_peers=round-robin,least-request,least-kv,weighted,sglang-cache-aware,dynamo-kv,llmd-chain,latency,affinity-gate
 

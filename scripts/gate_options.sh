@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs the affinity gate with each option of issue 12 alone (on top of the seed's gate), and the
 # default profile, on one workload at the given rate scales and seeds; one JSON per variant.
-# (EVALUATION.md §3's explore-least-loaded and explore-if-no-sticky rows measured explore modes
-# removed on 2026-12-07; they are no longer run.)
+# (The explore-least-loaded and explore-if-no-sticky variants measured explore modes removed on
+# 2026-12-07, docs/decisions/explore-modes-removed.md; they are no longer run.)
 # Usage: scripts/gate_options.sh OUT_DIR "sim args..." (e.g. "--trace T --pods 8 --sweep rate-scale=0.55,1,2,4")
 set -euo pipefail
 out=$1; shift

@@ -8,7 +8,7 @@ draw in [0, J) ms each, re-sorted by the new times (ties keep the trace's order)
 them unchanged. The Mooncake conversation trace's timestamps come in ticks of ~3,000 ms (2,133
 of its first 2,400 requests share their arrival instant with the one before), so J = 3000
 spreads each tick's requests over it: arrivals as a client fleet would send them rather than
-in synchronized bursts (EVALUATION.md §12.4). Used by bench/replicas.sh --jitter-ms; the
+in synchronized bursts (docs/decisions/cluster-sharing.md). Used by bench/replicas.sh --jitter-ms; the
 output is also a `kvgate sim --trace` input. Standard library only.
 """
 import json

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# LoRA adapters in the simulator (EVALUATION.md §15): the chat workload with 8 adapters (tenant t
+# LoRA adapters in the simulator (docs/decisions/lora-aware.md): the chat workload with 8 adapters (tenant t
 # names adapter-t) on 4 pods with 2 adapter slots each (load 25 ms), 3,000 requests, workload
 # seeds 1-3 at rate scales 2, 4 and 8 (MAX_LORAS=1: 4 slots for 8 adapters), routed by
 #   aware  affinity-gate (lora_aware = true, the default)

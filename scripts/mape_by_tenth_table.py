@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Where in a run the TTFT prediction error sits: the cold start or the warm predictor
-(EVALUATION.md §14.2), from `kvgate sim --json` outputs (standard library only).
+(docs/decisions/predictor-ttft-at-first-token.md), from `kvgate sim --json` outputs (standard library only).
 
 Usage: scripts/mape_by_tenth_table.py LABEL=file.json ...
 

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Cross-workload predictor evaluation (EVALUATION.md §14): `kvgate sim --policy affinity-gate`
+# Cross-workload predictor evaluation (docs/decisions/predictor-rls-variants.md): `kvgate sim --policy affinity-gate`
 # on the fit workload (chat: where the predictor's parameters were chosen) and on the held-out
 # ones (Mooncake conversation trace at rates 1/2/4, shared-prefix presets A–D, the mixed 4 H100
 # + 4 A100 pool), SEEDS seeds each; then prints one table (scripts/predictor_cross_table.py):
 # TTFT MAPE and the predictor's own p90 coverage per workload and rate, and a summary against
-# the aims of issue 20. (§14's rls-rel / rls-split / rls-split-rel columns measured variants
+# the aims of issue 20. (Its rls-rel / rls-split / rls-split-rel columns measured variants
 # removed on 2026-12-07.)
 # Request caps (shared-prefix 3000/2000/2000/1000 for A/B/C/D; the trace's first TRACE_REQUESTS,
 # default 4000; chat CHAT_REQUESTS, default 3000) were sized for 3 seeds × 4 models within ~20
@@ -12,7 +12,7 @@
 # SEEDS (default 1,2,3), WORKLOADS
 # (default: all below), OUT_DIR as $1 (default predictor-cross-out/), BIN (default
 # ./target/release/kvgate), SIM_ARGS (extra `kvgate sim` options for every run, e.g.
-# "--learn-ttft-at-first-token --predictor-min-samples 8", §14.2). Build first: cargo build
+# "--learn-ttft-at-first-token --predictor-min-samples 8", docs/decisions/predictor-ttft-at-first-token.md). Build first: cargo build
 # --release -p kvgate.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The cross-workload predictor table (EVALUATION.md §14) from `kvgate sim --json` outputs
+"""The cross-workload predictor table (docs/decisions/predictor-rls-variants.md) from `kvgate sim --json` outputs
 (standard library only).
 
 Usage: scripts/predictor_cross_table.py [--fit WORKLOAD] WORKLOAD:MODEL=file.json ...

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Produces the predictor tables of EVALUATION.md §6: `affinity-gate` driven by the predictor
-# (rls; the gbdt, gbdt-p90 and analytic models of §6.3 were removed on 2026-12-07) on the
+# Produces the predictor tables (docs/decisions/predictor-model-rls.md, predictor-class-aware.md):
+# `affinity-gate` driven by the predictor (rls; the gbdt, gbdt-p90 and analytic models were
+# removed on 2026-12-07, docs/decisions/predictor-tree-and-analytic-models.md) on the
 # Mooncake conversation trace and the chat workload at four loads, against every baseline policy
 # (only `latency` among them uses a predictor); then the mixed pool (4 H100 + 4 A100) with
 # class-aware and class-blind prediction. Writes JSON into OUT_DIR (default

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# EVALUATION.md §17.9 (issue 20): the default gate with and without shared-prefix exploration
+# docs/decisions/shared-prefix-epsilon.md (issue 20): the default gate with and without shared-prefix exploration
 # on the workloads gate_issue20.sh does not run: the trace under memory pressure, the mixed
 # H100/A100 pool, shared-prefix presets B, C and D. Prints one table per workload (means over
 # the seeds; the ratio is with / without).

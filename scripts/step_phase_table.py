@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""How much of the TTFT prediction error is the pod's step phase (EVALUATION.md §14.1), from
+"""How much of the TTFT prediction error is the pod's step phase (docs/decisions/predictor-model-rls.md), from
 `kvgate sim --json` outputs (standard library only).
 
 Usage: scripts/step_phase_table.py WORKLOAD=file.json ...
