@@ -15,7 +15,9 @@
 //! same script like the core too (skipped with a loud message without an Envoy binary;
 //! scripts/test installs one). So does a disaggregated fleet (two prefill and two decode pods):
 //! every driver hands each request over through the core's `route_pd`, and all three give the
-//! same prefill pod, branch, charge and decode pod.
+//! same prefill pod, branch, charge and decode pod. Two gateway replicas over a real NATS route
+//! like the simulator's two replicas. And with flow control on and the pod overloaded, the
+//! gateway serves a backlog of two priorities in the simulator's order.
 
 #[path = "common/envoy.rs"]
 #[allow(dead_code)] // the harness's `workspace()` is for other tests
@@ -25,6 +27,7 @@ mod nats;
 
 use envoy_harness::{Envoy, envoy_binary};
 use kvgate_core::Route;
+use kvgate_core::flow::{FlowConfig, SaturationConfig};
 use kvgate_core::policy::{PolicyKind, RequestSlo};
 use kvgate_core::predictor::PredictorConfig;
 use kvgate_core::request::parse_request_value;
@@ -34,7 +37,7 @@ use kvgate_gateway::{Gateway, ServeArgs};
 use kvgate_mock_pod::api::KvRole;
 use kvgate_mock_pod::{DEFAULT_MODEL, PodConfig, RunningPod};
 use kvgate_sim::SimRequest;
-use kvgate_sim::cluster::{self, ClusterConfig};
+use kvgate_sim::cluster::{self, ClusterConfig, SimClass};
 use kvgate_sim::mesh::Sharing;
 use kvgate_sim::profiles::Profile;
 use nats::Nats;
@@ -234,12 +237,17 @@ enum Transport {
     Envoy,
 }
 
-/// Mock pods of `roles` (in that order: pod i is the gateway's pod id i).
+/// Mock pods of `roles` (in that order: pod i is the gateway's pod id i), model time 10× wall
+/// time.
 async fn mock_pods(roles: &[PodRole]) -> (Vec<RunningPod>, Vec<String>) {
+    mock_pods_at(roles, 10.0).await
+}
+
+async fn mock_pods_at(roles: &[PodRole], time_scale: f64) -> (Vec<RunningPod>, Vec<String>) {
     let mut pods = Vec::new();
     for role in roles {
         let config = PodConfig {
-            time_scale: 10.0,
+            time_scale,
             kv_role: match role {
                 PodRole::Both => None,
                 PodRole::Prefill => Some(KvRole::Producer),
@@ -500,4 +508,149 @@ async fn two_gateway_replicas_over_nats_route_a_scripted_sequence_like_the_simul
     // which follows the pod the first replica chose for the turn before.
     let exploits = sim.iter().filter(|(_, b, _, _)| b == "exploit").count();
     assert!(exploits >= 9, "{sim:?}");
+}
+
+/// Flow control on, one pod that takes one request at a time (`max_in_flight_per_pod = 1`): a
+/// long request holds it while a backlog of short ones arrives, bulk (priority 0) and urgent
+/// (priority 5) mixed; each waits in the flow queue and is released when the one before ends.
+const FLOW_PRIORITIES: [i32; 7] = [0, 0, 0, 5, 0, 5, 5];
+
+fn flow_config() -> FlowConfig {
+    FlowConfig {
+        enabled: true,
+        saturation: SaturationConfig {
+            max_in_flight_per_pod: 1,
+            ..SaturationConfig::default()
+        },
+        ..FlowConfig::default()
+    }
+}
+
+/// Request 0 is the long one (100 output tokens), then the backlog (3 each).
+fn flow_script() -> Vec<Value> {
+    (0..FLOW_PRIORITIES.len())
+        .map(|i| {
+            let prompt = text(&format!("flow request {i}"), 4 * BLOCK_CHARS);
+            let max_tokens = if i == 0 { 100 } else { 3 };
+            json!({"model": DEFAULT_MODEL, "prompt": prompt, "max_tokens": max_tokens})
+        })
+        .collect()
+}
+
+/// The requests (script index) in the order the simulator routed them.
+fn flow_order_in_the_simulator(bodies: &[Value], profile: &'static Profile) -> Vec<u64> {
+    let router = RouterConfig::default();
+    let requests: Vec<SimRequest> = bodies
+        .iter()
+        .enumerate()
+        .map(|(i, body)| {
+            let (blocks, input_tokens) = blocks_of(body, &router);
+            SimRequest {
+                id: i as u64,
+                // The backlog arrives while the long request runs, 1 ms apart.
+                arrival_ms: i as f64,
+                input_tokens,
+                output_tokens: body["max_tokens"].as_u64().unwrap() as u32,
+                blocks,
+                adapter: None,
+                session: None,
+            }
+        })
+        .collect();
+    let classes: Vec<SimClass> = FLOW_PRIORITIES
+        .iter()
+        .map(|&priority| SimClass {
+            priority,
+            tenant: 0,
+        })
+        .collect();
+    let config = ClusterConfig {
+        profile,
+        router,
+        flow: flow_config(),
+        record_routes: true,
+        predictor: PredictorConfig {
+            min_samples: 1_000_000,
+            ..PredictorConfig::default()
+        },
+        ..ClusterConfig::new(1, PolicyKind::AffinityGate, SEED)
+    };
+    let run = cluster::run_classified(&config, &requests, &classes);
+    assert_eq!(run.completed, requests.len() as u64);
+    run.routes.iter().map(|r| r.request).collect()
+}
+
+/// The same through the gateway's HTTP proxy: each backlog request is sent once the one before
+/// waits in the flow queue; the order is the decision log's.
+async fn flow_order_in_the_gateway(bodies: &[Value]) -> Vec<u64> {
+    // Model time at wall time: the long request runs ~0.7 s, the backlog is queued in a few ms.
+    let (_pods, urls) = mock_pods_at(&[PodRole::Both], 1.0).await;
+    let dir = std::env::temp_dir().join(format!("kvgate-equivalence-flow-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("kvgate.toml");
+    std::fs::write(
+        &file,
+        "[flow_control]\nenabled = true\n[flow_control.saturation]\nmax_in_flight_per_pod = 1\n",
+    )
+    .unwrap();
+    let gw = Gateway::start(ServeArgs {
+        config: Some(file),
+        ..gateway_args(&urls)
+    })
+    .await
+    .unwrap();
+    assert_eq!(gw.shared().config().flow, flow_config());
+    settle(|| idle(&gw, 1)).await;
+    let client = reqwest::Client::new();
+    let base = format!("http://{}", gw.traffic_addr);
+    let mut sent = Vec::new();
+    for (i, (body, priority)) in bodies.iter().zip(FLOW_PRIORITIES).enumerate() {
+        let request = client
+            .post(format!("{base}/v1/completions"))
+            .header("x-request-id", format!("flow-{i}"))
+            .header("x-kvgate-priority", priority.to_string())
+            .timeout(Duration::from_secs(30))
+            .json(body);
+        sent.push(tokio::spawn(async move {
+            let r = request.send().await.unwrap();
+            assert_eq!(r.status(), 200);
+            r.bytes().await.unwrap();
+        }));
+        // The long request is routed; each of the backlog waits in the queue.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while (gw.shared().decisions.snapshot().len() + gw.shared().flow.queued()) < i + 1 {
+            assert!(
+                Instant::now() < deadline,
+                "request {i} neither routed nor queued"
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        assert_eq!(
+            gw.shared().decisions.snapshot().len(),
+            1,
+            "the pod has no room"
+        );
+    }
+    for s in sent {
+        s.await.unwrap();
+    }
+    gw.shared()
+        .decisions
+        .snapshot()
+        .iter()
+        .map(|d| d.request_id.trim_start_matches("flow-").parse().unwrap())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flow_control_serves_an_overloaded_pods_backlog_of_two_priorities_like_the_simulator() {
+    let bodies = flow_script();
+    let gateway = flow_order_in_the_gateway(&bodies).await;
+    let sim = flow_order_in_the_simulator(&bodies, Profile::default_profile());
+    assert_eq!(
+        gateway, sim,
+        "gateway vs simulator: the order requests were routed in"
+    );
+    // Urgent first (in arrival order), then bulk (in arrival order).
+    assert_eq!(sim, vec![0, 3, 5, 6, 1, 2, 4]);
 }
