@@ -400,9 +400,9 @@ def cmd_predictor_cross(a):
                 stat[m] = (mean(r["ttft_ms"]["mean"] for r in runs), mean(r["ttft_ms"]["p99"] for r in runs))
             b = stat[models[0]]
             rows.append([w, f"{rate:g}", *(f"{stat[m][0]:.1f} / {stat[m][1]:.0f}" for m in models),
-                         " | ".join(f"{stat[m][0] / b[0]:.3f}, {stat[m][1] / b[1]:.3f}" for m in models[1:])])
+                         *(f"{stat[m][0] / b[0]:.3f}, {stat[m][1] / b[1]:.3f}" for m in models[1:])])
     table(["workload", "rate", *(f"{m} TTFT mean / p99 ms" for m in models),
-           " | ".join(f"{m} mean, p99 / {models[0]}" for m in models[1:])], "lr" + "r" * (2 * len(models) - 1), rows)
+           *(f"{m} mean, p99 / {models[0]}" for m in models[1:])], "lr" + "r" * (2 * len(models) - 1), rows)
 
 
 def cmd_mape_by_tenth(a):
