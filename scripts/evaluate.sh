@@ -3,8 +3,8 @@
 # options' records): all policies, then each affinity-gate option, on the
 # Mooncake conversation trace (several loads, and under memory pressure), the chat workload and
 # shared-prefix preset A. Writes JSON into OUT_DIR (default eval-out/); then run
-#   scripts/sim_table.py OUT_DIR/<workload>/all.json
-#   scripts/gate_table.py OUT_DIR/<workload>/all.json OUT_DIR/<workload>/*variant*.json
+#   scripts/sim_tables.py sim OUT_DIR/<workload>/all.json
+#   scripts/sim_tables.py gate OUT_DIR/<workload>/all.json OUT_DIR/<workload>/*variant*.json
 # Build first: cargo build --release. Takes ~15 min on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
