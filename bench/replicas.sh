@@ -104,7 +104,7 @@ cargo build --release -q -p kvgate || exit 1
 kvgate="${CARGO_TARGET_DIR:-$root/target}/release/kvgate"
 
 # The first N requests (arrivals spread with --jitter-ms), in two halves and four parts.
-python3 scripts/jitter_trace.py "$trace" "$requests" "$jitter_ms" "$out/first.jsonl" || exit 1
+python3 bench/jitter_trace.py "$trace" "$requests" "$jitter_ms" "$out/first.jsonl" || exit 1
 python3 - "$out" <<'EOF'
 import sys
 out = sys.argv[1]

@@ -2,7 +2,7 @@
 # Produces the SLO goodput tables (docs/decisions/slo-routing.md): the affinity gate (default
 # profile) with and without SLO routing. (Its part against "auto" τ / ε went with the "auto"
 # values on 2026-12-07: docs/decisions/tau-epsilon-auto.md.) Writes JSON into OUT_DIR (default eval-adaptive/); then
-#   scripts/variant_table.py OUT_DIR/slo/<workload>/no-slo-routing.json OUT_DIR/slo/<workload>/slo-routing.json
+#   scripts/sim_tables.py variant OUT_DIR/slo/<workload>/no-slo-routing.json OUT_DIR/slo/<workload>/slo-routing.json
 # Build first: cargo build --release -p kvgate. SEEDS (default 1) and THREADS (default 2) apply.
 set -euo pipefail
 cd "$(dirname "$0")/.."

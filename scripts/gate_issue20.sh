@@ -4,7 +4,7 @@
 # exploration rate against the peers on shared-prefix A, chat and the Mooncake trace.
 #
 # Usage: scripts/gate_issue20.sh OUT_DIR   (release build of `kvgate` first; KVGATE=path overrides)
-# Then:  scripts/peer_ratio_table.py OUT_DIR/W/all.json OUT_DIR/W/*-*.json   for W in sp chat mc
+# Then:  scripts/sim_tables.py peer-ratio OUT_DIR/W/all.json OUT_DIR/W/*-*.json   for W in sp chat mc
 set -euo pipefail
 out=${1:?usage: $0 OUT_DIR}
 kvgate=${KVGATE:-target/release/kvgate}

@@ -2,7 +2,7 @@
 # Cross-workload predictor evaluation (docs/decisions/predictor-rls-variants.md): `kvgate sim --policy affinity-gate`
 # on the fit workload (chat: where the predictor's parameters were chosen) and on the held-out
 # ones (Mooncake conversation trace at rates 1/2/4, shared-prefix presets A–D, the mixed 4 H100
-# + 4 A100 pool), SEEDS seeds each; then prints one table (scripts/predictor_cross_table.py):
+# + 4 A100 pool), SEEDS seeds each; then prints one table (scripts/sim_tables.py predictor-cross):
 # TTFT MAPE and the predictor's own p90 coverage per workload and rate, and a summary against
 # the aims of issue 20. (Its rls-rel / rls-split / rls-split-rel columns measured variants
 # removed on 2026-12-07.)
@@ -41,4 +41,4 @@ args=()
 for name in $names; do
   for model in $models; do args+=("$name:$model=$out/$name/$model.json"); done
 done
-scripts/predictor_cross_table.py --fit chat "${args[@]}"
+scripts/sim_tables.py predictor-cross --fit chat "${args[@]}"

@@ -5,7 +5,7 @@
 # Mooncake conversation trace and the chat workload at four loads, against every baseline policy
 # (only `latency` among them uses a predictor); then the mixed pool (4 H100 + 4 A100) with
 # class-aware and class-blind prediction. Writes JSON into OUT_DIR (default
-# predictor-out/) and prints the tables (scripts/predictor_table.py).
+# predictor-out/) and prints the tables (scripts/sim_tables.py predictor).
 # WORKLOADS (default "mooncake chat mixed") picks workloads; BASELINES (default: every baseline)
 # the baseline policies, comma-separated; SEEDS (default 1) the seeds.
 # Build first: cargo build --release -p kvgate. Mooncake alone takes ~15 min on 2 loaded cores.
@@ -36,9 +36,9 @@ for name in ${WORKLOADS:-mooncake chat mixed}; do
   echo "### $name"
   echo
   if [ "$name" = mixed ]; then
-    scripts/predictor_table.py "$out/$name/baselines.json" \
+    scripts/sim_tables.py predictor "$out/$name/baselines.json" \
       "rls=$out/$name/rls.json" "rls class-blind=$out/$name/rls-blind.json"
   else
-    scripts/predictor_table.py "$out/$name/baselines.json" "$out/$name/rls.json"
+    scripts/sim_tables.py predictor "$out/$name/baselines.json" "$out/$name/rls.json"
   fi
 done

@@ -13,7 +13,7 @@
 //! an OTLP endpoint on the in-process upstream that accepts and drops every export (`off`, the
 //! default: tracing off). `--count N`: instead of the table, N streams one after the other
 //! through the gateway after a 50-stream warm-up, then a shutdown that exports what is queued
-//! (for instruction counts: `scripts/otel_cost.sh` runs it under callgrind at two N and takes
+//! (for instruction counts: `bench/otel_cost.sh` runs it under callgrind at two N and takes
 //! the difference, so start-up is not counted); the pod is then scraped every 60 s only, and
 //! everything runs on one thread (a current-thread runtime).
 

@@ -356,7 +356,7 @@ fn unix_ms_now() -> f64 {
 }
 
 /// One JSON line per request (`--requests-jsonl`), for time-resolved analysis (e.g. p99 TTFT
-/// inside and outside fault windows in `scripts/soak.sh`): `id`, `sent_unix_ms`, `ttft_ms`,
+/// inside and outside fault windows in `bench/soak.sh`): `id`, `sent_unix_ms`, `ttft_ms`,
 /// `e2e_ms`, `output_tokens`, `error`, `input_tokens`; `pod`, `branch` and `queue_ms` when the
 /// target is a router that said them (kvgate's `x-kvgate-pod`, `x-kvgate-branch` and
 /// `x-kvgate-queue-ms` headers); with

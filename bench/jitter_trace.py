@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Spread a Mooncake-format trace's arrivals: each request later by a uniform draw in [0, J) ms.
 
-    scripts/jitter_trace.py TRACE N J OUT
+    bench/jitter_trace.py TRACE N J OUT
 
 Writes the first N requests of TRACE to OUT with `timestamp` moved by a seeded (seed 1) uniform
 draw in [0, J) ms each, re-sorted by the new times (ties keep the trace's order); J = 0 copies

@@ -5,11 +5,11 @@
 # minute. Reports requests sent / succeeded / failed by kind, p99 TTFT in steady state vs in
 # failure windows (kill → restart + 5 s), and the gateway's RSS (from /proc) at start and end.
 #
-# With --hostile, hostile clients (scripts/soak_hostile.py) run alongside the normal load for
+# With --hostile, hostile clients (bench/soak_hostile.py) run alongside the normal load for
 # its whole length: slow-body clients, clients that never read their response, a flood of bad
 # JSON, oversized bodies; the report adds what they got back.
 #
-# Usage: scripts/soak.sh [--minutes N] [--rate R] [--down S] [--out DIR] [--debug] [--hostile]
+# Usage: bench/soak.sh [--minutes N] [--rate R] [--down S] [--out DIR] [--debug] [--hostile]
 #   --minutes N  length of the load, 1..15 (env SOAK_MINUTES)             [default: 10]
 #   --rate R     requests per second, steady (env SOAK_RATE)               [default: 10]
 #   --down S     seconds a killed pod stays down (env SOAK_DOWN_S)         [default: 10]
@@ -226,8 +226,8 @@ echo "== loadgen: $total requests at $rate/s for $minutes min; a pod killed ever
 lg_pid=$!
 t0=$(now_ms)
 if [ "$hostile" = 1 ]; then
-  echo "== hostile clients for $minutes min (scripts/soak_hostile.py)"
-  python3 scripts/soak_hostile.py 127.0.0.1 "$gw_port" "$((minutes * 60))" "$out/hostile.json" \
+  echo "== hostile clients for $minutes min (bench/soak_hostile.py)"
+  python3 bench/soak_hostile.py 127.0.0.1 "$gw_port" "$((minutes * 60))" "$out/hostile.json" \
     >"$out/hostile.log" 2>&1 &
   hostile_pid=$!
 fi

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Hostile clients for `scripts/soak.sh --hostile`: runs alongside the normal load against the
+"""Hostile clients for `bench/soak.sh --hostile`: runs alongside the normal load against the
 gateway's traffic port for DURATION seconds, then writes what they saw to OUT (JSON).
 
 - slow-body: SLOW connections, each sends the headers of a POST claiming a 10 MB body and a

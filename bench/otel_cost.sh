@@ -7,7 +7,7 @@
 # warm-up and the final export flush cancel out). `off` runs twice: the spread of those two is
 # the method's noise. BASE=path/to/overhead (the example built from an earlier commit, run with
 # tracing off) adds that binary's rows first and last: the cost of the change with tracing off.
-# Usage: [BASE=…] scripts/otel_cost.sh [N_LOW N_HIGH]   (default 100 400)
+# Usage: [BASE=…] bench/otel_cost.sh [N_LOW N_HIGH]   (default 100 400)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 lo=${1:-100}
