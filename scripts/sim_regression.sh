@@ -33,7 +33,7 @@ compare chat --workload chat --max-requests 3000 --policy "$policies" --rate-sca
 compare chat-engine --workload chat --max-requests 3000 --policy affinity-gate,sglang-cache-aware --index routed,engine --kv-blocks 800 --event-delay-ms 0,50 --event-loss 0,0.05
 compare chat-engine-stale --workload chat --max-requests 3000 --policy affinity-gate --index engine --kv-blocks 800 --event-loss 0.05 --event-loss-recovery stale
 compare shared-prefix --workload shared-prefix --max-requests 2000 --policy "$policies" --rate-scale 2
-compare drift --workload chat --max-requests 2000 --policy affinity-gate --drift-adaptation
+compare balance --workload chat --max-requests 2000 --policy affinity-gate --router-config '{"balance_window_rel":0.5}'
 compare mixed --workload chat --max-requests 2000 --policy affinity-gate,latency --pod-profiles llama3-8b-h100:4,llama3-8b-a100:4
 compare faults --workload chat --max-requests 3000 --policy affinity-gate,least-request --faults every=20,down=5
 compare tau-eps --workload chat --max-requests 2000 --policy affinity-gate --router-config '{"affinity_gate_tau":0.5,"epsilon_explore_sticky":0.05}'

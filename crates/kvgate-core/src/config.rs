@@ -176,6 +176,20 @@ fn removed_predictor_model<'de, D: serde::Deserializer<'de>>(d: D) -> Result<(),
     )))
 }
 
+/// `predictor_drift_adaptation`, a removed key: `false` (what both profiles had, so a config
+/// that named the default keeps working) is accepted and ignored; `true` is refused.
+fn removed_drift_adaptation<'de, D: serde::Deserializer<'de>>(d: D) -> Result<(), D::Error> {
+    if !<bool as serde::Deserialize>::deserialize(d)? {
+        return Ok(());
+    }
+    Err(serde::de::Error::custom(removed(
+        "predictor_drift_adaptation",
+        "docs/decisions/predictor-drift-adaptation.md: adapting on drift episodes tipped the \
+         Mooncake trace into growing queues and helped no routing measurement; episodes are still \
+         counted (kvgate_predictor_class_drift_episodes_total); leave the key out",
+    )))
+}
+
 /// Deserialised through `RouterKeys`: the chosen `gate_profile` first, every key given over it
 /// (see the module docs); the result is validated.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -255,12 +269,6 @@ pub struct RouterConfig {
     pub lru_capacity_per_server: u32,
 
     // ---- latency predictor (one model: RLS per pod class, `predictor::model`) ----
-    /// Whether a drift episode (a class's recent error far above its long-run error) resets the
-    /// class's confidence and speeds up its forgetting. Default false: episodes are still
-    /// detected and exposed as metrics, but adapting on them made Mooncake at 4× rate tip into
-    /// growing queues on one seed of three (docs/decisions/predictor-drift-adaptation.md); turn it on for fleets whose
-    /// pods change speed (it recovers a 2× slowdown in ~300 samples instead of thousands).
-    pub predictor_drift_adaptation: bool,
     /// Samples a pod class needs before its regression replaces the analytic estimate, for
     /// TTFT and for TPOT each: the predictor's
     /// `min_samples`. 32 in both profiles. The default profile had 8 (docs/decisions/predictor-min-samples.md:
@@ -268,8 +276,7 @@ pub struct RouterConfig {
     /// fitted on 8–31 samples ranked the pods worse than the analytic estimate: 32 had ×0.74
     /// the mean TTFT of 8 on the overloaded agent workload, the simulator's §17.10 rows within
     /// 1 % (BENCHMARKS.md "The predictor's first samples"). ≥ 1. Changing it on a config reload
-    /// starts a new predictor (what was learnt is dropped), as changing
-    /// `predictor_drift_adaptation` does.
+    /// starts a new predictor (what was learnt is dropped).
     pub predictor_min_samples: u64,
     /// Whether the predictor learns a request's TTFT at its first token instead of when the
     /// request ends (a whole decode later: ~8 s for 1,000 output tokens, during which a new
@@ -400,6 +407,7 @@ router_keys! {
     // Keys removed on 2026-12-07: refused, with what to use instead.
     removed {
         predictor_model: "removed_predictor_model", "predictorModel";
+        predictor_drift_adaptation: "removed_drift_adaptation", "predictorDriftAdaptation";
     }
     gate_profile: GateProfile, "gateProfile";
     affinity_gate_tau: TauNumber, "affinityGateTau";
@@ -428,7 +436,6 @@ router_keys! {
     block_size_tokens: u32, "blockSizeTokens";
     chars_per_token: u32, "averageCharactersPerToken";
     lru_capacity_per_server: u32, "lruCapacityPerServer";
-    predictor_drift_adaptation: bool, "predictorDriftAdaptation";
     predictor_min_samples: u64, "predictorMinSamples";
     predictor_ttft_at_first_token: bool, "predictorTtftAtFirstToken";
     predict_computed_prefix: bool, "predictComputedPrefix";
@@ -477,7 +484,6 @@ impl RouterConfig {
             block_size_tokens: DEFAULT_BLOCK_SIZE_TOKENS,
             chars_per_token: DEFAULT_CHARS_PER_TOKEN,
             lru_capacity_per_server: DEFAULT_POD_CAPACITY_BLOCKS,
-            predictor_drift_adaptation: false,
             predictor_min_samples: 32,
             predictor_ttft_at_first_token: false,
             predict_computed_prefix: false,
@@ -752,13 +758,11 @@ impl RouterConfig {
 /// The predictor side of a router config: here, beside the config, so that the predictor does
 /// not depend on the router's config.
 impl PredictorConfig {
-    /// The predictor a router config asks for: its drift adaptation and cold-start sample
-    /// count (`predictor_drift_adaptation`, `predictor_min_samples`), every other field at its
-    /// default. The gateway and the simulator both start here, so a
+    /// The predictor a router config asks for: its cold-start sample count
+    /// (`predictor_min_samples`), every other field at its default. The gateway and the simulator both start here, so a
     /// profile means the same predictor in both.
     pub fn for_router(router: &RouterConfig) -> Self {
         PredictorConfig {
-            drift_detection: router.predictor_drift_adaptation,
             min_samples: router.predictor_min_samples,
             ..PredictorConfig::default()
         }
@@ -912,7 +916,7 @@ mod tests {
         }
         // What measured better somewhere stays a plain key.
         let c = RouterConfig::from_json(&json!({
-            "cold_spread_window_ms": 20, "predictor_drift_adaptation": true,
+            "cold_spread_window_ms": 20, "predictor_drift_adaptation": false,
             "explore_mode": "best-overall", "slo_routing": true
         }))
         .unwrap();
@@ -939,10 +943,22 @@ mod tests {
     }
 
     #[test]
-    fn predictor_drift_adaptation_is_read_in_either_spelling() {
-        let c = RouterConfig::from_json(&json!({"predictorDriftAdaptation": true})).unwrap();
-        assert!(c.predictor_drift_adaptation);
-        assert!(!RouterConfig::default().predictor_drift_adaptation);
+    fn predictor_drift_adaptation_is_refused_on_and_accepted_off_in_either_spelling() {
+        for key in ["predictor_drift_adaptation", "predictorDriftAdaptation"] {
+            let err = RouterConfig::from_json(&json!({ key: true })).unwrap_err();
+            assert!(
+                err.to_string()
+                    .contains("predictor_drift_adaptation was removed on 2026-12-07"),
+                "{err}"
+            );
+            assert!(
+                err.to_string().contains("predictor-drift-adaptation.md"),
+                "{err}"
+            );
+            // Off was both profiles' value: a config naming it keeps working.
+            let c = RouterConfig::from_json(&json!({ key: false })).unwrap();
+            assert_eq!(c, RouterConfig::default());
+        }
     }
 
     #[test]
@@ -1039,7 +1055,7 @@ mod tests {
         let v = json!({
             "gate_profile": "seed", "affinityGateTau": 0.5, "affinity_relative_penalty": 2,
             "prefixWeight": 1, "cache_threshold": 0.5, "blockSizeTokens": 32,
-            "predictorDriftAdaptation": true, "exploreMode": "random-non-sticky",
+            "exploreMode": "random-non-sticky",
             "experimental_options": true
         });
         let via_serde: RouterConfig = serde_json::from_value(v.clone()).unwrap();
@@ -1049,7 +1065,6 @@ mod tests {
         assert_eq!(via_serde.affinity_relative_penalty, 2.0);
         assert_eq!(via_serde.weighted_prefix_weight, 1.0);
         assert_eq!(via_serde.block_size_tokens, 32);
-        assert!(via_serde.predictor_drift_adaptation);
         assert_eq!(via_serde.explore_mode, ExploreMode::RandomNonSticky);
     }
 

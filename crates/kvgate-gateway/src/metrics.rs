@@ -483,7 +483,7 @@ impl Metrics {
         );
         r.register(
             "predictor_class_drift",
-            "1 while the class's TTFT or TPOT model is in a drift episode (adapting faster)",
+            "1 while the class's TTFT or TPOT model is in a drift episode (its recent error far above its usual)",
             self.predictor_class_drift.clone(),
         );
         r.register(

@@ -123,10 +123,9 @@ pub struct SimArgs {
     /// Ablation: hide the KV-shortfall (memory pressure) feature from the TTFT predictor.
     #[arg(long)]
     no_kv_shortfall: bool,
-    /// Drift adaptation in the predictor: a class whose recent error grows far past its long-run
-    /// error resets its confidence and forgets faster (off by default; same as the router
-    /// config's `predictor_drift_adaptation`).
-    #[arg(long)]
+    /// Removed on 2026-12-07 (docs/decisions/predictor-drift-adaptation.md); kept hidden only to
+    /// refuse it with a message that says so.
+    #[arg(long, hide = true)]
     drift_adaptation: bool,
     /// Pod outages: `POD@DOWN_S-UP_S,...` (e.g. `3@60-90`) or `every=PERIOD_S,down=DOWN_S[,start=S]`
     /// (one pod after another, round-robin). Requests on a dying pod are retried before their
@@ -486,6 +485,17 @@ pub fn run(args: SimArgs) -> Result<()> {
             )
         );
     }
+    if args.drift_adaptation {
+        bail!(
+            "{}",
+            kvgate_core::config::removed(
+                "--drift-adaptation",
+                "docs/decisions/predictor-drift-adaptation.md: adapting on drift episodes tipped \
+                 the Mooncake trace into growing queues and helped no routing measurement; drop \
+                 the flag"
+            )
+        );
+    }
     let policies = parse_policies(&args.policy)?;
     let rates = parse_rates(&args)?;
     let profile = profile_by_name(&args.profile)?;
@@ -554,7 +564,6 @@ pub fn run(args: SimArgs) -> Result<()> {
     if let Some(n) = args.predictor_min_samples {
         router.predictor_min_samples = n;
     }
-    router.predictor_drift_adaptation |= args.drift_adaptation;
     router.predictor_ttft_at_first_token |= args.learn_ttft_at_first_token;
     let (workload, mut requests) = load_workload(&args)?;
     let mut fleet_models = Vec::new();

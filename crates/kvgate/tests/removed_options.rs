@@ -42,6 +42,38 @@ fn sim_refuses_the_removed_predictor_model_flag_saying_what_to_do() {
 }
 
 #[test]
+fn sim_refuses_the_removed_drift_adaptation_flag_and_key() {
+    let base = [
+        "sim",
+        "--workload",
+        "chat",
+        "--max-requests",
+        "10",
+        "--quiet",
+    ];
+    let err = failure_message(&kvgate(&[&base[..], &["--drift-adaptation"]].concat()));
+    assert!(
+        err.contains("--drift-adaptation was removed on 2026-12-07"),
+        "{err}"
+    );
+    assert!(err.contains("predictor-drift-adaptation.md"), "{err}");
+    let on = r#"{"predictorDriftAdaptation":true}"#;
+    let err = failure_message(&kvgate(&[&base[..], &["--router-config", on]].concat()));
+    assert!(
+        err.contains("predictor_drift_adaptation was removed on 2026-12-07"),
+        "{err}"
+    );
+    // Off, both profiles' value, is accepted.
+    let off = r#"{"predictor_drift_adaptation":false}"#;
+    let out = kvgate(&[&base[..], &["--router-config", off]].concat());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
 fn sim_accepts_the_removed_predictor_model_flag_when_it_names_rls() {
     let out = kvgate(&[
         "sim",

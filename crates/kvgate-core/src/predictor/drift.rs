@@ -1,6 +1,8 @@
 //! Drift detection: notices when a class's recent prediction error has grown well past its
 //! usual level (a pod became slower or faster: a co-tenant, thermal throttling, a new engine
-//! version) and tells the caller to adapt faster until the error recovers.
+//! version). Episodes are counted and exported as metrics; the predictor does not adapt on them
+//! (adapting — covariance reset and a faster forgetting factor — was removed on 2026-12-07:
+//! docs/decisions/predictor-drift-adaptation.md).
 //!
 //! Per target (TTFT, TPOT) of each class, two exponentially weighted means of the absolute
 //! percentage error |actual − predicted| / actual of prequential predictions:
@@ -19,9 +21,6 @@
 //! error stays high for good would keep an episode open forever, so an episode also ends after
 //! 1 / `drift_long_run_alpha` samples (500), and its recent error becomes the new long-run one. Samples scored while the model is still
 //! on its analytic cold-start estimate are not fed in: their error says nothing about drift.
-//! When an episode starts the predictor resets the regressor's covariance to its prior (weights
-//! kept), so the next few dozen samples re-fit the weights; while it lasts, the regressor runs
-//! with the lower forgetting factor `drift_forgetting_factor` (default 0.99: half-life ≈ 69 samples instead of 693).
 
 /// The drift state of one target of one class. All fields are plain numbers; no allocation.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]

@@ -20,10 +20,10 @@
 //!   samples, and a per-class p90 TTFT from a tracked quantile of actual/predicted, with its
 //!   coverage. See [`LatencyPredictor::predict_p90_ttft`].
 //! - **Drift** ([`drift`]): per class and target, a recent and a long-run mean of the absolute
-//!   percentage error; when the recent one passes max(2 × long-run, 20 %) the class's regressor
-//!   forgets its confidence (covariance back to the prior, weights kept) and runs with
-//!   λ = `drift_forgetting_factor` (0.99) until the error recovers. Episodes are
-//!   counted ([`AccuracyReport::drift_episodes`], [`LatencyPredictor::class_reports`]).
+//!   percentage error; an episode runs while the recent one is past max(2 × long-run, 20 %).
+//!   Episodes are counted ([`AccuracyReport::drift_episodes`],
+//!   [`LatencyPredictor::class_reports`]); the predictor does not adapt on them
+//!   (docs/decisions/predictor-drift-adaptation.md).
 //! - **Rejected input.** Targets that are non-finite or outside [`min_predicted_ms`,
 //!   `max_predicted_ms`] (so ≤ 0 too) are ignored and counted (`rejected_targets`); samples whose features are not finite are ignored and counted
 //!   (`rejected_features`). Prediction accepts any features: they are sanitised first.
@@ -144,12 +144,6 @@ pub struct PredictorConfig {
     /// [`features`]). Default true; false is the ablation measured in
     /// docs/decisions/predictor-model-rls.md.
     pub kv_shortfall_feature: bool,
-    /// Whether a drift episode resets confidence and lowers the forgetting factor ([`drift`]).
-    /// Default false (the router config's `predictor_drift_adaptation`; see
-    /// docs/decisions/predictor-drift-adaptation.md for why): episodes are still detected and counted but λ stays put.
-    pub drift_detection: bool,
-    /// λ while a class is in a drift episode. Default 0.99 (half-life ≈ 69 samples).
-    pub drift_forgetting_factor: f64,
     /// Weight of the recent error mean. Default 0.05 (≈ the last 20 samples).
     pub drift_recent_alpha: f64,
     /// Weight of the long-run error mean. Default 0.002 (≈ the last 500 samples).
@@ -181,8 +175,6 @@ impl Default for PredictorConfig {
             ttft_p90_step: 0.01,
             ttft_p90_initial_ratio: 1.5,
             kv_shortfall_feature: true,
-            drift_detection: false,
-            drift_forgetting_factor: 0.99,
             drift_recent_alpha: 0.05,
             drift_long_run_alpha: 0.002,
             drift_error_ratio: 2.0,
@@ -280,13 +272,6 @@ impl PredictorConfig {
             ("ttft_p90_initial_ratio", "> 0"),
             c.ttft_p90_initial_ratio,
             d.ttft_p90_initial_ratio,
-            &mut first,
-        );
-        c.drift_forgetting_factor = checked(
-            positive(c.drift_forgetting_factor) && c.drift_forgetting_factor <= 1.0,
-            ("drift_forgetting_factor", "(0, 1]"),
-            c.drift_forgetting_factor,
-            d.drift_forgetting_factor,
             &mut first,
         );
         for (field, value, default) in [
@@ -636,24 +621,14 @@ impl LatencyPredictor {
             models.score_p90(actual, predicted_p90);
             models.ttft_p90.observe(actual, predicted);
             if models.model.samples(Target::Ttft) >= config.min_samples {
-                let episodes = models.ttft_drift.episodes();
-                let drifting = models.ttft_drift.observe(ape(actual, predicted), &bounds);
-                let started = config.drift_detection && models.ttft_drift.episodes() > episodes;
-                models
-                    .model
-                    .adapt(Target::Ttft, started, lambda(config, drifting));
+                models.ttft_drift.observe(ape(actual, predicted), &bounds);
             }
         }
         if let Some(actual) = tpot {
             let predicted = models.tpot_ms(config, &f);
             self.accuracy.score_tpot(actual, predicted);
             if models.model.samples(Target::Tpot) >= config.min_samples {
-                let episodes = models.tpot_drift.episodes();
-                let drifting = models.tpot_drift.observe(ape(actual, predicted), &bounds);
-                let started = config.drift_detection && models.tpot_drift.episodes() > episodes;
-                models
-                    .model
-                    .adapt(Target::Tpot, started, lambda(config, drifting));
+                models.tpot_drift.observe(ape(actual, predicted), &bounds);
             }
         }
         models.model.observe(&Sample {
@@ -704,15 +679,6 @@ impl LatencyPredictor {
 /// Absolute percentage error of one prediction (`actual` > 0).
 fn ape(actual: f64, predicted: f64) -> f64 {
     (actual - predicted).abs() / actual
-}
-
-/// The forgetting factor a model should use: the faster one during a drift episode.
-fn lambda(config: &PredictorConfig, drifting: bool) -> f64 {
-    if drifting && config.drift_detection {
-        config.drift_forgetting_factor
-    } else {
-        config.forgetting_factor
-    }
 }
 
 /// The class's models, created on first sight while the table has room, else the fallback.

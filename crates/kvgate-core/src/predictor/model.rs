@@ -80,25 +80,6 @@ impl RlsModel {
         }
     }
 
-    /// Called before [`RlsModel::observe`] for a target the drift detector scored: whether a
-    /// drift episode just started, and the forgetting factor to use now.
-    pub fn adapt(&mut self, target: Target, episode_started: bool, forgetting_factor: f64) {
-        match target {
-            Target::Ttft => {
-                if episode_started {
-                    self.ttft.reset_confidence();
-                }
-                self.ttft.set_forgetting_factor(forgetting_factor);
-            }
-            Target::Tpot => {
-                if episode_started {
-                    self.tpot.reset_confidence();
-                }
-                self.tpot.set_forgetting_factor(forgetting_factor);
-            }
-        }
-    }
-
     /// Samples of `target` learnt since creation or the last reset.
     pub fn samples(&self, target: Target) -> u64 {
         match target {

@@ -67,19 +67,9 @@ impl<const D: usize> Rls<D> {
         self.forgetting_factor
     }
 
-    /// Changes λ from the next update on (the drift detector lowers it for faster adaptation);
-    /// values outside (0, 1] are ignored.
-    pub fn set_forgetting_factor(&mut self, forgetting_factor: f64) {
-        if forgetting_factor > 0.0 && forgetting_factor <= 1.0 {
-            self.forgetting_factor = forgetting_factor;
-        }
-    }
-
     /// Keeps the weights but resets the covariance to its prior I/δ, so the next samples move
-    /// the weights as if the model had just started from them ("covariance resetting", the
-    /// classic RLS answer to an abrupt change; the drift detector calls it when an episode
-    /// starts).
-    pub fn reset_confidence(&mut self) {
+    /// the weights as if the model had just started from them ("covariance resetting").
+    fn reset_confidence(&mut self) {
         self.covariance = [[0.0; D]; D];
         for (i, row) in self.covariance.iter_mut().enumerate() {
             row[i] = 1.0 / self.ridge_delta;

@@ -142,10 +142,8 @@ fn learns_a_linear_truth_to_under_five_percent_mape() {
 #[test]
 fn forgetting_tracks_a_change_of_regime_within_3000_samples() {
     let run = |forgetting_factor: f64| {
-        // Plain forgetting, without the faster adaptation of a drift episode.
         let config = PredictorConfig {
             forgetting_factor,
-            drift_detection: false,
             ..PredictorConfig::default()
         };
         let mut p = LatencyPredictor::new(config);
@@ -404,12 +402,8 @@ fn kv_shortfall_is_learnt_and_the_ablation_hides_it() {
 
 /// Trains 3000 samples, makes the pod 2× slower, trains `after` more; returns the held-out
 /// TTFT MAPE then and the predictor.
-fn regime_change(drift_detection: bool, after: usize) -> (f64, LatencyPredictor) {
-    let config = PredictorConfig {
-        drift_detection,
-        ..PredictorConfig::default()
-    };
-    let mut p = LatencyPredictor::new(config);
+fn regime_change(after: usize) -> (f64, LatencyPredictor) {
+    let mut p = LatencyPredictor::new(PredictorConfig::default());
     let mut rng = ChaCha8Rng::seed_from_u64(17);
     let noise = |r: &mut ChaCha8Rng| 1.0 + 0.04 * (2.0 * r.random::<f64>() - 1.0);
     train(&mut p, &mut rng, "pod", 1.0, 3000, noise);
@@ -419,22 +413,19 @@ fn regime_change(drift_detection: bool, after: usize) -> (f64, LatencyPredictor)
 }
 
 #[test]
-fn drift_detection_fires_on_a_regime_change_and_recovers_faster() {
-    // 300 samples after the pod became 2× slower. Figures (docs/decisions/predictor-drift-adaptation.md):
-    // held-out TTFT MAPE 0.6 % with drift handling, 37.0 % without (λ stays 0.999); the
-    // noise floor is 2 % (±4 % uniform).
-    let (with_drift, p) = regime_change(true, 300);
-    let (without, _) = regime_change(false, 300);
-    eprintln!("held-out TTFT MAPE 300 samples after: with drift {with_drift}, without {without}");
+fn a_regime_change_starts_a_drift_episode_that_ends_once_the_error_is_back() {
+    // 300 samples after the pod became 2× slower the error is still high (37 % held out: λ 0.999
+    // forgets slowly; adapting on the episode, removed, had 0.6 %:
+    // docs/decisions/predictor-drift-adaptation.md) and an episode is counted.
+    let (mape, p) = regime_change(300);
+    assert!(mape > 0.1, "300 samples after: {mape}");
     let report = p.accuracy();
     assert!(report.drift_episodes >= 1, "{report:?}");
     let class = &p.class_reports()[0];
     assert_eq!(class.class, "pod");
     assert!(class.drift_episodes >= 1, "{class:?}");
-    assert!(with_drift < 0.02, "with drift handling: {with_drift}");
-    assert!(without > 0.1, "without drift handling: {without}");
-    // Once the error has recovered the episode ends and λ is back to its default.
-    let (_, p) = regime_change(true, 2000);
+    // Later the episode has ended (the error recovered, or the episode timed out).
+    let (_, p) = regime_change(3000);
     assert!(!p.drift_active("pod"), "{:?}", p.class_reports());
     assert_eq!(p.accuracy().drifting_classes, 0);
 }
