@@ -604,6 +604,7 @@ impl Engine {
                 }
             }
             r.scheduled = new;
+            register_scheduled(&mut self.kv, self.block_size_tokens, r);
             *budget -= new;
             i += 1;
         }
@@ -681,6 +682,7 @@ impl Engine {
             // A transferred prompt's first step is a decode step.
             r.prefill_target = if transferred { computed } else { num_tokens };
             r.scheduled = new;
+            register_scheduled(&mut self.kv, self.block_size_tokens, &mut r);
             if transferred {
                 r.transferred = false;
                 self.metrics.prompt_tokens_transferred += u64::from(r.input_tokens - cached);
@@ -776,5 +778,19 @@ impl Engine {
     }
 }
 
+
+/// Registers the full blocks `r`'s scheduled tokens will compute in this step, as soon as it is
+/// scheduled (vLLM v1's `KVCacheManager.allocate_slots` caches them then, before the scheduler
+/// looks at the next request): a request scheduled after it, in this step or a later one, finds
+/// them cached and computes only what follows. So siblings waiting together share a prefix the
+/// first of them brings, as on vLLM; the step still computes it once, for the first.
+fn register_scheduled(kv: &mut kv_cache::KvCache, block: u32, r: &mut Req) {
+    let full = ((r.computed + r.scheduled) / block).min(r.cacheable_blocks);
+    while r.registered < full {
+        let idx = r.registered as usize;
+        kv.register(r.table[idx], r.hashes[idx]);
+        r.registered += 1;
+    }
+}
 #[cfg(test)]
 mod tests;

@@ -661,3 +661,20 @@ fn without_lora_adapters_are_ignored() {
     );
     assert!(m.lora_running.is_empty());
 }
+
+#[test]
+fn siblings_waiting_together_compute_their_shared_prefix_once() {
+    // Two requests of the same 256-token prompt arrive together on an idle pod. vLLM v1 caches
+    // the first one's blocks when it schedules it, before it looks at the second, so the second
+    // finds 15 of its 16 blocks cached (the last one is recomputed for the logits) although no
+    // step has run yet.
+    let mut e = Engine::new(h100(), None);
+    let steps = run(
+        &mut e,
+        &[(0.0, req(1, 7, 256, 1)), (0.0, req(2, 7, 256, 1))],
+        10,
+    );
+    assert_eq!(steps[0].scheduled_seqs, 2);
+    assert_eq!(steps[0].prefill_tokens, 256 + 16, "{:?}", steps[0]);
+    assert_eq!(e.metrics().prefix_cache_hits_tokens, 240);
+}
