@@ -18,6 +18,11 @@
 //!    prompt up to the remaining budget (chunked prefill), and stop at the first request whose
 //!    blocks do not fit (head-of-line, as vLLM).
 //!
+//! A request's full blocks are registered in the prefix cache when it is scheduled, for the
+//! tokens this step will compute (vLLM v1's `allocate_slots` caches them then): a request
+//! scheduled after it, later in the same step or in a later one, finds them cached. So siblings
+//! waiting together compute their shared prefix once, as on vLLM.
+//!
 //! A request samples a token in the step that completes its prefill (its first token, or after a
 //! preemption its next one) and then one token per step; it finishes after `output_tokens`.
 //!
