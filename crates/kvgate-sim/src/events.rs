@@ -5,7 +5,7 @@
 //! DESIGN.md §4 and §7. The index is production's: the session's
 //! [`kvgate_core::index::engine::HybridIndex`], and each pod's event sequence is followed by
 //! [`kvgate_core::index::follower::KvEventFollower`], exactly as the gateway's ZeroMQ task
-//! (`kvgate-gateway/src/kv_events.rs`) does. What this module adds is the model of the wire:
+//! (`kvgate-gateway/src/fleet/kv_events.rs`) does. What this module adds is the model of the wire:
 //! batches with sequence numbers, a delay, losses and the pods' replay buffers.
 //!
 //! # Algorithm

@@ -1,7 +1,7 @@
 //! Flow control, sans IO: a router-side queue that holds requests while the fleet is saturated
 //! and releases them by priority band, then fairly across tenants.
 //!
-//! The gateway (HTTP proxy and ext_proc picker, `kvgate-gateway/src/flow.rs`) and the simulator
+//! The gateway (HTTP proxy and ext_proc picker, `kvgate-gateway/src/pipeline/flow.rs`) and the simulator
 //! (`kvgate-sim/src/cluster.rs`) drive the same [`FlowQueue`]: they offer each request with its
 //! class and the fleet's [`Saturation`] ([`saturation`]), release entries while the fleet has
 //! headroom, and expire entries at their deadline. Time is passed in (`now_ms`); nothing here

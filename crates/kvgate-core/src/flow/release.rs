@@ -1,6 +1,6 @@
 //! The release rule, sans IO: what the fleet can take now ([`FleetRoom`]) and which queued
 //! requests leave the [`FlowQueue`] for it ([`release`]). The gateway's driver task
-//! (`kvgate-gateway/src/flow.rs`) and the simulator's event loop (`kvgate-sim/src/cluster.rs`)
+//! (`kvgate-gateway/src/pipeline/flow.rs`) and the simulator's event loop (`kvgate-sim/src/cluster.rs`)
 //! both run these; neither has a release loop of its own.
 //!
 //! # The rule

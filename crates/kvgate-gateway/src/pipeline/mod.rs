@@ -16,6 +16,15 @@
 pub(crate) mod dispatch;
 mod ready;
 
+// The pipeline's parts the stages share (the crate root re-exports them).
+pub mod body;
+pub mod flow;
+pub mod lifecycle;
+pub mod pd;
+pub mod routing;
+pub mod sse;
+pub mod upstream;
+
 pub(crate) use dispatch::{
     Deliver, Delivery, Dispatch, DispatchError, Failure, PodAnswer, Target, dispatch,
 };

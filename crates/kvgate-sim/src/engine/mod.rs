@@ -783,7 +783,6 @@ impl Engine {
     }
 }
 
-
 /// Registers the full blocks `r`'s scheduled tokens will compute in this step, as soon as it is
 /// scheduled (vLLM v1's `KVCacheManager.allocate_slots` caches them then, before the scheduler
 /// looks at the next request): a request scheduled after it, in this step or a later one, finds

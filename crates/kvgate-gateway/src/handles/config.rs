@@ -1380,7 +1380,7 @@ mod tests {
             (
                 "docs/operation.md",
                 toml_example(
-                    include_str!("../../../docs/operation.md"),
+                    include_str!("../../../../docs/operation.md"),
                     "## Config file",
                     "",
                 ),
