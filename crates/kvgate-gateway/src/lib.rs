@@ -8,7 +8,7 @@
 //!
 //! | module | one job |
 //! |---|---|
-//! | `config` | `GatewayConfig` from defaults, config file and flags; `ConfigDump` (`/debug/config`); the plain data it is made of: `ServeArgs` (one option per flag; the clap flags are the binary's `serve_cli.rs`), `DiscoveryKind`, `ApiKeys`, `ClusterConfig` |
+//! | `config` | `Settings`, the one tree of `kvgate serve`'s keys (`/debug/config` is it serialised), laid in layers (defaults, file, `KVGATE_…` environment, flags) by one generic merge (`config/layers.rs`); `GatewayConfig` (the settings and what is derived from them); the plain data it is made of: `ServeArgs` (the layers given; the clap flags are the binary's `serve_cli.rs`), `DiscoveryKind`, `ApiKeys`, `ClusterConfig` |
 //! | `reload` | re-read the config file on change; keep the old one if invalid |
 //! | `discovery` | `--discovery`: static, or `kubernetes` (feature `k8s`: watch ready Pods by label, keep them in the pod table) |
 //! | `pods` | the pod table (`Fleet`: the pods in order, a pod's handle by id in O(1)) and health (in-flight counters are the session's ledger), each pod's `Breaker` state, `PodMetrics` (what a scrape read); a data-parallel server (`dp=N`) is N engine pods `URL#dp<r>` at one URL |
@@ -58,7 +58,7 @@
 //! | `serve` | `Gateway::start`, `serve` (`ServeArgs` is `config`'s, re-exported) |
 //!
 //! Memory bounds: traffic connections ≤ `max_connections` (8,192); requests in service ≤ `max_concurrent_requests` (1024), waiting ≤
-//! `max_queued_requests` (1024); request bodies ≤ `max_body_bytes` (32 MiB); scraped bodies ≤ 4 MiB;
+//! `max_waiting_requests` (1024); request bodies ≤ `max_body_bytes` (32 MiB); scraped bodies ≤ 4 MiB;
 //! decision ring ≤ `decision_log_size` (256) records; `--decisions-log` queue ≤ 4,096 records; SSE events inspected ≤ 1 MiB each;
 //! non-stream bodies copied for usage ≤ 1 MiB; routed index as in the core (≤ 96 B/block); the
 //! session's in-flight ledger one counter set and one generation per pod id.
@@ -112,5 +112,5 @@ pub mod tokenizer;
 pub mod ui;
 pub mod upstream;
 
-pub use config::{GatewayConfig, ServeArgs};
+pub use config::{GatewayConfig, ServeArgs, Settings};
 pub use serve::{Gateway, ServeError, init_tracing, init_tracing_with_default, serve};
