@@ -94,6 +94,8 @@ pub const DEFAULT_POD_CLASS: &str = "default";
 pub const DEFAULT_MAX_CONCURRENT_REQUESTS: usize = 1024;
 /// Default number of requests waiting for a slot before 429 (`max_waiting_requests`).
 pub const DEFAULT_MAX_WAITING_REQUESTS: usize = 1024;
+/// Default port of the model server on a discovered Pod (vLLM's default).
+pub const DEFAULT_TARGET_PORT: u16 = 8000;
 /// Default token-mode tokenization reuse budget (`tokenization_cache_mib`).
 pub const DEFAULT_TOKENIZATION_CACHE_MIB: usize = crate::token_cache::DEFAULT_BUDGET_BYTES >> 20;
 /// Default time in-flight requests may still run after SIGTERM.
@@ -596,7 +598,7 @@ impl Default for Settings {
             discovery: DiscoveryKind::Static,
             selector: None,
             namespace: None,
-            target_port: crate::discovery::DEFAULT_TARGET_PORT,
+            target_port: DEFAULT_TARGET_PORT,
             policy: PolicyKind::AffinityGate,
             index: IndexKind::Routed,
             seed: 0,

@@ -216,6 +216,33 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn keys_that_were_flags_only_reload_when_live_and_are_refused_when_start_only() {
+        let good = "pods = [\"http://127.0.0.1:9\"]\n";
+        let (path, args, shared) = started("flag-keys", good);
+        // A live key that was a flag only: applied.
+        std::fs::write(&path, format!("{good}first_byte_timeout_ms = 1234\n")).unwrap();
+        reload_now(&shared, &args, &path).unwrap();
+        assert_eq!(
+            shared.config().first_byte_timeout,
+            Duration::from_millis(1234)
+        );
+        // Start-only keys that were flags only: refused whole, named, counted; nothing applied.
+        std::fs::write(
+            &path,
+            format!("{good}first_byte_timeout_ms = 1\ncapture = \"/tmp/c.jsonl\"\nseed = 3\n"),
+        )
+        .unwrap();
+        let why = reload_now(&shared, &args, &path).unwrap_err();
+        assert!(why.contains("seed, capture"), "{why}");
+        assert_eq!(
+            shared.config().first_byte_timeout,
+            Duration::from_millis(1234)
+        );
+        assert_eq!(shared.config().capture, None);
+        assert_eq!(shared.metrics.config_reload_errors.get(), 1);
+    }
+
+    #[tokio::test]
     async fn with_discovery_a_reloaded_file_without_pods_is_accepted() {
         let path = temp_config("discovery", "pods = [\"http://127.0.0.1:9\"]\n");
         let args = ServeArgs {

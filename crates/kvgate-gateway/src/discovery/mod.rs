@@ -15,8 +15,7 @@ use crate::config::Settings;
 use crate::state::Shared;
 use std::sync::Arc;
 
-/// Default port of the model server on a discovered Pod (vLLM's default).
-pub const DEFAULT_TARGET_PORT: u16 = 8000;
+pub use crate::config::DEFAULT_TARGET_PORT;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DiscoveryError {
