@@ -651,11 +651,20 @@ impl Settings {
         KEYS.iter().map(|(k, _)| *k).collect()
     }
 
-    /// Reads a merged tree of keys; `source` names the layer(s) for the error.
+    /// Reads a merged tree of keys; `source` names the layer(s) for the error, and the error
+    /// names the key (`router.affinity_gate_tau: …`).
     fn from_tree(tree: serde_json::Value, source: &str) -> Result<Settings, ConfigError> {
-        serde_json::from_value(tree).map_err(|e| ConfigError::Parse {
-            path: source.to_string(),
-            message: e.to_string(),
+        serde_path_to_error::deserialize(tree).map_err(|e| {
+            let key = e.path().to_string();
+            let inner = e.into_inner();
+            ConfigError::Parse {
+                path: source.to_string(),
+                message: if key == "." {
+                    inner.to_string()
+                } else {
+                    format!("{key}: {inner}")
+                },
+            }
         })
     }
 
@@ -1539,6 +1548,15 @@ mod tests {
         let err = toml_file("[router]\naffinity_gate_tau = 3.0").unwrap_err();
         assert!(err.to_string().contains("affinity_gate_tau"), "{err}");
         assert!(toml_file("unknown_key = 1").is_err());
+        let err = toml_file("max_retries = \"x\"").unwrap_err().to_string();
+        assert!(err.contains("max_retries: invalid type"), "{err}");
+        let err = GatewayConfig::from_args(&no_flags().with("router.load_break_pays_prefill", 3))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("--set") && err.contains("router.load_break_pays_prefill"),
+            "{err}"
+        );
         assert!(toml_file("[router]\naffinity_gate_tau = \"max\"").is_err());
     }
 
