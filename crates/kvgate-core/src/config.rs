@@ -398,6 +398,17 @@ macro_rules! router_keys {
             }
         }
 
+        /// The key a `[router]` name stands for: a camelCase alias (llm-d's names) gives its
+        /// snake_case key, a key gives itself, anything else `None`. Layered configs rename
+        /// aliases with it before merging, so a key given twice under two names is one key.
+        pub fn router_key_name(name: &str) -> Option<&'static str> {
+            match name {
+                $(stringify!($field) $(| $alias)* => Some(stringify!($field)),)*
+                $(stringify!($removed) $(| $removed_alias)* => Some(stringify!($removed)),)*
+                _ => None,
+            }
+        }
+
         // A field added to `RouterConfig` but not to this list fails to compile here.
         const _: fn(RouterConfig) = |RouterConfig { $($field: _),* }| {};
     };

@@ -37,7 +37,7 @@
 //! | `fleet::models` | `GET /v1/models`: the pods' lists merged (linear, off the async workers, at most 10,000 ids), each entry with the pods serving it (`kvgate_pods`) |
 //! | `fleet::served_models` | model-aware fleets: each pod's models (declared `model`, then learnt from its `/v1/models` every `models_refresh_interval_ms` and after an outage); the pipeline's 404 `model_not_found` and its exclusion of pods of other models |
 //! | `fleet::kv_events` | `--index engine`: ZeroMQ SUB (and replay) per pod, batches decoded by the core and followed by its `KvEventFollower` |
-//! | `handles::config` | `GatewayConfig` from defaults, config file and flags; `ConfigDump` (`/debug/config`); the plain data it is made of: `ServeArgs` (one option per flag; the clap flags are the binary's `serve_cli.rs`), `DiscoveryKind`, `ApiKeys`, `ClusterConfig` |
+//! | `handles::config` | `Settings`, the one tree of `kvgate serve`'s keys (`/debug/config` is it serialised), laid in layers (defaults, file, `KVGATE_…` environment, flags) by one generic merge (`config/layers.rs`); `GatewayConfig` (the settings and what is derived from them); the plain data it is made of: `ServeArgs` (the layers given; the clap flags are the binary's `serve_cli.rs`), `DiscoveryKind`, `ApiKeys`, `ClusterConfig` |
 //! | `handles::pods` | the pod table (`Fleet`: the pods in order, a pod's handle by id in O(1)) and health (in-flight counters are the session's ledger), each pod's `Breaker` state, `PodMetrics` (what a scrape read); a data-parallel server (`dp=N`) is N engine pods `URL#dp<r>` at one URL |
 //! | `handles::progress` | whether a pod's engine steps (its scraped counters moved, or it streamed a token): a silence from a progressing pod is a busy pod's, not a failure |
 //! | `handles::retry_budget` | retries in flight ≤ 20 % of the requests in flight (at least 3), so that retries cannot multiply an overload |
@@ -64,7 +64,7 @@
 //! | `serve` | `Gateway::start`, `serve` (`ServeArgs` is `config`'s, re-exported) |
 //!
 //! Memory bounds: traffic connections ≤ `max_connections` (8,192); requests in service ≤ `max_concurrent_requests` (1024), waiting ≤
-//! `max_queued_requests` (1024); request bodies ≤ `max_body_bytes` (32 MiB); scraped bodies ≤ 4 MiB;
+//! `max_waiting_requests` (1024); request bodies ≤ `max_body_bytes` (32 MiB); scraped bodies ≤ 4 MiB;
 //! decision ring ≤ `decision_log_size` (256) records; `--decisions-log` queue ≤ 4,096 records; SSE events inspected ≤ 1 MiB each;
 //! non-stream bodies copied for usage ≤ 1 MiB; routed index as in the core (≤ 96 B/block); the
 //! session's in-flight ledger one counter set and one generation per pod id.
@@ -93,5 +93,5 @@ pub use net::{admission, auth, ext_proc, listener, proxy};
 pub use ops::{admin, ui};
 pub use pipeline::{body, flow, lifecycle, pd, routing, sse, upstream};
 
-pub use config::{GatewayConfig, ServeArgs};
+pub use config::{GatewayConfig, ServeArgs, Settings};
 pub use serve::{Gateway, ServeError, init_tracing, init_tracing_with_default, serve};

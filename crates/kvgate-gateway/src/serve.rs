@@ -76,14 +76,14 @@ impl Gateway {
         let loaded = args.config.as_deref().and_then(crate::reload::stamp);
         let config = GatewayConfig::from_args(&args)?;
         // Flags checked (and a build without `k8s` refused) before anything is bound.
-        crate::discovery::kubernetes_target(&args)?;
+        let discovery = crate::discovery::kubernetes_target(&config)?;
         #[cfg(not(feature = "k8s"))]
-        if args.discovery == Some(DiscoveryKind::Kubernetes) {
+        if config.discovery == DiscoveryKind::Kubernetes {
             return Err(crate::discovery::DiscoveryError::NotBuilt.into());
         }
         let tokenizer = crate::tokenizer::GatewayTokenizer::load(
-            args.tokenizer.as_deref(),
-            args.chat_template.as_deref(),
+            config.tokenizer.as_deref(),
+            config.chat_template.as_deref(),
         )?;
         if config.listen == config.admin_listen && config.listen.port() != 0 {
             return Err(ServeError::SameListener(config.listen));
@@ -98,7 +98,7 @@ impl Gateway {
             addr: config.admin_listen,
             source,
         })?;
-        let ext_proc = match args.ext_proc_listen {
+        let ext_proc = match config.ext_proc_listen {
             Some(addr) => {
                 let l = bind(addr).await?;
                 let local = l
@@ -110,22 +110,18 @@ impl Gateway {
         };
         let ext_proc_addr = ext_proc.as_ref().map(|(_, a)| *a);
         let tokenizer_name = tokenizer.describe();
-        let cache_bytes = args
-            .tokenization_cache_mib
-            .map_or(crate::token_cache::DEFAULT_BUDGET_BYTES, |mib| {
-                mib.saturating_mul(1 << 20)
-            });
+        let cache_bytes = config.tokenization_cache_mib.saturating_mul(1 << 20);
         let rule = tokenizer.split_rule().unwrap_or_else(|why| {
             tracing::info!(tokenizer = %tokenizer_name, why = %why,
                 "tokenization reuse: no safe split points; only whole prompts are reused");
             crate::token_cache::SplitRule::Whole
         });
-        let cluster = config.cluster.clone().map(crate::cluster::prepare);
+        let cluster = config.cluster_config().map(crate::cluster::prepare);
         let mut decisions_file = None;
         let shared = Shared::with(config.clone(), |metrics| {
             // The files first, the tracer (a thread of its own) last: an error before it
             // leaves nothing running.
-            if let Some(path) = &args.decisions_log {
+            if let Some(path) = &config.decisions_log {
                 decisions_file = Some(
                     crate::jsonl::JsonLines::open(path, metrics.decisions_log_dropped.clone())
                         .map_err(|source| ServeError::DecisionsLog {
@@ -134,7 +130,7 @@ impl Gateway {
                         })?,
                 );
             }
-            let capture = match &args.capture {
+            let capture = match &config.capture {
                 Some(path) => Some(
                     crate::capture::Capture::open(path, metrics.capture_dropped.clone()).map_err(
                         |source| ServeError::Capture {
@@ -171,7 +167,7 @@ impl Gateway {
         if let Some(file) = decisions_file {
             shared.decisions.set_file(file);
         }
-        if config.pods.is_empty() && args.discovery.unwrap_or_default() == DiscoveryKind::Static {
+        if config.pods.is_empty() && config.discovery == DiscoveryKind::Static {
             // Kept as before (a start has no previous config to fall back on), but said: every
             // request answers 503 and /readyz stays 503 until a reload names a pod.
             tracing::warn!("no pods configured and discovery is static: every request answers 503");
@@ -218,7 +214,7 @@ impl Gateway {
         }
         tasks.push(tokio::spawn(crate::ui::sample_loop(shared.clone())));
         tasks.push(tokio::spawn(summarise_log_lines(shared.clone())));
-        match crate::discovery::start(&shared, &args).await {
+        match crate::discovery::start(&shared, discovery).await {
             Ok(task) => tasks.extend(task),
             Err(e) => {
                 for t in &tasks {
@@ -388,6 +384,8 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
         eprintln!("kvgate ext_proc (Envoy endpoint picker) on grpc://{addr}");
     }
     stop_signal().await;
+    // Read now: a reload may have changed them since the start.
+    let cfg = gw.shared.config().clone();
     let (drain, grace) = (cfg.shutdown_drain, cfg.shutdown_grace);
     eprintln!(
         "kvgate: shutting down: /readyz 503 and still serving for {} ms (a second signal skips this), then in-flight requests may finish for {} ms",

@@ -507,7 +507,7 @@ async fn subset_hint_restricts_the_candidates_and_an_unknown_subset_is_503() {
 async fn over_the_slots_and_queue_is_429_with_retry_after() {
     let (_pods, gw) = fleet_with(|a| {
         a.max_concurrent_requests = Some(1);
-        a.max_queued_requests = Some(1);
+        a.max_waiting_requests = Some(1);
     })
     .await;
     // A holds the only slot (its headers are answered), B waits in the queue.

@@ -14,7 +14,7 @@ async fn beyond_the_concurrency_limit_and_queue_requests_get_429_with_retry_afte
     let pod = FakePod::start(SLOW).await;
     let mut a = args(&[&pod]);
     a.max_concurrent_requests = Some(1);
-    a.max_queued_requests = Some(0);
+    a.max_waiting_requests = Some(0);
     let gw = kvgate_gateway::Gateway::start(a).await.unwrap();
     let c = client();
     let first = tokio::spawn({
@@ -294,7 +294,7 @@ async fn a_request_within_the_queue_waits_for_a_slot_and_is_served() {
     let pod = FakePod::start(SLOW).await;
     let mut a = args(&[&pod]);
     a.max_concurrent_requests = Some(1);
-    a.max_queued_requests = Some(1);
+    a.max_waiting_requests = Some(1);
     let gw = kvgate_gateway::Gateway::start(a).await.unwrap();
     let c = client();
     let shared = gw.shared().clone();
@@ -556,7 +556,7 @@ async fn clients_trickling_their_bodies_hold_no_slot() {
     .await;
     let gw = gateway_with_file(&pod, "body_read_timeout_ms = 400\n", |a| {
         a.max_concurrent_requests = Some(2);
-        a.max_queued_requests = Some(0);
+        a.max_waiting_requests = Some(0);
     })
     .await;
     // More trickling clients than slots: before the fix each took a slot before its body.
@@ -640,7 +640,7 @@ async fn time_queued_counts_against_the_request_timeout() {
     .await;
     let mut a = args(&[&pod]);
     a.max_concurrent_requests = Some(1);
-    a.max_queued_requests = Some(1);
+    a.max_waiting_requests = Some(1);
     a.request_timeout_ms = Some(600);
     let gw = kvgate_gateway::Gateway::start(a).await.unwrap();
     let c = client();

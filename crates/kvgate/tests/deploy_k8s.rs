@@ -123,9 +123,6 @@ fn manifests_parse_and_reference_each_other() {
         serve.discovery,
         Some(kvgate_gateway::discovery::DiscoveryKind::Kubernetes)
     );
-    let target = kvgate_gateway::discovery::kubernetes_target(&serve)
-        .unwrap()
-        .unwrap();
     let ext_proc = serve.ext_proc_listen.expect("--ext-proc-listen");
     let admin = serve.admin_listen.expect("--admin-listen");
     assert_eq!(
@@ -165,8 +162,17 @@ fn manifests_parse_and_reference_each_other() {
     let config_text = configmap["data"][file_name]
         .as_str()
         .unwrap_or_else(|| panic!("ConfigMap has no {file_name}"));
-    let file: kvgate_gateway::config::FileConfig = serde_saphyr::from_str(config_text).unwrap();
-    kvgate_gateway::GatewayConfig::resolve(&serve, Some(&file)).unwrap();
+    let dir = std::env::temp_dir().join(format!("kvgate-deploy-k8s-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join(file_name), config_text).unwrap();
+    let config = kvgate_gateway::GatewayConfig::from_args(&ServeArgs {
+        config: Some(dir.join(file_name)),
+        ..serve.clone()
+    })
+    .unwrap();
+    let target = kvgate_gateway::discovery::kubernetes_target(&config)
+        .unwrap()
+        .unwrap();
 
     // RBAC: the Deployment's service account may get/list/watch pods.
     let sa = one(&m, "ServiceAccount")["metadata"]["name"].clone();

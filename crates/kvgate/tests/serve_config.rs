@@ -73,8 +73,13 @@ async fn seed_profile_in_the_config_file_is_in_force_and_a_rewrite_reloads_it() 
             path.to_str().unwrap(),
             "--first-byte-timeout-ms",
             "4321",
+            "--set",
+            "router.affinity_gate_tau=0.7",
         ],
-        |_| {},
+        |cmd| {
+            cmd.env("KVGATE_ROUTER__AFFINITY_GATE_TAU", "0.6")
+                .env("KVGATE_MODELS_REFRESH_INTERVAL_MS", "777");
+        },
     );
     let admin = serve.admin.clone();
     let c = reqwest::Client::builder()
@@ -93,14 +98,19 @@ async fn seed_profile_in_the_config_file_is_in_force_and_a_rewrite_reloads_it() 
     assert_eq!(router["affinity_relative_penalty"], 0.0);
     assert_eq!(router["affinity_relative_slack_ms"], 0.0);
     assert_eq!(router["relative_gate_queue_rule"], "off");
-    assert_eq!(router["affinity_gate_tau"], 0.8);
+    // --set over the environment, over the file's profile.
+    assert_eq!(router["affinity_gate_tau"], 0.7);
+    assert_eq!(
+        dump["models_refresh_interval_ms"], 777,
+        "from the environment"
+    );
     assert_eq!(router["epsilon_explore_sticky"], 0.01);
     assert_eq!(router["affinity_max_ttft_penalty_ms"], 5000.0);
     assert_eq!(dump["policy"], "affinity-gate");
     assert_eq!(dump["index"], "routed");
-    assert_eq!(dump["limits"]["max_retries"], 1);
-    assert_eq!(dump["limits"]["first_byte_timeout_ms"], 4321);
-    assert_eq!(dump["limits"]["max_concurrent_requests"], 1024);
+    assert_eq!(dump["max_retries"], 1);
+    assert_eq!(dump["first_byte_timeout_ms"], 4321);
+    assert_eq!(dump["max_concurrent_requests"], 1024);
     assert_eq!(dump["pods"], serde_json::json!([]));
 
     // A given key over the seed, a pod and a live limit, through the reload.
@@ -116,14 +126,11 @@ async fn seed_profile_in_the_config_file_is_in_force_and_a_rewrite_reloads_it() 
     assert_eq!(dump["router"]["gate_profile"], "seed");
     assert_eq!(dump["router"]["affinity_relative_penalty"], 0.0);
     assert_eq!(dump["router"]["explore_max_extra_ms"], 0.0);
-    assert_eq!(dump["limits"]["max_retries"], 0);
-    assert_eq!(
-        dump["limits"]["first_byte_timeout_ms"], 4321,
-        "flags still win"
-    );
+    assert_eq!(dump["max_retries"], 0);
+    assert_eq!(dump["first_byte_timeout_ms"], 4321, "flags still win");
     assert_eq!(
         dump["pods"],
-        serde_json::json!([{"url": "http://127.0.0.1:9", "class": "h100", "role": "both", "data_parallel_size": 1, "source": "config", "events": null}])
+        serde_json::json!([{"url": "http://127.0.0.1:9", "class": "h100", "role": "both", "data_parallel_size": 1}])
     );
 
     // A bad profile name is rejected: counted, and the config in force stays.
@@ -166,7 +173,7 @@ async fn seed_profile_in_the_config_file_is_in_force_and_a_rewrite_reloads_it() 
     assert_eq!(router["affinity_relative_penalty"], 1.25);
     assert_eq!(router["affinity_relative_slack_ms"], 5.0);
     assert_eq!(router["relative_gate_queue_rule"], "every");
-    assert_eq!(dump["limits"]["max_retries"], 2);
+    assert_eq!(dump["max_retries"], 2);
     assert_eq!(dump["allow_empty_pods"], true);
     assert_eq!(dump["pods"], serde_json::json!([]));
     let _ = std::fs::remove_dir_all(&dir);

@@ -701,8 +701,7 @@ mod tests {
 
     fn shared() -> Arc<Shared> {
         Shared::new(
-            crate::config::GatewayConfig::resolve(&crate::config::ServeArgs::default(), None)
-                .unwrap(),
+            crate::config::GatewayConfig::from_args(&crate::config::ServeArgs::default()).unwrap(),
         )
     }
 

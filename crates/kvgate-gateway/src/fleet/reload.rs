@@ -1,17 +1,17 @@
 //! Config file reloading: the file's modification time (and size) is polled every
-//! [`POLL_INTERVAL`]; on change the file is re-read and resolved with the same command-line
-//! flags, through the same readers as at start (`[router]`: the `gate_profile` first, the keys
+//! [`POLL_INTERVAL`]; on change the file is re-read and laid again under the same environment
+//! and flags, through the same merge as at start (`[router]`: the `gate_profile` first, the keys
 //! given over it). A file that fails to read, parse or validate keeps the old config; the reason
 //! is logged at warn and counted (`kvgate_config_reload_errors`). So does an empty (or
 //! whitespace-only) file, and one that leaves no configured pod while discovery is static,
 //! unless it sets `allow_empty_pods = true` ([`GatewayConfig::check_reloaded`]): a
 //! truncate-then-write caught half way would otherwise route nothing. A file that changes a
-//! setting read at start only ([`GatewayConfig::start_only_changes`]: listeners, slots,
-//! `index`, a kept pod's KV events, …) is refused whole the same way, logged at error with the
+//! key read at start only ([`crate::config::KEYS`], [`GatewayConfig::start_only_changes`]:
+//! listeners, slots, `index`, a kept pod's KV events, …) is refused whole the same way, logged at error with the
 //! settings it names: applying the rest would leave the file saying what the gateway does not
 //! do.
 
-use crate::config::{FileConfig, GatewayConfig, ServeArgs};
+use crate::config::{GatewayConfig, ServeArgs};
 use crate::state::Shared;
 use std::path::Path;
 use std::sync::Arc;
@@ -29,13 +29,10 @@ pub fn stamp(path: &Path) -> Stamp {
     Some((meta.modified().ok()?, meta.len()))
 }
 
-/// Re-reads the config file and applies it; Err (old config kept) when it is invalid.
+/// Re-reads the config file (`args.config`, at `path`) and applies it; Err (old config kept) when it is invalid.
 pub fn reload_now(shared: &Arc<Shared>, args: &ServeArgs, path: &Path) -> Result<(), String> {
-    let discovery_supplies_pods =
-        args.discovery.unwrap_or_default() != crate::config::DiscoveryKind::Static;
-    let result = FileConfig::load_reloaded(path)
-        .and_then(|file| GatewayConfig::resolve(args, Some(&file)))
-        .and_then(|new| new.check_reloaded(discovery_supplies_pods).map(|()| new))
+    let result = GatewayConfig::from_args_reloaded(args)
+        .and_then(|new| new.check_reloaded().map(|()| new))
         .map_err(|e| e.to_string());
     match result {
         Ok(new) => {
@@ -215,6 +212,33 @@ mod tests {
         std::fs::write(&path, "pods = [\"http://127.0.0.1:9\"]\nmax_retries = 0\n").unwrap();
         reload_now(&shared, &args, &path).unwrap();
         assert_eq!(shared.config().max_retries, 0);
+        assert_eq!(shared.metrics.config_reload_errors.get(), 1);
+    }
+
+    #[tokio::test]
+    async fn keys_that_were_flags_only_reload_when_live_and_are_refused_when_start_only() {
+        let good = "pods = [\"http://127.0.0.1:9\"]\n";
+        let (path, args, shared) = started("flag-keys", good);
+        // A live key that was a flag only: applied.
+        std::fs::write(&path, format!("{good}first_byte_timeout_ms = 1234\n")).unwrap();
+        reload_now(&shared, &args, &path).unwrap();
+        assert_eq!(
+            shared.config().first_byte_timeout,
+            Duration::from_millis(1234)
+        );
+        // Start-only keys that were flags only: refused whole, named, counted; nothing applied.
+        std::fs::write(
+            &path,
+            format!("{good}first_byte_timeout_ms = 1\ncapture = \"/tmp/c.jsonl\"\nseed = 3\n"),
+        )
+        .unwrap();
+        let why = reload_now(&shared, &args, &path).unwrap_err();
+        assert!(why.contains("seed, capture"), "{why}");
+        assert_eq!(
+            shared.config().first_byte_timeout,
+            Duration::from_millis(1234)
+        );
+        assert_eq!(shared.config().capture, None);
         assert_eq!(shared.metrics.config_reload_errors.get(), 1);
     }
 

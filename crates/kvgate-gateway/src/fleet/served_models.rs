@@ -128,7 +128,7 @@ mod tests {
     use crate::pods::PodEntry;
 
     fn shared_with(pods: &[PodEntry]) -> Arc<Shared> {
-        let shared = Shared::new(GatewayConfig::resolve(&ServeArgs::default(), None).unwrap());
+        let shared = Shared::new(GatewayConfig::from_args(&ServeArgs::default()).unwrap());
         shared.pods.replace(pods, 100);
         shared
     }

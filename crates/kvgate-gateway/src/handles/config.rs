@@ -1,5 +1,10 @@
-//! Gateway configuration: defaults in code, then the config file (`--config`, TOML, or YAML by
-//! extension `.yaml`/`.yml`), then command-line flags (flags win).
+//! Gateway configuration: one [`Settings`] tree for `kvgate serve`, laid in layers, each over
+//! the one before: the defaults in code (with `[router]`'s `gate_profile` applied first, the
+//! router keys given over it), the config file (`--config`: TOML, YAML by extension
+//! `.yaml`/`.yml`, JSON by `.json`), the environment (`KVGATE_MAX_RETRIES=1`,
+//! `KVGATE_ROUTER__EPSILON_EXPLORE_STICKY=0`), then the flags (`--set key.path=value`, and the
+//! everyday flags that are sugar for keys). One generic merge does it ([`layers`]); no key is
+//! merged by hand.
 //!
 //! Example `kvgate.toml`:
 //!
@@ -40,20 +45,23 @@
 //! given over it, as `kvgate decide` and `kvgate sim --router-config` read it.
 //!
 //! The file is re-read when its modification time changes (polled every second, see
-//! [`crate::reload`]); a file that fails to parse or validate keeps the old config and logs why.
-//! So does a reloaded file that is empty (or only whitespace), and one that leaves the gateway
-//! with no configured pod while discovery is static, unless it says `allow_empty_pods = true`:
-//! an editor's or `cat >`'s truncate-then-write, or an empty ConfigMap, would otherwise turn
-//! every request into a 503 ([`GatewayConfig::check_reloaded`]).
-//! Listener addresses, slots and queue, the connection cap, the connect timeout, the decision
-//! ring's size, the seed, `index`, `--cluster`, `[tracing]` and the KV events of a pod already
-//! routed to are read at start only: a reloaded file that changes any of them is refused whole,
-//! naming them ([`GatewayConfig::start_only_changes`]). [`ConfigDump`] is the config in
-//! force as the admin listener's `GET /debug/config` shows it.
+//! [`crate::reload`]) and laid again under the same environment and flags; a file that fails to
+//! parse or validate keeps the old config and logs why. So does a reloaded file that is empty
+//! (or only whitespace), and one that leaves the gateway with no configured pod while discovery
+//! is static, unless it says `allow_empty_pods = true`: an editor's or `cat >`'s
+//! truncate-then-write, or an empty ConfigMap, would otherwise turn every request into a 503
+//! ([`GatewayConfig::check_reloaded`]). Every key says whether a reload may change it
+//! ([`KEYS`]); a reloaded file that changes a start-only key, or the KV events of a pod already
+//! routed to, is refused whole, naming them ([`GatewayConfig::start_only_changes`]).
+//! [`GatewayConfig::dump`] is the settings in force as the admin listener's `GET /debug/config`
+//! shows them: [`Settings`] serialised, which read back as a config file starts the same gateway.
 //!
 //! The config's plain data lives here too, so this module needs none of the modules that use
-//! it: [`ServeArgs`] (one field per `kvgate serve` flag), [`DiscoveryKind`], [`ApiKeys`],
+//! it: [`ServeArgs`] (the layers `kvgate serve` was given), [`DiscoveryKind`], [`ApiKeys`],
 //! [`ClusterConfig`] (with [`valid_name`] and its defaults).
+
+mod layers;
+pub use layers::{ENV_PREFIX, RENAMED};
 
 use crate::pods::PodEntry;
 use http::HeaderValue;
@@ -61,7 +69,7 @@ use kvgate_core::policy::PolicyKind;
 use kvgate_core::{PodRole, RouterConfig};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 use subtle::ConstantTimeEq;
 use thiserror::Error;
@@ -84,8 +92,12 @@ pub const DEFAULT_MAX_RETRIES: u32 = 2;
 pub const DEFAULT_POD_CLASS: &str = "default";
 /// Default number of requests served at once by the traffic listener.
 pub const DEFAULT_MAX_CONCURRENT_REQUESTS: usize = 1024;
-/// Default number of requests waiting for a slot before 429.
-pub const DEFAULT_MAX_QUEUED_REQUESTS: usize = 1024;
+/// Default number of requests waiting for a slot before 429 (`max_waiting_requests`).
+pub const DEFAULT_MAX_WAITING_REQUESTS: usize = 1024;
+/// Default port of the model server on a discovered Pod (vLLM's default).
+pub const DEFAULT_TARGET_PORT: u16 = 8000;
+/// Default token-mode tokenization reuse budget (`tokenization_cache_mib`).
+pub const DEFAULT_TOKENIZATION_CACHE_MIB: usize = crate::token_cache::DEFAULT_BUDGET_BYTES >> 20;
 /// Default time in-flight requests may still run after SIGTERM.
 pub const DEFAULT_SHUTDOWN_GRACE_MS: u64 = 10_000;
 /// Default upstream connect timeout.
@@ -129,8 +141,6 @@ pub enum ConfigError {
     BadTracing(String),
     #[error("cannot parse {path}: {message}")]
     Parse { path: String, message: String },
-    #[error("unknown policy {0:?}")]
-    UnknownPolicy(String),
     #[error("invalid pod URL {0:?}: expected http://host:port")]
     BadPodUrl(String),
     #[error("{0}")]
@@ -156,8 +166,6 @@ pub enum ConfigError {
         size: u32,
         endpoint: String,
     },
-    #[error("unknown index {0:?}: expected routed or engine")]
-    UnknownIndex(String),
     #[error("{path} is empty")]
     EmptyFile { path: String },
     #[error(
@@ -171,7 +179,7 @@ pub enum ConfigError {
     BadSessionHeader(String),
 }
 
-/// `session_headers` as given (`None`: the defaults), lower-cased and checked to be header
+/// `session_headers` as given (`None`: the defaults), trimmed, lower-cased and checked to be header
 /// names.
 fn session_headers(given: Option<&[String]>) -> Result<Vec<String>, ConfigError> {
     let names: Vec<String> = match given {
@@ -189,7 +197,7 @@ fn session_headers(given: Option<&[String]>) -> Result<Vec<String>, ConfigError>
 }
 
 /// Which prefix index routes (DESIGN.md §4); [`IndexKind::help`] says what each is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum IndexKind {
     #[default]
@@ -353,178 +361,406 @@ fn endpoint_events(
     }))
 }
 
-/// A pod in the config file: a URL, or a table with a URL, a predictor class, KV-event
-/// endpoints and a P/D role.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+/// A pod in the settings: a URL (optionally with `--pod`'s `,events=…` options), or a table with
+/// a URL, a predictor class, KV-event endpoints, a P/D role and a data-parallel size.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(untagged)]
 pub enum PodSpec {
     Url(String),
     Full {
         url: String,
-        #[serde(default)]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         class: Option<String>,
-        #[serde(default)]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         events: Option<String>,
-        #[serde(default)]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         replay: Option<String>,
-        #[serde(default)]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         model: Option<String>,
         /// `both` (default), `prefill` or `decode`.
-        #[serde(default)]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         role: Option<PodRole>,
         /// Engines behind the URL (vLLM `--data-parallel-size`); 1 by default.
-        #[serde(default)]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         data_parallel_size: Option<u32>,
     },
 }
 
-/// The config file as written; every field optional.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+/// Durations are written in milliseconds (the keys end in `_ms`).
+mod millis {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        u64::deserialize(d).map(Duration::from_millis)
+    }
+}
+
+/// Whether a reload may change a key ([`KEYS`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reload {
+    /// A reloaded file applies it.
+    Live,
+    /// Read at start only: a reloaded file that changes it is refused whole.
+    StartOnly,
+}
+
+/// Every top-level key of [`Settings`] and whether a reload may change it (the nested keys of
+/// `[router]` and `[flow_control]` are live, those of `[tracing]` start-only). A test checks
+/// that this names every key. Besides, the KV events of a pod kept across a reload are
+/// start-only ([`GatewayConfig::start_only_changes`]).
+pub const KEYS: &[(&str, Reload)] = &[
+    ("listen", Reload::StartOnly),
+    ("admin_listen", Reload::StartOnly),
+    ("ext_proc_listen", Reload::StartOnly),
+    ("pods", Reload::Live),
+    ("allow_empty_pods", Reload::Live),
+    ("discovery", Reload::StartOnly),
+    ("selector", Reload::StartOnly),
+    ("namespace", Reload::StartOnly),
+    ("target_port", Reload::StartOnly),
+    ("policy", Reload::Live),
+    ("index", Reload::StartOnly),
+    ("seed", Reload::StartOnly),
+    ("tokenizer", Reload::StartOnly),
+    ("chat_template", Reload::StartOnly),
+    ("tokenization_cache_mib", Reload::StartOnly),
+    ("response_headers", Reload::Live),
+    ("session_headers", Reload::Live),
+    ("forward_authorization", Reload::Live),
+    ("scrape_interval_ms", Reload::Live),
+    ("models_refresh_interval_ms", Reload::Live),
+    ("max_concurrent_requests", Reload::StartOnly),
+    ("max_waiting_requests", Reload::StartOnly),
+    ("max_connections", Reload::StartOnly),
+    ("max_body_bytes", Reload::Live),
+    ("max_body_bytes_in_flight", Reload::Live),
+    ("max_prompt_tokens", Reload::Live),
+    ("max_retries", Reload::Live),
+    ("decision_log_size", Reload::StartOnly),
+    ("body_read_timeout_ms", Reload::Live),
+    ("header_read_timeout_ms", Reload::Live),
+    ("idle_connection_timeout_ms", Reload::Live),
+    ("client_write_timeout_ms", Reload::Live),
+    ("connect_timeout_ms", Reload::StartOnly),
+    ("first_byte_timeout_ms", Reload::Live),
+    ("idle_chunk_timeout_ms", Reload::Live),
+    ("request_timeout_ms", Reload::Live),
+    ("pod_failure_threshold", Reload::Live),
+    ("pod_failure_cooldown_ms", Reload::Live),
+    ("shutdown_drain_ms", Reload::Live),
+    ("shutdown_grace_ms", Reload::Live),
+    ("capture", Reload::StartOnly),
+    ("decisions_log", Reload::StartOnly),
+    ("cluster", Reload::StartOnly),
+    ("cluster_name", Reload::StartOnly),
+    ("cluster_lease_ms", Reload::StartOnly),
+    ("cluster_share_samples", Reload::StartOnly),
+    ("router", Reload::Live),
+    ("flow_control", Reload::Live),
+    ("tracing", Reload::StartOnly),
+];
+
+/// `kvgate serve`'s settings: every key, with its value. The one type of the config file, the
+/// `KVGATE_…` environment, `--set` and `/debug/config` (this, serialised); the layers are
+/// merged by [`layers`] and read here once. Durations are keys ending in `_ms`. See
+/// docs/operation.md for every key, its default and whether a reload may change it ([`KEYS`]).
+/// API keys are secrets, not settings: they come separately ([`ServeArgs::api_key`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
-pub struct FileConfig {
-    pub listen: Option<SocketAddr>,
-    pub admin_listen: Option<SocketAddr>,
-    pub pods: Vec<PodSpec>,
-    pub policy: Option<String>,
-    pub scrape_interval_ms: Option<u64>,
-    pub models_refresh_interval_ms: Option<u64>,
-    pub response_headers: Option<bool>,
-    pub max_body_bytes: Option<usize>,
-    pub max_body_bytes_in_flight: Option<usize>,
-    pub body_read_timeout_ms: Option<u64>,
-    pub max_retries: Option<u32>,
-    pub decision_log_size: Option<usize>,
-    pub max_concurrent_requests: Option<usize>,
-    pub max_queued_requests: Option<usize>,
-    pub max_connections: Option<usize>,
-    pub header_read_timeout_ms: Option<u64>,
-    pub idle_connection_timeout_ms: Option<u64>,
-    pub client_write_timeout_ms: Option<u64>,
-    pub max_prompt_tokens: Option<u32>,
-    pub seed: Option<u64>,
-    pub index: Option<String>,
-    /// Accept a reloaded file that leaves no configured pod (discovery static); default false.
-    pub allow_empty_pods: Option<bool>,
-    pub router: Option<RouterConfig>,
-    /// `[flow_control]`: the router-side queue (`kvgate_core::flow`); off by default.
-    pub flow_control: Option<kvgate_core::flow::FlowConfig>,
-    /// `[tracing]`: OpenTelemetry traces over OTLP ([`crate::otel`]); off by default.
-    pub tracing: Option<TracingConfig>,
-    /// `--cluster`: the NATS server other replicas share routing state over (start only).
-    pub cluster: Option<String>,
-    /// `--cluster-name` (default `default`).
-    pub cluster_name: Option<String>,
-    /// A silent replica's charges are returned after this (default 3,000).
-    pub cluster_lease_ms: Option<u64>,
-    /// Share the predictor's training samples with the other replicas (default true).
-    pub cluster_share_samples: Option<bool>,
-    /// Headers naming the client's session, read while session affinity is on (default
-    /// [`crate::session_key::DEFAULT_SESSION_HEADERS`]; `[]`: none).
-    pub session_headers: Option<Vec<String>>,
-}
-
-impl FileConfig {
-    /// Reads and parses a config file (YAML for `.yaml`/`.yml`, JSON for `.json`, else TOML).
-    /// An empty file is all defaults.
-    pub fn load(path: &Path) -> Result<FileConfig, ConfigError> {
-        Self::read(path, false)
-    }
-
-    /// [`FileConfig::load`] for a reload: an empty or whitespace-only file is refused
-    /// ([`ConfigError::EmptyFile`]): it is what a reader sees in the middle of a
-    /// truncate-then-write, never a config anyone meant.
-    pub fn load_reloaded(path: &Path) -> Result<FileConfig, ConfigError> {
-        Self::read(path, true)
-    }
-
-    fn read(path: &Path, reloaded: bool) -> Result<FileConfig, ConfigError> {
-        let p = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: p.clone(),
-            source,
-        })?;
-        if reloaded && text.trim().is_empty() {
-            return Err(ConfigError::EmptyFile { path: p });
-        }
-        let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
-        let parsed = match ext {
-            "yaml" | "yml" => serde_saphyr::from_str(&text).map_err(|e| e.to_string()),
-            "json" => serde_json::from_str(&text).map_err(|e| e.to_string()),
-            _ => toml::from_str(&text).map_err(|e| e.to_string()),
-        };
-        parsed.map_err(|message| ConfigError::Parse { path: p, message })
-    }
-}
-
-/// The resolved configuration the gateway runs with.
-#[derive(Debug, Clone, PartialEq)]
-pub struct GatewayConfig {
+pub struct Settings {
+    /// Traffic listener (OpenAI API).
     pub listen: SocketAddr,
+    /// Admin listener (`/metrics`, `/debug/*`, `/healthz`, `/readyz`).
     pub admin_listen: SocketAddr,
-    /// Base URL, predictor class, P/D role.
-    pub pods: Vec<PodEntry>,
+    /// Also serve the Envoy ext_proc endpoint picker here.
+    pub ext_proc_listen: Option<SocketAddr>,
+    /// The configured pods (discovered ones are not settings).
+    pub pods: Vec<PodSpec>,
+    /// A reloaded file may leave no configured pod while discovery is static.
+    pub allow_empty_pods: bool,
+    /// Where pods come from besides `pods`.
+    pub discovery: DiscoveryKind,
+    /// Kubernetes discovery: the model-server Pods' label selector.
+    pub selector: Option<String>,
+    /// Kubernetes discovery: the Pods' namespace (default: the client's).
+    pub namespace: Option<String>,
+    /// Kubernetes discovery: the model server's port on each Pod.
+    pub target_port: u16,
     pub policy: PolicyKind,
-    pub scrape_interval: Duration,
-    /// How often each pod's `/v1/models` is read again (`models_refresh_interval_ms`).
-    pub models_refresh_interval: Duration,
+    pub index: IndexKind,
+    /// Seed of the decision RNG.
+    pub seed: u64,
+    /// Token mode's tokenizer.json (default: the built-in cl100k).
+    pub tokenizer: Option<PathBuf>,
+    /// A Jinja chat template replacing the model's own.
+    pub chat_template: Option<PathBuf>,
+    /// Token mode's tokenization reuse budget, MiB (0: off).
+    pub tokenization_cache_mib: usize,
+    /// x-kvgate-pod / x-kvgate-branch / x-kvgate-queue-ms on responses.
     pub response_headers: bool,
+    /// The headers naming the client's session, lower case, in order of precedence
+    /// ([`crate::session_key`]); read only while the router's session affinity is on.
+    pub session_headers: Vec<String>,
+    /// Pass the client's Authorization header to the pods.
+    pub forward_authorization: bool,
+    #[serde(rename = "scrape_interval_ms", with = "millis")]
+    pub scrape_interval: Duration,
+    /// How often each pod's `/v1/models` is read again.
+    #[serde(rename = "models_refresh_interval_ms", with = "millis")]
+    pub models_refresh_interval: Duration,
+    /// Requests served at once.
+    pub max_concurrent_requests: usize,
+    /// Requests waiting for a slot (the admission queue); beyond, 429. Formerly
+    /// `max_queued_requests`, the name `[flow_control]` keeps for its own queue.
+    pub max_waiting_requests: usize,
+    /// Traffic connections open at once; beyond, closed at accept.
+    pub max_connections: usize,
     pub max_body_bytes: usize,
     /// Request-body bytes held at once over all requests; beyond, 503 (see `limits`).
     pub max_body_bytes_in_flight: usize,
-    /// A request's whole body must arrive within this of its arrival, before it takes a slot.
-    pub body_read_timeout: Duration,
-    pub max_retries: u32,
-    pub decision_log_size: usize,
-    /// Requests served at once (read at start only).
-    pub max_concurrent_requests: usize,
-    /// Requests waiting for a slot; beyond, 429 (read at start only).
-    pub max_queued_requests: usize,
-    /// Traffic connections open at once; beyond, closed at accept (read at start only).
-    pub max_connections: usize,
-    /// A request head must arrive whole within this (of the accept, or of its first byte).
-    pub header_read_timeout: Duration,
-    /// A keep-alive connection with nothing in flight is closed after this.
-    pub idle_connection_timeout: Duration,
-    /// A connection whose client accepts no byte for this long is closed.
-    pub client_write_timeout: Duration,
-    pub seed: u64,
-    pub router: RouterConfig,
-    pub index: IndexKind,
-    /// Pods that publish KV-cache events.
-    pub pod_events: Vec<PodEvents>,
-    /// `--api-key`: keys required on /v1/* (empty: no authentication).
-    pub api_keys: ApiKeys,
-    /// `--forward-authorization`: pass the client's Authorization header to the pods.
-    pub forward_authorization: bool,
-    /// `--shutdown-grace-ms`: how long in-flight requests may run after SIGTERM.
-    pub shutdown_grace: Duration,
-    /// Upstream connect timeout (read at start only).
-    pub connect_timeout: Duration,
-    /// Longest wait for a pod's response headers.
-    pub first_byte_timeout: Duration,
-    /// Longest silence between two chunks of a pod's response.
-    pub idle_chunk_timeout: Duration,
     /// Longest prompt accepted, tokens; longer: 400.
     pub max_prompt_tokens: u32,
+    pub max_retries: u32,
+    /// Size of the `/debug/decisions` ring.
+    pub decision_log_size: usize,
+    /// A request's whole body must arrive within this of its arrival, before it takes a slot.
+    #[serde(rename = "body_read_timeout_ms", with = "millis")]
+    pub body_read_timeout: Duration,
+    /// A request head must arrive whole within this (of the accept, or of its first byte).
+    #[serde(rename = "header_read_timeout_ms", with = "millis")]
+    pub header_read_timeout: Duration,
+    /// A keep-alive connection with nothing in flight is closed after this.
+    #[serde(rename = "idle_connection_timeout_ms", with = "millis")]
+    pub idle_connection_timeout: Duration,
+    /// A connection whose client accepts no byte for this long is closed.
+    #[serde(rename = "client_write_timeout_ms", with = "millis")]
+    pub client_write_timeout: Duration,
+    /// Upstream connect timeout.
+    #[serde(rename = "connect_timeout_ms", with = "millis")]
+    pub connect_timeout: Duration,
+    /// Longest wait for a pod's response headers.
+    #[serde(rename = "first_byte_timeout_ms", with = "millis")]
+    pub first_byte_timeout: Duration,
+    /// Longest silence between two chunks of a pod's response.
+    #[serde(rename = "idle_chunk_timeout_ms", with = "millis")]
+    pub idle_chunk_timeout: Duration,
     /// Longest life of one request, from admission to its last byte.
+    #[serde(rename = "request_timeout_ms", with = "millis")]
     pub request_timeout: Duration,
-    /// `--shutdown-drain-ms`: pause between readiness turning false and the listener closing.
-    pub shutdown_drain: Duration,
-    /// Responses in a row dying mid-body on a pod before it is avoided (see [`crate::breaker`]).
+    /// Responses in a row dying mid-body on a pod before it is avoided ([`crate::breaker`]).
     pub pod_failure_threshold: u32,
     /// How long such a pod is avoided.
+    #[serde(rename = "pod_failure_cooldown_ms", with = "millis")]
     pub pod_failure_cooldown: Duration,
-    /// `allow_empty_pods`: a reload may leave no configured pod (see [`Self::check_reloaded`]).
-    pub allow_empty_pods: bool,
+    /// On SIGTERM: pause between readiness turning false and the listener closing.
+    #[serde(rename = "shutdown_drain_ms", with = "millis")]
+    pub shutdown_drain: Duration,
+    /// On SIGTERM: how long in-flight requests may still run.
+    #[serde(rename = "shutdown_grace_ms", with = "millis")]
+    pub shutdown_grace: Duration,
+    /// The Mooncake JSONL file served requests are appended to.
+    pub capture: Option<PathBuf>,
+    /// The JSON-lines file every routed request's decision, with its outcome, is appended to.
+    pub decisions_log: Option<PathBuf>,
+    /// The NATS server other replicas share routing state over (`nats://HOST:PORT`).
+    pub cluster: Option<String>,
+    /// The fleet's name on that server.
+    pub cluster_name: String,
+    /// A silent replica's charges are returned after this.
+    #[serde(rename = "cluster_lease_ms", with = "millis")]
+    pub cluster_lease: Duration,
+    /// Share the predictor's training samples with the other replicas.
+    pub cluster_share_samples: bool,
+    /// `[router]`: `kvgate_core::RouterConfig` (its `gate_profile` first, the keys given over
+    /// it; llm-d camelCase names accepted).
+    pub router: RouterConfig,
     /// `[flow_control]` (see `kvgate_core::flow`); `enabled = false` by default.
+    #[serde(rename = "flow_control")]
     pub flow: kvgate_core::flow::FlowConfig,
-    /// `--cluster`: active-active replicas over NATS ([`crate::cluster`]; start only).
-    pub cluster: Option<ClusterConfig>,
-    /// `[tracing]`: OpenTelemetry traces ([`crate::otel`]; start only).
+    /// `[tracing]`: OpenTelemetry traces ([`crate::otel`]).
     pub tracing: TracingConfig,
-    /// `session_headers`: the headers naming the client's session, lower case, in order of
-    /// precedence ([`crate::session_key`]); read only while the router's session affinity is on.
-    pub session_headers: Vec<String>,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        let ms = Duration::from_millis;
+        Settings {
+            listen: default_listen(),
+            admin_listen: default_admin_listen(),
+            ext_proc_listen: None,
+            pods: Vec::new(),
+            allow_empty_pods: false,
+            discovery: DiscoveryKind::Static,
+            selector: None,
+            namespace: None,
+            target_port: DEFAULT_TARGET_PORT,
+            policy: PolicyKind::AffinityGate,
+            index: IndexKind::Routed,
+            seed: 0,
+            tokenizer: None,
+            chat_template: None,
+            tokenization_cache_mib: DEFAULT_TOKENIZATION_CACHE_MIB,
+            response_headers: true,
+            session_headers: crate::session_key::DEFAULT_SESSION_HEADERS
+                .map(String::from)
+                .to_vec(),
+            forward_authorization: false,
+            scrape_interval: ms(DEFAULT_SCRAPE_INTERVAL_MS),
+            models_refresh_interval: ms(DEFAULT_MODELS_REFRESH_INTERVAL_MS),
+            max_concurrent_requests: DEFAULT_MAX_CONCURRENT_REQUESTS,
+            max_waiting_requests: DEFAULT_MAX_WAITING_REQUESTS,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            max_body_bytes_in_flight: DEFAULT_MAX_BODY_BYTES_IN_FLIGHT,
+            max_prompt_tokens: DEFAULT_MAX_PROMPT_TOKENS,
+            max_retries: DEFAULT_MAX_RETRIES,
+            decision_log_size: DEFAULT_DECISION_LOG,
+            body_read_timeout: ms(DEFAULT_BODY_READ_TIMEOUT_MS),
+            header_read_timeout: ms(DEFAULT_HEADER_READ_TIMEOUT_MS),
+            idle_connection_timeout: ms(DEFAULT_IDLE_CONNECTION_TIMEOUT_MS),
+            client_write_timeout: ms(DEFAULT_CLIENT_WRITE_TIMEOUT_MS),
+            connect_timeout: ms(DEFAULT_CONNECT_TIMEOUT_MS),
+            first_byte_timeout: ms(DEFAULT_FIRST_BYTE_TIMEOUT_MS),
+            idle_chunk_timeout: ms(DEFAULT_IDLE_CHUNK_TIMEOUT_MS),
+            request_timeout: ms(DEFAULT_REQUEST_TIMEOUT_MS),
+            pod_failure_threshold: DEFAULT_POD_FAILURE_THRESHOLD,
+            pod_failure_cooldown: ms(DEFAULT_POD_FAILURE_COOLDOWN_MS),
+            shutdown_drain: ms(DEFAULT_SHUTDOWN_DRAIN_MS),
+            shutdown_grace: ms(DEFAULT_SHUTDOWN_GRACE_MS),
+            capture: None,
+            decisions_log: None,
+            cluster: None,
+            cluster_name: DEFAULT_CLUSTER_NAME.to_string(),
+            cluster_lease: ms(DEFAULT_LEASE_MS),
+            cluster_share_samples: true,
+            router: RouterConfig::default(),
+            flow: kvgate_core::flow::FlowConfig::default(),
+            tracing: TracingConfig::default(),
+        }
+    }
+}
+
+impl Settings {
+    /// The top-level key names (the environment layer reads only these).
+    pub fn top_keys() -> Vec<&'static str> {
+        KEYS.iter().map(|(k, _)| *k).collect()
+    }
+
+    /// Reads a merged tree of keys; `source` names the layer(s) for the error, and the error
+    /// names the key (`router.affinity_gate_tau: …`).
+    fn from_tree(tree: serde_json::Value, source: &str) -> Result<Settings, ConfigError> {
+        serde_path_to_error::deserialize(tree).map_err(|e| {
+            let key = e.path().to_string();
+            let inner = e.into_inner();
+            ConfigError::Parse {
+                path: source.to_string(),
+                message: if key == "." {
+                    inner.to_string()
+                } else {
+                    format!("{key}: {inner}")
+                },
+            }
+        })
+    }
+
+    /// Checks every value, and normalises the few that have one spelling in force
+    /// (`session_headers` lower-cased, `decision_log_size` at least 1).
+    fn validate(&mut self) -> Result<(), ConfigError> {
+        for (value, name) in [
+            (self.scrape_interval, "scrape_interval_ms"),
+            (self.models_refresh_interval, "models_refresh_interval_ms"),
+            (self.body_read_timeout, "body_read_timeout_ms"),
+            (self.header_read_timeout, "header_read_timeout_ms"),
+            (self.idle_connection_timeout, "idle_connection_timeout_ms"),
+            (self.client_write_timeout, "client_write_timeout_ms"),
+            (self.connect_timeout, "connect_timeout_ms"),
+            (self.first_byte_timeout, "first_byte_timeout_ms"),
+            (self.idle_chunk_timeout, "idle_chunk_timeout_ms"),
+            (self.request_timeout, "request_timeout_ms"),
+            (self.pod_failure_cooldown, "pod_failure_cooldown_ms"),
+            (self.cluster_lease, "cluster_lease_ms"),
+        ] {
+            if value.is_zero() {
+                return Err(ConfigError::NotPositive(name));
+            }
+        }
+        for (value, name) in [
+            (self.max_body_bytes, "max_body_bytes"),
+            (self.max_body_bytes_in_flight, "max_body_bytes_in_flight"),
+            (self.max_concurrent_requests, "max_concurrent_requests"),
+            (self.max_connections, "max_connections"),
+            (self.pod_failure_threshold as usize, "pod_failure_threshold"),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::NotPositive(name));
+            }
+        }
+        self.decision_log_size = self.decision_log_size.max(1);
+        self.router.validate()?;
+        self.flow.validate()?;
+        self.tracing.validate()?;
+        self.session_headers = session_headers(Some(&self.session_headers))?;
+        if let Some(url) = &self.cluster {
+            if !(url.starts_with("nats://") || url.starts_with("tls://"))
+                || url.len() <= "nats://".len()
+            {
+                return Err(ConfigError::BadCluster(format!(
+                    "invalid cluster URL {url:?}: expected nats://HOST:PORT"
+                )));
+            }
+            if !valid_name(&self.cluster_name) {
+                return Err(ConfigError::BadCluster(format!(
+                    "invalid cluster name {:?}: 1-64 of A-Z a-z 0-9 _ -",
+                    self.cluster_name
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// `--cluster` and its companions, when clustering is on.
+    pub fn cluster_config(&self) -> Option<ClusterConfig> {
+        self.cluster.as_ref().map(|url| ClusterConfig {
+            url: url.clone(),
+            name: self.cluster_name.clone(),
+            lease: self.cluster_lease,
+            share_samples: self.cluster_share_samples,
+        })
+    }
+}
+
+/// The configuration the gateway runs with: the [`Settings`] (every key, as `/debug/config`
+/// shows them) and what is derived from them once: the pod table's entries and their KV-event
+/// endpoints, and the API keys' digests. It derefs to its settings, so that
+/// `config.request_timeout` reads the key wherever the config is used.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GatewayConfig {
+    /// The keys in force; `pods` written out as tables, one per configured pod.
+    pub settings: Settings,
+    /// The configured pods: base URL, predictor class, P/D role, data-parallel size.
+    pub pods: Vec<PodEntry>,
+    /// Pods that publish KV-cache events.
+    pub pod_events: Vec<PodEvents>,
+    /// `--api-key` / `KVGATE_API_KEYS`: keys required on /v1/* (empty: no authentication).
+    pub api_keys: ApiKeys,
+}
+
+impl std::ops::Deref for GatewayConfig {
+    type Target = Settings;
+    fn deref(&self) -> &Settings {
+        &self.settings
+    }
+}
+
+impl std::ops::DerefMut for GatewayConfig {
+    fn deref_mut(&mut self) -> &mut Settings {
+        &mut self.settings
+    }
 }
 
 /// `[tracing]`: OpenTelemetry traces exported over OTLP/HTTP (protobuf) ([`crate::otel`]). Read
@@ -592,22 +828,15 @@ impl TracingConfig {
 }
 
 impl GatewayConfig {
-    /// Defaults ← `file` ← flags in `args`, validated.
-    pub fn resolve(args: &ServeArgs, file: Option<&FileConfig>) -> Result<Self, ConfigError> {
-        let empty = FileConfig::default();
-        let file = file.unwrap_or(&empty);
-        let policy_name = args
-            .policy
-            .clone()
-            .or_else(|| file.policy.clone())
-            .unwrap_or_else(|| PolicyKind::AffinityGate.name().to_string());
-        let policy =
-            PolicyKind::from_name(&policy_name).ok_or(ConfigError::UnknownPolicy(policy_name))?;
+    /// Validates `settings` and derives the pod table's entries (the `pods` written out as
+    /// tables) and the API keys' digests.
+    pub fn new(mut settings: Settings, api_keys: &[String]) -> Result<Self, ConfigError> {
+        settings.validate()?;
         let mut pods: Vec<PodEntry> = Vec::new();
         let mut pod_events: Vec<PodEvents> = Vec::new();
-        for p in &file.pods {
-            match p {
-                PodSpec::Url(url) => pods.push(PodEntry::new(url.clone(), DEFAULT_POD_CLASS)),
+        for p in &settings.pods {
+            let (pod, events) = match p {
+                PodSpec::Url(arg) => parse_pod_arg(arg)?,
                 PodSpec::Full {
                     url,
                     class,
@@ -618,271 +847,112 @@ impl GatewayConfig {
                     data_parallel_size,
                 } => {
                     let class = class.as_deref().unwrap_or(DEFAULT_POD_CLASS);
-                    pods.push(PodEntry {
+                    let pod = PodEntry {
                         data_parallel_size: data_parallel_size.unwrap_or(1),
                         ..PodEntry::new(url.clone(), class)
                             .with_role(role.unwrap_or_default())
                             .with_model(model.clone())
-                    });
-                    pod_events.extend(endpoint_events(
-                        url,
-                        events.clone(),
-                        replay.clone(),
-                        model.clone(),
-                        url,
-                    )?);
+                    };
+                    let events =
+                        endpoint_events(url, events.clone(), replay.clone(), model.clone(), url)?;
+                    (pod, events)
                 }
-            }
-        }
-        for arg in &args.pod {
-            let (pod, events) = parse_pod_arg(arg)?;
+            };
+            check_pod_url(&pod.url)?;
+            check_data_parallel(&pod, events.as_ref())?;
             pods.push(pod);
             pod_events.extend(events);
         }
-        let index = match (&args.index, &file.index) {
-            (Some(kind), _) => *kind,
-            (None, Some(name)) => {
-                IndexKind::from_name(name).ok_or_else(|| ConfigError::UnknownIndex(name.clone()))?
-            }
-            (None, None) => IndexKind::Routed,
-        };
-        for p in &pods {
-            check_pod_url(&p.url)?;
-            let url = p.url.trim_end_matches('/');
-            check_data_parallel(p, pod_events.iter().find(|e| e.url == url))?;
-        }
-        let scrape_ms = args
-            .scrape_interval_ms
-            .or(file.scrape_interval_ms)
-            .unwrap_or(DEFAULT_SCRAPE_INTERVAL_MS);
-        if scrape_ms == 0 {
-            return Err(ConfigError::NotPositive("scrape_interval_ms"));
-        }
-        let models_refresh_ms = args
-            .models_refresh_interval_ms
-            .or(file.models_refresh_interval_ms)
-            .unwrap_or(DEFAULT_MODELS_REFRESH_INTERVAL_MS);
-        if models_refresh_ms == 0 {
-            return Err(ConfigError::NotPositive("models_refresh_interval_ms"));
-        }
-        let max_body_bytes = file.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES);
-        if max_body_bytes == 0 {
-            return Err(ConfigError::NotPositive("max_body_bytes"));
-        }
-        let max_body_bytes_in_flight = file
-            .max_body_bytes_in_flight
-            .unwrap_or(DEFAULT_MAX_BODY_BYTES_IN_FLIGHT);
-        if max_body_bytes_in_flight == 0 {
-            return Err(ConfigError::NotPositive("max_body_bytes_in_flight"));
-        }
-        let body_read_timeout_ms = file
-            .body_read_timeout_ms
-            .unwrap_or(DEFAULT_BODY_READ_TIMEOUT_MS);
-        if body_read_timeout_ms == 0 {
-            return Err(ConfigError::NotPositive("body_read_timeout_ms"));
-        }
-        let router = file.router.unwrap_or_default();
-        router.validate()?;
-        let max_concurrent_requests = args
-            .max_concurrent_requests
-            .or(file.max_concurrent_requests)
-            .unwrap_or(DEFAULT_MAX_CONCURRENT_REQUESTS);
-        if max_concurrent_requests == 0 {
-            return Err(ConfigError::NotPositive("max_concurrent_requests"));
-        }
-        let positive_ms =
-            |v: Option<u64>, default: u64, name: &'static str| match v.unwrap_or(default) {
-                0 => Err(ConfigError::NotPositive(name)),
-                ms => Ok(Duration::from_millis(ms)),
-            };
-        let connect_timeout = positive_ms(
-            args.connect_timeout_ms,
-            DEFAULT_CONNECT_TIMEOUT_MS,
-            "connect_timeout_ms",
-        )?;
-        let first_byte_timeout = positive_ms(
-            args.first_byte_timeout_ms,
-            DEFAULT_FIRST_BYTE_TIMEOUT_MS,
-            "first_byte_timeout_ms",
-        )?;
-        let idle_chunk_timeout = positive_ms(
-            args.idle_chunk_timeout_ms,
-            DEFAULT_IDLE_CHUNK_TIMEOUT_MS,
-            "idle_chunk_timeout_ms",
-        )?;
-        let request_timeout = positive_ms(
-            args.request_timeout_ms,
-            DEFAULT_REQUEST_TIMEOUT_MS,
-            "request_timeout_ms",
-        )?;
-        let pod_failure_cooldown = positive_ms(
-            args.pod_failure_cooldown_ms,
-            DEFAULT_POD_FAILURE_COOLDOWN_MS,
-            "pod_failure_cooldown_ms",
-        )?;
-        let max_connections = args
-            .max_connections
-            .or(file.max_connections)
-            .unwrap_or(DEFAULT_MAX_CONNECTIONS);
-        if max_connections == 0 {
-            return Err(ConfigError::NotPositive("max_connections"));
-        }
-        let header_read_timeout = positive_ms(
-            args.header_read_timeout_ms.or(file.header_read_timeout_ms),
-            DEFAULT_HEADER_READ_TIMEOUT_MS,
-            "header_read_timeout_ms",
-        )?;
-        let idle_connection_timeout = positive_ms(
-            args.idle_connection_timeout_ms
-                .or(file.idle_connection_timeout_ms),
-            DEFAULT_IDLE_CONNECTION_TIMEOUT_MS,
-            "idle_connection_timeout_ms",
-        )?;
-        let client_write_timeout = positive_ms(
-            args.client_write_timeout_ms
-                .or(file.client_write_timeout_ms),
-            DEFAULT_CLIENT_WRITE_TIMEOUT_MS,
-            "client_write_timeout_ms",
-        )?;
-        let cluster = match args.cluster.clone().or_else(|| file.cluster.clone()) {
-            None => None,
-            Some(url) => {
-                if !(url.starts_with("nats://") || url.starts_with("tls://"))
-                    || url.len() <= "nats://".len()
-                {
-                    return Err(ConfigError::BadCluster(format!(
-                        "invalid cluster URL {url:?}: expected nats://HOST:PORT"
-                    )));
+        // Written out as tables: what `/debug/config` shows, and reads back the same.
+        settings.pods = pods
+            .iter()
+            .map(|pod| {
+                let url = pod.url.trim_end_matches('/');
+                let events = pod_events.iter().find(|e| e.url == url);
+                PodSpec::Full {
+                    url: pod.url.clone(),
+                    class: Some(pod.class.clone()),
+                    events: events.map(|e| e.endpoint.clone()),
+                    replay: events.and_then(|e| e.replay.clone()),
+                    model: pod.model.clone(),
+                    role: Some(pod.role),
+                    data_parallel_size: Some(pod.data_parallel_size),
                 }
-                let name = args
-                    .cluster_name
-                    .clone()
-                    .or_else(|| file.cluster_name.clone())
-                    .unwrap_or_else(|| DEFAULT_CLUSTER_NAME.to_string());
-                if !valid_name(&name) {
-                    return Err(ConfigError::BadCluster(format!(
-                        "invalid cluster name {name:?}: 1-64 of A-Z a-z 0-9 _ -"
-                    )));
-                }
-                let lease =
-                    positive_ms(file.cluster_lease_ms, DEFAULT_LEASE_MS, "cluster_lease_ms")?;
-                Some(ClusterConfig {
-                    url,
-                    name,
-                    lease,
-                    share_samples: file.cluster_share_samples.unwrap_or(true),
-                })
-            }
-        };
-        let pod_failure_threshold = args
-            .pod_failure_threshold
-            .unwrap_or(DEFAULT_POD_FAILURE_THRESHOLD);
-        if pod_failure_threshold == 0 {
-            return Err(ConfigError::NotPositive("pod_failure_threshold"));
-        }
-        let flow = file.flow_control.unwrap_or_default();
-        flow.validate()?;
-        let tracing = file.tracing.clone().unwrap_or_default();
-        tracing.validate()?;
-        let session_headers = session_headers(file.session_headers.as_deref())?;
+            })
+            .collect();
         Ok(GatewayConfig {
-            listen: args.listen.or(file.listen).unwrap_or(default_listen()),
-            admin_listen: args
-                .admin_listen
-                .or(file.admin_listen)
-                .unwrap_or(default_admin_listen()),
+            settings,
             pods,
-            policy,
-            scrape_interval: Duration::from_millis(scrape_ms),
-            models_refresh_interval: Duration::from_millis(models_refresh_ms),
-            response_headers: !args.no_response_headers && file.response_headers.unwrap_or(true),
-            max_body_bytes,
-            max_body_bytes_in_flight,
-            body_read_timeout: Duration::from_millis(body_read_timeout_ms),
-            max_retries: file.max_retries.unwrap_or(DEFAULT_MAX_RETRIES),
-            decision_log_size: file
-                .decision_log_size
-                .unwrap_or(DEFAULT_DECISION_LOG)
-                .max(1),
-            max_concurrent_requests,
-            max_queued_requests: args
-                .max_queued_requests
-                .or(file.max_queued_requests)
-                .unwrap_or(DEFAULT_MAX_QUEUED_REQUESTS),
-            max_connections,
-            header_read_timeout,
-            idle_connection_timeout,
-            client_write_timeout,
-            seed: args.seed.or(file.seed).unwrap_or(0),
-            router,
-            index,
             pod_events,
-            api_keys: ApiKeys::new(args.api_key.iter().map(String::as_str)),
-            forward_authorization: args.forward_authorization,
-            shutdown_grace: Duration::from_millis(
-                args.shutdown_grace_ms.unwrap_or(DEFAULT_SHUTDOWN_GRACE_MS),
-            ),
-            connect_timeout,
-            first_byte_timeout,
-            idle_chunk_timeout,
-            max_prompt_tokens: args
-                .max_prompt_tokens
-                .or(file.max_prompt_tokens)
-                .unwrap_or(DEFAULT_MAX_PROMPT_TOKENS),
-            request_timeout,
-            shutdown_drain: Duration::from_millis(
-                args.shutdown_drain_ms.unwrap_or(DEFAULT_SHUTDOWN_DRAIN_MS),
-            ),
-            pod_failure_threshold,
-            pod_failure_cooldown,
-            allow_empty_pods: file.allow_empty_pods.unwrap_or(false),
-            flow,
-            cluster,
-            tracing,
-            session_headers,
+            api_keys: ApiKeys::new(api_keys.iter().map(String::as_str)),
         })
     }
 
-    /// What a reloaded config must also pass: at least one configured pod (the file's or
-    /// `--pod`'s) unless `allow_empty_pods` or discovery supplies pods (with `--discovery
-    /// kubernetes` the file's list may well be empty, and so may the discovered set at times).
-    /// Not checked at start: a gateway started without pods reports not ready (`/readyz` 503)
-    /// and there is no previous config to keep.
-    pub fn check_reloaded(&self, discovery_supplies_pods: bool) -> Result<(), ConfigError> {
+    /// The settings `args` ask for: defaults ← file ← environment ← flags.
+    pub fn from_args(args: &ServeArgs) -> Result<Self, ConfigError> {
+        Self::layered(args, false)
+    }
+
+    /// [`GatewayConfig::from_args`] for a reload: an empty file is refused
+    /// ([`ConfigError::EmptyFile`]).
+    pub fn from_args_reloaded(args: &ServeArgs) -> Result<Self, ConfigError> {
+        Self::layered(args, true)
+    }
+
+    fn layered(args: &ServeArgs, reloaded: bool) -> Result<Self, ConfigError> {
+        let mut tree = serde_json::Value::Object(serde_json::Map::new());
+        // Each layer is read alone first, so that an error names its layer (a file's path,
+        // the environment, --set); then the merged tree once.
+        let mut lay = |layer: serde_json::Value, source: &str| {
+            Settings::from_tree(layer.clone(), source)?;
+            layers::merge(&mut tree, layer);
+            Ok::<_, ConfigError>(())
+        };
+        if let Some(path) = &args.config {
+            lay(
+                layers::file_tree(path, reloaded)?,
+                &path.display().to_string(),
+            )?;
+        }
+        let env = args.env.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+        lay(
+            layers::env_tree(env, &Settings::top_keys())?,
+            &layers::describe_env(),
+        )?;
+        let mut flags = args.typed_tree();
+        layers::apply_sets(&mut flags, &args.set)?;
+        lay(flags, "--set")?;
+        // `pods+=`: appended to the pods of the layers below, not laid over them.
+        let appended = args.pod.iter().map(|p| format!("pods+={p}"));
+        layers::apply_sets(&mut tree, &appended.collect::<Vec<_>>())?;
+        let settings = Settings::from_tree(tree, "the merged settings")?;
+        GatewayConfig::new(settings, &args.api_key)
+    }
+
+    /// What a reloaded config must also pass: at least one configured pod unless
+    /// `allow_empty_pods` or discovery supplies pods (with kubernetes discovery the file's list
+    /// may well be empty, and so may the discovered set at times). Not checked at start: a
+    /// gateway started without pods reports not ready (`/readyz` 503) and there is no previous
+    /// config to keep.
+    pub fn check_reloaded(&self) -> Result<(), ConfigError> {
+        let discovery_supplies_pods = self.discovery != DiscoveryKind::Static;
         if self.pods.is_empty() && !self.allow_empty_pods && !discovery_supplies_pods {
             return Err(ConfigError::NoPods);
         }
         Ok(())
     }
 
-    /// The settings read at start only that differ from `running` (the config in force): a
-    /// reload that changes any is refused whole ([`crate::reload`]), not half applied. They
-    /// are the listeners, slots and queue, the connection cap, the connect timeout, the
-    /// decision ring's size, the seed, `index` (it sets the blocks' mode and the KV-event
-    /// subscribers at start), `--cluster` and `[tracing]`, and the KV events of a pod kept
-    /// across the reload (a pod added by it may have events: its subscriber starts with it).
+    /// The start-only keys ([`KEYS`]) whose values differ from `running` (the config in
+    /// force), and the KV events of a pod kept across the reload (a pod added by it may have
+    /// events: its subscriber starts with it): a reload that changes any is refused whole
+    /// ([`crate::reload`]), not half applied.
     pub fn start_only_changes(&self, running: &GatewayConfig) -> Vec<String> {
-        let mut changed = Vec::new();
-        macro_rules! check {
-            ($($field:ident),*) => {$(
-                if self.$field != running.$field {
-                    changed.push(stringify!($field).to_string());
-                }
-            )*};
-        }
-        check!(
-            listen,
-            admin_listen,
-            max_concurrent_requests,
-            max_queued_requests,
-            max_connections,
-            connect_timeout,
-            decision_log_size,
-            seed,
-            index,
-            cluster,
-            tracing
-        );
+        let (new, old) = (self.dump(), running.dump());
+        let mut changed: Vec<String> = KEYS
+            .iter()
+            .filter(|(key, reload)| *reload == Reload::StartOnly && new[key] != old[key])
+            .map(|(key, _)| key.to_string())
+            .collect();
         // A pod is kept across the reload as the pod table keeps it (`PodTable::replace`):
         // the same URL (without a trailing slash), class, role and data-parallel size; any
         // other change makes it a new pod, with a subscriber of its own.
@@ -909,168 +979,14 @@ impl GatewayConfig {
         changed
     }
 
-    /// Loads `args.config` (if any) and resolves.
-    pub fn from_args(args: &ServeArgs) -> Result<Self, ConfigError> {
-        let file = match &args.config {
-            Some(path) => Some(FileConfig::load(path)?),
-            None => None,
-        };
-        GatewayConfig::resolve(args, file.as_ref())
-    }
-}
-
-/// `GET /debug/config` (like Envoy's config dump): the configuration in force, as JSON. Key names
-/// are the config file's and the flags' (durations in `_ms`); API keys appear as a count only.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ConfigDump {
-    /// As configured (port 0: the port the OS chose is in the `kvgate serving on` line).
-    pub listen: SocketAddr,
-    pub admin_listen: SocketAddr,
-    pub policy: &'static str,
-    pub index: IndexKind,
-    /// Token mode's tokenizer (`index = engine` only).
-    pub tokenizer: Option<String>,
-    pub seed: u64,
-    pub response_headers: bool,
-    /// Every router key with its value in force (the profile merged under the keys given).
-    pub router: RouterConfig,
-    pub limits: LimitsDump,
-    pub auth: AuthDump,
-    /// Whether a reload may leave no configured pod.
-    pub allow_empty_pods: bool,
-    /// `[flow_control]`, every key with its value in force.
-    pub flow_control: kvgate_core::flow::FlowConfig,
-    /// `[tracing]`, every key with its value in force.
-    pub tracing: TracingConfig,
-    /// The headers naming the client's session (read while session affinity is on).
-    pub session_headers: Vec<String>,
-    /// The pod table: the config's pods, then the discovered ones.
-    pub pods: Vec<PodDump>,
-}
-
-/// What bounds a request and a pod (the README's "Limits, timeouts, shutdown" table).
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct LimitsDump {
-    pub max_body_bytes: usize,
-    pub max_body_bytes_in_flight: usize,
-    pub body_read_timeout_ms: u64,
-    pub max_prompt_tokens: u32,
-    pub max_concurrent_requests: usize,
-    pub max_queued_requests: usize,
-    pub max_connections: usize,
-    pub header_read_timeout_ms: u64,
-    pub idle_connection_timeout_ms: u64,
-    pub client_write_timeout_ms: u64,
-    pub max_retries: u32,
-    pub connect_timeout_ms: u64,
-    pub first_byte_timeout_ms: u64,
-    pub idle_chunk_timeout_ms: u64,
-    pub request_timeout_ms: u64,
-    pub pod_failure_threshold: u32,
-    pub pod_failure_cooldown_ms: u64,
-    pub scrape_interval_ms: u64,
-    pub models_refresh_interval_ms: u64,
-    pub decision_log_size: usize,
-    pub shutdown_drain_ms: u64,
-    pub shutdown_grace_ms: u64,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct AuthDump {
-    /// How many API keys are accepted (0: no authentication); never the keys.
-    pub api_keys: usize,
-    pub forward_authorization: bool,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct PodDump {
-    pub url: String,
-    pub class: String,
-    /// `both`, `prefill` or `decode`.
-    pub role: PodRole,
-    /// Engines behind the URL, each routed as its own pod `URL#dp<rank>` (1: a plain pod).
-    pub data_parallel_size: u32,
-    /// `config` (the file or `--pod`) or `discovery`.
-    pub source: &'static str,
-    /// Its KV-cache event endpoints, when it publishes them.
-    pub events: Option<PodEvents>,
-}
-
-impl ConfigDump {
-    /// `config` in force, with `pod_table` (url, class), the pods routed to now.
-    pub fn new(
-        config: &GatewayConfig,
-        pod_table: &[PodEntry],
-        tokenizer: Option<String>,
-    ) -> ConfigDump {
-        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-        let configured = |url: &str| {
-            config
-                .pods
-                .iter()
-                .any(|p| p.url.trim_end_matches('/') == url)
-        };
-        let pods = pod_table
-            .iter()
-            .map(|entry| {
-                let url = entry.url.trim_end_matches('/');
-                PodDump {
-                    url: url.to_string(),
-                    class: entry.class.clone(),
-                    role: entry.role,
-                    data_parallel_size: entry.data_parallel_size,
-                    source: if configured(url) {
-                        "config"
-                    } else {
-                        "discovery"
-                    },
-                    events: config.pod_events.iter().find(|e| e.url == url).cloned(),
-                }
-            })
-            .collect();
-        ConfigDump {
-            listen: config.listen,
-            admin_listen: config.admin_listen,
-            policy: config.policy.name(),
-            index: config.index,
-            tokenizer,
-            seed: config.seed,
-            response_headers: config.response_headers,
-            router: config.router,
-            limits: LimitsDump {
-                max_body_bytes: config.max_body_bytes,
-                max_body_bytes_in_flight: config.max_body_bytes_in_flight,
-                body_read_timeout_ms: ms(config.body_read_timeout),
-                max_prompt_tokens: config.max_prompt_tokens,
-                max_concurrent_requests: config.max_concurrent_requests,
-                max_queued_requests: config.max_queued_requests,
-                max_connections: config.max_connections,
-                header_read_timeout_ms: ms(config.header_read_timeout),
-                idle_connection_timeout_ms: ms(config.idle_connection_timeout),
-                client_write_timeout_ms: ms(config.client_write_timeout),
-                max_retries: config.max_retries,
-                connect_timeout_ms: ms(config.connect_timeout),
-                first_byte_timeout_ms: ms(config.first_byte_timeout),
-                idle_chunk_timeout_ms: ms(config.idle_chunk_timeout),
-                request_timeout_ms: ms(config.request_timeout),
-                pod_failure_threshold: config.pod_failure_threshold,
-                pod_failure_cooldown_ms: ms(config.pod_failure_cooldown),
-                scrape_interval_ms: ms(config.scrape_interval),
-                models_refresh_interval_ms: ms(config.models_refresh_interval),
-                decision_log_size: config.decision_log_size,
-                shutdown_drain_ms: ms(config.shutdown_drain),
-                shutdown_grace_ms: ms(config.shutdown_grace),
-            },
-            auth: AuthDump {
-                api_keys: config.api_keys.len(),
-                forward_authorization: config.forward_authorization,
-            },
-            allow_empty_pods: config.allow_empty_pods,
-            flow_control: config.flow,
-            tracing: config.tracing.clone(),
-            session_headers: config.session_headers.clone(),
-            pods,
-        }
+    /// `GET /debug/config` (like Envoy's config dump): the [`Settings`] in force, serialised.
+    /// Given back as a config file it starts the same gateway; API keys (secrets, given
+    /// separately) and discovered pods are not settings, so not in it.
+    pub fn dump(&self) -> serde_json::Value {
+        serde_json::to_value(&self.settings).unwrap_or_else(|e| {
+            // Settings hold only strings, numbers and addresses: unreachable.
+            serde_json::json!({ "error": e.to_string() })
+        })
     }
 }
 
@@ -1091,96 +1007,91 @@ fn check_pod_url(url: &str) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// What `kvgate serve` was asked for: one field per flag, `None` (or empty, or false) where
-/// the flag was not given, so the config file and the defaults fill in (see
-/// [`GatewayConfig::resolve`]). The flags themselves (names, help, defaults shown, the
-/// `KVGATE_API_KEYS` variable) are the binary's (`kvgate serve --help`); each field is named
-/// after its flag.
-#[derive(Debug, Clone, Default, PartialEq)]
+/// What `kvgate serve` was given, as layers over the defaults ([`GatewayConfig::from_args`]):
+/// the config file, the environment, and the flags. The flags' layer is the typed fields below
+/// (the everyday keys, for the binary's sugar flags, tests and embedders; a field left `None`,
+/// `false` or empty is not given), then `set` (`key.path=value`, in order), then `pod` appended
+/// to the pods. Each typed field is named after its key and read through the same generic
+/// merge as `--set`: no field is merged by hand.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct ServeArgs {
-    /// `--listen`: the traffic listener (OpenAI API).
-    pub listen: Option<SocketAddr>,
-    /// `--admin-listen`: the admin listener.
-    pub admin_listen: Option<SocketAddr>,
-    /// `--pod URL[,events=…,replay=…][,model=NAME][,class=NAME]`, repeatable.
-    pub pod: Vec<String>,
-    /// `--index`: which prefix index routes.
-    pub index: Option<IndexKind>,
-    /// `--tokenizer`: the served model's tokenizer.json, for token mode.
-    pub tokenizer: Option<PathBuf>,
-    /// `--chat-template`: a Jinja chat template replacing the one next to `--tokenizer`.
-    pub chat_template: Option<PathBuf>,
-    /// `--tokenization-cache-mib`: token mode's tokenization reuse budget (0: off; default 64).
-    pub tokenization_cache_mib: Option<usize>,
-    /// `--config`: the config file (TOML or YAML), reloaded when it changes.
+    /// `--config`: the file layer (TOML, YAML or JSON), reloaded when it changes.
+    #[serde(skip)]
     pub config: Option<PathBuf>,
-    /// `--policy`: the routing policy by name.
-    pub policy: Option<String>,
-    /// `--scrape-interval-ms`: how often each pod's /metrics is scraped.
-    pub scrape_interval_ms: Option<u64>,
-    /// `--models-refresh-interval-ms`: how often each pod's /v1/models is read again.
-    pub models_refresh_interval_ms: Option<u64>,
-    /// `--seed`: the seed of the decision RNG.
-    pub seed: Option<u64>,
-    /// `--no-response-headers`: no x-kvgate-pod / x-kvgate-branch on responses.
-    pub no_response_headers: bool,
-    /// `--capture`: the Mooncake JSONL file served requests are appended to.
-    pub capture: Option<PathBuf>,
-    /// `--decisions-log`: the JSON-lines file every routed request's decision record, with
-    /// its outcome, is appended to.
-    pub decisions_log: Option<PathBuf>,
-    /// `--ext-proc-listen`: also serve the Envoy ext_proc endpoint picker here.
-    pub ext_proc_listen: Option<SocketAddr>,
-    /// `--max-concurrent-requests`: requests served at once.
-    pub max_concurrent_requests: Option<usize>,
-    /// `--max-queued-requests`: requests waiting for a slot.
-    pub max_queued_requests: Option<usize>,
-    /// `--api-key` (repeatable) or `KVGATE_API_KEYS`: the accepted API keys.
+    /// The environment layer: the process's variables (only `KVGATE_<KEY>…` ones are read).
+    #[serde(skip)]
+    pub env: Vec<(String, String)>,
+    /// `--set key.path=value` / `key+=value`, in order, over the typed fields.
+    #[serde(skip)]
+    pub set: Vec<String>,
+    /// `--pod URL[,events=…,replay=…][,model=NAME][,class=NAME][,role=…][,dp=N]`, repeatable:
+    /// added to the pods of the layers below.
+    #[serde(skip)]
+    pub pod: Vec<String>,
+    /// `--api-key` (repeatable) or `KVGATE_API_KEYS`: the accepted API keys (secrets: not
+    /// settings, never in `/debug/config`).
+    #[serde(skip)]
     pub api_key: Vec<String>,
-    /// `--forward-authorization`: forward the client's Authorization header.
+    pub listen: Option<SocketAddr>,
+    pub admin_listen: Option<SocketAddr>,
+    pub index: Option<IndexKind>,
+    pub tokenizer: Option<PathBuf>,
+    pub chat_template: Option<PathBuf>,
+    pub tokenization_cache_mib: Option<usize>,
+    pub policy: Option<String>,
+    pub scrape_interval_ms: Option<u64>,
+    pub models_refresh_interval_ms: Option<u64>,
+    pub seed: Option<u64>,
+    pub capture: Option<PathBuf>,
+    pub decisions_log: Option<PathBuf>,
+    pub ext_proc_listen: Option<SocketAddr>,
+    pub max_concurrent_requests: Option<usize>,
+    pub max_waiting_requests: Option<usize>,
     pub forward_authorization: bool,
-    /// `--shutdown-grace-ms`: how long in-flight requests may still run on shutdown.
     pub shutdown_grace_ms: Option<u64>,
-    /// `--connect-timeout-ms`: the upstream TCP connect timeout.
     pub connect_timeout_ms: Option<u64>,
-    /// `--first-byte-timeout-ms`: the longest wait for a pod's response headers.
     pub first_byte_timeout_ms: Option<u64>,
-    /// `--idle-chunk-timeout-ms`: the longest silence between two chunks.
     pub idle_chunk_timeout_ms: Option<u64>,
-    /// `--max-prompt-tokens`: the longest prompt accepted.
     pub max_prompt_tokens: Option<u32>,
-    /// `--discovery`: where pods come from besides `--pod` and the config file.
     pub discovery: Option<DiscoveryKind>,
-    /// `--selector`: with kubernetes discovery, the model-server Pods' label selector.
     pub selector: Option<String>,
-    /// `--namespace`: with kubernetes discovery, the Pods' namespace.
     pub namespace: Option<String>,
-    /// `--target-port`: with kubernetes discovery, the model server's port.
     pub target_port: Option<u16>,
-    /// `--request-timeout-ms`: the longest life of one request.
     pub request_timeout_ms: Option<u64>,
-    /// `--shutdown-drain-ms`: how long /readyz answers 503 before the listener closes.
     pub shutdown_drain_ms: Option<u64>,
-    /// `--pod-failure-threshold`: mid-body failures in a row before a pod is avoided.
     pub pod_failure_threshold: Option<u32>,
-    /// `--pod-failure-cooldown-ms`: how long such a pod is avoided.
     pub pod_failure_cooldown_ms: Option<u64>,
-    /// `--max-connections`: traffic connections open at once.
     pub max_connections: Option<usize>,
-    /// `--header-read-timeout-ms`: the longest wait for a whole request head.
     pub header_read_timeout_ms: Option<u64>,
-    /// `--idle-connection-timeout-ms`: the life of a keep-alive connection with nothing in flight.
     pub idle_connection_timeout_ms: Option<u64>,
-    /// `--client-write-timeout-ms`: the longest a client may accept no byte of its response.
     pub client_write_timeout_ms: Option<u64>,
-    /// `--cluster nats://HOST:PORT`: share routing state with the other replicas there.
     pub cluster: Option<String>,
-    /// `--cluster-name`: the fleet's name on that NATS server.
     pub cluster_name: Option<String>,
 }
 
-/// `--discovery`; [`DiscoveryKind::help`] says what each is.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+impl ServeArgs {
+    /// The typed fields given, as a tree of keys: `None` and `false` are not given.
+    fn typed_tree(&self) -> serde_json::Value {
+        let mut tree = serde_json::to_value(self)
+            .unwrap_or_else(|_| serde_json::Value::Object(serde_json::Map::new()));
+        if let serde_json::Value::Object(map) = &mut tree {
+            map.retain(|_, v| {
+                !matches!(v, serde_json::Value::Null | serde_json::Value::Bool(false))
+            });
+        }
+        tree
+    }
+
+    /// `key=value` added to the flags' layer (after those given before), as `--set` does.
+    pub fn with(mut self, key: &str, value: impl std::fmt::Display) -> Self {
+        self.set.push(format!("{key}={value}"));
+        self
+    }
+}
+
+/// `discovery`; [`DiscoveryKind::help`] says what each is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum DiscoveryKind {
     #[default]
     Static,
@@ -1326,6 +1237,31 @@ mod tests {
         ServeArgs::default()
     }
 
+    /// A config file written for a test.
+    #[derive(Debug)]
+    struct File(PathBuf);
+
+    /// `text` as a TOML config file, parsed (not validated), as the old file type read it.
+    fn toml_file(text: &str) -> Result<File, ConfigError> {
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        load_file(&temp_file(&format!("f{n}.toml"), text))
+    }
+
+    /// The file at `path`, parsed (not validated).
+    fn load_file(path: &std::path::Path) -> Result<File, ConfigError> {
+        Settings::from_tree(layers::file_tree(path, false)?, "test")?;
+        Ok(File(path.to_path_buf()))
+    }
+
+    /// `args` with `file` as the config file, laid and validated.
+    fn resolve(args: &ServeArgs, file: Option<&File>) -> Result<GatewayConfig, ConfigError> {
+        GatewayConfig::from_args(&ServeArgs {
+            config: file.map(|f| f.0.clone()),
+            ..args.clone()
+        })
+    }
+
     /// The first ```toml block after `after` in `text`, with `prefix` stripped from each line.
     fn toml_example(text: &str, after: &str, prefix: &str) -> String {
         let start = text.find(after).expect("section") + after.len();
@@ -1344,27 +1280,26 @@ mod tests {
 
     #[test]
     fn session_headers_default_to_the_agent_clients_and_are_checked() {
-        let file = |t: &str| toml::from_str::<FileConfig>(t).unwrap();
+        let file = |t: &str| toml_file(t).unwrap();
         let with_pod = |t: &str| format!("pods = [\"http://a:1\"]\n{t}");
-        let c = GatewayConfig::resolve(&no_flags(), Some(&file(&with_pod("")))).unwrap();
+        let c = resolve(&no_flags(), Some(&file(&with_pod("")))).unwrap();
         assert_eq!(
             c.session_headers,
             crate::session_key::DEFAULT_SESSION_HEADERS.map(String::from)
         );
-        let c = GatewayConfig::resolve(
+        let c = resolve(
             &no_flags(),
             Some(&file(&with_pod("session_headers = [\"X-Agent-Run\"]"))),
         )
         .unwrap();
         assert_eq!(c.session_headers, ["x-agent-run"], "lower-cased");
         assert_eq!(
-            ConfigDump::new(&c, &[], None).session_headers,
-            ["x-agent-run"]
+            c.dump()["session_headers"],
+            serde_json::json!(["x-agent-run"])
         );
-        let none =
-            GatewayConfig::resolve(&no_flags(), Some(&file(&with_pod("session_headers = []"))));
+        let none = resolve(&no_flags(), Some(&file(&with_pod("session_headers = []"))));
         assert!(none.unwrap().session_headers.is_empty());
-        let bad = GatewayConfig::resolve(
+        let bad = resolve(
             &no_flags(),
             Some(&file(&with_pod("session_headers = [\"a b\"]"))),
         );
@@ -1392,10 +1327,8 @@ mod tests {
         ];
         for (place, text) in examples {
             assert!(text.contains("[[pods]]"), "{place}: example not found");
-            let file: FileConfig =
-                toml::from_str(&text).unwrap_or_else(|e| panic!("{place}: {e}\n{text}"));
-            let c = GatewayConfig::resolve(&no_flags(), Some(&file))
-                .unwrap_or_else(|e| panic!("{place}: {e}"));
+            let file = toml_file(&text).unwrap_or_else(|e| panic!("{place}: {e}\n{text}"));
+            let c = resolve(&no_flags(), Some(&file)).unwrap_or_else(|e| panic!("{place}: {e}"));
             assert_eq!(c.pods.len(), 3, "{place}");
             assert_eq!(c.pods[1].class, "h100", "{place}");
             assert_eq!(c.index, IndexKind::Engine, "{place}");
@@ -1404,28 +1337,22 @@ mod tests {
 
     #[test]
     fn the_cluster_is_off_by_default_and_read_from_flags_or_file() {
-        assert_eq!(
-            GatewayConfig::resolve(&no_flags(), None).unwrap().cluster,
-            None
-        );
+        assert_eq!(resolve(&no_flags(), None).unwrap().cluster_config(), None);
         let flags = ServeArgs {
             cluster: Some("nats://127.0.0.1:4222".into()),
             ..no_flags()
         };
-        let c = GatewayConfig::resolve(&flags, None)
-            .unwrap()
-            .cluster
-            .unwrap();
+        let c = resolve(&flags, None).unwrap().cluster_config().unwrap();
         assert_eq!(c.url, "nats://127.0.0.1:4222");
         assert_eq!(c.name, "default");
         assert_eq!(c.lease, Duration::from_millis(3_000));
-        let file: FileConfig = toml::from_str(
+        let file = toml_file(
             "cluster = \"nats://n:4222\"\ncluster_name = \"fleet-a\"\ncluster_lease_ms = 500\n",
         )
         .unwrap();
-        let c = GatewayConfig::resolve(&no_flags(), Some(&file))
+        let c = resolve(&no_flags(), Some(&file))
             .unwrap()
-            .cluster
+            .cluster_config()
             .unwrap();
         assert_eq!(
             (c.url.as_str(), c.name.as_str()),
@@ -1444,10 +1371,7 @@ mod tests {
                 ..no_flags()
             };
             assert!(
-                matches!(
-                    GatewayConfig::resolve(&flags, None),
-                    Err(ConfigError::BadCluster(_))
-                ),
+                matches!(resolve(&flags, None), Err(ConfigError::BadCluster(_))),
                 "{url} {name:?}"
             );
         }
@@ -1455,7 +1379,7 @@ mod tests {
 
     #[test]
     fn defaults_are_the_documented_ones() {
-        let c = GatewayConfig::resolve(&no_flags(), None).unwrap();
+        let c = resolve(&no_flags(), None).unwrap();
         assert_eq!(c.listen, default_listen());
         assert_eq!(c.admin_listen, default_admin_listen());
         assert_eq!(c.policy, PolicyKind::AffinityGate);
@@ -1463,7 +1387,7 @@ mod tests {
         assert_eq!(c.max_body_bytes, 32 << 20);
         assert_eq!(c.decision_log_size, 256);
         assert_eq!(c.max_concurrent_requests, 1024);
-        assert_eq!(c.max_queued_requests, 1024);
+        assert_eq!(c.max_waiting_requests, 1024);
         assert_eq!(c.max_connections, 8192);
         assert_eq!(c.header_read_timeout, Duration::from_secs(10));
         assert_eq!(c.idle_connection_timeout, Duration::from_secs(75));
@@ -1485,11 +1409,11 @@ mod tests {
 
     #[test]
     fn flags_override_the_file_and_pods_add_up() {
-        let file: FileConfig = toml::from_str(
+        let file = toml_file(
             "policy = \"round-robin\"\nscrape_interval_ms = 200\npods = [\"http://a:1\", { url = \"http://b:2\", class = \"h100\" }]\n[router]\naffinityGateTau = 0.5\n",
         )
         .unwrap();
-        let c = GatewayConfig::resolve(
+        let c = resolve(
             &ServeArgs {
                 pod: vec!["http://c:3".into()],
                 policy: Some("least-request".into()),
@@ -1513,7 +1437,7 @@ mod tests {
 
     #[test]
     fn data_parallel_size_comes_from_the_file_and_the_pod_flag_and_is_checked() {
-        let file: FileConfig = toml::from_str(
+        let file = toml_file(
             "pods = [{ url = \"http://p:1\", data_parallel_size = 4 }, \"http://b:2\"]\n",
         )
         .unwrap();
@@ -1521,11 +1445,11 @@ mod tests {
             pod: vec![pod.into()],
             ..ServeArgs::default()
         };
-        let c = GatewayConfig::resolve(&args("http://d:3,dp=2"), Some(&file)).unwrap();
+        let c = resolve(&args("http://d:3,dp=2"), Some(&file)).unwrap();
         let sizes: Vec<u32> = c.pods.iter().map(|p| p.data_parallel_size).collect();
         assert_eq!(sizes, [4, 1, 2]);
         let ok = "http://d:3,dp=2,events=tcp://d:5557,replay=tcp://d:5558";
-        assert!(GatewayConfig::resolve(&args(ok), None).is_ok());
+        assert!(resolve(&args(ok), None).is_ok());
         for bad in [
             "http://d:3,dp=0",
             "http://d:3,dp=x",
@@ -1533,13 +1457,10 @@ mod tests {
             "http://d:3,dp=2,events=ipc:///run/ev.ipc",
             "http://d:3,dp=2,events=tcp://d:65535",
         ] {
-            assert!(GatewayConfig::resolve(&args(bad), None).is_err(), "{bad}");
+            assert!(resolve(&args(bad), None).is_err(), "{bad}");
         }
         // vLLM 0.32 runs a DP server with an ipc endpoint only when it ends in :PORT.
-        assert!(
-            GatewayConfig::resolve(&args("http://d:3,dp=2,events=ipc:///run/ev-tcp:5557"), None)
-                .is_ok()
-        );
+        assert!(resolve(&args("http://d:3,dp=2,events=ipc:///run/ev-tcp:5557"), None).is_ok());
     }
 
     #[test]
@@ -1566,11 +1487,10 @@ mod tests {
 
     #[test]
     fn pod_roles_come_from_the_file_and_the_pod_flag() {
-        let file: FileConfig = toml::from_str(
-            "pods = [{ url = \"http://p:1\", role = \"prefill\" }, \"http://b:2\"]\n",
-        )
-        .unwrap();
-        let c = GatewayConfig::resolve(
+        let file =
+            toml_file("pods = [{ url = \"http://p:1\", role = \"prefill\" }, \"http://b:2\"]\n")
+                .unwrap();
+        let c = resolve(
             &ServeArgs {
                 pod: vec!["http://d:3,role=decode".into()],
                 ..no_flags()
@@ -1580,7 +1500,7 @@ mod tests {
         .unwrap();
         let roles: Vec<PodRole> = c.pods.iter().map(|p| p.role).collect();
         assert_eq!(roles, [PodRole::Prefill, PodRole::Both, PodRole::Decode]);
-        let bad = GatewayConfig::resolve(
+        let bad = resolve(
             &ServeArgs {
                 pod: vec!["http://d:3,role=decoder".into()],
                 ..no_flags()
@@ -1588,10 +1508,7 @@ mod tests {
             None,
         );
         assert!(matches!(bad, Err(ConfigError::BadPodOption(_))), "{bad:?}");
-        assert!(
-            toml::from_str::<FileConfig>("pods = [{ url = \"http://p:1\", role = \"x\" }]")
-                .is_err()
-        );
+        assert!(toml_file("pods = [{ url = \"http://p:1\", role = \"x\" }]").is_err());
     }
 
     #[test]
@@ -1604,8 +1521,8 @@ mod tests {
             "policy: prefix\npods:\n  - http://a:1\nrouter:\n  affinity_gate_tau: 0.9\n",
         )
         .unwrap();
-        let file = FileConfig::load(&path).unwrap();
-        let c = GatewayConfig::resolve(&no_flags(), Some(&file)).unwrap();
+        let file = load_file(&path).unwrap();
+        let c = resolve(&no_flags(), Some(&file)).unwrap();
         assert_eq!(c.policy, PolicyKind::Prefix);
         assert_eq!(c.router.affinity_gate_tau, 0.9);
         assert_eq!(c.pods.len(), 1);
@@ -1614,22 +1531,33 @@ mod tests {
     #[test]
     fn invalid_values_are_rejected_with_a_reason() {
         let bad = |toml_text: &str| {
-            let file: FileConfig = toml::from_str(toml_text).unwrap();
-            GatewayConfig::resolve(&no_flags(), Some(&file)).unwrap_err()
+            let file = toml_file(toml_text).unwrap();
+            resolve(&no_flags(), Some(&file)).unwrap_err()
         };
-        assert!(matches!(
-            bad("policy = \"nope\""),
-            ConfigError::UnknownPolicy(_)
-        ));
+        // An unknown name fails the file, naming it.
+        let err = toml_file("policy = \"nope\"").unwrap_err();
+        assert!(
+            matches!(&err, ConfigError::Parse { message, .. } if message.contains("nope")),
+            "{err}"
+        );
         assert!(matches!(
             bad("pods = [\"ftp://x\"]"),
             ConfigError::BadPodUrl(_)
         ));
         // The router's own reader validates: an out-of-range value fails the file, naming the key.
-        let err = toml::from_str::<FileConfig>("[router]\naffinity_gate_tau = 3.0").unwrap_err();
+        let err = toml_file("[router]\naffinity_gate_tau = 3.0").unwrap_err();
         assert!(err.to_string().contains("affinity_gate_tau"), "{err}");
-        assert!(toml::from_str::<FileConfig>("unknown_key = 1").is_err());
-        assert!(toml::from_str::<FileConfig>("[router]\naffinity_gate_tau = \"max\"").is_err());
+        assert!(toml_file("unknown_key = 1").is_err());
+        let err = toml_file("max_retries = \"x\"").unwrap_err().to_string();
+        assert!(err.contains("max_retries: invalid type"), "{err}");
+        let err = GatewayConfig::from_args(&no_flags().with("router.load_break_pays_prefill", 3))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("--set") && err.contains("router.load_break_pays_prefill"),
+            "{err}"
+        );
+        assert!(toml_file("[router]\naffinity_gate_tau = \"max\"").is_err());
     }
 
     fn temp_file(name: &str, text: &str) -> std::path::PathBuf {
@@ -1660,8 +1588,8 @@ mod tests {
                 r#"{"router": {"gate_profile": "seed", "cold_spread_window_ms": 20}}"#,
             ),
         ] {
-            let file = FileConfig::load(&temp_file(name, text)).unwrap();
-            let c = GatewayConfig::resolve(&no_flags(), Some(&file)).unwrap();
+            let file = load_file(&temp_file(name, text)).unwrap();
+            let c = resolve(&no_flags(), Some(&file)).unwrap();
             assert_eq!(c.router, seed_with_spread, "{name}");
             assert_eq!(
                 c.router.explore_mode,
@@ -1673,7 +1601,7 @@ mod tests {
 
     #[test]
     fn config_dump_shows_the_merged_router_keys_the_limits_and_the_pods() {
-        let file: FileConfig = toml::from_str(
+        let file = toml_file(
             r#"max_body_bytes = 1000
 max_retries = 1
 pods = ["http://a:1/", { url = "http://b:2", class = "h100", events = "tcp://b:5557" }]
@@ -1683,7 +1611,7 @@ explore_max_extra_ms = 9
 "#,
         )
         .unwrap();
-        let c = GatewayConfig::resolve(
+        let c = resolve(
             &ServeArgs {
                 first_byte_timeout_ms: Some(1234),
                 api_key: vec!["secret-one".into(), "secret-two".into()],
@@ -1693,46 +1621,147 @@ explore_max_extra_ms = 9
             Some(&file),
         )
         .unwrap();
-        let table = [
-            PodEntry::new("http://a:1", "default"),
-            PodEntry::new("http://b:2", "h100"),
-            PodEntry::new("http://10.0.0.9:8000", "default"),
-        ];
-        let dump = ConfigDump::new(&c, &table, Some("built-in cl100k".into()));
-        let v = serde_json::to_value(&dump).unwrap();
+        let v = c.dump();
         assert_eq!(v["policy"], "affinity-gate");
         assert_eq!(v["index"], "engine");
-        assert_eq!(v["tokenizer"], "built-in cl100k");
         let router = &v["router"];
         assert_eq!(router["gate_profile"], "seed");
         assert_eq!(router["explore_mode"], "best-overall");
         assert_eq!(router["affinity_relative_penalty"], 0.0);
         assert_eq!(router["explore_max_extra_ms"], 9.0);
         assert_eq!(router["affinity_gate_tau"], 0.8);
-        let limits = &v["limits"];
-        assert_eq!(limits["max_body_bytes"], 1000);
-        assert_eq!(limits["max_retries"], 1);
-        assert_eq!(limits["first_byte_timeout_ms"], 1234);
-        assert_eq!(limits["request_timeout_ms"], 600_000);
-        assert_eq!(limits["max_concurrent_requests"], 1024);
-        assert_eq!(v["auth"]["api_keys"], 2);
+        assert_eq!(v["max_body_bytes"], 1000);
+        assert_eq!(v["max_retries"], 1);
+        assert_eq!(v["first_byte_timeout_ms"], 1234);
+        assert_eq!(v["request_timeout_ms"], 600_000);
+        assert_eq!(v["max_concurrent_requests"], 1024);
+        assert_eq!(c.api_keys.len(), 2);
         assert!(!v.to_string().contains("secret"), "{v}");
         assert_eq!(
             v["pods"],
             serde_json::json!([
-                {"url": "http://a:1", "class": "default", "role": "both", "data_parallel_size": 1, "source": "config",
-                    "events": null},
-                {"url": "http://b:2", "class": "h100", "role": "both", "data_parallel_size": 1, "source": "config",
-                    "events": {"endpoint": "tcp://b:5557", "replay": null, "model": null}},
-                {"url": "http://10.0.0.9:8000", "class": "default", "role": "both", "data_parallel_size": 1,
-                    "source": "discovery", "events": null},
+                {"url": "http://a:1/", "class": "default", "role": "both", "data_parallel_size": 1},
+                {"url": "http://b:2", "class": "h100", "role": "both", "data_parallel_size": 1,
+                    "events": "tcp://b:5557"},
             ])
         );
     }
 
     #[test]
+    fn keys_names_every_setting_once() {
+        let dump = GatewayConfig::from_args(&no_flags()).unwrap().dump();
+        let mut keys: Vec<&str> = dump
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        let mut listed = Settings::top_keys();
+        keys.sort_unstable();
+        listed.sort_unstable();
+        assert_eq!(keys, listed);
+    }
+
+    /// Every key set away from its default, in every layer's way of writing it.
+    fn everything_set() -> ServeArgs {
+        let file = temp_file(
+            "everything.yaml",
+            "pods:\n  - http://a:1\n  - url: http://b:2\n    class: h100\n    events: tcp://b:5557\n    \
+             replay: tcp://b:5558\n    model: llama\n    role: prefill\n\
+             max_queued_requests: 7\nrouter:\n  gateProfile: seed\n  coldSpreadWindowMs: 20\n\
+             flow_control:\n  enabled: true\n  max_queued_requests: 9\n\
+             tracing:\n  otlp_traces_endpoint: http://c:4318\n  sampling_ratio: 0.5\n\
+             session_headers: [X-Run]\nallow_empty_pods: true\n",
+        );
+        ServeArgs {
+            config: Some(file),
+            env: vec![
+                ("KVGATE_MAX_RETRIES".into(), "0".into()),
+                ("KVGATE_ROUTER__EPSILON_EXPLORE_STICKY".into(), "0".into()),
+                ("KVGATE_CLUSTER".into(), "nats://n:4222".into()),
+            ],
+            set: vec![
+                "first_byte_timeout_ms=1234".into(),
+                "listen=127.0.0.1:7000".into(),
+                "index=engine".into(),
+                "ext_proc_listen=127.0.0.1:7002".into(),
+                "capture=/tmp/cap.jsonl".into(),
+                "discovery=kubernetes".into(),
+                "selector=app=vllm".into(),
+            ],
+            pod: vec!["http://c:3,events=tcp://c:5557,dp=2,model=m".into()],
+            api_key: vec!["secret-one".into()],
+            ..no_flags()
+        }
+    }
+
+    #[test]
+    fn the_dump_given_back_as_a_config_file_starts_an_identical_gateway() {
+        let args = everything_set();
+        let c = GatewayConfig::from_args(&args).unwrap();
+        assert_eq!(c.max_waiting_requests, 7, "the old top-level name");
+        assert_eq!(c.flow.max_queued_requests, 9);
+        assert_eq!(c.max_retries, 0);
+        assert_eq!(c.router.epsilon_explore_sticky, 0.0);
+        assert_eq!(c.router.cold_spread_window_ms, 20.0);
+        assert_eq!(c.pods.len(), 3);
+        let dump = c.dump();
+        assert!(!dump.to_string().contains("secret"), "{dump}");
+        let path = temp_file("dump.json", &serde_json::to_string_pretty(&dump).unwrap());
+        let again = GatewayConfig::from_args(&ServeArgs {
+            config: Some(path),
+            api_key: args.api_key.clone(),
+            ..no_flags()
+        })
+        .unwrap();
+        assert_eq!(again, c);
+        assert_eq!(again.dump(), dump);
+    }
+
+    #[test]
+    fn layers_lay_defaults_under_the_file_under_the_environment_under_set() {
+        // One key of each kind: a `[router]` key (in the file by its llm-d camelCase name), a
+        // limit that was file-only, and a timeout that was a flag only.
+        let keys = [
+            (
+                "router.affinity_gate_tau",
+                "[router]\naffinityGateTau = 0.5\n",
+                [0.8, 0.5, 0.7, 0.9],
+            ),
+            (
+                "max_body_bytes",
+                "max_body_bytes = 5\n",
+                [33554432.0, 5.0, 7.0, 9.0],
+            ),
+            (
+                "first_byte_timeout_ms",
+                "first_byte_timeout_ms = 5\n",
+                [60000.0, 5.0, 7.0, 9.0],
+            ),
+        ];
+        for (n, (key, file_text, [default, file, env, set])) in keys.into_iter().enumerate() {
+            let read = |args: &ServeArgs| {
+                let dump = GatewayConfig::from_args(args).unwrap().dump();
+                key.split('.')
+                    .fold(dump, |v, k| v[k].clone())
+                    .as_f64()
+                    .unwrap()
+            };
+            let var = format!("KVGATE_{}", key.replace('.', "__").to_ascii_uppercase());
+            let mut args = no_flags();
+            assert_eq!(read(&args), default, "{key}: the default");
+            args.config = Some(temp_file(&format!("layer{n}.toml"), file_text));
+            assert_eq!(read(&args), file, "{key}: the file over the default");
+            args.env = vec![(var, env.to_string())];
+            assert_eq!(read(&args), env, "{key}: the environment over the file");
+            args = args.with(key, set);
+            assert_eq!(read(&args), set, "{key}: --set over the environment");
+        }
+    }
+
+    #[test]
     fn a_reloaded_config_names_the_start_only_settings_it_changes() {
-        let running = GatewayConfig::resolve(
+        let running = resolve(
             &ServeArgs {
                 listen: Some("127.0.0.1:7000".parse().unwrap()),
                 pod: vec!["http://a:1,events=tcp://a:5557".into(), "http://b:1".into()],
@@ -1742,8 +1771,8 @@ explore_max_extra_ms = 9
         )
         .unwrap();
         let reload = |text: &str| {
-            let file: FileConfig = toml::from_str(text).unwrap();
-            GatewayConfig::resolve(
+            let file = toml_file(text).unwrap();
+            resolve(
                 &ServeArgs {
                     listen: Some("127.0.0.1:7000".parse().unwrap()),
                     ..no_flags()
@@ -1761,7 +1790,7 @@ explore_max_extra_ms = 9
         ));
         assert_eq!(
             changed.start_only_changes(&running),
-            ["admin_listen", "max_concurrent_requests", "index"]
+            ["admin_listen", "index", "max_concurrent_requests"]
         );
         // A kept pod's events changed or dropped: start only; a new pod may bring its own.
         let events = reload(
@@ -1795,12 +1824,12 @@ explore_max_extra_ms = 9
 
     #[test]
     fn connection_limits_come_from_the_file_or_the_flags_and_zero_is_refused() {
-        let file: FileConfig = toml::from_str(
+        let file = toml_file(
             "max_connections = 10\nheader_read_timeout_ms = 1\nidle_connection_timeout_ms = 2\n\
              client_write_timeout_ms = 3\n",
         )
         .unwrap();
-        let c = GatewayConfig::resolve(&no_flags(), Some(&file)).unwrap();
+        let c = resolve(&no_flags(), Some(&file)).unwrap();
         assert_eq!(c.max_connections, 10);
         assert_eq!(c.header_read_timeout, Duration::from_millis(1));
         assert_eq!(c.idle_connection_timeout, Duration::from_millis(2));
@@ -1812,35 +1841,35 @@ explore_max_extra_ms = 9
             client_write_timeout_ms: Some(6),
             ..no_flags()
         };
-        let c = GatewayConfig::resolve(&flags, Some(&file)).unwrap();
+        let c = resolve(&flags, Some(&file)).unwrap();
         assert_eq!(c.max_connections, 20);
         assert_eq!(c.header_read_timeout, Duration::from_millis(4));
         assert_eq!(c.idle_connection_timeout, Duration::from_millis(5));
         assert_eq!(c.client_write_timeout, Duration::from_millis(6));
-        let dump = serde_json::to_value(ConfigDump::new(&c, &[], None)).unwrap();
-        assert_eq!(dump["limits"]["max_connections"], 20);
-        assert_eq!(dump["limits"]["client_write_timeout_ms"], 6);
+        let dump = c.dump();
+        assert_eq!(dump["max_connections"], 20);
+        assert_eq!(dump["client_write_timeout_ms"], 6);
         for key in [
             "max_connections",
             "header_read_timeout_ms",
             "idle_connection_timeout_ms",
             "client_write_timeout_ms",
         ] {
-            let file: FileConfig = toml::from_str(&format!("{key} = 0")).unwrap();
-            let err = GatewayConfig::resolve(&no_flags(), Some(&file)).unwrap_err();
+            let file = toml_file(&format!("{key} = 0")).unwrap();
+            let err = resolve(&no_flags(), Some(&file)).unwrap_err();
             assert!(
                 matches!(err, ConfigError::NotPositive(k) if k == key),
                 "{key}: {err}"
             );
         }
         // The cap sizes the accept loop's semaphore: a reload cannot change it.
-        let reloaded = GatewayConfig::resolve(&no_flags(), Some(&file_with_cap())).unwrap();
-        let running = GatewayConfig::resolve(&no_flags(), None).unwrap();
+        let reloaded = resolve(&no_flags(), Some(&file_with_cap())).unwrap();
+        let running = resolve(&no_flags(), None).unwrap();
         assert_eq!(reloaded.start_only_changes(&running), ["max_connections"]);
     }
 
-    fn file_with_cap() -> FileConfig {
-        toml::from_str("max_connections = 3\n").unwrap()
+    fn file_with_cap() -> File {
+        toml_file("max_connections = 3\n").unwrap()
     }
 
     #[test]
@@ -1869,7 +1898,7 @@ explore_max_extra_ms = 9
                 "explore_mode = \"least-loaded-non-sticky\" was removed on 2026-12-07",
             ),
         ] {
-            let err = FileConfig::load(&temp_file(name, text)).unwrap_err();
+            let err = load_file(&temp_file(name, text)).unwrap_err();
             let message = err.to_string();
             assert!(
                 matches!(err, ConfigError::Parse { .. }),
@@ -1879,20 +1908,20 @@ explore_max_extra_ms = 9
             assert!(message.contains("docs/decisions/"), "{name}: {message}");
         }
         // An integer is a number too.
-        let file: FileConfig = toml::from_str("[router]\naffinity_gate_tau = 1\n").unwrap();
-        let c = GatewayConfig::resolve(&no_flags(), Some(&file)).unwrap();
+        let file = toml_file("[router]\naffinity_gate_tau = 1\n").unwrap();
+        let c = resolve(&no_flags(), Some(&file)).unwrap();
         assert_eq!(c.router.affinity_gate_tau, 1.0);
     }
 
     #[test]
     fn tracing_is_off_by_default_and_one_key_turns_it_on() {
-        let c = GatewayConfig::resolve(&no_flags(), None).unwrap();
+        let c = resolve(&no_flags(), None).unwrap();
         assert_eq!(c.tracing, TracingConfig::default());
         assert_eq!(c.tracing.endpoint(), None);
         assert_eq!(c.tracing.sampling_ratio, 1.0);
         let on = |text: &str| -> Result<GatewayConfig, ConfigError> {
-            let file: FileConfig = toml::from_str(text).unwrap();
-            GatewayConfig::resolve(&no_flags(), Some(&file))
+            let file = toml_file(text).unwrap();
+            resolve(&no_flags(), Some(&file))
         };
         for (url, export) in [
             ("http://c:4318/v1/traces", "http://c:4318/v1/traces"),
@@ -1915,6 +1944,6 @@ explore_max_extra_ms = 9
         ] {
             assert!(matches!(on(bad), Err(ConfigError::BadTracing(_))), "{bad}");
         }
-        assert!(toml::from_str::<FileConfig>("[tracing]\nendpoint = \"x\"\n").is_err());
+        assert!(toml_file("[tracing]\nendpoint = \"x\"\n").is_err());
     }
 }

@@ -1,5 +1,5 @@
 //! Admission on the traffic listener: at most `max_concurrent_requests` requests are served at
-//! once and at most `max_queued_requests` wait for a slot (first come, first served); beyond
+//! once and at most `max_waiting_requests` wait for a slot (first come, first served); beyond
 //! both the gateway answers 429 with `Retry-After`, counted as `reason="too_many_requests"`.
 //!
 //! A request holds its slot until its response body ends or is dropped, so a long stream counts
@@ -8,7 +8,7 @@
 //! when released ([`Slot::reclaim`]), so that requests waiting for their turn never fill the
 //! slots and leave a high-priority arrival in the FIFO queue behind them (the flow queue, which
 //! has its own bounds, orders them). A client that goes away while queued gives
-//! its place back. Bound: the queue is at most `max_queued_requests` waiting tasks.
+//! its place back. Bound: the queue is at most `max_waiting_requests` waiting tasks.
 //!
 //! **The body comes first.** A request's whole body is read before it queues for a slot, within
 //! `body_read_timeout_ms` of its arrival (default 30 s; else 408 `body_timeout`) and

@@ -603,7 +603,7 @@ impl Metrics {
         );
         r.register(
             "queued_requests",
-            "Requests waiting for a slot (at most max_queued_requests)",
+            "Requests waiting for a slot (at most max_waiting_requests)",
             self.queued_requests.clone(),
         );
         r.register(

@@ -52,8 +52,7 @@ mod tests {
     #[test]
     fn a_flood_of_rejections_is_counted_exactly_and_logged_at_most_n_times_a_second_per_code() {
         let shared = crate::state::Shared::new(
-            crate::config::GatewayConfig::resolve(&crate::config::ServeArgs::default(), None)
-                .unwrap(),
+            crate::config::GatewayConfig::from_args(&crate::config::ServeArgs::default()).unwrap(),
         );
         let captured = Captured::default();
         let writer = captured.clone();

@@ -152,7 +152,7 @@ impl Shared {
         Ok(Arc::new(Shared {
             admission: crate::limits::Admission::new(
                 config.max_concurrent_requests,
-                config.max_queued_requests,
+                config.max_waiting_requests,
             ),
             body_budget: Arc::default(),
             flow: crate::flow_gate::FlowGate::default(),

@@ -164,10 +164,10 @@ mod tests {
     fn shared_with_limits(max_concurrent: usize, max_queued: usize) -> Arc<Shared> {
         let args = crate::config::ServeArgs {
             max_concurrent_requests: Some(max_concurrent),
-            max_queued_requests: Some(max_queued),
+            max_waiting_requests: Some(max_queued),
             ..Default::default()
         };
-        let config = crate::config::GatewayConfig::resolve(&args, None).expect("limits are valid");
+        let config = crate::config::GatewayConfig::from_args(&args).expect("limits are valid");
         Shared::new(config)
     }
 

@@ -132,7 +132,7 @@ mod tests {
         Auth<tower::util::BoxCloneSyncService<Request, Response, std::convert::Infallible>>,
     ) {
         let mut config =
-            crate::config::GatewayConfig::resolve(&crate::config::ServeArgs::default(), None)
+            crate::config::GatewayConfig::from_args(&crate::config::ServeArgs::default())
                 .expect("defaults are valid");
         config.api_keys = ApiKeys::new(keys.iter().copied());
         let shared = Shared::new(config);

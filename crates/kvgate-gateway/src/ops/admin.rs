@@ -1,7 +1,7 @@
 //! The admin listener (default 127.0.0.1:9090, never the traffic port): `/metrics`
 //! (OpenMetrics), `/debug/decisions` (the last N decisions, oldest first), `/debug/config` (the
-//! config in force as JSON: router keys after the profile merge, limits, pods; see
-//! [`crate::config::ConfigDump`]), `/healthz` (the process is up), `/readyz` (at least one
+//! settings in force as JSON, every key, router keys after the profile merge; see
+//! [`crate::config::GatewayConfig::dump`]), `/healthz` (the process is up), `/readyz` (at least one
 //! healthy pod, and not shutting down), `POST /debug/score/v1/completions` and
 //! `/debug/score/v1/chat/completions` (a dry run: the body prepared as the traffic port
 //! would, and every healthy pod's prefix score and predictions for it as JSON; nothing is
@@ -106,28 +106,14 @@ async fn decisions(State(shared): State<Arc<Shared>>) -> Response {
 }
 
 async fn config(State(shared): State<Arc<Shared>>) -> Response {
-    // The configured URLs, so that the dump can match them to the config (source, events);
-    // shown with their userinfo redacted, as everywhere else.
-    let pod_table: Vec<crate::pods::PodEntry> = shared
-        .pods
-        .all()
-        .iter()
-        // A data-parallel server once (its rank 0), with its engine count.
-        .filter(|p| p.rank.is_none_or(|r| r == 0))
-        .map(|p| {
-            crate::pods::PodEntry::new(p.connect_url(), p.class.to_string())
-                .with_role(p.role)
-                .with_data_parallel_size(p.data_parallel_size)
-        })
-        .collect();
-    let config = shared.config();
-    let tokenizer = match config.index {
-        crate::config::IndexKind::Engine => shared.tokenizer.as_ref().map(|t| t.describe()),
-        crate::config::IndexKind::Routed => None,
-    };
-    let mut dump = crate::config::ConfigDump::new(&config, &pod_table, tokenizer);
-    for pod in &mut dump.pods {
-        pod.url = crate::pods::redact_userinfo(&pod.url);
+    let mut dump = shared.config().dump();
+    // Pod URLs with their userinfo redacted, as everywhere else.
+    if let Some(pods) = dump.get_mut("pods").and_then(|p| p.as_array_mut()) {
+        for url in pods.iter_mut().filter_map(|p| p.get_mut("url")) {
+            if let Some(u) = url.as_str() {
+                *url = crate::pods::redact_userinfo(u).into();
+            }
+        }
     }
     match serde_json::to_string_pretty(&dump) {
         Ok(body) => with_type(body + "\n", "application/json", StatusCode::OK),

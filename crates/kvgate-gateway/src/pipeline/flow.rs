@@ -545,7 +545,7 @@ mod tests {
             api_key: keys.iter().map(|k| k.to_string()).collect(),
             ..Default::default()
         };
-        Shared::new(crate::config::GatewayConfig::resolve(&args, None).unwrap())
+        Shared::new(crate::config::GatewayConfig::from_args(&args).unwrap())
     }
 
     fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
@@ -687,8 +687,7 @@ mod tests {
     #[tokio::test]
     async fn a_forgotten_tenants_series_leave_the_metrics() {
         let mut config =
-            crate::config::GatewayConfig::resolve(&crate::config::ServeArgs::default(), None)
-                .unwrap();
+            crate::config::GatewayConfig::from_args(&crate::config::ServeArgs::default()).unwrap();
         config.flow.enabled = true;
         config.flow.max_tenants = 1;
         config.flow.tenant_idle_ms = 0;

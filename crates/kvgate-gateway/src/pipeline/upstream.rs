@@ -382,7 +382,7 @@ mod tests {
         client.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer k"));
         client.insert("x-custom", HeaderValue::from_static("1"));
         let pod = Pod::new(kvgate_core::PodId(0), "http://127.0.0.1:1", "default", 1);
-        let mut cfg = GatewayConfig::resolve(&crate::config::ServeArgs::default(), None).unwrap();
+        let mut cfg = GatewayConfig::from_args(&crate::config::ServeArgs::default()).unwrap();
         let up = upstream_request(
             &cfg,
             &pod,
@@ -413,7 +413,7 @@ mod tests {
         h.insert("x-hop", HeaderValue::from_static("h"));
         h.insert("x-custom", HeaderValue::from_static("1"));
         let pod = Pod::new(kvgate_core::PodId(0), "http://127.0.0.1:1", "default", 1);
-        let cfg = GatewayConfig::resolve(&crate::config::ServeArgs::default(), None).unwrap();
+        let cfg = GatewayConfig::from_args(&crate::config::ServeArgs::default()).unwrap();
         let up =
             upstream_request(&cfg, &pod, &Method::POST, "/v1/x", &h, "rid", Bytes::new()).unwrap();
         let names: Vec<&str> = up.headers().keys().map(|k| k.as_str()).collect();
@@ -433,7 +433,7 @@ mod tests {
 
     #[test]
     fn a_data_parallel_engine_gets_its_rank_header_and_a_plain_pod_none() {
-        let cfg = GatewayConfig::resolve(&crate::config::ServeArgs::default(), None).unwrap();
+        let cfg = GatewayConfig::from_args(&crate::config::ServeArgs::default()).unwrap();
         let mut client = HeaderMap::new();
         client.insert(DATA_PARALLEL_RANK_HEADER, HeaderValue::from_static("7"));
         let rank1 = Pod::data_parallel_rank(kvgate_core::PodId(1), "http://h:1", "c", 1, 1, 2);

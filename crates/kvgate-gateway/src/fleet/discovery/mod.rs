@@ -11,12 +11,11 @@
 pub mod kubernetes;
 
 pub use crate::config::DiscoveryKind;
-use crate::config::ServeArgs;
+use crate::config::Settings;
 use crate::state::Shared;
 use std::sync::Arc;
 
-/// Default port of the model server on a discovered Pod (vLLM's default).
-pub const DEFAULT_TARGET_PORT: u16 = 8000;
+pub use crate::config::DEFAULT_TARGET_PORT;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DiscoveryError {
@@ -45,12 +44,12 @@ pub struct KubernetesTarget {
     pub target_port: u16,
 }
 
-/// The Kubernetes target of `args`, or None with static discovery.
-pub fn kubernetes_target(args: &ServeArgs) -> Result<Option<KubernetesTarget>, DiscoveryError> {
-    if args.discovery.unwrap_or_default() != DiscoveryKind::Kubernetes {
+/// The Kubernetes target of `settings`, or None with static discovery.
+pub fn kubernetes_target(settings: &Settings) -> Result<Option<KubernetesTarget>, DiscoveryError> {
+    if settings.discovery != DiscoveryKind::Kubernetes {
         return Ok(None);
     }
-    let selector = args
+    let selector = settings
         .selector
         .as_deref()
         .map(str::trim)
@@ -61,24 +60,24 @@ pub fn kubernetes_target(args: &ServeArgs) -> Result<Option<KubernetesTarget>, D
     if selector.split(',').any(|term| term.trim().is_empty()) {
         return Err(DiscoveryError::BadSelector(selector.to_string()));
     }
-    let target_port = args.target_port.unwrap_or(DEFAULT_TARGET_PORT);
+    let target_port = settings.target_port;
     if target_port == 0 {
         return Err(DiscoveryError::BadTargetPort);
     }
     Ok(Some(KubernetesTarget {
         selector: selector.to_string(),
-        namespace: args.namespace.clone(),
+        namespace: settings.namespace.clone(),
         target_port,
     }))
 }
 
-/// Starts the discovery `args` ask for (nothing for static): the Kubernetes client is set up
+/// Starts the discovery of `target` ([`kubernetes_target`]; nothing for static): the Kubernetes client is set up
 /// from the kubeconfig (`KUBECONFIG`, `~/.kube/config`) or the in-cluster service account.
 pub async fn start(
     shared: &Arc<Shared>,
-    args: &ServeArgs,
+    target: Option<KubernetesTarget>,
 ) -> Result<Option<tokio::task::JoinHandle<()>>, DiscoveryError> {
-    let Some(target) = kubernetes_target(args)? else {
+    let Some(target) = target else {
         return Ok(None);
     };
     start_kubernetes(shared, target).await.map(Some)
@@ -111,17 +110,17 @@ async fn start_kubernetes(
 mod tests {
     use super::*;
 
-    fn args(discovery: DiscoveryKind, selector: Option<&str>) -> ServeArgs {
-        ServeArgs {
-            discovery: Some(discovery),
+    fn args(discovery: DiscoveryKind, selector: Option<&str>) -> Settings {
+        Settings {
+            discovery,
             selector: selector.map(str::to_string),
-            ..ServeArgs::default()
+            ..Settings::default()
         }
     }
 
     #[test]
     fn kubernetes_needs_a_well_formed_selector() {
-        assert_eq!(kubernetes_target(&ServeArgs::default()).unwrap(), None);
+        assert_eq!(kubernetes_target(&Settings::default()).unwrap(), None);
         assert!(matches!(
             kubernetes_target(&args(DiscoveryKind::Kubernetes, None)),
             Err(DiscoveryError::NoSelector)
@@ -141,12 +140,10 @@ mod tests {
     #[cfg(not(feature = "k8s"))]
     #[tokio::test]
     async fn without_the_feature_kubernetes_says_how_to_build_it() {
-        let shared = Shared::new(
-            crate::config::GatewayConfig::resolve(&ServeArgs::default(), None).unwrap(),
-        );
-        let err = start(&shared, &args(DiscoveryKind::Kubernetes, Some("app=vllm")))
-            .await
-            .unwrap_err();
+        let shared =
+            Shared::new(crate::config::GatewayConfig::from_args(&Default::default()).unwrap());
+        let target = kubernetes_target(&args(DiscoveryKind::Kubernetes, Some("app=vllm"))).unwrap();
+        let err = start(&shared, target).await.unwrap_err();
         assert!(matches!(err, DiscoveryError::NotBuilt));
         assert!(err.to_string().contains("--features k8s"), "{err}");
     }

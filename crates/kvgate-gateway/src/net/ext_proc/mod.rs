@@ -49,7 +49,7 @@
 //!
 //! **Admission.** On its request headers a request takes a slot of the gateway's
 //! [`crate::limits::Admission`] (the same slots and queue as the HTTP listener,
-//! `max_concurrent_requests` 1024 / `max_queued_requests` 1024), waiting in the queue if needed;
+//! `max_concurrent_requests` 1024 / `max_waiting_requests` 1024), waiting in the queue if needed;
 //! with both full it gets an immediate 429 with `retry-after: 1` and an OpenAI-style
 //! `too_many_requests` body (counted in `kvgate_rejected_requests{reason="too_many_requests"}`).
 //! The slot is held until the response ends or the gRPC stream ends; a stream Envoy cancels
