@@ -190,6 +190,21 @@ fn removed_drift_adaptation<'de, D: serde::Deserializer<'de>>(d: D) -> Result<()
     )))
 }
 
+/// `cold_spread_window_ms`, a removed key: 0 (both profiles' value) is accepted and ignored;
+/// a window is refused.
+fn removed_cold_spread<'de, D: serde::Deserializer<'de>>(d: D) -> Result<(), D::Error> {
+    if <f64 as serde::Deserialize>::deserialize(d)? == 0.0 {
+        return Ok(());
+    }
+    Err(serde::de::Error::custom(removed(
+        "cold_spread_window_ms",
+        "docs/decisions/cold-spread-window.md: it helped the seed gate's light and overloaded \
+         Mooncake runs but cost chat p99 ×1.11–1.13, the default profile's bounded exploring \
+         reaches the same light-load figure without it, and it gained nothing on real vLLM pods; \
+         leave the key out",
+    )))
+}
+
 /// Deserialised through `RouterKeys`: the chosen `gate_profile` first, every key given over it
 /// (see the module docs); the result is validated.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -226,9 +241,6 @@ pub struct RouterConfig {
     /// (25 ms is a short shared prompt on a GPU, a few dozen tokens on a CPU pod). 0 = only the
     /// absolute bound (seed); 1 in the default profile.
     pub explore_max_extra_rel: f64,
-    /// Cold spreading: when no pod is sticky, among pods predicted within this many ms of the
-    /// best, pick the one with the fewest in-flight prompt tokens. 0 disables it (seed).
-    pub cold_spread_window_ms: f64,
     /// Balance window: in the `exploit` pick, among the sticky pods predicted within
     /// max(`balance_window_ms`, `balance_window_rel` × best) ms of the best sticky pod, take
     /// the one with the lowest scraped KV usage. 0 and 0 disable it (seed, default).
@@ -419,6 +431,7 @@ router_keys! {
     removed {
         predictor_model: "removed_predictor_model", "predictorModel";
         predictor_drift_adaptation: "removed_drift_adaptation", "predictorDriftAdaptation";
+        cold_spread_window_ms: "removed_cold_spread", "coldSpreadWindowMs";
     }
     gate_profile: GateProfile, "gateProfile";
     affinity_gate_tau: TauNumber, "affinityGateTau";
@@ -430,7 +443,6 @@ router_keys! {
     explore_mode: ExploreMode, "exploreMode";
     explore_max_extra_ms: f64, "exploreMaxExtraMs";
     explore_max_extra_rel: f64, "exploreMaxExtraRel";
-    cold_spread_window_ms: f64, "coldSpreadWindowMs";
     balance_window_ms: f64, "balanceWindowMs";
     balance_window_rel: f64, "balanceWindowRel";
     relative_gate_queue_rule: QueueRule, "relativeGateQueueRule";
@@ -478,7 +490,6 @@ impl RouterConfig {
             explore_mode: ExploreMode::BestOverall,
             explore_max_extra_ms: 0.0,
             explore_max_extra_rel: 0.0,
-            cold_spread_window_ms: 0.0,
             balance_window_ms: 0.0,
             balance_window_rel: 0.0,
             relative_gate_queue_rule: QueueRule::Off,
@@ -689,12 +700,6 @@ impl RouterConfig {
             ">= 0 (0: the absolute bound alone)",
         )?;
         check(
-            "cold_spread_window_ms",
-            self.cold_spread_window_ms,
-            self.cold_spread_window_ms >= 0.0,
-            ">= 0 (0 disables cold spreading)",
-        )?;
-        check(
             "balance_window_ms",
             self.balance_window_ms,
             self.balance_window_ms >= 0.0,
@@ -797,7 +802,6 @@ mod tests {
             (1.25, 5.0)
         );
         assert!(c.load_break_pays_prefill);
-        assert_eq!(c.cold_spread_window_ms, 0.0);
         assert_eq!(
             (c.shared_prefix_epsilon, c.shared_prefix_min_requests),
             (0.1, 8)
@@ -927,7 +931,7 @@ mod tests {
         }
         // What measured better somewhere stays a plain key.
         let c = RouterConfig::from_json(&json!({
-            "cold_spread_window_ms": 20, "predictor_drift_adaptation": false,
+            "balance_window_ms": 20, "predictor_drift_adaptation": false,
             "explore_mode": "best-overall", "slo_routing": true
         }))
         .unwrap();
@@ -1024,15 +1028,29 @@ mod tests {
         assert_eq!(c.explore_mode, ExploreMode::BestOverall);
         assert_eq!(c.affinity_relative_penalty, 0.0);
         assert!(!c.load_break_pays_prefill);
-        assert_eq!(c.cold_spread_window_ms, 0.0);
         let c =
             RouterConfig::from_json(&json!({"gateProfile": "seed", "loadBreakPaysPrefill": true}))
                 .unwrap();
         assert!(c.load_break_pays_prefill);
-        let c = RouterConfig::from_json(&json!({"gateProfile": "seed", "coldSpreadWindowMs": 20}))
+        let c = RouterConfig::from_json(&json!({"gateProfile": "seed", "balanceWindowMs": 20}))
             .unwrap();
-        assert_eq!(c.cold_spread_window_ms, 20.0);
+        assert_eq!(c.balance_window_ms, 20.0);
         assert_eq!(c.explore_mode, ExploreMode::BestOverall);
+    }
+
+    #[test]
+    fn cold_spread_window_is_refused_when_set_and_accepted_at_zero_in_either_spelling() {
+        for key in ["cold_spread_window_ms", "coldSpreadWindowMs"] {
+            let err = RouterConfig::from_json(&json!({ key: 20 })).unwrap_err();
+            assert!(
+                err.to_string()
+                    .contains("cold_spread_window_ms was removed on 2026-12-07"),
+                "{err}"
+            );
+            assert!(err.to_string().contains("cold-spread-window.md"), "{err}");
+            let c = RouterConfig::from_json(&json!({ key: 0 })).unwrap();
+            assert_eq!(c, RouterConfig::default());
+        }
     }
 
     #[test]
@@ -1086,7 +1104,7 @@ mod tests {
             RouterConfig::default(),
             RouterConfig {
                 affinity_gate_tau: 0.5,
-                cold_spread_window_ms: 20.0,
+                balance_window_ms: 20.0,
                 experimental_options: true,
                 ..RouterConfig::seed()
             },

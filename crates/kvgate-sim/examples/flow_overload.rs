@@ -5,7 +5,7 @@
 //! cargo run --release -p kvgate-sim --example flow_overload -- \
 //!     TRACE [--pods 16] [--rate-scale 6] [--unloaded-rate-scale 1] [--seed 1] \
 //!     [--queue-ttl-ms 30000] [--queue-depth 5] [--max-in-flight 0] [--kv-threshold 0.8] \
-//!     [--bulk-reserve 0.3] [--bulk-window-ms 10000] [--bulk-queue-reserve 4] [--cold-spread-ms 0]
+//!     [--bulk-reserve 0.3] [--bulk-window-ms 10000] [--bulk-queue-reserve 4]
 //! ```
 //!
 //! Runs (same seed, affinity-gate, tags from `workload::classes` defaults):
@@ -23,8 +23,7 @@
 //! (pods closed by KV usage, by their queue, open). `--bulk-reserve` is
 //! `saturation.bulk_kv_reserve` (its default, 0.3; 0 turns bulk requests off);
 //! `--bulk-window-ms` is `bulk_window_ms` (the flooding rule's time constant, 10,000; 0 off);
-//! `--bulk-queue-reserve` is `saturation.bulk_queue_reserve` (4; 0 off);
-//! `--cold-spread-ms` is the gate's `cold_spread_window_ms` (0, off) in every run.
+//! `--bulk-queue-reserve` is `saturation.bulk_queue_reserve` (4; 0 off).
 
 use kvgate_core::flow::FlowConfig;
 use kvgate_core::policy::PolicyKind;
@@ -45,7 +44,6 @@ struct Args {
     kv_threshold: f64,
     bulk_reserve: f64,
     bulk_window_ms: u64,
-    cold_spread_ms: f64,
     bulk_queue_reserve: u32,
 }
 
@@ -62,7 +60,6 @@ fn args() -> Args {
         kv_threshold: 0.8,
         bulk_reserve: FlowConfig::default().saturation.bulk_kv_reserve,
         bulk_window_ms: FlowConfig::default().bulk_window_ms,
-        cold_spread_ms: 0.0,
         bulk_queue_reserve: FlowConfig::default().saturation.bulk_queue_reserve,
     };
     let mut it = std::env::args().skip(1);
@@ -79,7 +76,6 @@ fn args() -> Args {
             "--bulk-reserve" => a.bulk_reserve = val().parse().expect("--bulk-reserve X"),
             "--bulk-window-ms" => a.bulk_window_ms = val().parse().expect("--bulk-window-ms N"),
             "--bulk-queue-reserve" => a.bulk_queue_reserve = val().parse().expect("a count"),
-            "--cold-spread-ms" => a.cold_spread_ms = val().parse().expect("--cold-spread-ms X"),
             "--kv-threshold" => a.kv_threshold = val().parse().expect("--kv-threshold X"),
             t if !t.starts_with("--") => a.trace = t.to_string(),
             other => panic!("unknown flag {other}"),
@@ -92,7 +88,6 @@ fn args() -> Args {
 fn run(a: &Args, rate: f64, flow: bool, reqs: &[SimRequest], cls: &[SimClass]) -> RunMetrics {
     let mut c = ClusterConfig::new(a.pods, PolicyKind::AffinityGate, a.seed);
     c.rate_scale = rate;
-    c.router.cold_spread_window_ms = a.cold_spread_ms;
     c.flow = FlowConfig {
         enabled: flow,
         queue_ttl_ms: a.ttl_ms,
@@ -197,7 +192,7 @@ fn main() {
         rows.push((name, row(&m, c), m));
     }
     println!(
-        "{} requests ({} with the noisy tenant at its share), {} pods, rate {}× (unloaded {}×), seed {}, TTL {} ms, queue depth {}, max in flight per pod {}, KV threshold {}, bulk KV reserve {}, bulk window {} ms, cold spread {} ms, bulk queue reserve {}; {:.1} s wall",
+        "{} requests ({} with the noisy tenant at its share), {} pods, rate {}× (unloaded {}×), seed {}, TTL {} ms, queue depth {}, max in flight per pod {}, KV threshold {}, bulk KV reserve {}, bulk window {} ms, bulk queue reserve {}; {:.1} s wall",
         reqs.len(),
         share_reqs.len(),
         a.pods,
@@ -210,7 +205,6 @@ fn main() {
         a.kv_threshold,
         a.bulk_reserve,
         a.bulk_window_ms,
-        a.cold_spread_ms,
         a.bulk_queue_reserve,
         t0.elapsed().as_secs_f64()
     );

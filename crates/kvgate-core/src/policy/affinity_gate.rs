@@ -49,10 +49,6 @@
 //!   next one on it: 2,255 ms against 789 ms without the break); the build before this rule
 //!   had ×1.14 [0.97–1.42] its mean TTFT and ×1.39 [0.97–1.60] its p99 there (agent ×40,
 //!   5 rounds; BENCHMARKS.md "Which key of the default profile loses when overloaded").
-//! - `cold_spread_window_ms` w: in NO_STICKY and LOAD_BREAK, among pods predicted within w ms of
-//!   the best, take the one with the fewest in-flight prompt tokens (prefill tokens not yet
-//!   computed + tokens of decoding requests), spreading new prefixes instead of piling them on
-//!   the pod that happens to predict a hair faster (0 = off).
 //! - `balance_window_ms` w and `balance_window_rel` r (issue 20, docs/decisions/balance-window.md): in
 //!   EXPLOIT, among the sticky pods predicted within max(w, r × best sticky TTFT) ms of the best
 //!   sticky pod, take the one with the lowest scraped KV usage (`vllm:kv_cache_usage_perc`,
@@ -123,7 +119,6 @@ pub struct AffinityGate {
     pub explore_mode: ExploreMode,
     pub explore_max_extra_ms: f64,
     pub explore_max_extra_rel: f64,
-    pub cold_spread_window_ms: f64,
     pub balance_window_ms: f64,
     pub balance_window_rel: f64,
     pub relative_gate_queue_rule: QueueRule,
@@ -143,7 +138,6 @@ impl AffinityGate {
             explore_mode: config.explore_mode,
             explore_max_extra_ms: config.explore_max_extra_ms,
             explore_max_extra_rel: config.explore_max_extra_rel,
-            cold_spread_window_ms: config.cold_spread_window_ms,
             balance_window_ms: config.balance_window_ms,
             balance_window_rel: config.balance_window_rel,
             relative_gate_queue_rule: config.relative_gate_queue_rule,
@@ -234,24 +228,10 @@ impl AffinityGate {
         argmin_by(candidates, eligible, |c| c.pod.kv_usage).unwrap_or(best)
     }
 
-    /// The pick among all pods: the best predicted TTFT, or with cold spreading the pod with the
-    /// fewest in-flight prompt tokens among those within the window of the best.
-    fn pick_over_all(
-        &self,
-        candidates: &[Candidate<'_>],
-        best_all: usize,
-        eligible: &mut [bool],
-    ) -> usize {
+    /// The pick among all pods: the best predicted TTFT, every pod eligible.
+    fn pick_over_all(&self, best_all: usize, eligible: &mut [bool]) -> usize {
         eligible.fill(true);
-        let w = self.cold_spread_window_ms;
-        if w <= 0.0 {
-            return best_all;
-        }
-        let limit = candidates[best_all].predicted_ttft_ms + w;
-        for (e, c) in eligible.iter_mut().zip(candidates) {
-            *e = c.predicted_ttft_ms <= limit;
-        }
-        argmin_by(candidates, eligible, in_flight_prompt_tokens).unwrap_or(best_all)
+        best_all
     }
 
     /// The explore pick, or `None` when no pod may be explored (then the request is routed as
@@ -370,11 +350,6 @@ fn slo_pick(
     Some(pick)
 }
 
-/// Prompt tokens a pod holds in flight for us: prefill not yet done + decoding requests' tokens.
-fn in_flight_prompt_tokens(c: &Candidate<'_>) -> f64 {
-    (c.pod.in_flight.prefill_tokens + c.pod.in_flight.decode_tokens) as f64
-}
-
 impl Policy for AffinityGate {
     fn kind(&self) -> PolicyKind {
         PolicyKind::AffinityGate
@@ -424,7 +399,7 @@ impl Policy for AffinityGate {
         if !any_sticky {
             eligible.fill(true);
             let index = slo_pick(request, candidates, eligible)
-                .unwrap_or_else(|| self.pick_over_all(candidates, best_all, eligible));
+                .unwrap_or_else(|| self.pick_over_all(best_all, eligible));
             return Ok(Pick {
                 index,
                 branch: Branch::NoSticky,
@@ -439,7 +414,7 @@ impl Policy for AffinityGate {
         ) {
             eligible.fill(true);
             let index = slo_pick(request, candidates, eligible)
-                .unwrap_or_else(|| self.pick_over_all(candidates, best_all, eligible));
+                .unwrap_or_else(|| self.pick_over_all(best_all, eligible));
             return Ok(Pick {
                 index,
                 branch: Branch::LoadBreak,
@@ -467,11 +442,6 @@ mod tests {
             affinity_max_ttft_penalty_ms: penalty,
             ..RouterConfig::seed()
         })
-    }
-
-    fn in_flight(p: &mut crate::PodSnapshot, prefill: u64, decode: u64) {
-        p.in_flight.prefill_tokens = prefill;
-        p.in_flight.decode_tokens = decode;
     }
 
     /// A request whose deepest cached block `n` recent requests carried.
@@ -715,33 +685,6 @@ mod tests {
             let (pick, _) = run(&mut g.clone(), &facts(10), &cands, &mut rng(1));
             assert_eq!(pick.unwrap().branch, branch, "a waiting {a_waiting}");
         }
-    }
-
-    #[test]
-    fn cold_spreading_picks_the_least_loaded_pod_within_the_window() {
-        let g = AffinityGate {
-            cold_spread_window_ms: 20.0,
-            ..gate(0.0, 5000.0)
-        };
-        let (mut a, mut b, mut c) = (pod(0, 0, 0, 0.1), pod(1, 0, 0, 0.1), pod(2, 0, 0, 0.1));
-        in_flight(&mut a, 5000, 0);
-        in_flight(&mut b, 0, 1000);
-        in_flight(&mut c, 0, 0);
-        // a is fastest; b is within 20 ms and lighter; c is lightest but 21 ms behind.
-        let cands = [
-            cand(&a, 0, 10, 100.0),
-            cand(&b, 0, 10, 119.0),
-            cand(&c, 0, 10, 121.0),
-        ];
-        let (pick, eligible) = run(&mut g.clone(), &facts(10), &cands, &mut rng(1));
-        assert_eq!(
-            pick.unwrap(),
-            Pick {
-                index: 1,
-                branch: Branch::NoSticky
-            }
-        );
-        assert_eq!(eligible, vec![true, true, false]);
     }
 
     #[test]

@@ -1570,27 +1570,27 @@ mod tests {
 
     #[test]
     fn seed_gate_profile_in_a_toml_yaml_or_json_file_runs_the_seed_gate_with_given_keys_over_it() {
-        let seed_with_spread = RouterConfig {
-            cold_spread_window_ms: 20.0,
+        let seed_with_window = RouterConfig {
+            balance_window_ms: 20.0,
             ..RouterConfig::seed()
         };
         for (name, text) in [
             (
                 "kvgate.toml",
-                "[router]\ngate_profile = \"seed\"\ncold_spread_window_ms = 20\n",
+                "[router]\ngate_profile = \"seed\"\nbalance_window_ms = 20\n",
             ),
             (
                 "kvgate.yaml",
-                "router:\n  gateProfile: seed\n  coldSpreadWindowMs: 20\n",
+                "router:\n  gateProfile: seed\n  balanceWindowMs: 20\n",
             ),
             (
                 "kvgate.json",
-                r#"{"router": {"gate_profile": "seed", "cold_spread_window_ms": 20}}"#,
+                r#"{"router": {"gate_profile": "seed", "balance_window_ms": 20}}"#,
             ),
         ] {
             let file = load_file(&temp_file(name, text)).unwrap();
             let c = resolve(&no_flags(), Some(&file)).unwrap();
-            assert_eq!(c.router, seed_with_spread, "{name}");
+            assert_eq!(c.router, seed_with_window, "{name}");
             assert_eq!(
                 c.router.explore_mode,
                 kvgate_core::config::ExploreMode::BestOverall,
@@ -1668,7 +1668,7 @@ explore_max_extra_ms = 9
             "everything.yaml",
             "pods:\n  - http://a:1\n  - url: http://b:2\n    class: h100\n    events: tcp://b:5557\n    \
              replay: tcp://b:5558\n    model: llama\n    role: prefill\n\
-             max_queued_requests: 7\nrouter:\n  gateProfile: seed\n  coldSpreadWindowMs: 20\n\
+             max_queued_requests: 7\nrouter:\n  gateProfile: seed\n  balanceWindowMs: 20\n\
              flow_control:\n  enabled: true\n  max_queued_requests: 9\n\
              tracing:\n  otlp_traces_endpoint: http://c:4318\n  sampling_ratio: 0.5\n\
              session_headers: [X-Run]\nallow_empty_pods: true\n",
@@ -1703,7 +1703,7 @@ explore_max_extra_ms = 9
         assert_eq!(c.flow.max_queued_requests, 9);
         assert_eq!(c.max_retries, 0);
         assert_eq!(c.router.epsilon_explore_sticky, 0.0);
-        assert_eq!(c.router.cold_spread_window_ms, 20.0);
+        assert_eq!(c.router.balance_window_ms, 20.0);
         assert_eq!(c.pods.len(), 3);
         let dump = c.dump();
         assert!(!dump.to_string().contains("secret"), "{dump}");
