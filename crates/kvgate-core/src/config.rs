@@ -17,15 +17,16 @@
 //! 2026-12-07, and a config that still sets one is refused with a message that names the key,
 //! the evidence and what to use instead ([`removed`]): `affinity_gate_tau = "auto"` and
 //! `epsilon_explore_sticky = "auto"` (§9), `explore_mode = "least-loaded-non-sticky"` and
-//! `"random-if-no-sticky"` (§3), and the `predictor_model` key (§6.3, §14: `rls`, the one model
-//! left).
+//! `"random-if-no-sticky"` (§3), the `predictor_model` key (§6.3, §14: `rls`, the one model
+//! left), `predictor_drift_adaptation = true`, and session affinity
+//! (`session_affinity_ttl_ms` above 0, `session_affinity_floor` other than its old 0.9;
+//! docs/decisions/session-affinity.md). A removed key set to its old default is accepted and
+//! ignored, so configs that only named the default keep working.
 //!
-//! **Experimental options.** Options that measured no better than the defaults anywhere are
-//! accepted only with `experimental_options = true` (camelCase `experimentalOptions`; default
-//! false), so they do not ship as equals of the measured ones; without it such a value is an
-//! error that names the evidence ([`EXPERIMENTAL`]). There is one: `session_affinity_ttl_ms`
-//! above 0 (BENCHMARKS.md: neutral on compacted agent sessions). The simulator, where options
-//! are measured, turns the switch on unless its `--router-config` says otherwise.
+//! **Experimental options.** `experimental_options` (camelCase `experimentalOptions`; default
+//! false) is the switch for options that measured no better than the defaults anywhere. No
+//! option needs it at present (session affinity, the one that did, was removed on 2026-12-07);
+//! the key is still read, so configs that set it keep working.
 
 use crate::blocks::DEFAULT_BLOCK_SIZE_TOKENS;
 use crate::index::DEFAULT_POD_CAPACITY_BLOCKS;
@@ -205,6 +206,35 @@ fn removed_cold_spread<'de, D: serde::Deserializer<'de>>(d: D) -> Result<(), D::
     )))
 }
 
+/// Why session affinity was removed, and what to do.
+const SESSION_AFFINITY_REMOVED: &str = "docs/decisions/session-affinity.md: measured neutral on \
+     compacted agent sessions in the simulator, on real vLLM, and with a lossy engine index; \
+     leave the key out";
+
+/// `session_affinity_ttl_ms`, a removed key: 0 (session affinity off, what both profiles had)
+/// is accepted and ignored; any other value is refused.
+fn removed_session_affinity_ttl<'de, D: serde::Deserializer<'de>>(d: D) -> Result<(), D::Error> {
+    if <f64 as serde::Deserialize>::deserialize(d)? == 0.0 {
+        return Ok(());
+    }
+    Err(serde::de::Error::custom(removed(
+        "session_affinity_ttl_ms",
+        SESSION_AFFINITY_REMOVED,
+    )))
+}
+
+/// `session_affinity_floor`, a removed key: 0.9 (its old default) is accepted and ignored; any
+/// other value is refused.
+fn removed_session_affinity_floor<'de, D: serde::Deserializer<'de>>(d: D) -> Result<(), D::Error> {
+    if <f64 as serde::Deserialize>::deserialize(d)? == 0.9 {
+        return Ok(());
+    }
+    Err(serde::de::Error::custom(removed(
+        "session_affinity_floor",
+        SESSION_AFFINITY_REMOVED,
+    )))
+}
+
 /// Deserialised through `RouterKeys`: the chosen `gate_profile` first, every key given over it
 /// (see the module docs); the result is validated.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -328,22 +358,14 @@ pub struct RouterConfig {
     /// same engine step as the first share nothing. BENCHMARKS.md "Pending routes".
     pub engine_pending_ttl_ms: f64,
 
-    // ---- session affinity (`index/sessions.rs`) ----
-    /// How long a session key (the simulator's agent sessions) is remembered after its last
-    /// request. Default 0: off; above 0 is experimental (measured neutral, [`EXPERIMENTAL`]).
-    pub session_affinity_ttl_ms: f64,
-    /// The prefix score a session's last pod gets at least (a floor, not a pin: the load gate
-    /// and health still apply). Default 0.9, above the gate's τ 0.80.
-    pub session_affinity_floor: f64,
-
     // ---- SLO routing ----
     /// Whether requests' latency objectives (the gateway's `x-slo-*` headers, the simulator's
     /// `--slo-ttft-ms`) change routing: with it, the affinity gate picks by SLO headroom.
     /// Default false: SLO routing lowered goodput in docs/decisions/slo-routing.md; objectives are still
     /// validated and recorded without it.
     pub slo_routing: bool,
-    /// Allows the options that measured no better than the defaults (see the module docs).
-    /// Default false.
+    /// Allows the options that measured no better than the defaults (see the module docs; none
+    /// at present). Default false.
     pub experimental_options: bool,
 }
 
@@ -432,6 +454,8 @@ router_keys! {
         predictor_model: "removed_predictor_model", "predictorModel";
         predictor_drift_adaptation: "removed_drift_adaptation", "predictorDriftAdaptation";
         cold_spread_window_ms: "removed_cold_spread", "coldSpreadWindowMs";
+        session_affinity_ttl_ms: "removed_session_affinity_ttl", "sessionAffinityTtlMs";
+        session_affinity_floor: "removed_session_affinity_floor", "sessionAffinityFloor";
     }
     gate_profile: GateProfile, "gateProfile";
     affinity_gate_tau: TauNumber, "affinityGateTau";
@@ -466,8 +490,6 @@ router_keys! {
     lora_load_ms: f64, "loraLoadMs";
     lora_deferral_ms: f64, "loraDeferralMs";
     engine_pending_ttl_ms: f64, "enginePendingTtlMs";
-    session_affinity_ttl_ms: f64, "sessionAffinityTtlMs";
-    session_affinity_floor: f64, "sessionAffinityFloor";
     slo_routing: bool, "sloRouting";
     experimental_options: bool, "experimentalOptions";
 }
@@ -513,8 +535,6 @@ impl RouterConfig {
             lora_load_ms: crate::adapters::DEFAULT_LORA_LOAD_MS,
             lora_deferral_ms: crate::adapters::DEFAULT_LORA_DEFERRAL_MS,
             engine_pending_ttl_ms: 0.0,
-            session_affinity_ttl_ms: 0.0,
-            session_affinity_floor: 0.9,
             slo_routing: false,
             experimental_options: false,
         };
@@ -549,23 +569,7 @@ pub enum ConfigError {
     },
     #[error("invalid config: {0}")]
     Parse(String),
-    #[error(
-        "{key} = {value} is experimental ({evidence}); set experimental_options = true to use it"
-    )]
-    Experimental {
-        key: &'static str,
-        value: &'static str,
-        evidence: &'static str,
-    },
 }
-
-/// The experimental values: (key, value, the evidence that they do not help).
-pub const EXPERIMENTAL: [(&str, &str, &str); 1] = [(
-    "session_affinity_ttl_ms",
-    "> 0",
-    "BENCHMARKS.md \"Session affinity on compacted agent sessions\": TTFT within 1 % of \
-     prefix-only routing",
-)];
 
 impl RouterConfig {
     /// Parses a JSON object (snake_case or camelCase keys) and validates it: the chosen
@@ -583,31 +587,7 @@ impl RouterConfig {
         Ok(config)
     }
 
-    /// The experimental values this config uses (see [`EXPERIMENTAL`]).
-    pub fn experimental_values(&self) -> Vec<(&'static str, &'static str, &'static str)> {
-        let used = [(
-            "session_affinity_ttl_ms",
-            (self.session_affinity_ttl_ms > 0.0).then_some("> 0"),
-        )];
-        EXPERIMENTAL
-            .into_iter()
-            .filter(|(key, value, _)| {
-                used.iter()
-                    .any(|(k, v)| k == key && v.is_some_and(|v| v == *value))
-            })
-            .collect()
-    }
-
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if !self.experimental_options
-            && let Some(&(key, value, evidence)) = self.experimental_values().first()
-        {
-            return Err(ConfigError::Experimental {
-                key,
-                value,
-                evidence,
-            });
-        }
         fn check(
             key: &'static str,
             value: f64,
@@ -665,16 +645,9 @@ impl RouterConfig {
             ("lora_load_ms", self.lora_load_ms),
             ("lora_deferral_ms", self.lora_deferral_ms),
             ("engine_pending_ttl_ms", self.engine_pending_ttl_ms),
-            ("session_affinity_ttl_ms", self.session_affinity_ttl_ms),
         ] {
             check(key, v, v.is_finite() && v >= 0.0, ">= 0")?;
         }
-        check(
-            "session_affinity_floor",
-            self.session_affinity_floor,
-            unit(self.session_affinity_floor),
-            "0 <= floor <= 1",
-        )?;
         check(
             "shared_prefix_epsilon",
             self.shared_prefix_epsilon,
@@ -906,38 +879,46 @@ mod tests {
     }
 
     #[test]
-    fn options_that_measured_no_better_need_the_experimental_switch() {
-        for (key, value, evidence) in EXPERIMENTAL {
-            // A numeric key is experimental at any value above 0.
-            let value_json = match value {
-                "> 0" => json!(60_000.0),
-                v => json!(v),
-            };
-            let err = RouterConfig::from_json(&json!({ key: value_json })).unwrap_err();
-            assert_eq!(
-                err,
-                ConfigError::Experimental {
-                    key,
-                    value,
-                    evidence
-                },
-                "{key} = {value}"
-            );
-            assert!(err.to_string().contains(".md "), "{err}");
-            let c =
-                RouterConfig::from_json(&json!({ key: value_json, "experimentalOptions": true }))
-                    .unwrap();
-            assert_eq!(c.experimental_values(), vec![(key, value, evidence)]);
+    fn session_affinity_keys_are_refused_unless_they_name_the_old_default_in_either_spelling() {
+        for (key, off, on) in [
+            ("session_affinity_ttl_ms", json!(0), json!(600_000)),
+            ("sessionAffinityTtlMs", json!(0.0), json!(1)),
+            ("session_affinity_floor", json!(0.9), json!(0.5)),
+            ("sessionAffinityFloor", json!(0.9), json!(1.0)),
+        ] {
+            // The old default (session affinity off, its floor) keeps working and changes nothing.
+            let c = RouterConfig::from_json(&json!({ key: off })).unwrap();
+            assert_eq!(c, RouterConfig::default(), "{key}");
+            let via_serde: RouterConfig = serde_json::from_value(json!({ key: off })).unwrap();
+            assert_eq!(via_serde, RouterConfig::default(), "{key}");
+            // Anything else is refused, naming the key, the record and what to do, with or
+            // without the experimental switch.
+            for config in [
+                json!({ key: on }),
+                json!({ key: on, "experimental_options": true }),
+            ] {
+                let err = RouterConfig::from_json(&config).unwrap_err().to_string();
+                let name = if key.to_lowercase().contains("floor") {
+                    "session_affinity_floor"
+                } else {
+                    "session_affinity_ttl_ms"
+                };
+                assert!(
+                    err.contains(&format!("{name} was removed on 2026-12-07")),
+                    "{err}"
+                );
+                assert!(err.contains("docs/decisions/session-affinity.md"), "{err}");
+                assert!(err.contains("leave the key out"), "{err}");
+            }
         }
-        // What measured better somewhere stays a plain key.
-        let c = RouterConfig::from_json(&json!({
-            "balance_window_ms": 20, "predictor_drift_adaptation": false,
-            "explore_mode": "best-overall", "slo_routing": true
-        }))
-        .unwrap();
-        assert!(c.experimental_values().is_empty());
-        assert!(RouterConfig::default().experimental_values().is_empty());
-        assert!(RouterConfig::seed().experimental_values().is_empty());
+        // The removed keys are still known names (layered configs rename their aliases).
+        assert_eq!(
+            router_key_name("sessionAffinityTtlMs"),
+            Some("session_affinity_ttl_ms")
+        );
+        // Nothing needs the experimental switch now; setting it still reads.
+        let c = RouterConfig::from_json(&json!({"experimentalOptions": true})).unwrap();
+        assert!(c.experimental_options);
     }
 
     #[test]

@@ -106,7 +106,6 @@ pub fn request(blocks: &[crate::BlockHash]) -> crate::RouteRequest<'_> {
         other_sizes: &[],
         slo: Default::default(),
         adapter: None,
-        session: None,
     }
 }
 

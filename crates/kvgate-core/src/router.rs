@@ -126,8 +126,6 @@ pub struct Router {
     /// `predict_computed_prefix`, empty otherwise): predictions count the prefix as cached up
     /// to it only.
     prefill_caps: Vec<u32>,
-    /// The next decision's session pod and its prefix-score floor (session affinity).
-    session_floor: Option<(PodId, f64)>,
     /// The last decision's pick (one write per decision, not per pod: the decision is the hot
     /// path).
     chosen: Option<Chosen>,
@@ -154,7 +152,6 @@ impl Router {
             pending_matched: Vec::new(),
             pending_other: Vec::new(),
             prefill_caps: Vec::new(),
-            session_floor: None,
             chosen: None,
             eligible: Vec::new(),
             features: Vec::new(),
@@ -300,12 +297,6 @@ impl Router {
         self.evaluate_cut(cut, input_tokens, pods, index, predictor)
     }
 
-    /// Session affinity for the next evaluation only: `pod`'s prefix score counts as at least
-    /// `floor` for the policy (its predicted TTFT still comes from what it really holds).
-    pub fn set_session_floor(&mut self, floor: Option<(PodId, f64)>) {
-        self.session_floor = floor;
-    }
-
     /// [`Router::evaluate`] for a prompt cut at each block size of the fleet.
     pub fn evaluate_cut<'p>(
         &mut self,
@@ -348,7 +339,6 @@ impl Router {
             self.config.lora_load_ms,
             self.config.lora_deferral_ms,
         );
-        let session_floor = self.session_floor.take();
         let (matched, matched_other) = (&self.matched, &self.matched_other);
         let prefill_caps = &self.prefill_caps;
         let priced_above = self.policy.prices_prefill_above();
@@ -383,10 +373,6 @@ impl Router {
                     adapter_cost_ms(adapter_fit, slots.deferred, load_ms, deferral_ms)
                 }
                 _ => 0.0,
-            };
-            let score = match session_floor {
-                Some((id, floor)) if id == pod.id => score.max(floor),
-                _ => score,
             };
             Candidate {
                 pod,

@@ -49,7 +49,6 @@
 //! | `handles::errors` | OpenAI-style error bodies; `request_error`, `no_healthy_pod`, `upstream_failed` |
 //! | `handles::reject` | a request the gateway answers itself, counted and logged (rate limited): `log_reject`, `reject` |
 //! | `handles::request_id` | the `x-request-id` every answer carries (the client's when usable, else a fresh one) |
-//! | `handles::session_key` | the client's session from its headers (`session_headers`: `x-session-id`, Claude Code's, OpenCode's) → the key session affinity remembers a pod for, or 400 |
 //! | `handles::slo` | `x-slo-ttft-ms` / `x-slo-tpot-ms` (and `x-llm-d-slo-*`) → objectives, or 400 (they route only with `slo_routing`) |
 //! | `handles::metrics` | kvgate's own Prometheus metrics (also the connection, flow, P/D and cluster metric sets their modules fill); `timeout_label` |
 //! | `handles::otel` | `[tracing]`: OpenTelemetry traces over OTLP/HTTP (off by default): the request span continuing the client's `traceparent`, child spans for the flow queue, each decision, upstream call and the stream; the pod's `traceparent`; parent-based ratio sampling; batch queue ≤ 2,048 spans |
@@ -86,8 +85,8 @@ pub use fleet::{
 };
 pub use handles::{
     capture, chat_template, config, decisions, errors, flow_gate, grace, jsonl, limits, live,
-    log_limit, metrics, otel, pods, progress, reject, request_id, retry_budget, session_key, slo,
-    state, token_cache, tokenizer,
+    log_limit, metrics, otel, pods, progress, reject, request_id, retry_budget, slo, state,
+    token_cache, tokenizer,
 };
 pub use net::{admission, auth, ext_proc, listener, proxy};
 pub use ops::{admin, ui};

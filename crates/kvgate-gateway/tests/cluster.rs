@@ -274,43 +274,6 @@ async fn routed_index_entries_are_shared_and_a_new_replica_warms_up_from_its_pee
     assert_eq!(r.header("x-kvgate-branch").as_deref(), Some("exploit"));
 }
 
-/// Session affinity's records are shared: a session one replica routed is remembered by the
-/// others, on the same pod.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_session_routed_by_one_replica_is_remembered_by_the_other() {
-    let Some(nats) = Nats::start() else { return };
-    let fast = Behavior::Normal {
-        chunks: 1,
-        delay_ms: 0,
-    };
-    let (p1, p2) = (FakePod::start(fast).await, FakePod::start(fast).await);
-    let pods = [&p1, &p2];
-    let toml = "[router]\nexperimental_options = true\nsession_affinity_ttl_ms = 600000\n";
-    let a = replica_with(&pods, &nats, "session-a", toml).await;
-    let b = replica_with(&pods, &nats, "session-b", toml).await;
-    joined(&[&a, &b], 1).await;
-    let c = client();
-    for i in 0..4 {
-        let session = format!("agent-{i}");
-        let mut req = post(
-            &a,
-            "/v1/chat/completions",
-            &chat_body(&long_prompt(&session), false),
-        );
-        req.headers_mut()
-            .insert("x-session-id", session.parse().unwrap());
-        let r = send(&c, req).await;
-        assert_eq!(r.status, 200);
-        let url = r.header("x-kvgate-pod").unwrap();
-        let key = xxhash_rust::xxh3::xxh3_64(session.as_bytes());
-        let pod_in_b = b.shared().pods.by_url(&url).unwrap().id;
-        eventually("B remembers the session on A's pod", || {
-            b.shared().session.lock().session_pod(key) == Some(pod_in_b)
-        })
-        .await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_killed_mid_run_fails_no_request_and_the_replicas_converge_after_it_returns() {
     let Some(mut nats) = Nats::start() else {

@@ -735,33 +735,6 @@ async fn assert_rejected_400(gw: &Gateway, envoy: &mut FakeEnvoy, code: &str, pa
     assert_eq!(metric(gw, &counter), 1.0);
 }
 
-/// Session affinity through ext_proc: the session header Envoy passes is read (the pod it went
-/// to is remembered for the session), and a malformed one is answered 400.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_session_header_through_ext_proc_is_remembered_and_a_bad_one_is_400() {
-    let (_pods, gw) = fleet_with_config(
-        "session",
-        "[router]\nexperimental_options = true\nsession_affinity_ttl_ms = 600000\n",
-    )
-    .await;
-    let mut envoy = routed_stream(&gw, &[("x-claude-code-session-id", "run-7")]).await;
-    assert!(matches!(
-        envoy.recv().await,
-        processing_response::Response::RequestBody(_)
-    ));
-    let decisions = gw.shared().decisions.snapshot();
-    assert_eq!(decisions.len(), 1);
-    let key = xxhash_rust::xxh3::xxh3_64(b"run-7");
-    assert_eq!(
-        gw.shared().session.lock().session_pod(key),
-        Some(decisions[0].decision.pod_id)
-    );
-
-    let mut envoy = routed_stream(&gw, &[("x-session-id", "two words")]).await;
-    assert_rejected_400(&gw, &mut envoy, "invalid_session_header", "x-session-id").await;
-    assert_eq!(gw.shared().decisions.snapshot().len(), 1);
-}
-
 /// A routed stream: headers answered (BUFFERED), then the body sent; returns once the body is
 /// sent (its answer is the caller's to await).
 async fn routed_stream(gw: &Gateway, extra: &[(&str, &str)]) -> FakeEnvoy {

@@ -939,7 +939,6 @@ impl Cluster {
             other_sizes: &[],
             slo: self.config.slo,
             adapter: r.adapter,
-            session: r.session,
         };
         loop {
             let route = if self.split {
@@ -1058,7 +1057,6 @@ impl Cluster {
                         &r.blocks,
                         ticket.input_tokens(),
                         ticket.prefill_tokens(),
-                        ticket.session(),
                     )
                 })
             });

@@ -48,7 +48,7 @@ pub struct SimRequest {
     /// The LoRA adapter the request names (`None`: the base model). A workload with adapters
     /// seeds each adapter's block chains apart, as vLLM's per-adapter prefix cache does.
     pub adapter: Option<AdapterId>,
-    /// The client session the request belongs to (the agent workload's sessions), for the
-    /// router's session affinity; `None`: none.
+    /// The client session the request belongs to (the agent workload's sessions; a model
+    /// assignment keeps a session on one model); `None`: none.
     pub session: Option<u64>,
 }

@@ -15,7 +15,7 @@
 //! - **Arrival.** A copy is applied to its replica's session when it is due
 //!   ([`Mesh::advance`], and [`Mesh::deliver`] right before a routing decision), through the
 //!   machine's [`ReplicaMachine::handle_message`]: dedup, the peers' ledger charges, routed
-//!   index, session records and training samples, exactly as the gateway's receiver.
+//!   index and training samples, exactly as the gateway's receiver.
 //! - **Time.** The machines' timers (snapshot every second, lease check every 250 ms) run at
 //!   their due times ([`Mesh::advance`]).
 //!

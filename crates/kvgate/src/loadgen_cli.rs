@@ -94,7 +94,7 @@ pub struct LoadgenCli {
     #[arg(long, default_value_t = 0)]
     pub agent_compact_every: u32,
     /// Send each request's session (the agent workload's) in this header (for example
-    /// `x-session-id`, which kvgate's session affinity reads).
+    /// `x-session-id`, for routers that keep a session on one pod).
     #[arg(long, value_name = "NAME")]
     pub session_header: Option<String>,
 }

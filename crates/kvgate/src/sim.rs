@@ -530,7 +530,8 @@ pub fn run(args: SimArgs) -> Result<()> {
         None => serde_json::json!({}),
     };
     // The simulator is where options are measured: experimental ones are allowed unless
-    // --router-config says otherwise.
+    // --router-config says otherwise (none needs the switch at present; its value stays in the
+    // report's router_config as before).
     if let Some(obj) = router_json.as_object_mut()
         && !obj.contains_key("experimental_options")
         && !obj.contains_key("experimentalOptions")

@@ -137,7 +137,6 @@ fn through_the_core(
                 other_sizes: &[],
                 slo: RequestSlo::default(),
                 adapter: None,
-                session: None,
             };
             match session.route_pd(&request, &mut pods, &[]).unwrap() {
                 Route::Whole(routed) => {

@@ -1,7 +1,7 @@
 //! Options removed on 2026-12-07 (docs/decisions/: they helped nowhere), as a user who still sets
 //! them meets them: the command fails before anything runs, and its message names the key or
 //! value, says it was removed, and says what to use instead (`predictor_model` naming `rls`, the
-//! one model left, is accepted).
+//! one model left, is accepted; so are session affinity's keys at their old defaults).
 
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -111,12 +111,13 @@ fn sim_refuses_a_removed_value_in_its_router_config() {
     assert!(err.contains("0.01, the default"), "{err}");
 }
 
-#[test]
-fn serve_refuses_a_config_file_with_a_removed_key_before_it_listens() {
+/// `kvgate serve` with `file` as its config (named `name`) and `extra` arguments: the message it
+/// fails with before it listens (a panic if it starts).
+fn serve_failure(name: &str, file: &str, extra: &[&str]) -> String {
     let dir = std::env::temp_dir().join(format!("kvgate-removed-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("kvgate.toml");
-    std::fs::write(&path, "[router]\npredictor_model = \"gbdt-p90\"\n").unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, file).unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_kvgate"))
         .args([
             "serve",
@@ -127,6 +128,7 @@ fn serve_refuses_a_config_file_with_a_removed_key_before_it_listens() {
         ])
         .arg("--config")
         .arg(&path)
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -139,10 +141,98 @@ fn serve_refuses_a_config_file_with_a_removed_key_before_it_listens() {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let err = failure_message(&child.wait_with_output().unwrap());
+    failure_message(&child.wait_with_output().unwrap())
+}
+
+#[test]
+fn serve_refuses_a_config_file_with_a_removed_key_before_it_listens() {
+    let err = serve_failure(
+        "kvgate.toml",
+        "[router]\npredictor_model = \"gbdt-p90\"\n",
+        &[],
+    );
     assert!(
         err.contains("predictor_model was removed on 2026-12-07"),
         "{err}"
     );
     assert!(err.contains("leave the key out"), "{err}");
+}
+
+#[test]
+fn serve_refuses_session_affinity_in_the_file_and_in_set_naming_its_record() {
+    let pod = "pods = [\"http://127.0.0.1:9\"]\n";
+    for (name, file, extra, key) in [
+        (
+            "ttl.toml",
+            format!(
+                "{pod}[router]\nexperimental_options = true\nsession_affinity_ttl_ms = 600000\n"
+            ),
+            vec![],
+            "session_affinity_ttl_ms",
+        ),
+        (
+            "ttl.yaml",
+            "pods: [\"http://127.0.0.1:9\"]\nrouter:\n  sessionAffinityTtlMs: 1000\n".to_string(),
+            vec![],
+            "session_affinity_ttl_ms",
+        ),
+        (
+            "floor.toml",
+            format!("{pod}[router]\nsession_affinity_floor = 0.5\n"),
+            vec![],
+            "session_affinity_floor",
+        ),
+        (
+            "headers.toml",
+            format!("session_headers = [\"x-agent-run\"]\n{pod}"),
+            vec![],
+            "session_headers",
+        ),
+        (
+            "set.toml",
+            pod.to_string(),
+            vec!["--set", "router.sessionAffinityTtlMs=600000"],
+            "session_affinity_ttl_ms",
+        ),
+    ] {
+        let err = serve_failure(name, &file, &extra);
+        assert!(
+            err.contains(&format!("{key} was removed on 2026-12-07")),
+            "{name}: {err}"
+        );
+        assert!(err.contains("docs/decisions/session-affinity.md"), "{err}");
+        assert!(err.contains("leave the key out"), "{err}");
+    }
+}
+
+#[test]
+fn sim_refuses_session_affinity_and_accepts_its_old_defaults() {
+    let base = [
+        "sim",
+        "--workload",
+        "agent",
+        "--agent-compact-every",
+        "3",
+        "--max-requests",
+        "10",
+        "--quiet",
+    ];
+    for on in [
+        r#"{"session_affinity_ttl_ms":600000,"experimental_options":true}"#,
+        r#"{"sessionAffinityTtlMs":1}"#,
+    ] {
+        let err = failure_message(&kvgate(&[&base[..], &["--router-config", on]].concat()));
+        assert!(
+            err.contains("session_affinity_ttl_ms was removed on 2026-12-07"),
+            "{err}"
+        );
+        assert!(err.contains("session-affinity.md"), "{err}");
+    }
+    let off = r#"{"session_affinity_ttl_ms":0,"sessionAffinityFloor":0.9}"#;
+    let out = kvgate(&[&base[..], &["--router-config", off]].concat());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -15,7 +15,6 @@ pub mod kv_events_wire;
 pub mod pending;
 pub mod popularity;
 pub mod routed;
-pub mod sessions;
 
 use crate::blocks::BlockHash;
 use crate::pod::PodId;

@@ -41,7 +41,6 @@ use crate::config::RouterConfig;
 use crate::decision::Decision;
 use crate::index::PrefixIndex;
 use crate::index::engine::HybridIndex;
-use crate::index::sessions::SessionIndex;
 use crate::pod::{InFlight, PodId, PodSnapshot};
 use crate::policy::{PolicyKind, RequestSlo};
 use crate::predictor::{Features, LatencyPredictor, PredictorConfig};
@@ -68,9 +67,6 @@ pub struct RouteRequest<'a> {
     /// The LoRA adapter the request names: [`AdapterId::of`] its `model` (a pod whose base
     /// model that is counts it as no adapter). `None`: adapter-blind for this request.
     pub adapter: Option<AdapterId>,
-    /// The client session the request belongs to (a hash of its session key), for session
-    /// affinity ([`crate::index::sessions`]); `None`: none.
-    pub session: Option<u64>,
 }
 
 impl<'a> RouteRequest<'a> {
@@ -137,9 +133,6 @@ pub struct Ticket {
     /// The blocks this request brought to its pod, being computed until its first token
     /// ([`prefilling`]).
     prefilling: Option<Mark>,
-    /// The request's session key, when session affinity recorded it (what `--cluster` tells
-    /// the other replicas: [`RouterSession::record_session`]).
-    session: Option<u64>,
 }
 
 impl Ticket {
@@ -150,12 +143,6 @@ impl Ticket {
 
     pub fn pod(&self) -> PodId {
         self.share.pod
-    }
-
-    /// The session key session affinity recorded for this request's pod; `None` when the
-    /// request had none or session affinity is off.
-    pub fn session(&self) -> Option<u64> {
-        self.session
     }
 
     /// The features taken at dispatch (what the predictor trains on).
@@ -241,8 +228,6 @@ pub struct RouterSession {
     ledger: Ledger,
     /// LoRA adapters routed per pod: in flight and most recent ([`crate::adapters`]).
     adapters: AdapterBook,
-    /// Session key → the pod of its last request ([`crate::index::sessions`]).
-    sessions: SessionIndex,
     /// The blocks routed requests are still computing, per pod ([`prefilling`]).
     prefilling: Prefilling,
     /// The driver's clock at its last [`RouterSession::advance_clock`] (ms).
@@ -263,8 +248,6 @@ impl RouterSession {
         index
             .engine
             .set_pending_ttl_ms(router.engine_pending_ttl_ms);
-        let mut sessions = SessionIndex::default();
-        sessions.set_ttl_ms(router.session_affinity_ttl_ms);
         RouterSession {
             router: Router::new(router, policy),
             index,
@@ -273,7 +256,6 @@ impl RouterSession {
             seed,
             ledger: Ledger::default(),
             adapters: AdapterBook::default(),
-            sessions,
             prefilling: Prefilling::default(),
             now_ms: 0.0,
             health: Vec::new(),
@@ -304,7 +286,6 @@ impl RouterSession {
         self.index
             .engine
             .set_pending_ttl_ms(router.engine_pending_ttl_ms);
-        self.sessions.set_ttl_ms(router.session_affinity_ttl_ms);
         let old = std::mem::replace(&mut self.router, Router::new(router, policy));
         self.router.keep_popularity_from(old);
     }
@@ -361,16 +342,13 @@ impl RouterSession {
         self.index.remove_pod(pod);
         self.ledger.remove_pod(pod);
         self.adapters.remove_pod(pod);
-        self.sessions.remove_pod(pod);
         self.prefilling.remove_pod(pod);
     }
 
-    /// Moves the clocks of the session's timed state to the driver's `now_ms`: session
-    /// affinity forgets sessions idle for `session_affinity_ttl_ms`, and a prefix still being
-    /// computed counts only within its window ([`prefilling`]).
+    /// Moves the clock of the session's timed state to the driver's `now_ms`: a prefix still
+    /// being computed counts only within its window ([`prefilling`]).
     pub fn advance_clock(&mut self, now_ms: f64) {
         self.now_ms = now_ms;
-        self.sessions.advance(now_ms);
     }
 
     /// Each healthy pod's prefix score and predictions for `request`, as a decision would see
@@ -494,10 +472,6 @@ impl RouterSession {
         }
         let slo_mode = self.router.config().slo_routing && request.slo != RequestSlo::default();
         let cut = request.cut();
-        let session_pod = request.session.and_then(|key| self.sessions.pod_of(key));
-        let floor = self.router.config().session_affinity_floor;
-        self.router
-            .set_session_floor(session_pod.map(|pod| (pod, floor)));
         self.fill_prefill_caps(&cut, pods);
         let decision = self
             .router
@@ -520,9 +494,6 @@ impl RouterSession {
         let (pod_blocks, pod_block_size) = cut.blocks_for(snap);
         let matched = self.router.matched_blocks(decision.pod_id);
         self.index.record_routed(decision.pod_id, pod_blocks);
-        if let Some(key) = request.session {
-            self.sessions.record(key, decision.pod_id);
-        }
         let chosen = self
             .router
             .chosen_explanation(decision.pod_id)
@@ -530,8 +501,7 @@ impl RouterSession {
         // What the pod has computed (a prefix still being prefilled there by an earlier request
         // is computed again): what the prediction was made on.
         let computed = self.router.computed_blocks(decision.pod_id);
-        // The predictor learns from what the pod holds, not from a session-affinity floor.
-        let prefix_score = if session_pod == Some(decision.pod_id) || computed < matched {
+        let prefix_score = if computed < matched {
             crate::index::prefix_score(computed, pod_blocks.len())
         } else {
             chosen.map_or(0.0, |p| p.prefix_score)
@@ -564,7 +534,6 @@ impl RouterSession {
             ttft_learnt: false,
             stage: pd::Stage::Whole,
             prefilling,
-            session: request.session.filter(|_| self.sessions.is_on()),
         };
         Ok(Routed { decision, ticket })
     }
@@ -597,7 +566,6 @@ impl RouterSession {
             ttft_learnt: false,
             stage: pd::Stage::Whole,
             prefilling: None,
-            session: None,
         }
     }
 
@@ -631,20 +599,7 @@ impl RouterSession {
             stage: pd::Stage::Whole,
             // Per replica: a sibling of another replica's request is predicted as before.
             prefilling: None,
-            session: None,
         }
-    }
-
-    /// Another router replica sent a request of session `key` to `pod` (`--cluster`): session
-    /// affinity remembers it as if this replica had routed it (nothing when it is off).
-    pub fn record_session(&mut self, key: u64, pod: PodId) {
-        self.sessions.record(key, pod);
-    }
-
-    /// The pod session affinity remembers for session `key` (`None`: unknown, forgotten, or
-    /// session affinity off).
-    pub fn session_pod(&self, key: u64) -> Option<PodId> {
-        self.sessions.pod_of(key)
     }
 
     /// The first token arrived: the prefill charge moves to decode (`input + 1` tokens).

@@ -172,7 +172,6 @@ impl RouterSession {
             ttft_learnt: false,
             stage: Stage::Decode,
             prefilling: None,
-            session: None,
         };
         prefill.ticket.stage = Stage::Prefill;
         prefill.decision.decode = Some(pick.explanation);
@@ -263,7 +262,6 @@ mod tests {
             other_sizes: &[],
             slo: RequestSlo::default(),
             adapter: None,
-            session: None,
         }
     }
 

@@ -15,7 +15,7 @@
 //!   [`ReplicaMachine::tokens`], [`ReplicaMachine::finish`]). Each routed request gets the next
 //!   request id (`next_request`, from 0) and an entry in the live table; its transitions become
 //!   [`ReplicaEvent`]s in the outbox: route (pod, prompt tokens, the charge, the prompt's block
-//!   hashes; then the client session's pod when session affinity recorded one), first token,
+//!   hashes), first token,
 //!   decode tokens in steps of `tokens_per_event` (the rest is settled by the finish, which
 //!   returns the whole charge), finish. A request that completed normally (or learnt its TTFT
 //!   at the first token) also sends its training sample after that event, when
@@ -40,8 +40,7 @@
 //!   also renews the sender's lease); the rest is applied event by event: transitions through
 //!   [`PeerBook::apply`] (the same session transitions a local request makes), snapshots
 //!   through [`PeerBook::reconcile`] (entries on pods this replica lacks are left out and the
-//!   snapshot stays complete), index entries into the routed index, session records into
-//!   session affinity, training samples into the predictor ([`RouterSession::learn`], for the
+//!   snapshot stays complete), index entries into the routed index, training samples into the predictor ([`RouterSession::learn`], for the
 //!   pod's class; only with `share_samples`), a goodbye releases the peer at once. Pods are
 //!   named by a key both sides agree on ([`PodKeys`]: the gateway hashes the pod's URL, the
 //!   simulator uses its index); events naming a pod this replica does not have are counted
@@ -167,11 +166,6 @@ pub enum ReplicaEvent {
     Sample {
         pod: u64,
         sample: TrainingSample,
-    },
-    /// A request of client session `key` went to `pod` (session affinity's record).
-    Session {
-        pod: u64,
-        key: u64,
     },
 }
 
@@ -328,15 +322,13 @@ impl ReplicaMachine {
     }
 
     /// A request of this replica was routed to `pod` (or charged unrouted: no `blocks`) with
-    /// this charge; `session`: the client session whose pod session affinity recorded.
-    /// Returns its request id for the transitions below.
+    /// this charge. Returns its request id for the transitions below.
     pub fn route(
         &mut self,
         pod: u64,
         blocks: &[BlockHash],
         input_tokens: u32,
         prefill_tokens: u64,
-        session: Option<u64>,
     ) -> u64 {
         let request = self.next_request;
         self.next_request += 1;
@@ -362,9 +354,6 @@ impl ReplicaMachine {
             prefill_tokens,
             blocks: blocks.to_vec(),
         });
-        if let Some(key) = session {
-            self.push(ReplicaEvent::Session { pod, key });
-        }
         request
     }
 
@@ -613,10 +602,6 @@ impl ReplicaMachine {
                     peers.forget(session, r);
                     got.left = true;
                 }
-                ReplicaEvent::Session { pod, key } => match pods.pod(*pod) {
-                    Some(pod) => session.record_session(*key, pod),
-                    None => got.unknown_pod += 1,
-                },
                 ReplicaEvent::Sample { .. } if !share_samples => {}
                 ReplicaEvent::Sample { pod, sample } => match pods.class(*pod) {
                     Some(class) => {
@@ -755,9 +740,9 @@ mod tests {
     #[test]
     fn messages_are_numbered_from_zero_and_hold_what_take_lets_fit() {
         let mut m = ReplicaMachine::new(7, ReplicaConfig::default(), 0);
-        assert_eq!(m.route(0, &[1, 2], 100, 60, None), 0);
-        assert_eq!(m.route(1, &[], 10, 10, None), 1);
-        assert_eq!(m.route(0, &[3], 50, 50, None), 2);
+        assert_eq!(m.route(0, &[1, 2], 100, 60), 0);
+        assert_eq!(m.route(1, &[], 10, 10), 1);
+        assert_eq!(m.route(0, &[3], 50, 50), 2);
         let all = m.poll_transmit(|_| true).unwrap();
         assert_eq!((all.replica, all.seq, all.events.len()), (7, 0, 3));
         assert_eq!(
@@ -772,8 +757,8 @@ mod tests {
         );
         assert!(m.poll_transmit(|_| true).is_none());
         // `take` is asked about every event; the first goes whatever it says.
-        m.route(0, &[], 1, 1, None);
-        m.route(0, &[], 1, 1, None);
+        m.route(0, &[], 1, 1);
+        m.route(0, &[], 1, 1);
         let mut asked = 0;
         let one = m
             .poll_transmit(|_| {
@@ -789,7 +774,7 @@ mod tests {
     #[test]
     fn decode_tokens_go_out_in_steps_of_32_and_the_rest_ends_with_the_finish() {
         let mut m = ReplicaMachine::new(1, ReplicaConfig::default(), 0);
-        let r = m.route(0, &[], 100, 60, None);
+        let r = m.route(0, &[], 100, 60);
         m.first_token(r, 101, None);
         for _ in 0..70 {
             m.tokens(r, 1);
@@ -835,7 +820,7 @@ mod tests {
         );
         assert_eq!(sent[5], ReplicaEvent::Finish { request: 0 });
         // Several tokens at once (a streamed chunk) count alike.
-        let r = m.route(0, &[], 10, 10, None);
+        let r = m.route(0, &[], 10, 10);
         m.first_token(r, 11, None);
         m.tokens(r, 31);
         m.tokens(r, 5);
@@ -859,7 +844,7 @@ mod tests {
             assert_eq!(m.pending_events(), 0, "no snapshot at {t}");
         }
         assert_eq!(m.poll_timeout(), 1_000);
-        let r = m.route(1, &[], 10, 10, None);
+        let r = m.route(1, &[], 10, 10);
         m.handle_timeout(1_000, &mut s);
         assert_eq!(m.poll_timeout(), 1_250);
         let sent = events(&drain(&mut m));
@@ -899,7 +884,7 @@ mod tests {
         let mut a = ReplicaMachine::new(1, ReplicaConfig::default(), 0);
         let mut b = ReplicaMachine::new(2, ReplicaConfig::default(), 0);
         let (mut sa, mut sb) = (session(), session());
-        let r = a.route(0, &[11, 12, 13], 100, 60, None);
+        let r = a.route(0, &[11, 12, 13], 100, 60);
         a.first_token(r, 101, None);
         a.tokens(r, 32);
         a.handle_timeout(1_000, &mut sa);
@@ -927,8 +912,8 @@ mod tests {
             ReplicaMachine::new(2, ReplicaConfig::default(), 0),
         );
         let (mut sa, mut sb) = (session(), session());
-        a.route(0, &[], 100, 60, None);
-        a.route(1, &[], 100, 60, None);
+        a.route(0, &[], 100, 60);
+        a.route(1, &[], 100, 60);
         deliver(&mut b, &mut sb, 10, &drain(&mut a));
         assert_eq!(
             sb.in_flight(PodId(0)).requests + sb.in_flight(PodId(1)).requests,
@@ -959,7 +944,7 @@ mod tests {
         let mut a = ReplicaMachine::new(1, ReplicaConfig::default(), 0);
         let mut b = ReplicaMachine::new(2, ReplicaConfig::default(), 0);
         let mut sb = session();
-        a.route(0, &[5, 6], 100, 60, None);
+        a.route(0, &[5, 6], 100, 60);
         let msg = a.poll_transmit(|_| true).unwrap();
         let first = b.handle_message(0, &mut sb, &TwoPods, &msg);
         assert_eq!((first.duplicate, first.applied), (false, 1));
@@ -986,10 +971,10 @@ mod tests {
         let mut a = ReplicaMachine::new(1, ReplicaConfig::default(), 0);
         let mut b = ReplicaMachine::new(2, ReplicaConfig::default(), 0);
         let (mut sa, mut sb) = (session(), session());
-        let r0 = a.route(0, &[], 100, 60, None);
+        let r0 = a.route(0, &[], 100, 60);
         deliver(&mut b, &mut sb, 5, &drain(&mut a));
         // Lost: r1's route, r0's finish, r1's first token and 32 tokens.
-        let r1 = a.route(1, &[], 100, 60, None);
+        let r1 = a.route(1, &[], 100, 60);
         a.finish(r0, None);
         a.first_token(r1, 101, None);
         a.tokens(r1, 32);
@@ -1028,7 +1013,7 @@ mod tests {
             0,
         );
         for _ in 0..3 {
-            m.route(0, &[], 10, 10, None);
+            m.route(0, &[], 10, 10);
         }
         assert_eq!(m.stats().outbox_dropped, 1);
         m.handle_timeout(1_000, &mut s);
@@ -1039,7 +1024,7 @@ mod tests {
         assert!(matches!(&sent[2], ReplicaEvent::Snapshot { live, .. } if live.len() == 3));
         assert_eq!(sent[3], ReplicaEvent::Bye);
         // While the link is down, waiting events are discarded (not numbered).
-        m.route(0, &[], 10, 10, None);
+        m.route(0, &[], 10, 10);
         assert_eq!(m.discard_pending(), 1);
         assert_eq!(drain(&mut m).len(), 0);
     }
@@ -1054,8 +1039,8 @@ mod tests {
             },
             0,
         );
-        let r0 = m.route(0, &[], 10, 10, None);
-        let r1 = m.route(0, &[], 10, 10, None);
+        let r0 = m.route(0, &[], 10, 10);
+        let r1 = m.route(0, &[], 10, 10);
         assert_eq!((r0, r1), (0, 1));
         m.first_token(r1, 11, None);
         m.finish(r1, None);
@@ -1073,11 +1058,11 @@ mod tests {
             let mut a = ReplicaMachine::new(1, ReplicaConfig::default(), 0);
             let mut b = ReplicaMachine::new(2, config, 0);
             let mut sb = session();
-            let r = a.route(1, &[], 100, 100, None);
+            let r = a.route(1, &[], 100, 100);
             a.first_token(r, 101, Some(sample(Some(50.0), None)));
             // Nothing left to teach (TTFT sent already, one token): no sample.
             a.finish(r, Some(sample(None, None)));
-            let r = a.route(1, &[], 100, 100, None);
+            let r = a.route(1, &[], 100, 100);
             a.finish(r, Some(sample(Some(40.0), Some(5.0))));
             let msgs = drain(&mut a);
             let sent = events(&msgs);
@@ -1098,7 +1083,7 @@ mod tests {
             assert_eq!(sb.predictor().accuracy().samples, if share { 2 } else { 0 });
             // A replica with sharing off sends none.
             let mut c = ReplicaMachine::new(3, config, 0);
-            let r = c.route(1, &[], 100, 100, None);
+            let r = c.route(1, &[], 100, 100);
             c.finish(r, Some(sample(Some(40.0), Some(5.0))));
             assert_eq!(events(&drain(&mut c)).len(), if share { 3 } else { 2 });
         }
@@ -1109,12 +1094,12 @@ mod tests {
         let mut a = ReplicaMachine::new(1, ReplicaConfig::default(), 0);
         let mut b = ReplicaMachine::new(2, ReplicaConfig::default(), 0);
         let (mut sa, mut sb) = (session(), session());
-        a.route(9, &[1], 10, 10, Some(4));
-        a.route(0, &[], 10, 10, None);
+        a.route(9, &[1], 10, 10);
+        a.route(0, &[], 10, 10);
         a.handle_timeout(1_000, &mut sa);
         let got = deliver(&mut b, &mut sb, 0, &drain(&mut a));
-        // The route, the session record and the snapshot's entry of pod 9.
-        assert_eq!(got.unknown_pod, 3);
+        // The route and the snapshot's entry of pod 9.
+        assert_eq!(got.unknown_pod, 2);
         assert_eq!(sb.in_flight(PodId(0)).requests, 1);
         assert_eq!(got.repairs, 0);
     }
@@ -1164,8 +1149,8 @@ mod tests {
         let mut c = ReplicaMachine::new(3, ReplicaConfig::default(), 0);
         let mut b = ReplicaMachine::new(2, ReplicaConfig::default(), 0);
         let mut sb = session();
-        a.route(0, &[], 10, 10, None);
-        c.route(0, &[], 10, 10, None);
+        a.route(0, &[], 10, 10);
+        c.route(0, &[], 10, 10);
         deliver(&mut b, &mut sb, 0, &drain(&mut a));
         deliver(&mut b, &mut sb, 0, &drain(&mut c));
         assert_eq!(sb.in_flight(PodId(0)).requests, 2);

@@ -22,7 +22,6 @@ fn request(blocks: &[BlockHash], input_tokens: u32) -> RouteRequest<'_> {
         other_sizes: &[],
         slo: RequestSlo::default(),
         adapter: None,
-        session: None,
     }
 }
 
@@ -351,7 +350,6 @@ fn prompt(name: &str, n: u64) -> Vec<BlockHash> {
 fn for_adapter<'a>(blocks: &'a [BlockHash], name: &str) -> RouteRequest<'a> {
     RouteRequest {
         adapter: Some(AdapterId::of(name)),
-        session: None,
         ..request(blocks, 64)
     }
 }
@@ -533,70 +531,6 @@ fn a_config_reload_keeps_the_prefix_popularity_counts() {
     // A router that does not count starts none.
     s.set_router(no_explore(), PolicyKind::AffinityGate);
     assert_eq!(s.router().prefix_sharers(&blocks, 64), 0);
-}
-
-#[test]
-fn a_session_key_floors_its_last_pods_score_without_changing_what_is_charged() {
-    let mut s = session(RouterConfig {
-        session_affinity_ttl_ms: 60_000.0,
-        ..RouterConfig::seed()
-    });
-    let mut snaps = pods(3);
-    let first: Vec<BlockHash> = (0..40).collect();
-    let with_session = |blocks| RouteRequest {
-        session: Some(42),
-        ..request(blocks, 640)
-    };
-    let home = s
-        .route(&with_session(&first), &mut snaps, &[])
-        .unwrap()
-        .decision
-        .pod_id;
-    // The session's context is compacted: the new prompt shares 10 of 40 blocks (score 0.25,
-    // not sticky by prefix), and another pod holds an unrelated prefix.
-    let compacted: Vec<BlockHash> = (0..10).chain(1_000..1_030).collect();
-    let Routed { decision, ticket } = s.route(&with_session(&compacted), &mut snaps, &[]).unwrap();
-    assert_eq!(decision.pod_id, home);
-    let chosen = decision.pods.iter().find(|p| p.eligible).unwrap();
-    assert_eq!(chosen.prefix_score, 0.9, "the floor");
-    // Charged the 30 blocks the pod does not hold: the floor is no cache.
-    assert_eq!(ticket.prefill_tokens(), 30 * 16);
-    assert_eq!(ticket.features().prefix_score, 0.25);
-    // Without the key, a prompt compacted the same way is scored by what the pods hold.
-    let other: Vec<BlockHash> = (0..10).chain(2_000..2_030).collect();
-    let Routed { decision, .. } = s.route(&request(&other, 640), &mut snaps, &[]).unwrap();
-    let home_score = decision.pods[home.index()].prefix_score;
-    assert_eq!(home_score, 0.25, "{decision:?}");
-}
-
-/// The ticket carries the session key only while session affinity is on (what `--cluster`
-/// shares), and a peer's route of a session ([`RouterSession::record_session`]) is remembered
-/// as if this replica had made it.
-#[test]
-fn a_ticket_carries_its_session_key_while_session_affinity_is_on() {
-    let blocks: Vec<BlockHash> = (0..20).collect();
-    let with_session = RouteRequest {
-        session: Some(7),
-        ..request(&blocks, 320)
-    };
-    let mut off = session(RouterConfig::seed());
-    let mut snaps = pods(2);
-    let routed = off.route(&with_session, &mut snaps, &[]).unwrap();
-    assert_eq!(routed.ticket.session(), None);
-    off.record_session(9, PodId(1));
-    assert_eq!(off.session_pod(9), None, "off: nothing remembered");
-
-    let mut on = session(RouterConfig {
-        session_affinity_ttl_ms: 60_000.0,
-        ..RouterConfig::seed()
-    });
-    let routed = on.route(&with_session, &mut snaps, &[]).unwrap();
-    assert_eq!(routed.ticket.session(), Some(7));
-    assert_eq!(on.session_pod(7), Some(routed.decision.pod_id));
-    let without = on.route(&request(&blocks, 320), &mut snaps, &[]).unwrap();
-    assert_eq!(without.ticket.session(), None);
-    on.record_session(9, PodId(1));
-    assert_eq!(on.session_pod(9), Some(PodId(1)));
 }
 
 /// A sibling routed while the request that brought its prefix is still prefilling: with

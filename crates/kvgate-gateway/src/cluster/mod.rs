@@ -110,7 +110,6 @@ impl std::fmt::Debug for Cluster {
 
 impl ReplicaLink for Cluster {
     /// A request was routed (or charged unrouted: no blocks); returns its cluster request id.
-    /// A request of a client session also tells the others its pod (session affinity).
     fn routed(
         &self,
         shared: &Shared,
@@ -118,11 +117,10 @@ impl ReplicaLink for Cluster {
         blocks: &[BlockHash],
         input_tokens: u32,
         prefill_tokens: u64,
-        session: Option<u64>,
     ) -> u64 {
         let key = wire::pod_key(&pod.url);
         self.outbound(shared, |m| {
-            m.route(key, blocks, input_tokens, prefill_tokens, session)
+            m.route(key, blocks, input_tokens, prefill_tokens)
         })
     }
 
@@ -589,8 +587,11 @@ fn handle(
 ) -> Option<u64> {
     let m = &shared.metrics.cluster;
     let arrived_us = unix_us();
-    let msg = match wire::decode(payload) {
-        Ok(msg) => msg,
+    let msg = match wire::decode_counting_retired(payload) {
+        Ok((msg, retired)) => {
+            m.retired_events.inc_by(retired);
+            msg
+        }
         Err(e) => {
             m.decode_errors.inc();
             tracing::debug!(error = %e, "cluster: undecodable message skipped");
@@ -743,9 +744,9 @@ mod tests {
         let c = cluster(true);
         let shared = shared();
         let before = unix_us();
-        c.outbound(&shared, |m| m.route(7, &[], 100, 100, None));
+        c.outbound(&shared, |m| m.route(7, &[], 100, 100));
         std::thread::sleep(Duration::from_millis(5));
-        c.outbound(&shared, |m| m.route(7, &[], 100, 100, None));
+        c.outbound(&shared, |m| m.route(7, &[], 100, 100));
         let stamp = c.take_queued_us();
         assert!(
             stamp >= before && stamp < before + 5_000,
@@ -762,10 +763,10 @@ mod tests {
         // Routes of 8,192 blocks: 64 KiB each, so the fourth passes the byte bound.
         let blocks: Vec<u64> = (0..8_192).collect();
         for _ in 0..6 {
-            c.outbound(&shared, |m| m.route(7, &blocks, 100, 100, None));
+            c.outbound(&shared, |m| m.route(7, &blocks, 100, 100));
         }
         for _ in 0..MAX_MESSAGE_EVENTS {
-            c.outbound(&shared, |m| m.route(7, &[], 1, 1, None));
+            c.outbound(&shared, |m| m.route(7, &[], 1, 1));
         }
         let mut sizes = Vec::new();
         while let Some((bytes, events)) = c.next_message() {
@@ -816,7 +817,7 @@ mod tests {
                 u64::from(share)
             );
             // A local request that completed sends its sample after its finish.
-            let r = c.routed(&shared, &pod, &[], 100, 100, None);
+            let r = c.routed(&shared, &pod, &[], 100, 100);
             c.finish(&shared, r, Some(sample));
             let out = sent(&c);
             assert!(matches!(out[1], Event::Finish { .. }));
@@ -830,9 +831,9 @@ mod tests {
                 tpot_ms: None,
                 ..sample
             };
-            let r = c.routed(&shared, &pod, &[], 100, 100, None);
+            let r = c.routed(&shared, &pod, &[], 100, 100);
             c.first_token(&shared, r, 101, Some(ttft));
-            let r2 = c.routed(&shared, &pod, &[], 100, 100, None);
+            let r2 = c.routed(&shared, &pod, &[], 100, 100);
             c.first_token(&shared, r2, 101, None);
             let out = sent(&c);
             assert!(matches!(out[1], Event::FirstToken { request } if request == r));

@@ -16,8 +16,9 @@
 //!          | 9 sample   pod:u64le mask:u8 [ttft:f64le] [tpot:f64le] feature:f64le*8
 //!                       (a finished request's training sample; mask bit 0: TTFT, bit 1: TPOT;
 //!                       features in `Features`' field order)
-//!          | 10 session pod:u64le key:u64le (a request of client session `key` went to `pod`:
-//!                       session affinity's record, sent only while it is on)
+//!          | 10 session pod:u64le key:u64le (retired: session affinity's record, sent by
+//!                       versions before 2026-12-07 while it was on; read and skipped, counted
+//!                       in kvgate_cluster_retired_events_total; never sent)
 //! ```
 //!
 //! A pod is named by [`pod_key`], the xxh3-64 of its URL as the gateway shows it, so replicas
@@ -29,8 +30,6 @@
 //! events per message under load) and NATS's own framing (about 40 bytes per message). A
 //! 4,000-token prompt in 16-token blocks: about 2.0 KB for the route, 20 bytes for the rest,
 //! and 90 bytes for its training sample (sent when it completed normally).
-//!
-//! A session-affinity record costs 17 bytes per request that names its session.
 //!
 //! A replica of an older version that does not know tag 9 (or 10) refuses the whole message (counted
 //! as a decode error); its snapshots then repair the transitions it missed, so a rolling
@@ -163,11 +162,6 @@ pub fn encode_event(out: &mut Vec<u8>, e: &Event) {
                 put_u64(out, v.to_bits());
             }
         }
-        Event::Session { pod, key } => {
-            out.push(10);
-            put_u64(out, *pod);
-            put_u64(out, *key);
-        }
     }
 }
 
@@ -261,8 +255,9 @@ impl Reader<'_> {
         (0..n).map(|_| self.u64()).collect()
     }
 
-    fn event(&mut self) -> Result<Event, DecodeError> {
-        Ok(match self.u8()? {
+    /// One event; `None`: a retired kind, read and skipped.
+    fn event(&mut self) -> Result<Option<Event>, DecodeError> {
+        Ok(Some(match self.u8()? {
             1 => Event::Route {
                 request: self.varint()?,
                 pod: self.u64()?,
@@ -354,16 +349,23 @@ impl Reader<'_> {
                     },
                 }
             }
-            10 => Event::Session {
-                pod: self.u64()?,
-                key: self.u64()?,
-            },
+            10 => {
+                // Retired (session affinity's record): its pod and key are read and dropped.
+                self.u64()?;
+                self.u64()?;
+                return Ok(None);
+            }
             t => return Err(DecodeError::Tag(t)),
-        })
+        }))
     }
 }
 
 pub fn decode(buf: &[u8]) -> Result<Message, DecodeError> {
+    decode_counting_retired(buf).map(|(message, _)| message)
+}
+
+/// [`decode`], with the number of retired events (tag 10) it skipped.
+pub fn decode_counting_retired(buf: &[u8]) -> Result<(Message, u64), DecodeError> {
     let mut r = Reader { buf };
     let v = r.u8()?;
     if v != VERSION {
@@ -373,17 +375,24 @@ pub fn decode(buf: &[u8]) -> Result<Message, DecodeError> {
     let seq = r.varint()?;
     let n = r.count(MAX_ITEMS, 1)?;
     let mut events = Vec::with_capacity(n);
+    let mut retired = 0;
     for _ in 0..n {
-        events.push(r.event()?);
+        match r.event()? {
+            Some(event) => events.push(event),
+            None => retired += 1,
+        }
     }
     if !r.buf.is_empty() {
         return Err(DecodeError::Trailing);
     }
-    Ok(Message {
-        replica,
-        seq,
-        events,
-    })
+    Ok((
+        Message {
+            replica,
+            seq,
+            events,
+        },
+        retired,
+    ))
 }
 
 #[cfg(test)]
@@ -446,10 +455,6 @@ mod tests {
                         tpot_ms: None,
                     },
                 },
-                Event::Session {
-                    pod: 5,
-                    key: 0x0123_4567_89ab_cdef,
-                },
             ],
         }
     }
@@ -458,6 +463,36 @@ mod tests {
     fn every_event_round_trips() {
         let m = sample();
         assert_eq!(decode(&encode(&m)).unwrap(), m);
+    }
+
+    /// A replica older than 2026-12-07 with session affinity on sends session records (tag 10):
+    /// they are skipped and counted, and the rest of its message is applied.
+    #[test]
+    fn a_retired_session_record_from_an_older_replica_is_skipped_and_counted() {
+        let mut buf = vec![VERSION];
+        put_u64(&mut buf, 7);
+        put_varint(&mut buf, 3);
+        put_varint(&mut buf, 3);
+        encode_event(&mut buf, &Event::FirstToken { request: 1 });
+        buf.push(10);
+        put_u64(&mut buf, 5);
+        put_u64(&mut buf, 0x0123_4567_89ab_cdef);
+        encode_event(&mut buf, &Event::Finish { request: 1 });
+        let (m, retired) = decode_counting_retired(&buf).unwrap();
+        assert_eq!(retired, 1);
+        assert_eq!(
+            m,
+            Message {
+                replica: 7,
+                seq: 3,
+                events: vec![
+                    Event::FirstToken { request: 1 },
+                    Event::Finish { request: 1 }
+                ],
+            }
+        );
+        // Truncated, it is still an error.
+        assert_eq!(decode(&buf[..buf.len() - 10]), Err(DecodeError::Truncated));
     }
 
     #[test]

@@ -175,25 +175,35 @@ pub enum ConfigError {
     NoPods,
     #[error("{0}")]
     Flow(#[from] kvgate_core::flow::FlowConfigError),
-    #[error("session_headers: {0:?} is not a header name")]
-    BadSessionHeader(String),
 }
 
-/// `session_headers` as given (`None`: the defaults), trimmed, lower-cased and checked to be header
-/// names.
-fn session_headers(given: Option<&[String]>) -> Result<Vec<String>, ConfigError> {
-    let names: Vec<String> = match given {
-        Some(g) => g.iter().map(|n| n.trim().to_ascii_lowercase()).collect(),
-        None => crate::session_key::DEFAULT_SESSION_HEADERS
-            .map(String::from)
-            .to_vec(),
-    };
-    for n in &names {
-        if http::HeaderName::from_bytes(n.as_bytes()).is_err() {
-            return Err(ConfigError::BadSessionHeader(n.clone()));
-        }
+/// The old default of `session_headers`, a key removed with session affinity.
+const REMOVED_SESSION_HEADERS_DEFAULT: [&str; 3] = [
+    "x-session-id",
+    "x-claude-code-session-id",
+    "x-session-affinity",
+];
+
+/// `session_headers`, a key removed with session affinity (it named the headers session
+/// affinity read): its old default (the three headers above, in that order, any case) is
+/// accepted and ignored, so a config that only named the default keeps working; any other
+/// value is refused.
+fn removed_session_headers<'de, D: serde::Deserializer<'de>>(d: D) -> Result<(), D::Error> {
+    let given = <Vec<String> as Deserialize>::deserialize(d)?;
+    let old_default = given.len() == REMOVED_SESSION_HEADERS_DEFAULT.len()
+        && given
+            .iter()
+            .zip(REMOVED_SESSION_HEADERS_DEFAULT)
+            .all(|(g, d)| g.trim().eq_ignore_ascii_case(d));
+    if old_default {
+        return Ok(());
     }
-    Ok(names)
+    Err(serde::de::Error::custom(kvgate_core::config::removed(
+        "session_headers",
+        "docs/decisions/session-affinity.md: session affinity, which read these headers, \
+         measured neutral on compacted agent sessions in the simulator, on real vLLM, and with a \
+         lossy engine index; leave the key out",
+    )))
 }
 
 /// Which prefix index routes (DESIGN.md §4); [`IndexKind::help`] says what each is.
@@ -430,7 +440,6 @@ pub const KEYS: &[(&str, Reload)] = &[
     ("chat_template", Reload::StartOnly),
     ("tokenization_cache_mib", Reload::StartOnly),
     ("response_headers", Reload::Live),
-    ("session_headers", Reload::Live),
     ("forward_authorization", Reload::Live),
     ("scrape_interval_ms", Reload::Live),
     ("models_refresh_interval_ms", Reload::Live),
@@ -503,9 +512,14 @@ pub struct Settings {
     pub tokenization_cache_mib: usize,
     /// x-kvgate-pod / x-kvgate-branch / x-kvgate-queue-ms on responses.
     pub response_headers: bool,
-    /// The headers naming the client's session, lower case, in order of precedence
-    /// ([`crate::session_key`]); read only while the router's session affinity is on.
-    pub session_headers: Vec<String>,
+    /// Removed on 2026-12-07 with session affinity ([`removed_session_headers`]): read only
+    /// to accept its old default or refuse anything else; never written.
+    #[serde(
+        rename = "session_headers",
+        skip_serializing,
+        deserialize_with = "removed_session_headers"
+    )]
+    pub removed_session_headers: (),
     /// Pass the client's Authorization header to the pods.
     pub forward_authorization: bool,
     #[serde(rename = "scrape_interval_ms", with = "millis")]
@@ -606,9 +620,7 @@ impl Default for Settings {
             chat_template: None,
             tokenization_cache_mib: DEFAULT_TOKENIZATION_CACHE_MIB,
             response_headers: true,
-            session_headers: crate::session_key::DEFAULT_SESSION_HEADERS
-                .map(String::from)
-                .to_vec(),
+            removed_session_headers: (),
             forward_authorization: false,
             scrape_interval: ms(DEFAULT_SCRAPE_INTERVAL_MS),
             models_refresh_interval: ms(DEFAULT_MODELS_REFRESH_INTERVAL_MS),
@@ -669,7 +681,7 @@ impl Settings {
     }
 
     /// Checks every value, and normalises the few that have one spelling in force
-    /// (`session_headers` lower-cased, `decision_log_size` at least 1).
+    /// (`decision_log_size` at least 1).
     fn validate(&mut self) -> Result<(), ConfigError> {
         for (value, name) in [
             (self.scrape_interval, "scrape_interval_ms"),
@@ -704,7 +716,6 @@ impl Settings {
         self.router.validate()?;
         self.flow.validate()?;
         self.tracing.validate()?;
-        self.session_headers = session_headers(Some(&self.session_headers))?;
         if let Some(url) = &self.cluster {
             if !(url.starts_with("nats://") || url.starts_with("tls://"))
                 || url.len() <= "nats://".len()
@@ -1279,34 +1290,33 @@ mod tests {
     }
 
     #[test]
-    fn session_headers_default_to_the_agent_clients_and_are_checked() {
+    fn session_headers_is_accepted_at_its_old_default_and_refused_otherwise() {
         let file = |t: &str| toml_file(t).unwrap();
         let with_pod = |t: &str| format!("pods = [\"http://a:1\"]\n{t}");
-        let c = resolve(&no_flags(), Some(&file(&with_pod("")))).unwrap();
-        assert_eq!(
-            c.session_headers,
-            crate::session_key::DEFAULT_SESSION_HEADERS.map(String::from)
-        );
-        let c = resolve(
+        let plain = resolve(&no_flags(), Some(&file(&with_pod("")))).unwrap();
+        let old_default = resolve(
             &no_flags(),
-            Some(&file(&with_pod("session_headers = [\"X-Agent-Run\"]"))),
+            Some(&file(&with_pod(
+                "session_headers = [\"x-session-id\", \"X-Claude-Code-Session-Id\", \
+                 \"x-session-affinity\"]",
+            ))),
         )
         .unwrap();
-        assert_eq!(c.session_headers, ["x-agent-run"], "lower-cased");
-        assert_eq!(
-            c.dump()["session_headers"],
-            serde_json::json!(["x-agent-run"])
-        );
-        let none = resolve(&no_flags(), Some(&file(&with_pod("session_headers = []"))));
-        assert!(none.unwrap().session_headers.is_empty());
-        let bad = resolve(
-            &no_flags(),
-            Some(&file(&with_pod("session_headers = [\"a b\"]"))),
-        );
+        assert_eq!(old_default.dump(), plain.dump(), "ignored");
         assert!(
-            matches!(bad, Err(ConfigError::BadSessionHeader(_))),
-            "{bad:?}"
+            plain.dump().get("session_headers").is_none(),
+            "never written"
         );
+        for other in ["[\"X-Agent-Run\"]", "[]", "[\"x-session-id\"]"] {
+            let err = toml_file(&with_pod(&format!("session_headers = {other}")))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("session_headers was removed on 2026-12-07"),
+                "{other}: {err}"
+            );
+            assert!(err.contains("docs/decisions/session-affinity.md"), "{err}");
+        }
     }
 
     #[test]
@@ -1671,7 +1681,7 @@ explore_max_extra_ms = 9
              max_queued_requests: 7\nrouter:\n  gateProfile: seed\n  balanceWindowMs: 20\n\
              flow_control:\n  enabled: true\n  max_queued_requests: 9\n\
              tracing:\n  otlp_traces_endpoint: http://c:4318\n  sampling_ratio: 0.5\n\
-             session_headers: [X-Run]\nallow_empty_pods: true\n",
+             allow_empty_pods: true\n",
         );
         ServeArgs {
             config: Some(file),

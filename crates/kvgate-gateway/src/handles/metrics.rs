@@ -894,6 +894,7 @@ pub struct ClusterMetrics {
     pub expired_requests: Counter,
     pub decode_errors: Counter,
     pub unknown_pod: Counter,
+    pub retired_events: Counter,
     pub index_blocks_received: Counter,
     pub samples_applied: Counter,
     pub reconnects: Counter,
@@ -987,6 +988,12 @@ impl ClusterMetrics {
             "unknown_pod",
             "Other replicas' events naming a pod this replica does not have (skipped)",
             self.unknown_pod.clone(),
+        );
+        r.register(
+            "retired_events",
+            "Other replicas' events of a kind this version no longer reads (session affinity's \
+             records from versions before 2026-12-07; skipped)",
+            self.retired_events.clone(),
         );
         r.register(
             "index_blocks_received",

@@ -19,7 +19,6 @@ pub mod progress;
 pub mod reject;
 pub mod request_id;
 pub mod retry_budget;
-pub mod session_key;
 pub mod slo;
 pub mod state;
 pub mod token_cache;

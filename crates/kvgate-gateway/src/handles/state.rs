@@ -29,8 +29,8 @@ pub type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
 /// `/metrics` is encoded. Implemented by [`crate::cluster::Cluster`] (set at start in
 /// [`Shared::cluster`]); a trait, so that this module does not depend on the cluster's.
 pub trait ReplicaLink: Send + Sync {
-    /// A request was routed to `pod` (its prompt's `blocks`; `session`: the client session
-    /// key session affinity recorded); returns its id for the transitions below.
+    /// A request was routed to `pod` (its prompt's `blocks`); returns its id for the
+    /// transitions below.
     fn routed(
         &self,
         shared: &Shared,
@@ -38,7 +38,6 @@ pub trait ReplicaLink: Send + Sync {
         blocks: &[BlockHash],
         input_tokens: u32,
         prefill_tokens: u64,
-        session: Option<u64>,
     ) -> u64;
 
     /// The request's first token (with the training sample learnt at it, if any).

@@ -164,7 +164,6 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
         other_sizes: &prepared.other_sizes,
         slo: prepared.slo,
         adapter: Some(prepared.adapter),
-        session: prepared.session,
     };
     // A fleet with P/D roles: the request may be split, and its decode body is built from the
     // JSON (a copy kept only then: the common path forwards the body as it came).

@@ -49,7 +49,6 @@ impl TicketGuard {
                 blocks,
                 ticket.input_tokens(),
                 ticket.prefill_tokens(),
-                ticket.session(),
             )
         });
         TicketGuard {

@@ -49,9 +49,6 @@ pub(crate) struct Prepared {
     /// The request's `model` as a LoRA adapter id (a pod serving it as its base model counts
     /// it as no adapter; see `kvgate_core::adapters`).
     pub adapter: AdapterId,
-    /// The client's session key from its headers ([`crate::session_key`]), read while session
-    /// affinity is on.
-    pub session: Option<u64>,
 }
 
 impl Prepared {
@@ -63,7 +60,6 @@ impl Prepared {
             other_sizes: &self.other_sizes,
             slo: self.slo,
             adapter: Some(self.adapter),
-            session: self.session,
         }
     }
 }
@@ -81,11 +77,6 @@ pub(crate) async fn prepare(
         .map_err(|e| crate::errors::request_error(RequestError::InvalidJson(e.to_string())))?;
     let parsed = parse_request_value(path, &value).map_err(crate::errors::request_error)?;
     let slo = crate::slo::request_slo(headers)?;
-    let session = if cfg.router.session_affinity_ttl_ms > 0.0 {
-        crate::session_key::session_key(headers, &cfg.session_headers)?
-    } else {
-        None
-    };
     let (blocks, input_tokens, block_size_tokens, other_sizes) =
         request_blocks(shared, cfg, &parsed, body).await?;
     if input_tokens > cfg.max_prompt_tokens {
@@ -112,7 +103,6 @@ pub(crate) async fn prepare(
         block_size_tokens,
         other_sizes,
         capture,
-        session,
     })
 }
 
