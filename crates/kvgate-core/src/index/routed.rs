@@ -341,11 +341,43 @@ impl PodLru {
         self.head = slot;
     }
 
-    fn move_to_front(&mut self, slot: u32) {
-        if self.head != slot {
-            self.unlink(slot);
-            self.link_front(slot);
+    /// The nodes just before `last` (towards the head) whose hashes are the end of `before`,
+    /// in order: returns the first of them (`last` itself if none) and how many there are.
+    /// Each hash is in one node at most, so the walk can only follow the prompt's own blocks.
+    fn run_ending_at(&self, last: u32, before: &[BlockHash]) -> (u32, usize) {
+        let mut first = last;
+        let mut run = 0;
+        for &hash in before.iter().rev() {
+            let prev = self.nodes[first as usize].prev;
+            if prev == NIL || self.nodes[prev as usize].hash != hash {
+                break;
+            }
+            first = prev;
+            run += 1;
         }
+        (first, run)
+    }
+
+    /// Moves the linked run `first..=last` (in list order) to the front, keeping its order:
+    /// the same list as moving `last`, then each node before it down to `first`, to the front.
+    fn move_run_to_front(&mut self, first: u32, last: u32) {
+        if self.head == first {
+            return;
+        }
+        let before = self.nodes[first as usize].prev;
+        let after = self.nodes[last as usize].next;
+        // `first` is not the head, so `before` is a node.
+        self.nodes[before as usize].next = after;
+        if after == NIL {
+            self.tail = before;
+        } else {
+            self.nodes[after as usize].prev = before;
+        }
+        let old_head = self.head;
+        self.nodes[last as usize].next = old_head;
+        self.nodes[old_head as usize].prev = last;
+        self.nodes[first as usize].prev = NIL;
+        self.head = first;
     }
 
     /// Inserts a block as most recently used (the caller made room) and returns its slot.
@@ -722,9 +754,18 @@ impl PrefixIndex for RoutedIndex {
             return;
         };
         let holders = &mut self.holders;
-        for &hash in blocks.iter().rev() {
+        let mut rest = blocks.len();
+        while let Some(i) = rest.checked_sub(1) {
+            let hash = blocks[i];
+            rest = i;
             if let Some(slot) = holders.get(&hash).and_then(|h| h.slot_of(pod16)) {
-                lru.move_to_front(slot);
+                // The prompt's blocks just before this one, already in the prompt's order just
+                // before it in the LRU (a prefix recorded here before), go to the front with it
+                // in one splice: the order moving each of them in turn would give, without a
+                // map probe per block.
+                let (first, run) = lru.run_ending_at(slot, &blocks[..i]);
+                lru.move_run_to_front(first, slot);
+                rest -= run;
                 continue;
             }
             if lru.capacity == 0 {
@@ -1182,6 +1223,45 @@ mod tests {
                         index.match_by_walking(prompt, &mut walked);
                         prop_assert_eq!(&bisected, &walked);
                     }
+                }
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Re-recorded prefixes move to the front as one run: the LRUs stay exactly the
+        /// reference model's, block by block, on forking conversations with evictions.
+        #[test]
+        fn recording_chained_prompts_keeps_the_reference_lru_order(
+            forks in prop::collection::vec(0usize..160, 4),
+            ops in prop::collection::vec(chain_op(), 1..60),
+        ) {
+            let conversations: Vec<Vec<BlockHash>> = (0..4)
+                .map(|c| chain(c as u64, if c == 0 { 0 } else { forks[c] }, 160))
+                .collect();
+            let mut index = RoutedIndex::new();
+            let mut model = Model::default();
+            for op in ops {
+                match op {
+                    ChainOp::Record(p, c, n) => {
+                        index.record_routed(PodId(p), &conversations[c][..n]);
+                        model.record(p, &conversations[c][..n]);
+                    }
+                    ChainOp::SetCapacity(p, cap) => {
+                        index.set_capacity(PodId(p), cap);
+                        model.set_capacity(p, cap);
+                    }
+                    ChainOp::Remove(p) => {
+                        index.remove_pod(PodId(p));
+                        model.pods.remove(&p);
+                    }
+                    ChainOp::Match(..) => continue,
+                }
+                check_invariants(&index);
+                for (&p, (lru, _)) in &model.pods {
+                    prop_assert_eq!(index.blocks_mru_first(PodId(p)), Vec::from(lru.clone()));
                 }
             }
         }
