@@ -31,6 +31,12 @@
 //!
 //! - `record_routed` touches blocks from last to first, so the prompt's first blocks end up most
 //!   recently used and are evicted last (vLLM frees a finished request's tail blocks first).
+//!   What it costs is memory latency, the global map being far larger than the caches; so a
+//!   prefix the pod holds already, lying in the prompt's order in its LRU (as recording left
+//!   it), is moved to the front in one splice found by following the list, not one map probe
+//!   per block; and the map entries of the blocks it evicts are removed together after its
+//!   loop, where the CPU overlaps their probes. The resulting LRUs are exactly those of moving
+//!   and evicting block by block (property tests against a reference model).
 //! - `match_prefix` walks the prompt's blocks in order and advances pod p at step i only if p
 //!   matched all of blocks `0..i`; it stops at the first step where no pod advanced. A block
 //!   held by the same pods as the block before (same size and fingerprint, an XOR of a 64-bit
@@ -77,6 +83,8 @@
 //! | 25,000 blocks shared by 4 pods (boxed holder lists) | 42.2 | 62.5 |
 //!
 //! While the map resizes, its old and new tables coexist for a moment (not in the figures).
+//! `record_routed` keeps one buffer of the blocks a call evicted: 8 bytes per block of the
+//! longest prompt recorded.
 //! The index as a whole is bounded by Σ pod capacities × 96 bytes plus per-pod headers
 //! (≤ [`MAX_PODS`] of them). Removing a pod or shrinking a capacity compacts the slab and
 //! shrinks the map once it is under a quarter full.
@@ -101,6 +109,9 @@ pub const MAX_POD_CAPACITY_BLOCKS: u32 = u32::MAX - 1;
 pub const MAX_BYTES_PER_INDEXED_BLOCK: usize = 96;
 
 const NIL: u32 = u32::MAX;
+
+/// How far ahead `record_routed` probes the map while it adds new blocks.
+const LOOKAHEAD_BLOCKS: usize = 8;
 
 /// Prompts longer than this many blocks are matched by bisection on a prefix-closed index (see
 /// the module docs); shorter ones by the walk, which costs about as little there.
@@ -341,11 +352,43 @@ impl PodLru {
         self.head = slot;
     }
 
-    fn move_to_front(&mut self, slot: u32) {
-        if self.head != slot {
-            self.unlink(slot);
-            self.link_front(slot);
+    /// The nodes just before `last` (towards the head) whose hashes are the end of `before`,
+    /// in order: returns the first of them (`last` itself if none) and how many there are.
+    /// Each hash is in one node at most, so the walk can only follow the prompt's own blocks.
+    fn run_ending_at(&self, last: u32, before: &[BlockHash]) -> (u32, usize) {
+        let mut first = last;
+        let mut run = 0;
+        for &hash in before.iter().rev() {
+            let prev = self.nodes[first as usize].prev;
+            if prev == NIL || self.nodes[prev as usize].hash != hash {
+                break;
+            }
+            first = prev;
+            run += 1;
         }
+        (first, run)
+    }
+
+    /// Moves the linked run `first..=last` (in list order) to the front, keeping its order:
+    /// the same list as moving `last`, then each node before it down to `first`, to the front.
+    fn move_run_to_front(&mut self, first: u32, last: u32) {
+        if self.head == first {
+            return;
+        }
+        let before = self.nodes[first as usize].prev;
+        let after = self.nodes[last as usize].next;
+        // `first` is not the head, so `before` is a node.
+        self.nodes[before as usize].next = after;
+        if after == NIL {
+            self.tail = before;
+        } else {
+            self.nodes[after as usize].prev = before;
+        }
+        let old_head = self.head;
+        self.nodes[last as usize].next = old_head;
+        self.nodes[old_head as usize].prev = last;
+        self.nodes[first as usize].prev = NIL;
+        self.head = first;
     }
 
     /// Inserts a block as most recently used (the caller made room) and returns its slot.
@@ -437,6 +480,9 @@ pub struct RoutedIndex {
     /// The pods' block sets may not be prefix-closed (a block was removed alone, or the owner
     /// records blocks that need not be chains): match by walking every block.
     holes_possible: bool,
+    /// `record_routed`'s evicted blocks, whose holder entries it removes at its end (kept to
+    /// reuse the buffer; as long as the longest prompt recorded).
+    evicted: Vec<BlockHash>,
 }
 
 impl RoutedIndex {
@@ -722,18 +768,43 @@ impl PrefixIndex for RoutedIndex {
             return;
         };
         let holders = &mut self.holders;
-        for &hash in blocks.iter().rev() {
+        // An evicted block's holder entry is removed after the loop, all of them in a row: each
+        // removal is a probe of a map much larger than the caches, and independent probes in a
+        // tight loop wait for memory together rather than one after another. Until then the
+        // entry is stale: its slot was reused at once by the block pushed in its place, so a
+        // stale entry is one whose node holds another hash.
+        let mut evicted = std::mem::take(&mut self.evicted);
+        evicted.clear();
+        let mut rest = blocks.len();
+        while let Some(i) = rest.checked_sub(1) {
+            let hash = blocks[i];
+            rest = i;
             if let Some(slot) = holders.get(&hash).and_then(|h| h.slot_of(pod16)) {
-                lru.move_to_front(slot);
-                continue;
+                if lru.nodes[slot as usize].hash == hash {
+                    // The prompt's blocks just before this one, already in the prompt's order
+                    // just before it in the LRU (a prefix recorded here before), go to the front
+                    // with it in one splice: the order moving each of them in turn would give,
+                    // without a map probe per block.
+                    let (first, run) = lru.run_ending_at(slot, &blocks[..i]);
+                    lru.move_run_to_front(first, slot);
+                    rest -= run;
+                    continue;
+                }
+                // Evicted earlier in this call: not held.
+                drop_holder(holders, hash, pod16);
             }
             if lru.capacity == 0 {
                 continue;
             }
+            // A new block: the blocks before it in a prompt's own tail are likely new too. Probe
+            // one a few steps ahead now, so that its probe's wait overlaps this block's work.
+            if let Some(ahead) = i.checked_sub(LOOKAHEAD_BLOCKS).and_then(|j| blocks.get(j)) {
+                std::hint::black_box(holders.contains_key(ahead));
+            }
             if lru.len >= lru.capacity
-                && let Some(evicted) = lru.pop_back()
+                && let Some(old) = lru.pop_back()
             {
-                drop_holder(holders, evicted, pod16);
+                evicted.push(old);
                 self.indexed_blocks -= 1;
             }
             let slot = lru.push_front(hash);
@@ -743,6 +814,20 @@ impl PrefixIndex for RoutedIndex {
                 .or_insert(Holders::One { pod: pod16, slot });
             self.indexed_blocks += 1;
         }
+        // Probes only first, which the CPU runs many at a time; the removals then find their
+        // entries in the cache.
+        std::hint::black_box(evicted.iter().filter(|&h| holders.contains_key(h)).count());
+        for &hash in &evicted {
+            // Unless it went (stale, above) or was pushed again since, with an entry of its own.
+            let stale = holders
+                .get(&hash)
+                .and_then(|h| h.slot_of(pod16))
+                .is_some_and(|slot| lru.nodes[slot as usize].hash != hash);
+            if stale {
+                drop_holder(holders, hash, pod16);
+            }
+        }
+        self.evicted = evicted;
     }
 
     fn set_capacity(&mut self, pod: PodId, capacity_blocks: u32) {
@@ -970,6 +1055,20 @@ mod tests {
     }
 
     #[test]
+    fn a_block_evicted_and_recorded_again_in_one_call_is_held_once() {
+        // Capacity 1, blocks touched x, y, x: y evicts x, then x evicts y. The removals of
+        // evicted entries wait for the end of the call; x's must not remove x's new entry.
+        let mut index = RoutedIndex::new();
+        index.set_capacity(PodId(0), 1);
+        index.record_routed(PodId(0), &[7, 8, 7]);
+        check_invariants(&index);
+        assert_eq!(index.blocks_mru_first(PodId(0)), vec![7]);
+        assert_eq!(index.indexed_blocks(), 1);
+        assert_eq!(matched(&index, &[7]), vec![1]);
+        assert_eq!(matched(&index, &[8]), vec![0]);
+    }
+
+    #[test]
     fn capacity_shrink_evicts_least_recently_used_blocks() {
         let mut index = RoutedIndex::new();
         index.record_routed(PodId(0), &[1, 2, 3, 4, 5, 6]);
@@ -1182,6 +1281,45 @@ mod tests {
                         index.match_by_walking(prompt, &mut walked);
                         prop_assert_eq!(&bisected, &walked);
                     }
+                }
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Re-recorded prefixes move to the front as one run: the LRUs stay exactly the
+        /// reference model's, block by block, on forking conversations with evictions.
+        #[test]
+        fn recording_chained_prompts_keeps_the_reference_lru_order(
+            forks in prop::collection::vec(0usize..160, 4),
+            ops in prop::collection::vec(chain_op(), 1..60),
+        ) {
+            let conversations: Vec<Vec<BlockHash>> = (0..4)
+                .map(|c| chain(c as u64, if c == 0 { 0 } else { forks[c] }, 160))
+                .collect();
+            let mut index = RoutedIndex::new();
+            let mut model = Model::default();
+            for op in ops {
+                match op {
+                    ChainOp::Record(p, c, n) => {
+                        index.record_routed(PodId(p), &conversations[c][..n]);
+                        model.record(p, &conversations[c][..n]);
+                    }
+                    ChainOp::SetCapacity(p, cap) => {
+                        index.set_capacity(PodId(p), cap);
+                        model.set_capacity(p, cap);
+                    }
+                    ChainOp::Remove(p) => {
+                        index.remove_pod(PodId(p));
+                        model.pods.remove(&p);
+                    }
+                    ChainOp::Match(..) => continue,
+                }
+                check_invariants(&index);
+                for (&p, (lru, _)) in &model.pods {
+                    prop_assert_eq!(index.blocks_mru_first(PodId(p)), Vec::from(lru.clone()));
                 }
             }
         }
