@@ -235,6 +235,20 @@ fn removed_session_affinity_floor<'de, D: serde::Deserializer<'de>>(d: D) -> Res
     )))
 }
 
+/// `slo_routing`, a removed key: `false` (both profiles' value) is accepted and ignored; `true`
+/// is refused.
+fn removed_slo_routing<'de, D: serde::Deserializer<'de>>(d: D) -> Result<(), D::Error> {
+    if !<bool as serde::Deserialize>::deserialize(d)? {
+        return Ok(());
+    }
+    Err(serde::de::Error::custom(removed(
+        "slo_routing",
+        "docs/decisions/slo-routing.md: upstream's tightest-fit headroom pick lowered goodput at \
+         every load on both workloads measured; objectives are still validated, recorded and \
+         measured (goodput); leave the key out",
+    )))
+}
+
 /// Deserialised through `RouterKeys`: the chosen `gate_profile` first, every key given over it
 /// (see the module docs); the result is validated.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -357,13 +371,6 @@ pub struct RouterConfig {
     /// piling cost TTFT (mean ×1.04–1.11, p99 ×1.14–1.27), because siblings scheduled in the
     /// same engine step as the first share nothing. BENCHMARKS.md "Pending routes".
     pub engine_pending_ttl_ms: f64,
-
-    // ---- SLO routing ----
-    /// Whether requests' latency objectives (the gateway's `x-slo-*` headers, the simulator's
-    /// `--slo-ttft-ms`) change routing: with it, the affinity gate picks by SLO headroom.
-    /// Default false: SLO routing lowered goodput in docs/decisions/slo-routing.md; objectives are still
-    /// validated and recorded without it.
-    pub slo_routing: bool,
     /// Allows the options that measured no better than the defaults (see the module docs; none
     /// at present). Default false.
     pub experimental_options: bool,
@@ -456,6 +463,7 @@ router_keys! {
         cold_spread_window_ms: "removed_cold_spread", "coldSpreadWindowMs";
         session_affinity_ttl_ms: "removed_session_affinity_ttl", "sessionAffinityTtlMs";
         session_affinity_floor: "removed_session_affinity_floor", "sessionAffinityFloor";
+        slo_routing: "removed_slo_routing", "sloRouting";
     }
     gate_profile: GateProfile, "gateProfile";
     affinity_gate_tau: TauNumber, "affinityGateTau";
@@ -490,7 +498,6 @@ router_keys! {
     lora_load_ms: f64, "loraLoadMs";
     lora_deferral_ms: f64, "loraDeferralMs";
     engine_pending_ttl_ms: f64, "enginePendingTtlMs";
-    slo_routing: bool, "sloRouting";
     experimental_options: bool, "experimentalOptions";
 }
 
@@ -535,7 +542,6 @@ impl RouterConfig {
             lora_load_ms: crate::adapters::DEFAULT_LORA_LOAD_MS,
             lora_deferral_ms: crate::adapters::DEFAULT_LORA_DEFERRAL_MS,
             engine_pending_ttl_ms: 0.0,
-            slo_routing: false,
             experimental_options: false,
         };
         match profile {

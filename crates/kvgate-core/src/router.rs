@@ -189,6 +189,12 @@ impl Router {
         self.policy.kind()
     }
 
+    /// Whether the policy reads requests' objectives (llm-d's chain does, as upstream; kvgate's
+    /// gate does not: docs/decisions/slo-routing.md).
+    pub fn uses_slo(&self) -> bool {
+        self.policy.uses_slo()
+    }
+
     pub fn hasher(&self) -> BlockHasher {
         self.hasher
     }

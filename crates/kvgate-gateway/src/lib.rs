@@ -49,7 +49,7 @@
 //! | `handles::errors` | OpenAI-style error bodies; `request_error`, `no_healthy_pod`, `upstream_failed` |
 //! | `handles::reject` | a request the gateway answers itself, counted and logged (rate limited): `log_reject`, `reject` |
 //! | `handles::request_id` | the `x-request-id` every answer carries (the client's when usable, else a fresh one) |
-//! | `handles::slo` | `x-slo-ttft-ms` / `x-slo-tpot-ms` (and `x-llm-d-slo-*`) → objectives, or 400 (they route only with `slo_routing`) |
+//! | `handles::slo` | `x-slo-ttft-ms` / `x-slo-tpot-ms` (and `x-llm-d-slo-*`) → objectives, or 400 (recorded; only `llmd-chain` routes by them) |
 //! | `handles::metrics` | kvgate's own Prometheus metrics (also the connection, flow, P/D and cluster metric sets their modules fill); `timeout_label` |
 //! | `handles::otel` | `[tracing]`: OpenTelemetry traces over OTLP/HTTP (off by default): the request span continuing the client's `traceparent`, child spans for the flow queue, each decision, upstream call and the stream; the pod's `traceparent`; parent-based ratio sampling; batch queue ≤ 2,048 spans |
 //! | `handles::decisions` | the bounded `/debug/decisions` ring; `--decisions-log`: each routed request's record completed with its outcome |

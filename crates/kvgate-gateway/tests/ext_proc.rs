@@ -678,8 +678,9 @@ fn request_headers_with(extra: &[(&str, &str)]) -> processing_request::Request {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_slo_routing_slo_headers_route_in_slo_mode_and_a_bad_one_is_400() {
-    let (_pods, gw) = fleet_with_config("slo", "[router]\nslo_routing = true\n").await;
+async fn slo_headers_route_a_policy_that_reads_them_and_a_bad_one_is_400() {
+    // The llm-d chain model routes by objectives, as upstream (kvgate's gate does not).
+    let (_pods, gw) = fleet_with_config("slo", "policy = \"llmd-chain\"\n").await;
     let mut envoy = FakeEnvoy::connect(&gw).await;
     envoy
         .send(request_headers_with(&[
@@ -702,7 +703,7 @@ async fn with_slo_routing_slo_headers_route_in_slo_mode_and_a_bad_one_is_400() {
     let decisions = gw.shared().decisions.snapshot();
     assert_eq!(decisions.len(), 1);
     assert_eq!(decisions[0].slo_ttft_ms, Some(60000.0));
-    let slo = decisions[0].decision.slo.expect("decided in SLO mode");
+    let slo = decisions[0].decision.slo.expect("decided by the objectives");
     assert_eq!((slo.ttft_ms, slo.tpot_ms), (Some(60000.0), Some(1000.0)));
     assert!(slo.predicted_to_meet, "{slo:?}");
 

@@ -142,8 +142,8 @@ pub struct ClusterConfig {
     /// The router's prefix index: routed, or engine events with delay and loss.
     pub index: IndexConfig,
     /// Latency objectives every request carries (none by default). The run reports goodput
-    /// against them; with the router's `slo_routing` on, the router decides with them (as the
-    /// gateway does with `x-slo-*` headers).
+    /// against them; a policy that reads objectives (`llmd-chain`, as upstream) routes by them,
+    /// as the gateway's does with `x-slo-*` headers.
     pub slo: RequestSlo,
     /// Keep every routed attempt in `RunMetrics::routes` (off by default: O(requests)).
     pub record_routes: bool,

@@ -156,23 +156,18 @@ fn goodput_counts_the_requests_meeting_their_slo() {
     ];
     let short = profile.step_ms(1000, 0, 1000, 0);
     let long = profile.step_ms(8000, 0, 8000, 0);
-    let with = |ttft_ms: f64, slo_routing: bool| {
+    let with = |ttft_ms: f64| {
         let config = ClusterConfig {
             slo: kvgate_core::policy::RequestSlo {
                 ttft_ms: Some(ttft_ms),
                 tpot_ms: Some(1000.0),
             },
-            router: kvgate_core::RouterConfig {
-                slo_routing,
-                ..kvgate_core::RouterConfig::default()
-            },
             ..ClusterConfig::new(2, PolicyKind::AffinityGate, 1)
         };
         cluster::run(&config, &reqs).slo_goodput
     };
-    assert_eq!(with((short + long) / 2.0, true), Some(0.5));
-    assert_eq!(with(long + 1.0, true), Some(1.0));
-    assert_eq!(with(long + 1.0, false), Some(1.0));
+    assert_eq!(with((short + long) / 2.0), Some(0.5));
+    assert_eq!(with(long + 1.0), Some(1.0));
     let none = cluster::run(&ClusterConfig::new(2, PolicyKind::AffinityGate, 1), &reqs);
     assert_eq!(none.slo_goodput, None);
 }

@@ -168,16 +168,16 @@ pub struct SimArgs {
     #[arg(long, value_enum, default_value = "replay")]
     event_loss_recovery: SimLossRecovery,
     /// A TTFT objective every request carries (as the gateway's `x-slo-ttft-ms`): the table
-    /// gains goodput (share of requests meeting every SLO); with --slo-routing the router also
-    /// decides in SLO mode.
+    /// gains goodput (share of requests meeting every SLO); kvgate's gate does not route by it
+    /// (`llmd-chain`, modelling llm-d, does, as upstream).
     #[arg(long)]
     slo_ttft_ms: Option<f64>,
     /// A TPOT objective every request carries (as `x-slo-tpot-ms`).
     #[arg(long)]
     slo_tpot_ms: Option<f64>,
-    /// Route with the --slo-* objectives (the router's `slo_routing`, off by default as in the
-    /// gateway: without it goodput is measured against them but routing ignores them).
-    #[arg(long)]
+    /// Removed on 2026-12-07 (docs/decisions/slo-routing.md); kept hidden only to refuse it with
+    /// a message that says so.
+    #[arg(long, hide = true)]
     slo_routing: bool,
     /// Router replicas behind a round-robin load balancer (request i → replica i mod N); each
     /// sees only its own requests unless --share.
@@ -485,6 +485,17 @@ pub fn run(args: SimArgs) -> Result<()> {
             )
         );
     }
+    if args.slo_routing {
+        bail!(
+            "{}",
+            kvgate_core::config::removed(
+                "--slo-routing",
+                "docs/decisions/slo-routing.md: upstream's tightest-fit headroom pick lowered \
+                 goodput at every load measured; --slo-ttft-ms / --slo-tpot-ms still measure \
+                 goodput; drop the flag"
+            )
+        );
+    }
     if args.drift_adaptation {
         bail!(
             "{}",
@@ -546,9 +557,6 @@ pub fn run(args: SimArgs) -> Result<()> {
         obj.insert("gate_profile".into(), profile.as_str().into());
     }
     let mut router = RouterConfig::from_json(&router_json)?;
-    if args.slo_routing {
-        router.slo_routing = true;
-    }
     let faults = args
         .faults
         .as_deref()

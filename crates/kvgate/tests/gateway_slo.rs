@@ -1,4 +1,4 @@
-//! The gateway's SLO mode (`slo_routing`), predictor metrics and the gate's parameters in front of four
+//! SLO headers (validated and recorded; the `llmd-chain` policy routes by them, kvgate's gate does not), predictor metrics and the gate's parameters in front of four
 //! real mock pods (in process, 127.0.0.1 ephemeral ports), seen from outside: requests over
 //! HTTP, `/debug/decisions` and `/metrics` from the admin listener.
 
@@ -103,7 +103,7 @@ fn router_config(name: &str, router_toml: &str) -> std::path::PathBuf {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_slo_routing_objectives_are_validated_and_recorded_but_do_not_route() {
+async fn objectives_are_validated_and_recorded_but_do_not_route_the_gate() {
     let (_pods, gw) = fleet(None).await;
     let r = post(&gw, &chat(1), &[("x-slo-ttft-ms", "0.001")]).await;
     assert_eq!(r.status(), 200);
@@ -117,8 +117,14 @@ async fn without_slo_routing_objectives_are_validated_and_recorded_but_do_not_ro
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_slo_routing_slo_headers_switch_the_gate_to_slo_mode_and_bad_ones_are_400() {
-    let (_pods, gw) = fleet(Some(router_config("on", "slo_routing = true"))).await;
+async fn slo_headers_route_a_policy_that_reads_them_and_bad_ones_are_400() {
+    // The llm-d chain model routes by objectives, as upstream (kvgate's gate does not: its SLO
+    // mode was removed, docs/decisions/slo-routing.md).
+    let dir = std::env::temp_dir().join(format!("kvgate-slo-chain-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("kvgate.toml");
+    std::fs::write(&path, "policy = \"llmd-chain\"\n").unwrap();
+    let (_pods, gw) = fleet(Some(path)).await;
 
     // Loose objectives: every pod meets them, the explanation says so.
     let r = post(
@@ -133,7 +139,7 @@ async fn with_slo_routing_slo_headers_switch_the_gate_to_slo_mode_and_bad_ones_a
     let r = post(&gw, &chat(2), &[("x-llm-d-slo-ttft-ms", "0.001")]).await;
     assert_eq!(r.status(), 200);
     r.bytes().await.unwrap();
-    // No header: no SLO mode.
+    // No header: nothing to explain.
     let r = post(&gw, &chat(3), &[]).await;
     assert_eq!(r.status(), 200);
     r.bytes().await.unwrap();

@@ -74,6 +74,34 @@ fn sim_refuses_the_removed_drift_adaptation_flag_and_key() {
 }
 
 #[test]
+fn sim_refuses_the_removed_slo_routing_flag_and_key() {
+    let base = [
+        "sim",
+        "--workload",
+        "chat",
+        "--max-requests",
+        "10",
+        "--slo-ttft-ms",
+        "500",
+        "--quiet",
+    ];
+    let err = failure_message(&kvgate(&[&base[..], &["--slo-routing"]].concat()));
+    assert!(err.contains("--slo-routing was removed on 2026-12-07"), "{err}");
+    assert!(err.contains("slo-routing.md"), "{err}");
+    let err = failure_message(&kvgate(
+        &[&base[..], &["--router-config", r#"{"sloRouting":true}"#]].concat(),
+    ));
+    assert!(err.contains("slo_routing was removed on 2026-12-07"), "{err}");
+    // Off, both profiles' value, is accepted; the objectives still measure goodput.
+    let out = kvgate(&[&base[..], &["--router-config", r#"{"slo_routing":false}"#]].concat());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
 fn sim_accepts_the_removed_predictor_model_flag_when_it_names_rls() {
     let out = kvgate(&[
         "sim",

@@ -74,19 +74,10 @@
 //!   conversation trace at rate 6 the hold cuts explores from ≈ 990 to ≈ 220 per run). Still
 //!   one draw. ε_s: seed 0 (off), default profile 0.1; n = 8.
 //!
-//! SLO mode (upstream's headroom selection, llm-d predicted-latency §1.1): when the request
-//! carries a TTFT and/or TPOT objective ([`RequestFacts::slo_ttft_ms`], `slo_tpot_ms`), the
-//! NO_STICKY, LOAD_BREAK and EXPLOIT picks are made by headroom = SLO − prediction within the set
-//! the gate selected (all pods, or the sticky pods); EXPLORE is unchanged.
-//! - Pods whose headroom is ≥ 0 for every objective present come first; among them the best
-//!   fit, the least positive headroom (upstream's `least` strategy): headrooms min-max
-//!   normalised over those pods, weighted TTFT 0.8 / TPOT 0.2 (upstream's weights; renormalised
-//!   to 1 when one objective is absent), lowest score wins — a deterministic argmin where
-//!   upstream draws at random with these weights.
-//! - Otherwise pods with zero requests first (idle pods start at once, upstream's rule), then
-//!   the smallest violation: the same weighted, normalised score on the deficits −headroom.
-//!
-//! Ties go to the pod with fewer requests, then the lower index. Cold spreading is not applied.
+//! Objectives (`x-slo-ttft-ms` / `x-slo-tpot-ms`) do not change the gate's pick: upstream's
+//! SLO-headroom selection was built here and removed on 2026-12-07 (docs/decisions/slo-routing.md:
+//! it lowered goodput at every load measured). Ties go to the pod with fewer requests, then the
+//! lower index.
 //!
 //! Why: greedy latency alone scatters prefixes over all pods (cache fragmentation); always
 //! following the best cache match piles popular prefixes onto few pods (hot spots). The gate
@@ -272,91 +263,9 @@ impl AffinityGate {
     }
 }
 
-/// TTFT's weight in the SLO-mode score (upstream's `least` headroom strategy); TPOT has the rest.
-const SLO_TTFT_WEIGHT: f64 = 0.8;
-
-/// SLO mode's pick among the eligible candidates (see the module docs), or `None` when the
-/// request has no objective or no candidate is eligible.
-fn slo_pick(
-    request: &RequestFacts,
-    candidates: &[Candidate<'_>],
-    eligible: &mut [bool],
-) -> Option<usize> {
-    if request.slo_ttft_ms.is_none() && request.slo_tpot_ms.is_none() {
-        return None;
-    }
-    let headroom = |slo: Option<f64>, predicted: f64| slo.map(|s| s - predicted);
-    let headrooms = |c: &Candidate<'_>| {
-        (
-            headroom(request.slo_ttft_ms, c.predicted_ttft_ms),
-            headroom(request.slo_tpot_ms, c.predicted_tpot_ms),
-        )
-    };
-    let meets = |c: &Candidate<'_>| {
-        let (t, p) = headrooms(c);
-        t.is_none_or(|h| h >= 0.0) && p.is_none_or(|h| h >= 0.0)
-    };
-    let within = |eligible: &[bool], keep: &dyn Fn(&Candidate<'_>) -> bool| -> Vec<bool> {
-        eligible
-            .iter()
-            .zip(candidates)
-            .map(|(&e, c)| e && keep(c))
-            .collect()
-    };
-    // The subset to choose from and the amount to minimise per objective: positive headroom
-    // when some pod meets the objectives, else the deficit (for pods that miss, −headroom).
-    let meeting = within(eligible, &meets);
-    let (set, amount): (Vec<bool>, fn(f64) -> f64) = if meeting.contains(&true) {
-        (meeting, |h| h)
-    } else {
-        let idle = within(eligible, &|c| c.pod.load_requests() == 0);
-        let set = if idle.contains(&true) {
-            idle
-        } else {
-            eligible.to_vec()
-        };
-        (set, |h: f64| (-h).max(0.0))
-    };
-    let amounts = |c: &Candidate<'_>| {
-        let (t, p) = headrooms(c);
-        (t.map(amount), p.map(amount))
-    };
-    type Amounts = (Option<f64>, Option<f64>);
-    let range = |pick: fn(Amounts) -> Option<f64>| {
-        let mut lo_hi: Option<(f64, f64)> = None;
-        for (c, _) in candidates.iter().zip(&set).filter(|(_, e)| **e) {
-            if let Some(v) = pick(amounts(c)) {
-                lo_hi = Some(lo_hi.map_or((v, v), |(lo, hi)| (lo.min(v), hi.max(v))));
-            }
-        }
-        lo_hi
-    };
-    let ttft_range = range(|a| a.0);
-    let tpot_range = range(|a| a.1);
-    let normalise = |v: Option<f64>, r: Option<(f64, f64)>| match (v, r) {
-        (Some(v), Some((lo, hi))) if hi > lo => (v - lo) / (hi - lo),
-        _ => 0.0,
-    };
-    let (w_ttft, w_tpot) = match (request.slo_ttft_ms, request.slo_tpot_ms) {
-        (Some(_), Some(_)) => (SLO_TTFT_WEIGHT, 1.0 - SLO_TTFT_WEIGHT),
-        (Some(_), None) => (1.0, 0.0),
-        _ => (0.0, 1.0),
-    };
-    let pick = argmin_by(candidates, &set, |c| {
-        let (t, p) = amounts(c);
-        w_ttft * normalise(t, ttft_range) + w_tpot * normalise(p, tpot_range)
-    })?;
-    eligible.copy_from_slice(&set);
-    Some(pick)
-}
-
 impl Policy for AffinityGate {
     fn kind(&self) -> PolicyKind {
         PolicyKind::AffinityGate
-    }
-
-    fn uses_slo(&self) -> bool {
-        true
     }
 
     /// τ: a sticky pod the router did not price counts a prefill of 0 (the break then looks
@@ -398,8 +307,7 @@ impl Policy for AffinityGate {
         }
         if !any_sticky {
             eligible.fill(true);
-            let index = slo_pick(request, candidates, eligible)
-                .unwrap_or_else(|| self.pick_over_all(best_all, eligible));
+            let index = self.pick_over_all(best_all, eligible);
             return Ok(Pick {
                 index,
                 branch: Branch::NoSticky,
@@ -413,17 +321,13 @@ impl Policy for AffinityGate {
             self.queue_blocks_move(candidates, best_all),
         ) {
             eligible.fill(true);
-            let index = slo_pick(request, candidates, eligible)
-                .unwrap_or_else(|| self.pick_over_all(best_all, eligible));
+            let index = self.pick_over_all(best_all, eligible);
             return Ok(Pick {
                 index,
                 branch: Branch::LoadBreak,
             });
         }
-        let index = match slo_pick(request, candidates, eligible) {
-            Some(index) => index,
-            None => self.balance_pick(candidates, best_sticky, eligible),
-        };
+        let index = self.balance_pick(candidates, best_sticky, eligible);
         Ok(Pick {
             index,
             branch: Branch::Exploit,
@@ -967,128 +871,4 @@ mod tests {
         );
     }
 
-    fn slo(ttft: Option<f64>, tpot: Option<f64>) -> RequestFacts {
-        RequestFacts {
-            slo_ttft_ms: ttft,
-            slo_tpot_ms: tpot,
-            ..facts(10)
-        }
-    }
-
-    fn with_tpot(mut c: Candidate<'_>, tpot: f64) -> Candidate<'_> {
-        c.predicted_tpot_ms = tpot;
-        c
-    }
-
-    #[test]
-    fn slo_mode_picks_the_least_headroom_among_pods_meeting_the_slo() {
-        let (a, b, c) = (pod(0, 1, 0, 0.1), pod(1, 1, 0, 0.1), pod(2, 1, 0, 0.1));
-        // No sticky pod: all three are candidates. SLO 500 ms: 100 and 400 meet it, 600 not.
-        let cands = [
-            cand(&a, 0, 10, 100.0),
-            cand(&b, 0, 10, 400.0),
-            cand(&c, 0, 10, 600.0),
-        ];
-        let (pick, eligible) = run(
-            &mut gate(0.0, 5000.0),
-            &slo(Some(500.0), None),
-            &cands,
-            &mut rng(1),
-        );
-        assert_eq!(
-            pick.unwrap(),
-            Pick {
-                index: 1,
-                branch: Branch::NoSticky
-            }
-        );
-        assert_eq!(eligible, vec![true, true, false]);
-        // Without an SLO the gate takes the fastest pod, as before.
-        let (pick, _) = run(&mut gate(0.0, 5000.0), &facts(10), &cands, &mut rng(1));
-        assert_eq!(pick.unwrap().index, 0);
-    }
-
-    #[test]
-    fn slo_mode_weights_ttft_headroom_over_tpot_headroom() {
-        let (a, b) = (pod(0, 1, 0, 0.1), pod(1, 1, 0, 0.1));
-        // SLOs 500 ms / 50 ms. a: headroom 100 / 40 → normalised 0 / 1 → score 0.2;
-        // b: headroom 300 / 0 → 1 / 0 → score 0.8. a is the better fit.
-        let cands = [
-            with_tpot(cand(&a, 0, 10, 400.0), 10.0),
-            with_tpot(cand(&b, 0, 10, 200.0), 50.0),
-        ];
-        let (pick, _) = run(
-            &mut gate(0.0, 5000.0),
-            &slo(Some(500.0), Some(50.0)),
-            &cands,
-            &mut rng(1),
-        );
-        assert_eq!(pick.unwrap().index, 0);
-        // With only the TPOT SLO, b (zero TPOT headroom) is the best fit.
-        let (pick, _) = run(
-            &mut gate(0.0, 5000.0),
-            &slo(None, Some(50.0)),
-            &cands,
-            &mut rng(1),
-        );
-        assert_eq!(pick.unwrap().index, 1);
-    }
-
-    #[test]
-    fn slo_mode_without_a_pod_meeting_it_prefers_an_idle_pod() {
-        let busy = pod(0, 5, 0, 0.1);
-        let idle = pod(1, 0, 0, 0.1);
-        let cands = [cand(&busy, 0, 10, 600.0), cand(&idle, 0, 10, 900.0)];
-        let (pick, eligible) = run(
-            &mut gate(0.0, 5000.0),
-            &slo(Some(500.0), None),
-            &cands,
-            &mut rng(1),
-        );
-        assert_eq!(pick.unwrap().index, 1);
-        assert_eq!(eligible, vec![false, true]);
-    }
-
-    #[test]
-    fn slo_mode_without_a_pod_meeting_it_or_idle_takes_the_smallest_violation() {
-        let (a, b, c) = (pod(0, 5, 0, 0.1), pod(1, 1, 0, 0.1), pod(2, 3, 0, 0.1));
-        let cands = [
-            cand(&a, 0, 10, 900.0),
-            cand(&b, 0, 10, 650.0),
-            cand(&c, 0, 10, 600.0),
-        ];
-        let (pick, _) = run(
-            &mut gate(0.0, 5000.0),
-            &slo(Some(500.0), None),
-            &cands,
-            &mut rng(1),
-        );
-        assert_eq!(pick.unwrap().index, 2);
-    }
-
-    #[test]
-    fn slo_mode_chooses_within_the_sticky_set() {
-        let (hot, cold1, cold2) = (pod(0, 2, 0, 0.1), pod(1, 0, 0, 0.1), pod(2, 0, 0, 0.1));
-        // Sticky pods 0 and 1 (score 0.9) both meet the 500 ms SLO; pod 2 is a better fit
-        // (480 ms) but not sticky, so the best fit among the sticky pods (450 ms) wins.
-        let cands = [
-            cand(&hot, 9, 10, 450.0),
-            cand(&cold1, 9, 10, 200.0),
-            cand(&cold2, 0, 10, 480.0),
-        ];
-        let (pick, eligible) = run(
-            &mut gate(0.0, 5000.0),
-            &slo(Some(500.0), None),
-            &cands,
-            &mut rng(1),
-        );
-        assert_eq!(
-            pick.unwrap(),
-            Pick {
-                index: 0,
-                branch: Branch::Exploit
-            }
-        );
-        assert_eq!(eligible, vec![true, true, false]);
-    }
 }

@@ -8,8 +8,8 @@
 //! route ──► (first_token ──► tokens_generated*)? ──► finish(observed) | finish(None)
 //!   │
 //!   └─ decide over the pods' snapshots with the ledger's in-flight counters (excluded pods
-//!      count as unhealthy; SLO mode only when `slo_routing` is on and the request has
-//!      objectives) ─► the index learns the route ─► features taken ─► the pod is charged
+//!      count as unhealthy; a request's objectives reach only a policy that reads them, the
+//!      llm-d chain model) ─► the index learns the route ─► features taken ─► the pod is charged
 //! ```
 //!
 //! `route` returns a [`Ticket`]; every later transition takes it, and `finish` consumes it, so
@@ -21,7 +21,7 @@
 //! charges or trains on its own. Time never enters: observations are durations the driver
 //! measured.
 //!
-//! Parameters: everything comes from [`RouterConfig`] (`slo_routing`, default off) and the
+//! Parameters: everything comes from [`RouterConfig`] and the
 //! [`PredictorConfig`]; the RNG is ChaCha8 seeded by the caller (`seed`).
 //!
 //! Bounds: the ledger holds one counter set per pod id; a decision allocates O(pods) and frees
@@ -62,7 +62,8 @@ pub struct RouteRequest<'a> {
     /// The prompt at the other block sizes pods of the fleet cache in (engine mode with a
     /// mixed fleet; empty otherwise): a pod is scored, recorded and charged by its own size.
     pub other_sizes: &'a [SizedBlocks],
-    /// The request's latency objectives (used only with `slo_routing`).
+    /// The request's latency objectives: recorded with its decision; they route only a policy
+    /// that reads them ([`crate::Router::uses_slo`]: the llm-d chain model, as upstream).
     pub slo: RequestSlo,
     /// The LoRA adapter the request names: [`AdapterId::of`] its `model` (a pod whose base
     /// model that is counts it as no adapter). `None`: adapter-blind for this request.
@@ -470,7 +471,7 @@ impl RouterSession {
         if !pods.iter().any(|s| s.healthy) {
             return Err(RouteError::NoHealthyPod);
         }
-        let slo_mode = self.router.config().slo_routing && request.slo != RequestSlo::default();
+        let slo_mode = self.router.uses_slo() && request.slo != RequestSlo::default();
         let cut = request.cut();
         self.fill_prefill_caps(&cut, pods);
         let decision = self

@@ -134,23 +134,27 @@ fn excluded_pods_are_never_chosen_and_keep_their_health() {
 }
 
 #[test]
-fn objectives_change_routing_only_with_slo_routing_on() {
+fn objectives_reach_only_a_policy_that_reads_them() {
+    // kvgate's gate never routes by objectives (docs/decisions/slo-routing.md); the llm-d chain
+    // model does, as upstream.
     let slo = RequestSlo {
         ttft_ms: Some(500.0),
         tpot_ms: None,
     };
-    for on in [false, true] {
-        let mut s = session(RouterConfig {
-            slo_routing: on,
-            ..RouterConfig::default()
-        });
+    for (policy, reads) in [(PolicyKind::AffinityGate, false), (PolicyKind::LlmdChain, true)] {
+        let mut s = RouterSession::new(
+            RouterConfig::default(),
+            policy,
+            PredictorConfig::default(),
+            7,
+        );
         let mut snaps = pods(2);
         let req = RouteRequest {
             slo,
             ..request(&[1], 16)
         };
         let r = s.route(&req, &mut snaps, &[]).unwrap();
-        assert_eq!(r.decision.slo.is_some(), on, "slo_routing = {on}");
+        assert_eq!(r.decision.slo.is_some(), reads, "{policy:?}");
     }
 }
 

@@ -22,9 +22,8 @@ pub struct DecisionRecord {
     pub policy: &'static str,
     /// 0 for the first try, 1.. for retries of the same request.
     pub attempt: u32,
-    /// SLOs the client sent (`x-slo-ttft-ms` / `x-llm-d-slo-ttft-ms`, …); with any and the
-    /// router's `slo_routing` on, the decision was made in SLO mode (its `slo` explains it for
-    /// the affinity gate).
+    /// SLOs the client sent (`x-slo-ttft-ms` / `x-llm-d-slo-ttft-ms`, …); recorded (the
+    /// `llmd-chain` policy routes by them, and its decision's `slo` explains it).
     pub slo_ttft_ms: Option<f64>,
     pub slo_tpot_ms: Option<f64>,
     /// Uncached prompt tokens the session charged the chosen pod (`input − matched blocks ×

@@ -1,8 +1,8 @@
 //! The request's latency objectives from its headers: `x-slo-ttft-ms` / `x-slo-tpot-ms`, or
 //! llm-d's `x-llm-d-slo-ttft-ms` / `x-llm-d-slo-tpot-ms` (the `x-slo-*` name wins when both
-//! are sent). With the router's `slo_routing` on (default off), a request with an objective is
-//! decided in SLO mode by the core session (the affinity gate's headroom picks; other policies
-//! ignore it); without it the objectives are validated and recorded, and do not route.
+//! are sent). The objectives are validated and recorded with the decision; kvgate's gate does
+//! not route by them (its SLO mode was removed: docs/decisions/slo-routing.md), the
+//! `llmd-chain` policy does, as upstream.
 //!
 //! A value must be a finite number of milliseconds > 0 (`250`, `12.5`). Anything else — not
 //! UTF-8, not a number, `0`, negative, `inf`, `NaN` — is answered with 400
