@@ -703,7 +703,10 @@ async fn slo_headers_route_a_policy_that_reads_them_and_a_bad_one_is_400() {
     let decisions = gw.shared().decisions.snapshot();
     assert_eq!(decisions.len(), 1);
     assert_eq!(decisions[0].slo_ttft_ms, Some(60000.0));
-    let slo = decisions[0].decision.slo.expect("decided by the objectives");
+    let slo = decisions[0]
+        .decision
+        .slo
+        .expect("decided by the objectives");
     assert_eq!((slo.ttft_ms, slo.tpot_ms), (Some(60000.0), Some(1000.0)));
     assert!(slo.predicted_to_meet, "{slo:?}");
 

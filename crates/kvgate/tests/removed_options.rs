@@ -86,12 +86,18 @@ fn sim_refuses_the_removed_slo_routing_flag_and_key() {
         "--quiet",
     ];
     let err = failure_message(&kvgate(&[&base[..], &["--slo-routing"]].concat()));
-    assert!(err.contains("--slo-routing was removed on 2026-12-07"), "{err}");
+    assert!(
+        err.contains("--slo-routing was removed on 2026-12-07"),
+        "{err}"
+    );
     assert!(err.contains("slo-routing.md"), "{err}");
     let err = failure_message(&kvgate(
         &[&base[..], &["--router-config", r#"{"sloRouting":true}"#]].concat(),
     ));
-    assert!(err.contains("slo_routing was removed on 2026-12-07"), "{err}");
+    assert!(
+        err.contains("slo_routing was removed on 2026-12-07"),
+        "{err}"
+    );
     // Off, both profiles' value, is accepted; the objectives still measure goodput.
     let out = kvgate(&[&base[..], &["--router-config", r#"{"slo_routing":false}"#]].concat());
     assert!(

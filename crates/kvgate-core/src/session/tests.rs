@@ -141,7 +141,10 @@ fn objectives_reach_only_a_policy_that_reads_them() {
         ttft_ms: Some(500.0),
         tpot_ms: None,
     };
-    for (policy, reads) in [(PolicyKind::AffinityGate, false), (PolicyKind::LlmdChain, true)] {
+    for (policy, reads) in [
+        (PolicyKind::AffinityGate, false),
+        (PolicyKind::LlmdChain, true),
+    ] {
         let mut s = RouterSession::new(
             RouterConfig::default(),
             policy,
