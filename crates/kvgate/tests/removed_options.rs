@@ -41,30 +41,40 @@ fn sim_refuses_the_removed_predictor_model_flag_saying_what_to_do() {
     assert!(err.contains("drop the flag"), "{err}");
 }
 
-#[test]
-fn sim_refuses_the_removed_drift_adaptation_flag_and_key() {
+/// A removed sim flag and router key, as a user who still sets them meets them: `flag` is
+/// refused naming `record`; the key set `on` (camelCase) is refused naming `key`; the key set
+/// to its old default `off` is accepted. `extra`: flags the run needs besides.
+fn sim_refuses_flag_and_key(
+    extra: &[&str],
+    flag: &str,
+    record: &str,
+    key: &str,
+    on: &str,
+    off: &str,
+) {
     let base = [
-        "sim",
-        "--workload",
-        "chat",
-        "--max-requests",
-        "10",
-        "--quiet",
-    ];
-    let err = failure_message(&kvgate(&[&base[..], &["--drift-adaptation"]].concat()));
+        &[
+            "sim",
+            "--workload",
+            "chat",
+            "--max-requests",
+            "10",
+            "--quiet",
+        ][..],
+        extra,
+    ]
+    .concat();
+    let err = failure_message(&kvgate(&[&base[..], &[flag]].concat()));
     assert!(
-        err.contains("--drift-adaptation was removed on 2026-12-07"),
+        err.contains(&format!("{flag} was removed on 2026-12-07")),
         "{err}"
     );
-    assert!(err.contains("predictor-drift-adaptation.md"), "{err}");
-    let on = r#"{"predictorDriftAdaptation":true}"#;
+    assert!(err.contains(record), "{err}");
     let err = failure_message(&kvgate(&[&base[..], &["--router-config", on]].concat()));
     assert!(
-        err.contains("predictor_drift_adaptation was removed on 2026-12-07"),
+        err.contains(&format!("{key} was removed on 2026-12-07")),
         "{err}"
     );
-    // Off, both profiles' value, is accepted.
-    let off = r#"{"predictor_drift_adaptation":false}"#;
     let out = kvgate(&[&base[..], &["--router-config", off]].concat());
     assert!(
         out.status.success(),
@@ -74,36 +84,27 @@ fn sim_refuses_the_removed_drift_adaptation_flag_and_key() {
 }
 
 #[test]
+fn sim_refuses_the_removed_drift_adaptation_flag_and_key() {
+    sim_refuses_flag_and_key(
+        &[],
+        "--drift-adaptation",
+        "predictor-drift-adaptation.md",
+        "predictor_drift_adaptation",
+        r#"{"predictorDriftAdaptation":true}"#,
+        r#"{"predictor_drift_adaptation":false}"#,
+    );
+}
+
+#[test]
 fn sim_refuses_the_removed_slo_routing_flag_and_key() {
-    let base = [
-        "sim",
-        "--workload",
-        "chat",
-        "--max-requests",
-        "10",
-        "--slo-ttft-ms",
-        "500",
-        "--quiet",
-    ];
-    let err = failure_message(&kvgate(&[&base[..], &["--slo-routing"]].concat()));
-    assert!(
-        err.contains("--slo-routing was removed on 2026-12-07"),
-        "{err}"
-    );
-    assert!(err.contains("slo-routing.md"), "{err}");
-    let err = failure_message(&kvgate(
-        &[&base[..], &["--router-config", r#"{"sloRouting":true}"#]].concat(),
-    ));
-    assert!(
-        err.contains("slo_routing was removed on 2026-12-07"),
-        "{err}"
-    );
-    // Off, both profiles' value, is accepted; the objectives still measure goodput.
-    let out = kvgate(&[&base[..], &["--router-config", r#"{"slo_routing":false}"#]].concat());
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    // The objectives themselves still measure goodput.
+    sim_refuses_flag_and_key(
+        &["--slo-ttft-ms", "500"],
+        "--slo-routing",
+        "slo-routing.md",
+        "slo_routing",
+        r#"{"sloRouting":true}"#,
+        r#"{"slo_routing":false}"#,
     );
 }
 
