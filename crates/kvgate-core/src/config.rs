@@ -18,15 +18,12 @@
 //! the evidence and what to use instead ([`removed`]): `affinity_gate_tau = "auto"` and
 //! `epsilon_explore_sticky = "auto"` (§9), `explore_mode = "least-loaded-non-sticky"` and
 //! `"random-if-no-sticky"` (§3), the `predictor_model` key (§6.3, §14: `rls`, the one model
-//! left), `predictor_drift_adaptation = true`, and session affinity
-//! (`session_affinity_ttl_ms` above 0, `session_affinity_floor` other than its old 0.9;
-//! docs/decisions/session-affinity.md). A removed key set to its old default is accepted and
-//! ignored, so configs that only named the default keep working.
-//!
-//! **Experimental options.** `experimental_options` (camelCase `experimentalOptions`; default
-//! false) is the switch for options that measured no better than the defaults anywhere. No
-//! option needs it at present (session affinity, the one that did, was removed on 2026-12-07);
-//! the key is still read, so configs that set it keep working.
+//! left), `predictor_drift_adaptation = true`, `cold_spread_window_ms` above 0, session
+//! affinity (`session_affinity_ttl_ms` above 0, `session_affinity_floor` other than its old
+//! 0.9; docs/decisions/session-affinity.md) and `slo_routing = true`. A removed key set to its
+//! old default is accepted and ignored, so configs that only named the default keep working.
+//! `experimental_options`, the switch the measured-useless options needed, is accepted with
+//! any value and ignored: no option needs it since they left.
 
 use crate::blocks::DEFAULT_BLOCK_SIZE_TOKENS;
 use crate::index::DEFAULT_POD_CAPACITY_BLOCKS;
@@ -249,6 +246,12 @@ fn removed_slo_routing<'de, D: serde::Deserializer<'de>>(d: D) -> Result<(), D::
     )))
 }
 
+/// `experimental_options`, the switch no option needs any more: any value is accepted and
+/// ignored.
+fn ignored_experimental_options<'de, D: serde::Deserializer<'de>>(d: D) -> Result<(), D::Error> {
+    <bool as serde::Deserialize>::deserialize(d).map(|_| ())
+}
+
 /// Deserialised through `RouterKeys`: the chosen `gate_profile` first, every key given over it
 /// (see the module docs); the result is validated.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -371,9 +374,6 @@ pub struct RouterConfig {
     /// piling cost TTFT (mean ×1.04–1.11, p99 ×1.14–1.27), because siblings scheduled in the
     /// same engine step as the first share nothing. BENCHMARKS.md "Pending routes".
     pub engine_pending_ttl_ms: f64,
-    /// Allows the options that measured no better than the defaults (see the module docs; none
-    /// at present). Default false.
-    pub experimental_options: bool,
 }
 
 impl Default for RouterConfig {
@@ -464,6 +464,7 @@ router_keys! {
         session_affinity_ttl_ms: "removed_session_affinity_ttl", "sessionAffinityTtlMs";
         session_affinity_floor: "removed_session_affinity_floor", "sessionAffinityFloor";
         slo_routing: "removed_slo_routing", "sloRouting";
+        experimental_options: "ignored_experimental_options", "experimentalOptions";
     }
     gate_profile: GateProfile, "gateProfile";
     affinity_gate_tau: TauNumber, "affinityGateTau";
@@ -498,7 +499,6 @@ router_keys! {
     lora_load_ms: f64, "loraLoadMs";
     lora_deferral_ms: f64, "loraDeferralMs";
     engine_pending_ttl_ms: f64, "enginePendingTtlMs";
-    experimental_options: bool, "experimentalOptions";
 }
 
 impl RouterConfig {
@@ -542,7 +542,6 @@ impl RouterConfig {
             lora_load_ms: crate::adapters::DEFAULT_LORA_LOAD_MS,
             lora_deferral_ms: crate::adapters::DEFAULT_LORA_DEFERRAL_MS,
             engine_pending_ttl_ms: 0.0,
-            experimental_options: false,
         };
         match profile {
             GateProfile::Seed => base,
@@ -922,9 +921,11 @@ mod tests {
             router_key_name("sessionAffinityTtlMs"),
             Some("session_affinity_ttl_ms")
         );
-        // Nothing needs the experimental switch now; setting it still reads.
-        let c = RouterConfig::from_json(&json!({"experimentalOptions": true})).unwrap();
-        assert!(c.experimental_options);
+        // Nothing needs the experimental switch now; setting it is accepted and ignored.
+        for on in [true, false] {
+            let c = RouterConfig::from_json(&json!({ "experimentalOptions": on })).unwrap();
+            assert_eq!(c, RouterConfig::default());
+        }
     }
 
     #[test]
@@ -1092,7 +1093,6 @@ mod tests {
             RouterConfig {
                 affinity_gate_tau: 0.5,
                 balance_window_ms: 20.0,
-                experimental_options: true,
                 ..RouterConfig::seed()
             },
         ] {

@@ -540,15 +540,6 @@ pub fn run(args: SimArgs) -> Result<()> {
         Some(json) => serde_json::from_str(json).context("--router-config is not JSON")?,
         None => serde_json::json!({}),
     };
-    // The simulator is where options are measured: experimental ones are allowed unless
-    // --router-config says otherwise (none needs the switch at present; its value stays in the
-    // report's router_config as before).
-    if let Some(obj) = router_json.as_object_mut()
-        && !obj.contains_key("experimental_options")
-        && !obj.contains_key("experimentalOptions")
-    {
-        obj.insert("experimental_options".into(), true.into());
-    }
     // --gate-profile is the profile unless --router-config names one.
     if let (Some(profile), Some(obj)) = (&args.gate_profile, router_json.as_object_mut())
         && !obj.contains_key("gate_profile")
