@@ -1252,6 +1252,14 @@ mod tests {
         ]
     }
 
+    /// Four conversations of 160 chained blocks, conversation c > 0 forking from conversation
+    /// 0's chain at block `forks[c]`.
+    fn forking_conversations(forks: &[usize]) -> Vec<Vec<BlockHash>> {
+        (0..4)
+            .map(|c| chain(c as u64, if c == 0 { 0 } else { forks[c] }, 160))
+            .collect()
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(256))]
 
@@ -1262,9 +1270,7 @@ mod tests {
             forks in prop::collection::vec(0usize..160, 4),
             ops in prop::collection::vec(chain_op(), 1..60),
         ) {
-            let conversations: Vec<Vec<BlockHash>> = (0..4)
-                .map(|c| chain(c as u64, if c == 0 { 0 } else { forks[c] }, 160))
-                .collect();
+            let conversations = forking_conversations(&forks);
             let mut index = RoutedIndex::new();
             let (mut bisected, mut walked) = (Vec::new(), Vec::new());
             for op in ops {
@@ -1296,9 +1302,7 @@ mod tests {
             forks in prop::collection::vec(0usize..160, 4),
             ops in prop::collection::vec(chain_op(), 1..60),
         ) {
-            let conversations: Vec<Vec<BlockHash>> = (0..4)
-                .map(|c| chain(c as u64, if c == 0 { 0 } else { forks[c] }, 160))
-                .collect();
+            let conversations = forking_conversations(&forks);
             let mut index = RoutedIndex::new();
             let mut model = Model::default();
             for op in ops {
