@@ -26,6 +26,16 @@
 #              pod's throughput with both busy 0.95 of its own alone, against 0.59-0.64 with
 #              vLLM's default `mp`, whose engine busy-waits on a second core). Recorded in
 #              params.json: sittings of one layout only are merged.
+#   NPODS      2 (default) | 1: one pod (b0 on core 0, the other core left to its API process, the
+#              router and loadgen; every policy then routes the same way: issue 42's one-pod check).
+#              kvgate-engine and vllm-kv need 2. Recorded in params.json.
+#   TOKEN_PROMPTS  0 (default) | 1: loadgen sends each prompt as token ids (--token-prompts), so
+#              the pods see exactly the lengths and the sharing that `kvgate sim` replays from the
+#              same workload (sim_check.py). Text-matching peer routers then see token ids as text.
+#              Recorded in params.json.
+#   CALIBRATE  0 (default) | 1: at the first sitting, before any run, `kvgate calibrate --probe`
+#              fits the simulator's profile on pod b0 (b1 idle) into OUT_DIR/profile.json
+#              (its report: OUT_DIR/calibrate.txt); kept for later sittings. sim_check.py reads it.
 #   PODS       vllm (default) | mock: `kvgate mock-pod` pods (the tiny model's profile,
 #              MOCK_TIME_SCALE 1), restarted before every run: a dry run of the harness, not a
 #              measurement (no kvgate-engine, no vllm-kv).
@@ -72,6 +82,10 @@
 #                   only tcp:// endpoints, so zmq_forward.py republishes each pod's ipc stream on
 #                   127.0.0.1)
 #   round-robin     kvgate serve --policy round-robin
+#   latency, least-request, sglang-cache-aware
+#                   kvgate serve --policy NAME: kvgate's other policies (sglang-cache-aware is
+#                   kvgate's model of sglang-router's rule), issue 42's five with affinity-gate
+#                   (kvgate-routed) and round-robin, each of which `kvgate sim` runs too
 #   llmd-chain      kvgate serve --policy llmd-chain (llm-d's current scorer pipeline, as kvgate
 #                   models it: crates/kvgate-core/src/policy/llmd_chain.rs)
 # Pods b0 and b1 (scripts/real-vllm/pod.sh): 128-token blocks, 1 GiB of KV, `--enable-scale-out`
@@ -95,6 +109,9 @@ case "$pods_kind" in
   *) echo "PODS must be vllm or mock, not $pods_kind" >&2; exit 2 ;;
 esac
 routers=${ROUTERS:-$default_routers}
+npods=${NPODS:-2}
+case "$npods" in 1|2) ;; *) echo "NPODS must be 1 or 2, not $npods" >&2; exit 2 ;; esac
+token_prompts=${TOKEN_PROMPTS:-0}
 layout=${LAYOUT:-uni-pin}
 case "$layout" in
   uni-pin) layout_env=(VLLM_ENABLE_V1_MULTIPROCESSING=0 KVGATE_VLLM_PIN=1)
@@ -124,9 +141,11 @@ for w in "${wl[@]}"; do
 done
 for name in "${list[@]}"; do
   case "$name" in
-    kvgate-routed|round-robin|llmd-chain|sglang-cache|vllm-cache) ;;
+    kvgate-routed|round-robin|llmd-chain|latency|least-request|sglang-cache-aware|sglang-cache|vllm-cache) ;;
     kvgate-base) [ -x "${KVGATE_BASE_BIN:-}" ] || { echo "router kvgate-base needs KVGATE_BASE_BIN (an executable kvgate)" >&2; exit 2; } ;;
-    kvgate-engine|vllm-kv) [ "$pods_kind" = vllm ] || { echo "router $name needs real vLLM pods (PODS=vllm)" >&2; exit 2; } ;;
+    kvgate-engine|vllm-kv)
+      [ "$pods_kind" = vllm ] || { echo "router $name needs real vLLM pods (PODS=vllm)" >&2; exit 2; }
+      [ "$npods" = 2 ] || { echo "router $name needs NPODS=2" >&2; exit 2; } ;;
     kvgate-engine-base)
       [ "$pods_kind" = vllm ] || { echo "router $name needs real vLLM pods (PODS=vllm)" >&2; exit 2; }
       [ -x "${KVGATE_BASE_BIN:-}" ] || { echo "router $name needs KVGATE_BASE_BIN (an executable kvgate)" >&2; exit 2; } ;;
@@ -146,6 +165,9 @@ for w in "${wl[@]}"; do
   mkdir -p "$out/$w"
   n=$(wopt REQUESTS "$w" 100) rate=$(wopt RATE_SCALE "$w" 1.0)
   params=(workload="$w" requests="$n" rate_scale="$rate" pods="$pods_kind")
+  # Older sittings recorded neither key: they are only written when not the default.
+  [ "$npods" = 2 ] || params+=(npods="$npods")
+  [ "$token_prompts" = 0 ] || params+=(token_prompts="$token_prompts")
   [ "$pods_kind" = vllm ] && params+=(layout="$layout")
   case "$w" in
     mooncake)
@@ -177,6 +199,7 @@ for w in "${wl[@]}"; do
       ;;
   esac
   wargs[$w]+=" --rate-scale $rate"
+  [ "$token_prompts" = 0 ] || wargs[$w]+=" --token-prompts"
   if ! python3 $here/peers_run.py params "$out/$w/params.json" "${params[@]}"; then
     echo "!! $out/$w was measured with other parameters (above): its rounds cannot be merged" \
       "with these. Use another OUT_DIR, or the same settings." >&2
@@ -211,13 +234,13 @@ start_pods() {
   pod_pids=()
   if [ "$pods_kind" = mock ]; then
     local i
-    for i in 0 1; do
+    for ((i = 0; i < npods; i++)); do
       setsid "$kvgate" mock-pod --listen "127.0.0.1:$((port + i))" --model tiny --block-size 128 \
         --profile "${MOCK_PROFILE:-$here/tiny-llama-cpu-profile.json}" --max-model-len 4096 \
         --enable-scale-out --time-scale "${MOCK_TIME_SCALE:-1}" > "$run/mock-b$i.log" 2>&1 < /dev/null &
       pod_pids+=($!)
     done
-    for i in 0 1; do
+    for ((i = 0; i < npods; i++)); do
       for _ in $(seq 300); do
         curl -sf "http://127.0.0.1:$((port + i))/health" > /dev/null && continue 2
         sleep 0.1
@@ -229,11 +252,13 @@ start_pods() {
     $here/pod.sh stop b1 || true
     env "${layout_env[@]}" $here/pod.sh start b0 "$model" "$port" $((port + 50)) 0 --enable-scale-out "${layout_args[@]}" &
     local a=$!
-    env "${layout_env[@]}" $here/pod.sh start b1 "$model" $((port + 1)) $((port + 51)) 1 --enable-scale-out "${layout_args[@]}" &
-    local b=$!
+    if [ "$npods" = 2 ]; then
+      env "${layout_env[@]}" $here/pod.sh start b1 "$model" $((port + 1)) $((port + 51)) 1 --enable-scale-out "${layout_args[@]}" &
+      wait $!
+    fi
     wait $a
-    wait $b
-    pod_pids=("$(cat "$run/b0.pid")" "$(cat "$run/b1.pid")")
+    pod_pids=("$(cat "$run/b0.pid")")
+    [ "$npods" = 1 ] || pod_pids+=("$(cat "$run/b1.pid")")
   fi
 }
 stop_pods() {
@@ -253,10 +278,10 @@ fresh_pods() {
     stop_pods
     start_pods
   else
-    for p in "$p0" "$p1"; do curl -sf -X POST "$p/reset_prefix_cache" > /dev/null; done
+    for p in "${urls[@]}"; do curl -sf -X POST "$p/reset_prefix_cache" > /dev/null; done
     # vLLM publishes the reset's AllBlocksCleared only at its next engine step: one token of
     # work each, so an engine-mode router's replay does not bring back the last run's blocks.
-    for p in "$p0" "$p1"; do
+    for p in "${urls[@]}"; do
       curl -sf "$p/v1/completions" -H 'content-type: application/json' \
         -d '{"model": "tiny", "prompt": "reset", "max_tokens": 1}' > /dev/null || true
     done
@@ -271,6 +296,9 @@ cleanup() {
 trap cleanup EXIT
 
 p0="http://127.0.0.1:$port" p1="http://127.0.0.1:$((port + 1))"
+urls=("$p0")
+[ "$npods" = 1 ] || urls+=("$p1")
+pod_flags=("${urls[@]/#/--pod=}") metric_flags=("${urls[@]/#/--pod-metrics=}")
 if [ "$todo" -gt 0 ]; then
   echo "$todo run(s) to do in $out"
   needs_bench=0
@@ -300,7 +328,7 @@ if [ "$todo" -gt 0 ]; then
   if [ "$pods_kind" = mock ]; then
     echo "machine: $cpu; pods: 2 kvgate mock-pods (profile ${MOCK_PROFILE:-tiny-llama-cpu-profile.json}, time scale ${MOCK_TIME_SCALE:-1}), not real vLLM: a dry run" > "$sit/machine.txt"
   else
-    .venv-vllm/bin/python $here/speed.py --summary --dtype "$(cat "$run/b0.dtype")" "$p0" "$p1" \
+    .venv-vllm/bin/python $here/speed.py --summary --dtype "$(cat "$run/b0.dtype")" "${urls[@]}" \
       > "$sit/machine.txt" 2>&1 || echo "machine: $cpu (pod speed not measured)" > "$sit/machine.txt"
   fi
   sha=$(sha256sum "$kvgate" | cut -c1-16)
@@ -318,6 +346,16 @@ if [ "$todo" -gt 0 ]; then
     [ "$f" = "$sit/kvgate.txt" ] || grep -q "$sha" "$f" \
       || echo "!! the kvgate binary differs from sitting $(basename "$(dirname "$f")")'s: the table merges both"
   done
+  if [ "${CALIBRATE:-0}" = 1 ] && [ ! -s "$out/profile.json" ]; then
+    # The simulator's profile, fitted on pod b0 while nothing else runs (the CPU pods' step
+    # budget and sequence limit are vLLM's CPU defaults; prompts up to the pods' longest).
+    echo "calibrating the simulator's profile on $p0 (kvgate calibrate --probe)"
+    "$kvgate" calibrate --probe "$p0" --profile-out "$out/profile.json.tmp" --name tiny-llama-cpu-calibrated \
+      --max-prompt-tokens "${CALIBRATE_MAX_PROMPT:-3584}" --max-batch "${CALIBRATE_MAX_BATCH:-32}" \
+      --max-num-batched-tokens 2048 --max-num-seqs 128 --max-seconds "${CALIBRATE_SECONDS:-180}" \
+      2>&1 | tee "$out/calibrate.txt"
+    mv "$out/profile.json.tmp" "$out/profile.json"
+  fi
 fi
 ev0="ipc://$run/b0-events.ipc" ev1="ipc://$run/b1-events.ipc"
 rp0="tcp://127.0.0.1:$((port + 50))" rp1="tcp://127.0.0.1:$((port + 51))"
@@ -333,7 +371,7 @@ start_router() { # name log
         [ -z "${KVGATE_BASE_CONFIG:-}" ] || extra=(--config "$KVGATE_BASE_CONFIG")
       fi
       "$bin" serve --listen "127.0.0.1:$gw" --admin-listen "127.0.0.1:$((gw + 10))" \
-        --policy affinity-gate --pod "$p0" --pod "$p1" --decisions-log "$decisions" \
+        --policy affinity-gate "${pod_flags[@]}" --decisions-log "$decisions" \
         --capture "$capture" "${extra[@]}" 2> "$log" &
       ;;
     kvgate-engine|kvgate-engine-base)
@@ -348,17 +386,17 @@ start_router() { # name log
         --pod "$p1,events=$ev1,replay=$rp1,model=tiny" --decisions-log "$decisions" \
         --capture "$capture" "${extra[@]}" 2> "$log" &
       ;;
-    round-robin|llmd-chain)
+    round-robin|llmd-chain|latency|least-request|sglang-cache-aware)
       "$kvgate" serve --listen "127.0.0.1:$gw" --admin-listen "127.0.0.1:$((gw + 10))" \
-        --policy "$name" --pod "$p0" --pod "$p1" --decisions-log "$decisions" \
+        --policy "$name" "${pod_flags[@]}" --decisions-log "$decisions" \
         --capture "$capture" 2> "$log" &
       ;;
     sglang-cache)
       "$bench/bin/python" -m sglang_router.launch_router --host 127.0.0.1 --port "$gw" \
-        --worker-urls "$p0" "$p1" --policy cache_aware --prometheus-port $((gw + 11)) > "$log" 2>&1 &
+        --worker-urls "${urls[@]}" --policy cache_aware --prometheus-port $((gw + 11)) > "$log" 2>&1 &
       ;;
     vllm-cache)
-      "$bench/bin/vllm-router" --host 127.0.0.1 --port "$gw" --worker-urls "$p0" "$p1" \
+      "$bench/bin/vllm-router" --host 127.0.0.1 --port "$gw" --worker-urls "${urls[@]}" \
         --policy cache_aware --prometheus-port $((gw + 12)) > "$log" 2>&1 &
       ;;
     vllm-kv)
@@ -413,7 +451,7 @@ run_cell() { # WORKLOAD ROUND ROUTER POSITION
     done
   fi
   start_router "$name" "$cell.router.log" || { failed+=("$w/round-$k/$name"); return 0; }
-  python3 $here/peers_run.py counters "$cell.pods-before.json" "$p0" "$p1"
+  python3 $here/peers_run.py counters "$cell.pods-before.json" "${urls[@]}"
   if [ "$quiet_pct" != off ]; then
     # shellcheck disable=SC2046
     python3 $here/quiet.py watch --threshold "$quiet_pct" --interval 2 --out "$cell.quiet.json" \
@@ -424,12 +462,12 @@ run_cell() { # WORKLOAD ROUND ROUTER POSITION
   # shellcheck disable=SC2086
   "$kvgate" loadgen --target "http://127.0.0.1:$gw" ${wargs[$w]//--workload-seed round/--workload-seed $k} \
     --stream --model tiny --max-concurrency 256 --timeout-s 600 --quiet \
-    --pod-metrics "$p0" --pod-metrics "$p1" --json "$cell.json" --requests-jsonl "$cell.requests.jsonl" \
+    "${metric_flags[@]}" --json "$cell.json" --requests-jsonl "$cell.requests.jsonl" \
     > "$cell.loadgen.log" 2>&1 || rc=$?
   local ended
   ended=$(date +%s.%3N)
   stop_watch
-  python3 $here/peers_run.py counters "$cell.pods-after.json" "$p0" "$p1"
+  python3 $here/peers_run.py counters "$cell.pods-after.json" "${urls[@]}"
   stop_router
   if [ "$rc" -ne 0 ] || [ ! -s "$cell.requests.jsonl" ] || [ ! -s "$cell.json" ]; then
     echo "!! $w round $k $name: loadgen failed (rc $rc; $cell.loadgen.log)"
