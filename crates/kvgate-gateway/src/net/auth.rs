@@ -88,7 +88,7 @@ fn unauthorized(shared: &Shared, rid: &str) -> Response {
         message: "missing or invalid API key: send Authorization: Bearer <key>".into(),
         param: None,
     };
-    let mut resp = reject(shared, err, rid);
+    let mut resp = reject(&shared.telemetry, err, rid);
     resp.headers_mut()
         .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
     resp

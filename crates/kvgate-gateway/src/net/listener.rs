@@ -91,7 +91,7 @@ pub async fn serve(
     let (closing, closing_rx) = watch::channel(false);
     let mut conns = tokio::task::JoinSet::new();
     let mut pause = ACCEPT_PAUSE_MIN;
-    let metrics = &shared.metrics.connections;
+    let metrics = &shared.telemetry.metrics.connections;
     loop {
         let accepted = tokio::select! {
             _ = stop.wait_for(|s| *s) => break,
@@ -106,7 +106,7 @@ pub async fn serve(
             Err(e) if is_connection_error(&e) => continue,
             Err(e) => {
                 metrics.accept_errors.inc();
-                if shared.log_limit.allow("accept_error") {
+                if shared.telemetry.log_limit.allow("accept_error") {
                     tracing::warn!(error = %e, pause_ms = pause.as_millis() as u64, "accept error on the traffic listener; pausing accepts");
                 }
                 tokio::select! {
@@ -119,7 +119,7 @@ pub async fn serve(
         };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
             metrics.refused.inc();
-            if shared.log_limit.allow("connection_refused") {
+            if shared.telemetry.log_limit.allow("connection_refused") {
                 tracing::warn!(
                     max_connections,
                     "connection refused: max_connections are open"
@@ -160,7 +160,7 @@ struct Open {
 
 impl Drop for Open {
     fn drop(&mut self) {
-        self.shared.metrics.connections.open.dec();
+        self.shared.telemetry.metrics.connections.open.dec();
     }
 }
 
@@ -171,7 +171,7 @@ async fn connection(
     shared: Arc<Shared>,
     mut closing: watch::Receiver<bool>,
 ) {
-    shared.metrics.connections.open.inc();
+    shared.telemetry.metrics.connections.open.inc();
     let _open = Open {
         shared: shared.clone(),
         _slot: slot,
@@ -345,12 +345,12 @@ impl ConnIo {
     }
 
     fn timed_out(&self, kind: &'static str) -> io::Error {
-        let connections = &self.shared.metrics.connections;
+        let connections = &self.shared.telemetry.metrics.connections;
         connections
             .timeouts
             .get_or_create(&timeout_label(kind))
             .inc();
-        if kind != "idle" && self.shared.log_limit.allow("connection_timeout") {
+        if kind != "idle" && self.shared.telemetry.log_limit.allow("connection_timeout") {
             tracing::info!(
                 kind,
                 peer = ?self.stream.peer_addr().ok(),

@@ -17,14 +17,14 @@ pub fn sample(shared: &Shared) -> Sample {
     let acc = shared.session.lock().predictor().accuracy();
     Sample {
         t_ms: crate::decisions::unix_ms(),
-        branch_totals: shared.live.branch_totals(),
+        branch_totals: shared.telemetry.live.branch_totals(),
         ttft_mape: acc.ttft_mape,
         tpot_mape: acc.tpot_mape,
         ttft_p90_coverage: acc.ttft_p90_coverage,
         predictor_samples: acc.samples,
-        active_requests: shared.admission.active(),
-        admission_queued: shared.admission.queued(),
-        flow_queued: shared.flow.queued(),
+        active_requests: shared.admission.slots.active(),
+        admission_queued: shared.admission.slots.queued(),
+        flow_queued: shared.admission.flow.queued(),
     }
 }
 
@@ -35,7 +35,7 @@ pub async fn sample_loop(shared: Arc<Shared>) {
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
-        shared.live.push(sample(&shared));
+        shared.telemetry.live.push(sample(&shared));
     }
 }
 
@@ -68,7 +68,7 @@ pub struct PodView {
 }
 
 pub fn pods(shared: &Shared) -> Vec<PodView> {
-    let pods = shared.pods.all();
+    let pods = shared.fleet.pods.all();
     let (in_flight, stale): (Vec<_>, Vec<_>) = {
         let session = shared.session.lock();
         pods.iter()
@@ -130,7 +130,7 @@ pub struct BranchInterval {
 }
 
 pub fn branches(shared: &Shared) -> BranchesView {
-    let samples = shared.live.samples();
+    let samples = shared.telemetry.live.samples();
     let intervals = samples
         .windows(2)
         .map(|w| {
@@ -152,7 +152,7 @@ pub fn branches(shared: &Shared) -> BranchesView {
         .collect();
     BranchesView {
         interval_s: SAMPLE_INTERVAL.as_secs(),
-        totals: shared.live.branch_totals().into_iter().collect(),
+        totals: shared.telemetry.live.branch_totals().into_iter().collect(),
         intervals,
     }
 }
@@ -187,6 +187,7 @@ pub fn predictor(shared: &Shared) -> PredictorView {
         now,
         classes,
         history: shared
+            .telemetry
             .live
             .samples()
             .into_iter()
@@ -230,7 +231,7 @@ pub struct QueuePoint {
 
 pub fn queue(shared: &Shared) -> QueueView {
     let flow = {
-        let q = shared.flow.queue.lock();
+        let q = shared.admission.flow.queue.lock();
         q.queued_by_class()
             .into_iter()
             .map(|(band, tenant, queued)| FlowClassView {
@@ -241,11 +242,12 @@ pub fn queue(shared: &Shared) -> QueueView {
             .collect()
     };
     QueueView {
-        active_requests: shared.admission.active(),
-        admission_queued: shared.admission.queued(),
+        active_requests: shared.admission.slots.active(),
+        admission_queued: shared.admission.slots.queued(),
         flow_control: shared.config().flow.enabled,
         flow,
         history: shared
+            .telemetry
             .live
             .samples()
             .into_iter()

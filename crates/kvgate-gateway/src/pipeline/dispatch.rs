@@ -158,7 +158,7 @@ pub(crate) async fn dispatch<D: Deliver>(
     } = d;
     // Model-aware fleets: the pods of other models are never candidates.
     if let Some(model) = request.adapter {
-        excluded.extend(crate::served_models::not_serving(shared, model));
+        excluded.extend(crate::served_models::not_serving(&shared.fleet.pods, model));
     }
     let flow = turn.note.clone();
     let mut turn = Some(turn);
@@ -225,7 +225,7 @@ pub(crate) async fn dispatch<D: Deliver>(
                         t
                     }
                     Prefill::Failed(pod, failure) => {
-                        if shared.log_limit.allow("pd_prefill_failed") {
+                        if shared.telemetry.log_limit.allow("pd_prefill_failed") {
                             tracing::warn!(request_id = %rid, %attempt, why = %failure.why, "prefill failed; routing again");
                         }
                         last = failure;
@@ -273,17 +273,21 @@ pub(crate) fn decide(
 /// it), or `None` when the budget is spent (counted, logged, and said in `last`).
 fn retry_token(shared: &Shared, rid: &str, last: &mut Failure) -> Option<Option<RetryToken>> {
     if last.connection_lost {
-        shared.metrics.retries.inc();
+        shared.telemetry.metrics.retries.inc();
         return Some(None);
     }
-    match shared.retry_budget.try_start(shared.admission.active()) {
+    match shared
+        .admission
+        .retry_budget
+        .try_start(shared.admission.slots.active())
+    {
         Some(token) => {
-            shared.metrics.retries.inc();
+            shared.telemetry.metrics.retries.inc();
             Some(Some(token))
         }
         None => {
-            shared.metrics.retries_refused.inc();
-            if shared.log_limit.allow("retry_refused") {
+            shared.telemetry.metrics.retries_refused.inc();
+            if shared.telemetry.log_limit.allow("retry_refused") {
                 tracing::warn!(request_id = %rid, why = %last.why, "retry budget spent; not retried");
             }
             last.why

@@ -166,7 +166,7 @@ pub(crate) async fn prefill(
         return failed(shared, call, pod, "failed", why);
     }
     if !parts.status.is_success() {
-        shared.metrics.pd.stage("prefill", "client_error");
+        shared.telemetry.metrics.pd.stage("prefill", "client_error");
         return Prefilled::ClientError(parts.status, parts.headers, body);
     }
     let Some(params) = transfer_params(&body) else {
@@ -178,8 +178,8 @@ pub(crate) async fn prefill(
     };
     pod.breaker.success();
     let ms = started.elapsed().as_secs_f64() * 1e3;
-    shared.metrics.pd.prefill_ms.observe(ms);
-    shared.metrics.pd.stage("prefill", "ok");
+    shared.telemetry.metrics.pd.prefill_ms.observe(ms);
+    shared.telemetry.metrics.pd.stage("prefill", "ok");
     guard.finish(Some(Observed {
         ttft_ms: ms,
         tpot_ms: None,
@@ -194,7 +194,7 @@ fn failed(
     outcome: &'static str,
     why: String,
 ) -> Prefilled {
-    shared.metrics.pd.stage("prefill", outcome);
+    shared.telemetry.metrics.pd.stage("prefill", outcome);
     attempt_failed(shared, pod, call.policy, call.branch);
     Prefilled::Failed(why)
 }

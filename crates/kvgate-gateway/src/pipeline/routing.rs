@@ -90,6 +90,7 @@ pub(crate) async fn prepare(
         ));
     }
     let capture = shared
+        .telemetry
         .capture
         .as_ref()
         .map(|c| c.ticket(&blocks, input_tokens, parsed.max_tokens));
@@ -232,9 +233,13 @@ struct TokenizationMetrics {
 impl TokenizationMetrics {
     fn of(shared: &Shared) -> Self {
         TokenizationMetrics {
-            tokenizations: shared.metrics.tokenizations.clone(),
-            reused_bytes: shared.metrics.tokenization_reused_bytes.clone(),
-            tokenized_bytes: shared.metrics.tokenization_tokenized_bytes.clone(),
+            tokenizations: shared.telemetry.metrics.tokenizations.clone(),
+            reused_bytes: shared.telemetry.metrics.tokenization_reused_bytes.clone(),
+            tokenized_bytes: shared
+                .telemetry
+                .metrics
+                .tokenization_tokenized_bytes
+                .clone(),
         }
     }
 
@@ -311,8 +316,8 @@ async fn chat_template_tokens(
         // engine's (so it scores cold), but its token count is the prompt's, not 0, so the
         // prompt-length limit, the pod's prefill charge and the predictor's sample stay right.
         Tokenized::Tokens(Err(why)) => {
-            shared.metrics.tokenizer_errors.inc();
-            if shared.log_limit.allow("chat_template_failed") {
+            shared.telemetry.metrics.tokenizer_errors.inc();
+            if shared.telemetry.log_limit.allow("chat_template_failed") {
                 let why: String = why.chars().take(MAX_LOGGED_REASON_CHARS).collect();
                 tracing::warn!(why = %why, "chat template failed on a chat prompt; it scores cold");
             }
@@ -344,7 +349,7 @@ async fn token_mode_blocks(
             if tokenizer.certainly_over(text.len(), max) {
                 return Err(over_limit_untokenized(text.len(), &tokenizer, max));
             }
-            shared.metrics.tokenizations.inc();
+            shared.telemetry.metrics.tokenizations.inc();
             let metrics = TokenizationMetrics::of(shared);
             let cache = shared.token_cache.as_ref();
             let result = if text.len() <= INLINE_TOKENIZE_BYTES {
@@ -368,7 +373,7 @@ async fn token_mode_blocks(
                 }
             };
             encoded = result.unwrap_or_else(|why| {
-                shared.metrics.tokenizer_errors.inc();
+                shared.telemetry.metrics.tokenizer_errors.inc();
                 tracing::warn!(why = %why, "tokenizer failed on a prompt; it scores cold");
                 Vec::new()
             });
@@ -376,6 +381,7 @@ async fn token_mode_blocks(
         }
     };
     let reported: Vec<Option<u32>> = shared
+        .fleet
         .pods
         .all()
         .iter()
@@ -470,9 +476,9 @@ pub(crate) fn decide_for(
     meta: DecisionMeta<'_>,
 ) -> Pick {
     let span = meta.trace.decide(meta.attempt);
-    let pods = shared.pods.all();
+    let pods = shared.fleet.pods.all();
     let mut snaps: Vec<_> = pods.iter().map(|p| p.snapshot()).collect();
-    crate::breaker::panic_route(shared, &pods, &mut snaps, excluded);
+    crate::breaker::panic_route(&shared.telemetry, &pods, &mut snaps, excluded);
     let (routed, policy) = {
         let now_ms = crate::kv_events::clock_ms();
         let mut session = shared.session.lock();
@@ -505,10 +511,13 @@ pub(crate) fn decide_for(
         }
     };
     if meta.split && snaps.iter().any(|s| s.role != kvgate_core::PodRole::Both) {
-        shared.metrics.pd.route("whole");
+        shared.telemetry.metrics.pd.route("whole");
     }
     let decision = routed.decision;
-    shared.flow.observe_decision(&decision, pods.len());
+    shared
+        .admission
+        .flow
+        .observe_decision(&decision, pods.len());
     let charged_prefill_tokens = routed.ticket.prefill_tokens();
     // `snaps` came from this table, so the chosen id is in it.
     let Some(pod) = pods.get(decision.pod_id).cloned() else {
@@ -516,7 +525,7 @@ pub(crate) fn decide_for(
         return Pick::NoDecision;
     };
     span.decided(&decision, &pod.url, policy);
-    let series = shared.metrics.pod_series(&pod);
+    let series = shared.telemetry.metrics.pod_series(&pod);
     let prompt_tokens = u64::from(request.input_tokens);
     series.prompt_tokens.inc_by(prompt_tokens);
     series
@@ -525,13 +534,15 @@ pub(crate) fn decide_for(
     let blocks = recorded_blocks(request, &pods, &snaps, pod.id);
     let mut guard = TicketGuard::new(shared.clone(), pod.clone(), routed.ticket, blocks);
     let branch = decision.branch.as_str();
-    shared.live.count_branch(branch);
+    shared.telemetry.live.count_branch(branch);
     if let Some(e) = decision.pods.iter().find(|p| p.id == decision.pod) {
         shared
+            .telemetry
             .metrics
             .predicted_ttft_ms
             .observe(e.predicted_ttft_ms);
         shared
+            .telemetry
             .metrics
             .predicted_tpot_ms
             .observe(e.predicted_tpot_ms);
@@ -593,8 +604,12 @@ fn record_decision(
         ended_ms: None,
         decision,
     };
-    let kept = shared.decisions.logs_outcomes().then(|| record.clone());
-    shared.decisions.push(record);
+    let kept = shared
+        .telemetry
+        .decisions
+        .logs_outcomes()
+        .then(|| record.clone());
+    shared.telemetry.decisions.push(record);
     kept
 }
 
@@ -614,7 +629,10 @@ fn split_pick(
         prefill,
         decode,
     } = pd;
-    shared.flow.observe_decision(&decision, pods.len());
+    shared
+        .admission
+        .flow
+        .observe_decision(&decision, pods.len());
     let find = |id: PodId| pods.get(id).cloned();
     let (Some(prefill_pod), Some(decode_pod)) = (find(prefill.pod()), find(decode.pod())) else {
         let mut session = shared.session.lock();
@@ -625,10 +643,12 @@ fn split_pick(
     let blocks_of = |id: PodId| recorded_blocks(request, pods, snaps, id);
     let charged_prefill_tokens = prefill.prefill_tokens();
     shared
+        .telemetry
         .metrics
         .predicted_ttft_ms
         .observe(prefill.predicted_ttft_ms());
     shared
+        .telemetry
         .metrics
         .predicted_tpot_ms
         .observe(decode.predicted_tpot_ms());
@@ -645,8 +665,8 @@ fn split_pick(
         blocks_of(decode_pod.id),
     );
     let branch = decision.branch.as_str();
-    shared.live.count_branch(branch);
-    shared.metrics.pd.route("split");
+    shared.telemetry.live.count_branch(branch);
+    shared.telemetry.metrics.pd.route("split");
     // The client's first token comes from the decode pod: its guard completes the record.
     if let Some(record) = record_decision(
         shared,
@@ -675,9 +695,9 @@ pub(crate) fn least_loaded(
     shared: &Arc<Shared>,
     excluded: &[PodId],
 ) -> Option<(Arc<Pod>, TicketGuard)> {
-    let pods = shared.pods.all();
+    let pods = shared.fleet.pods.all();
     let mut snaps: Vec<_> = pods.iter().map(|p| p.snapshot()).collect();
-    crate::breaker::panic_route(shared, &pods, &mut snaps, excluded);
+    crate::breaker::panic_route(&shared.telemetry, &pods, &mut snaps, excluded);
     let id = shared.session.lock().least_loaded(&mut snaps, excluded)?;
     let pod = pods.get(id).cloned()?;
     let guard = TicketGuard::unrouted(shared.clone(), pod.clone());
