@@ -396,7 +396,7 @@ pub async fn start(shared: &Arc<Shared>, prepared: Prepared) -> Vec<JoinHandle<(
     let replica = cluster.replica;
     // Before anything routes, and whether or not NATS is usable.
     let seed = decision_seed(shared.config().seed, replica);
-    shared.session.lock().reseed(seed);
+    shared.session.reseed(seed);
     let link = cluster.link.clone();
     let cb_link = link.clone();
     let cb_metrics = cluster.metrics.clone();

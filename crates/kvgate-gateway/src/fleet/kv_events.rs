@@ -99,19 +99,19 @@ pub fn on_scrape(session: &SessionHandle, cfg: &GatewayConfig, pod: &Pod, m: &Po
         return;
     };
     let now = clock_ms();
-    let mut session = session.lock();
-    let engine = &mut session.index_mut().engine;
-    engine.advance_clock(now);
-    let Some(model) = events.model.or_else(|| m.model_name.clone()) else {
-        return;
-    };
-    if engine.is_live(pod.id) || engine.is_stale(pod.id) {
-        return;
-    }
-    engine.add_pod(pod.id, &model);
-    let blocks = pod.snapshot().kv_blocks;
-    engine.set_capacity(pod.id, blocks);
-    tracing::info!(pod = %pod.url, %model, "engine index follows the pod's KV events");
+    session.engine_index(|engine| {
+        engine.advance_clock(now);
+        let Some(model) = events.model.or_else(|| m.model_name.clone()) else {
+            return;
+        };
+        if engine.is_live(pod.id) || engine.is_stale(pod.id) {
+            return;
+        }
+        engine.add_pod(pod.id, &model);
+        let blocks = pod.snapshot().kv_blocks;
+        engine.set_capacity(pod.id, blocks);
+        tracing::info!(pod = %pod.url, %model, "engine index follows the pod's KV events");
+    });
 }
 
 /// Starts the pod's subscriber task if it publishes events and `--index engine` is on.
@@ -125,9 +125,7 @@ pub fn spawn_for(shared: &Arc<Shared>, pod: &Arc<Pod>) -> Option<tokio::task::Jo
 }
 
 fn registered(session: &SessionHandle, pod: &Pod) -> bool {
-    let session = session.lock();
-    let engine = &session.index().engine;
-    engine.is_live(pod.id) || engine.is_stale(pod.id)
+    session.engine_index(|engine| engine.is_live(pod.id) || engine.is_stale(pod.id))
 }
 
 async fn subscribe_loop(shared: Arc<Shared>, pod: Arc<Pod>, events: PodEvents) {
@@ -286,12 +284,12 @@ impl Follower<'_> {
             Ok(batch) => {
                 {
                     let now = clock_ms();
-                    let mut session = self.session.lock();
-                    let engine = &mut session.index_mut().engine;
-                    engine.advance_clock(now);
-                    for event in &batch.events {
-                        engine.apply(self.pod.id, event);
-                    }
+                    self.session.engine_index(|engine| {
+                        engine.advance_clock(now);
+                        for event in &batch.events {
+                            engine.apply(self.pod.id, event);
+                        }
+                    });
                 }
                 self.count(&self.metrics.kv_events_batches);
                 self.pod.last_kv_batch_unix_ms.store(
@@ -305,11 +303,10 @@ impl Follower<'_> {
 
     async fn on_batch(&mut self, seq: u64, payload: &Bytes) {
         let now = self.now_ms();
-        let step = {
-            let mut session = self.session.lock();
-            self.sequence
-                .on_batch(seq, now, &mut session.index_mut().engine)
-        };
+        let sequence = &mut self.sequence;
+        let step = self
+            .session
+            .engine_index(|engine| sequence.on_batch(seq, now, engine));
         match step {
             BatchStep::Skip => {
                 tracing::debug!(pod = %self.pod.url, seq, "duplicate KV events batch skipped");
@@ -338,11 +335,10 @@ impl Follower<'_> {
                 self.count(&self.metrics.kv_events_gaps);
                 let complete = self.fill(from, to).await;
                 let now = self.now_ms();
-                let outcome = {
-                    let mut session = self.session.lock();
-                    self.sequence
-                        .gap_result(complete, now, &mut session.index_mut().engine)
-                };
+                let sequence = &mut self.sequence;
+                let outcome = self
+                    .session
+                    .engine_index(|engine| sequence.gap_result(complete, now, engine));
                 if outcome == GapOutcome::Stale {
                     self.count(&self.metrics.kv_events_replay_failures);
                     tracing::warn!(pod = %self.pod.url, missing_from = from, missing_to = to, "KV events lost and not replayed: pod's engine index is stale, routed index stands in");
@@ -356,9 +352,9 @@ impl Follower<'_> {
     /// again.
     fn restarted(&mut self) {
         let now = self.now_ms();
-        let mut session = self.session.lock();
-        self.sequence
-            .restarted(now, &mut session.index_mut().engine);
+        let sequence = &mut self.sequence;
+        self.session
+            .engine_index(|engine| sequence.restarted(now, engine));
         self.count(&self.metrics.kv_events_restarts);
     }
 
@@ -389,10 +385,10 @@ impl Follower<'_> {
             return;
         }
         let now = self.now_ms();
-        let rebuilt = {
-            let mut session = self.session.lock();
-            self.sequence.tick(now, &mut session.index_mut().engine)
-        };
+        let sequence = &mut self.sequence;
+        let rebuilt = self
+            .session
+            .engine_index(|engine| sequence.tick(now, engine));
         if rebuilt {
             tracing::info!(pod = %self.pod.url, "KV events view rebuilt; engine index live again");
         }

@@ -437,7 +437,7 @@ fn scraped(
     {
         let router_size = cfg.router.block_size_tokens;
         let pod_size = m.block_size.unwrap_or(router_size);
-        session.lock().index_mut().set_pod_kv(
+        session.set_pod_kv(
             pod.id,
             blocks,
             pod_size,

@@ -10,9 +10,15 @@
 //! Memory: the session's own bounds (ARCHITECTURE.md: the routed index ≤ 96 B per block, the
 //! engine index ≤ 192 B per block, the ledger one counter set per pod id); the link holds none.
 
+use crate::config::GatewayConfig;
 use crate::metrics::ClusterMetrics;
 use crate::pods::Pod;
-use kvgate_core::{BlockHash, InFlight, Observed, PodId, RouterSession, Ticket, TrainingSample};
+use kvgate_core::index::engine::EngineIndex;
+use kvgate_core::predictor::{AccuracyReport, LatencyPredictor, PredictorConfig};
+use kvgate_core::{
+    BlockHash, InFlight, Observed, PodId, PodScore, PodSnapshot, RouteRequest, RouterSession,
+    Ticket, TrainingSample,
+};
 use parking_lot::{Mutex, MutexGuard};
 use std::sync::Arc;
 
@@ -123,6 +129,64 @@ impl SessionHandle {
             // no TPOT with under two tokens) is not sent: the machine filters it.
             c.finish(id, sample);
         }
+    }
+
+    /// The predictor's accuracy now (`/debug/predictor`, the live page's samples).
+    pub fn accuracy(&self) -> AccuracyReport {
+        self.session.lock().predictor().accuracy()
+    }
+
+    /// Reseeds the decision RNG (`--cluster`: before anything routes).
+    pub fn reseed(&self, seed: u64) {
+        self.session.lock().reseed(seed);
+    }
+
+    /// The least-loaded pod of `pods` not in `excluded`, for a request the router does not
+    /// decide ([`RouterSession::least_loaded`]).
+    pub fn least_loaded(&self, pods: &mut [PodSnapshot], excluded: &[PodId]) -> Option<PodId> {
+        self.session.lock().least_loaded(pods, excluded)
+    }
+
+    /// Every pod's score for `request`, nothing decided or charged (`/debug/score`).
+    pub fn score(&self, request: &RouteRequest<'_>, pods: &mut [PodSnapshot]) -> Vec<PodScore> {
+        self.session.lock().score(request, pods)
+    }
+
+    /// A pod's KV capacity (`pod_blocks` of `pod_block_size` tokens) into the index, whose
+    /// routed side cuts its prompts at `routed_block_size`.
+    pub fn set_pod_kv(
+        &self,
+        pod: PodId,
+        pod_blocks: u32,
+        pod_block_size: u32,
+        routed_block_size: u32,
+    ) {
+        self.session.lock().index_mut().set_pod_kv(
+            pod,
+            pod_blocks,
+            pod_block_size,
+            routed_block_size,
+        );
+    }
+
+    /// A config reload: the router rebuilt if its parameters or policy changed, the predictor
+    /// if its config did.
+    pub fn reconfigure(&self, old: &GatewayConfig, new: &GatewayConfig) {
+        let mut session = self.session.lock();
+        if old.router != new.router || old.policy != new.policy {
+            session.set_router(new.router, new.policy);
+        }
+        if PredictorConfig::for_router(&old.router) != PredictorConfig::for_router(&new.router) {
+            session.set_predictor(LatencyPredictor::new(PredictorConfig::for_router(
+                &new.router,
+            )));
+        }
+    }
+
+    /// `f` on the engine index (the pods' caches as their KV events tell them), for the
+    /// KV-event followers ([`crate::kv_events`]).
+    pub fn engine_index<T>(&self, f: impl FnOnce(&mut EngineIndex) -> T) -> T {
+        f(&mut self.session.lock().index_mut().engine)
     }
 
     /// Removed pods' index entries and in-flight counters go away.

@@ -27,7 +27,7 @@ use crate::metrics::Metrics;
 use crate::pods::PodChanges;
 use arc_swap::ArcSwap;
 use kvgate_core::RouterSession;
-use kvgate_core::predictor::{LatencyPredictor, PredictorConfig};
+use kvgate_core::predictor::PredictorConfig;
 use std::sync::Arc;
 
 pub struct Shared {
@@ -116,19 +116,7 @@ impl Shared {
         let new = Arc::new(new);
         let lru = new.router.lru_capacity_per_server;
         let changes = self.fleet.set_configured(&new.pods, lru, |changes| {
-            {
-                let mut session = self.session.lock();
-                if old.router != new.router || old.policy != new.policy {
-                    session.set_router(new.router, new.policy);
-                }
-                if PredictorConfig::for_router(&old.router)
-                    != PredictorConfig::for_router(&new.router)
-                {
-                    session.set_predictor(LatencyPredictor::new(PredictorConfig::for_router(
-                        &new.router,
-                    )));
-                }
-            }
+            self.session.reconfigure(&old, &new);
             self.forget_removed(changes);
             self.config.store(Arc::clone(&new));
         });
