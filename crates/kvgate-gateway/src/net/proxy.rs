@@ -321,7 +321,7 @@ impl Forward<'_> {
         let failure = match sent {
             Sent::RequestTimeout => {
                 drop(guard);
-                return Delivery::Answer(request_timed_out(shared, cfg, &pod, rid));
+                return Delivery::Answer(request_timed_out(&shared.telemetry, cfg, &pod, rid));
             }
             Sent::FirstByteTimeout(why) => Failure::counted(why),
             Sent::Answer(Ok(resp)) if !resp.status().is_server_error() => {
@@ -384,7 +384,7 @@ impl Forward<'_> {
             }
         };
         drop(guard);
-        attempt_failed(shared, &pod, policy, branch);
+        attempt_failed(&shared.telemetry.metrics, &pod, policy, branch);
         if shared.telemetry.log_limit.allow("attempt_failed") {
             tracing::warn!(request_id = %rid, why = %failure.why, "attempt failed before any byte was sent; retrying elsewhere");
         }
@@ -456,7 +456,7 @@ pub async fn passthrough(State(shared): State<Arc<Shared>>, req: Request) -> Res
     };
     let answer = match send(&shared, &cfg, &pod, up, deadline).await {
         Sent::Answer(answer) => answer,
-        Sent::RequestTimeout => return request_timed_out(&shared, &cfg, &pod, &rid),
+        Sent::RequestTimeout => return request_timed_out(&shared.telemetry, &cfg, &pod, &rid),
         Sent::FirstByteTimeout(failure) => {
             return reject(&shared.telemetry, upstream_failed(failure), &rid);
         }

@@ -77,19 +77,26 @@ fn json<T: serde::Serialize>(value: &T) -> Response {
 }
 
 async fn live_pods(State(shared): State<Arc<Shared>>) -> Response {
-    json(&crate::ui::pods(&shared))
+    json(&crate::ui::pods(&shared.fleet.pods, &shared.session))
 }
 
 async fn live_branches(State(shared): State<Arc<Shared>>) -> Response {
-    json(&crate::ui::branches(&shared))
+    json(&crate::ui::branches(&shared.telemetry.live))
 }
 
 async fn live_predictor(State(shared): State<Arc<Shared>>) -> Response {
-    json(&crate::ui::predictor(&shared))
+    json(&crate::ui::predictor(
+        &shared.session,
+        &shared.telemetry.live,
+    ))
 }
 
 async fn live_queue(State(shared): State<Arc<Shared>>) -> Response {
-    json(&crate::ui::queue(&shared))
+    json(&crate::ui::queue(
+        &shared.admission,
+        &shared.telemetry.live,
+        &shared.config(),
+    ))
 }
 
 async fn live_page() -> Response {
@@ -212,7 +219,7 @@ async fn score(shared: Arc<Shared>, path: &str, req: axum::extract::Request) -> 
         .iter()
         .map(|p| p.snapshot())
         .collect();
-    let pods = shared.session.lock().score(&request, &mut snaps);
+    let pods = shared.session.score(&request, &mut snaps);
     let report = ScoreReport {
         input_tokens: prepared.input_tokens,
         block_size_tokens: prepared.block_size_tokens,

@@ -49,6 +49,7 @@
 //! Bounds: the core's (entries ≤ `max_queued_requests`, bytes ≤ `max_queued_bytes`); the
 //! predicted-TTFT table ≤ 2 × pods entries.
 
+use crate::config::GatewayConfig;
 pub use crate::decisions::FlowNote;
 use crate::errors::ApiError;
 use crate::flow_gate::{Dispatching, Verdict};
@@ -113,23 +114,26 @@ fn view(shared: &Shared, cfg: &FlowConfig) -> FleetRoom {
 /// The request's class with flow control on ([`class_of`]); with it off, a neutral class and
 /// no header is read (so no request gets a 400 it did not get before).
 pub fn request_class(
-    shared: &Shared,
-    cfg: &FlowConfig,
+    cfg: &GatewayConfig,
     headers: &HeaderMap,
     body: &Value,
 ) -> Result<FlowClass, ApiError> {
-    if !cfg.enabled {
+    if !cfg.flow.enabled {
         return Ok(FlowClass {
             priority: 0,
             priority_from_header: false,
             tenant: kvgate_core::flow::DEFAULT_TENANT.to_string(),
         });
     }
-    class_of(shared, headers, body)
+    class_of(cfg, headers, body)
 }
 
 /// The request's class from its headers and body (see the module docs), or 400.
-pub fn class_of(shared: &Shared, headers: &HeaderMap, body: &Value) -> Result<FlowClass, ApiError> {
+pub fn class_of(
+    cfg: &GatewayConfig,
+    headers: &HeaderMap,
+    body: &Value,
+) -> Result<FlowClass, ApiError> {
     let (priority, priority_from_header) = match headers.get(PRIORITY_HEADER) {
         Some(v) => {
             let p = v
@@ -163,7 +167,7 @@ pub fn class_of(shared: &Shared, headers: &HeaderMap, body: &Value) -> Result<Fl
         let d = xxhash_rust::xxh3::xxh3_64(k.as_bytes());
         format!("key-{:08x}", d >> 32)
     };
-    let keys_on = !shared.config().api_keys.is_empty();
+    let keys_on = !cfg.api_keys.is_empty();
     let tenant = match (keys_on, bearer, headers.get(TENANT_HEADER)) {
         (true, Some(k), _) => key_tenant(k),
         (_, _, Some(h)) => {
@@ -572,13 +576,13 @@ mod tests {
     fn the_priority_header_wins_and_the_body_field_is_vllms_negated() {
         let s = shared(&[]);
         let body = serde_json::json!({"priority": 3});
-        let c = class_of(&s, &headers(&[(PRIORITY_HEADER, "5")]), &body).unwrap();
+        let c = class_of(&s.config(), &headers(&[(PRIORITY_HEADER, "5")]), &body).unwrap();
         assert_eq!((c.priority, c.priority_from_header), (5, true));
-        let c = class_of(&s, &HeaderMap::new(), &body).unwrap();
+        let c = class_of(&s.config(), &HeaderMap::new(), &body).unwrap();
         assert_eq!((c.priority, c.priority_from_header), (-3, false));
-        let c = class_of(&s, &HeaderMap::new(), &serde_json::json!({})).unwrap();
+        let c = class_of(&s.config(), &HeaderMap::new(), &serde_json::json!({})).unwrap();
         assert_eq!(c.priority, 0);
-        let e = class_of(&s, &headers(&[(PRIORITY_HEADER, "high")]), &body).unwrap_err();
+        let e = class_of(&s.config(), &headers(&[(PRIORITY_HEADER, "high")]), &body).unwrap_err();
         assert_eq!(
             (e.status, e.code),
             (StatusCode::BAD_REQUEST, "invalid_priority")
@@ -589,23 +593,36 @@ mod tests {
     fn the_tenant_is_the_api_key_digest_when_keys_are_on_else_the_header() {
         let open = shared(&[]);
         let h = headers(&[(TENANT_HEADER, "team-a"), ("authorization", "Bearer sk-1")]);
-        assert_eq!(class_of(&open, &h, &Value::Null).unwrap().tenant, "team-a");
+        assert_eq!(
+            class_of(&open.config(), &h, &Value::Null).unwrap().tenant,
+            "team-a"
+        );
         let keyed = shared(&["sk-1"]);
-        let t = class_of(&keyed, &h, &Value::Null).unwrap().tenant;
+        let t = class_of(&keyed.config(), &h, &Value::Null).unwrap().tenant;
         assert!(
             t.starts_with("key-") && t.len() == 12 && !t.contains("sk-1"),
             "{t}"
         );
         let only_key = headers(&[("authorization", "Bearer sk-1")]);
-        assert_eq!(class_of(&open, &only_key, &Value::Null).unwrap().tenant, t);
         assert_eq!(
-            class_of(&open, &HeaderMap::new(), &Value::Null)
+            class_of(&open.config(), &only_key, &Value::Null)
+                .unwrap()
+                .tenant,
+            t
+        );
+        assert_eq!(
+            class_of(&open.config(), &HeaderMap::new(), &Value::Null)
                 .unwrap()
                 .tenant,
             "default"
         );
         for bad in ["a b", "x/y", &"t".repeat(65)] {
-            let e = class_of(&open, &headers(&[(TENANT_HEADER, bad)]), &Value::Null).unwrap_err();
+            let e = class_of(
+                &open.config(),
+                &headers(&[(TENANT_HEADER, bad)]),
+                &Value::Null,
+            )
+            .unwrap_err();
             assert_eq!(e.code, "invalid_tenant");
         }
     }

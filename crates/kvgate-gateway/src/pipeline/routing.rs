@@ -6,9 +6,10 @@
 //! limit on its own, so the two enforce the same rules.
 
 use crate::config::{GatewayConfig, IndexKind};
-use crate::decisions::{DecisionRecord, PodLoad};
+use crate::decisions::{DecisionLog, DecisionRecord, PodLoad};
 use crate::errors::ApiError;
 use crate::lifecycle::TicketGuard;
+use crate::metrics::Metrics;
 use crate::pods::Pod;
 use crate::state::Shared;
 use crate::token_cache::{EncodeStats, TokenCache};
@@ -231,15 +232,11 @@ struct TokenizationMetrics {
 }
 
 impl TokenizationMetrics {
-    fn of(shared: &Shared) -> Self {
+    fn of(metrics: &Metrics) -> Self {
         TokenizationMetrics {
-            tokenizations: shared.telemetry.metrics.tokenizations.clone(),
-            reused_bytes: shared.telemetry.metrics.tokenization_reused_bytes.clone(),
-            tokenized_bytes: shared
-                .telemetry
-                .metrics
-                .tokenization_tokenized_bytes
-                .clone(),
+            tokenizations: metrics.tokenizations.clone(),
+            reused_bytes: metrics.tokenization_reused_bytes.clone(),
+            tokenized_bytes: metrics.tokenization_tokenized_bytes.clone(),
         }
     }
 
@@ -298,7 +295,7 @@ async fn chat_template_tokens(
         return Ok(None);
     }
     let max = cfg.max_prompt_tokens;
-    let metrics = TokenizationMetrics::of(shared);
+    let metrics = TokenizationMetrics::of(&shared.telemetry.metrics);
     let cache = shared.token_cache.as_ref();
     let outcome = if body.len() <= INLINE_TOKENIZE_BYTES {
         render_and_encode(tokenizer, cache.map(|c| &**c), body, max, &metrics)
@@ -350,7 +347,7 @@ async fn token_mode_blocks(
                 return Err(over_limit_untokenized(text.len(), &tokenizer, max));
             }
             shared.telemetry.metrics.tokenizations.inc();
-            let metrics = TokenizationMetrics::of(shared);
+            let metrics = TokenizationMetrics::of(&shared.telemetry.metrics);
             let cache = shared.token_cache.as_ref();
             let result = if text.len() <= INLINE_TOKENIZE_BYTES {
                 let (ids, stats) = tokenizer.encode_reusing(cache.map(|c| &**c), text, true);
@@ -521,7 +518,7 @@ pub(crate) fn decide_for(
     let charged_prefill_tokens = routed.ticket.prefill_tokens();
     // `snaps` came from this table, so the chosen id is in it.
     let Some(pod) = pods.get(decision.pod_id).cloned() else {
-        shared.session.lock().finish(routed.ticket, None);
+        shared.session.finish(routed.ticket, None, None, None);
         return Pick::NoDecision;
     };
     span.decided(&decision, &pod.url, policy);
@@ -548,7 +545,7 @@ pub(crate) fn decide_for(
             .observe(e.predicted_tpot_ms);
     }
     if let Some(record) = record_decision(
-        shared,
+        &shared.telemetry.decisions,
         request,
         &snaps,
         meta,
@@ -582,7 +579,7 @@ fn recorded_blocks<'a>(
 /// Records the decision in `/debug/decisions`; with `--decisions-log`, returns the record for
 /// the request's guard to complete when the request ends.
 fn record_decision(
-    shared: &Shared,
+    decisions: &DecisionLog,
     request: &RouteRequest<'_>,
     snaps: &[kvgate_core::PodSnapshot],
     meta: DecisionMeta<'_>,
@@ -604,12 +601,8 @@ fn record_decision(
         ended_ms: None,
         decision,
     };
-    let kept = shared
-        .telemetry
-        .decisions
-        .logs_outcomes()
-        .then(|| record.clone());
-    shared.telemetry.decisions.push(record);
+    let kept = decisions.logs_outcomes().then(|| record.clone());
+    decisions.push(record);
     kept
 }
 
@@ -669,7 +662,7 @@ fn split_pick(
     shared.telemetry.metrics.pd.route("split");
     // The client's first token comes from the decode pod: its guard completes the record.
     if let Some(record) = record_decision(
-        shared,
+        &shared.telemetry.decisions,
         request,
         snaps,
         meta,
@@ -698,7 +691,7 @@ pub(crate) fn least_loaded(
     let pods = shared.fleet.pods.all();
     let mut snaps: Vec<_> = pods.iter().map(|p| p.snapshot()).collect();
     crate::breaker::panic_route(&shared.telemetry, &pods, &mut snaps, excluded);
-    let id = shared.session.lock().least_loaded(&mut snaps, excluded)?;
+    let id = shared.session.least_loaded(&mut snaps, excluded)?;
     let pod = pods.get(id).cloned()?;
     let guard = TicketGuard::unrouted(shared.clone(), pod.clone());
     Some((pod, guard))
