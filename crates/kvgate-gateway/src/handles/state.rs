@@ -1,20 +1,17 @@
-//! State shared by every task of one gateway: config, pod table, router state, metrics, the
-//! decision log and the upstream HTTP client.
-//!
-//! The core's request lifecycle ([`RouterSession`]: router, prefix index, predictor, RNG and
-//! in-flight ledger) is single-threaded by design, so it sits behind one mutex held only for a
-//! transition (a decision, a first token, a finish: microseconds), never across an `.await`.
-
 //! [`Shared`]: one gateway's state, as a composition of the handles that own it — the session
 //! ([`SessionHandle`], with the cluster link observing it), the fleet ([`FleetHandle`]: pods,
 //! discovery, the upstream client), admission ([`AdmissionHandle`]: slots, body budget, flow,
 //! retries, shutdown) and telemetry ([`Telemetry`]: metrics, logs, decisions, traces).
 //!
 //! A function that needs one or two of them takes those; the request entry points (the HTTP
-//! proxy, the ext_proc picker) and the start take the whole. Two things stay here because every
-//! layer reads them and none owns them: the config (swapped whole on reload, read as one
-//! snapshot per request) and token mode's tokenizer with its cache (given at start, read by the
-//! pipeline and the admin `/debug/score`). Everything is given at start; nothing is set later.
+//! proxy, the ext_proc picker), the admin routes, the start and the spawned tasks take the
+//! whole. Two things stay here because every layer reads them and none owns them: the config
+//! (swapped whole on reload, read as one snapshot per request) and token mode's tokenizer with
+//! its cache (given at start, read by the pipeline and the admin `/debug/score`). Everything is
+//! given at start; nothing is set later.
+//!
+//! Memory: the handles' own bounds (each module says its); the config and tokenizer are fixed
+//! in size, the token cache ≤ `--tokenization-cache-mib`.
 
 pub use crate::handles::admission_handle::AdmissionHandle;
 pub use crate::handles::fleet_handle::{FleetHandle, UpstreamClient};
@@ -37,7 +34,8 @@ pub struct Shared {
     pub session: SessionHandle,
     pub fleet: FleetHandle,
     pub admission: AdmissionHandle,
-    pub telemetry: Telemetry,
+    /// Shared apart too: a traffic connection holds only this.
+    pub telemetry: Arc<Telemetry>,
     /// Token mode's tokenizer (`--tokenizer FILE`, else the built-in cl100k), given at start.
     pub tokenizer: Option<crate::tokenizer::GatewayTokenizer>,
     /// Token mode's tokenization reuse (`--tokenization-cache-mib`), given at start with the
@@ -89,14 +87,14 @@ impl Shared {
                 config.max_concurrent_requests,
                 config.max_waiting_requests,
             ),
-            telemetry: Telemetry {
+            telemetry: Arc::new(Telemetry {
                 decisions: DecisionLog::new(config.decision_log_size, parts.decisions_file),
                 live: crate::live::LiveHistory::default(),
                 metrics,
                 log_limit: crate::log_limit::LogLimiter::default(),
                 capture: parts.capture,
                 otel: parts.otel,
-            },
+            }),
             config: ArcSwap::from_pointee(config),
             tokenizer: parts.tokenizer,
             token_cache: parts.token_cache,
