@@ -8,9 +8,10 @@
 //! proxy, ext_proc) and `ops` (admin listener, live page) call `pipeline` (one stack for every
 //! completion), which calls `fleet` (the pods: scrape, KV events, discovery, reload, models,
 //! breakers) and `handles` (what every task shares: the session, fleet, admission and telemetry
-//! handles composed in `state::Shared`, config, pods, limits, flow gate, tokenizer); `cluster` sits on `handles`; `serve` wires them. CI
-//! (`scripts/module_cycles.py`) fails on an import cycle between folders. Every module is also
-//! re-exported at the crate root, so `kvgate_gateway::config` and `crate::state` keep working.
+//! handles composed in `state::Shared`, config, pods, limits, flow gate, tokenizer); `cluster`
+//! sits on `handles`; `serve` wires them. CI (`scripts/module_cycles.py`) fails on an import
+//! cycle between folders. Every module is also re-exported at the crate root, so
+//! `kvgate_gateway::config` and `crate::state` keep working.
 //!
 //! | module | one job |
 //! |---|---|

@@ -19,9 +19,10 @@ use std::task::{Context, Poll};
 use tower::{Layer, Service};
 
 /// The traffic listener's admission, as a tower layer: a request waits for a slot of
-/// [`Shared::admission`] (in its queue if need be) before it reaches the inner service, and
-/// holds the slot until its response body ends or is dropped; with slots and queue full it gets
-/// 429 `too_many_requests` with `Retry-After` and never reaches the inner service.
+/// [`crate::state::AdmissionHandle::slots`] (in its queue if need be) before it reaches the
+/// inner service, and holds the slot until its response body ends or is dropped; with slots and
+/// queue full it gets 429 `too_many_requests` with `Retry-After` and never reaches the inner
+/// service.
 #[derive(Clone)]
 pub struct AdmissionLayer {
     shared: Arc<Shared>,
