@@ -7,10 +7,11 @@
 //! by step. The folders are those layers: `net` (the transports: listener, tower layers, HTTP
 //! proxy, ext_proc) and `ops` (admin listener, live page) call `pipeline` (one stack for every
 //! completion), which calls `fleet` (the pods: scrape, KV events, discovery, reload, models,
-//! breakers) and `handles` (what every task shares: `state::Shared`, config, pods, limits, flow
-//! gate, telemetry, tokenizer); `cluster` sits on `handles`; `serve` wires them. CI
-//! (`scripts/module_cycles.py`) fails on an import cycle between folders. Every module is also
-//! re-exported at the crate root, so `kvgate_gateway::config` and `crate::state` keep working.
+//! breakers) and `handles` (what every task shares: the session, fleet, admission and telemetry
+//! handles composed in `state::Shared`, config, pods, limits, flow gate, tokenizer); `cluster`
+//! sits on `handles`; `serve` wires them. CI (`scripts/module_cycles.py`) fails on an import
+//! cycle between folders. Every module is also re-exported at the crate root, so
+//! `kvgate_gateway::config` and `crate::state` keep working.
 //!
 //! | module | one job |
 //! |---|---|
@@ -41,10 +42,14 @@
 //! | `handles::pods` | the pod table (`Fleet`: the pods in order, a pod's handle by id in O(1)) and health (in-flight counters are the session's ledger), each pod's `Breaker` state, `PodMetrics` (what a scrape read); a data-parallel server (`dp=N`) is N engine pods `URL#dp<r>` at one URL |
 //! | `handles::progress` | whether a pod's engine steps (its scraped counters moved, or it streamed a token): a silence from a progressing pod is a busy pod's, not a failure |
 //! | `handles::retry_budget` | retries in flight ≤ 20 % of the requests in flight (at least 3), so that retries cannot multiply an overload |
-//! | `handles::state` | what all tasks share; the core's `RouterSession` behind one mutex (`Shared::session`); `ReplicaLink`, what the gateway tells `--cluster`'s other replicas (implemented by `cluster::Cluster`) |
+//! | `handles::state` | `Shared`, what all tasks share: the four handles below, the config and token mode's tokenizer; `apply_config`, `set_discovered`, `metrics_text` (what spans handles) |
+//! | `handles::session` | `SessionHandle`: the core's `RouterSession` behind one mutex, taken through its methods; `ReplicaLink`, what the gateway tells `--cluster`'s other replicas (implemented by `cluster::Cluster`), the observer of every transition |
+//! | `handles::fleet_handle` | `FleetHandle`: the pod table, the discovered pods (their lock serialises table updates), the upstream client |
+//! | `handles::admission_handle` | `AdmissionHandle`: slots and queue, body budget, flow gate, retry budget, shutdown and grace |
+//! | `handles::telemetry` | `Telemetry`: metrics, log limiter, decision log, live history, capture, OpenTelemetry |
 //! | `handles::grace` | `GraceEnd`: the end of the shutdown grace, told to every stream in flight |
 //! | `handles::limits` | `Admission` (concurrency limit and bounded queue, shared with ext_proc), `Slot`, the body budget, `read_body_within` |
-//! | `handles::flow_gate` | flow control's state in `Shared` (`FlowGate`: the core's queue, requests let go and not yet routed, predicted TTFTs, the driver's wake-up); a request's `Turn` |
+//! | `handles::flow_gate` | flow control's state in `AdmissionHandle` (`FlowGate`: the core's queue, requests let go and not yet routed, predicted TTFTs, the driver's wake-up); a request's `Turn` |
 //! | `handles::log_limit` | per-kind rate limit of the per-request log lines (rejections, failures) a flood can trigger, with "suppressed K" summaries |
 //! | `handles::errors` | OpenAI-style error bodies; `request_error`, `no_healthy_pod`, `upstream_failed` |
 //! | `handles::reject` | a request the gateway answers itself, counted and logged (rate limited): `log_reject`, `reject` |

@@ -116,20 +116,20 @@ impl Gateway {
                 "tokenization reuse: no safe split points; only whole prompts are reused");
             crate::token_cache::SplitRule::Whole
         });
-        let cluster = config.cluster_config().map(crate::cluster::prepare);
-        let mut decisions_file = None;
+        let mut cluster = None;
         let shared = Shared::with(config.clone(), |metrics| {
             // The files first, the tracer (a thread of its own) last: an error before it
             // leaves nothing running.
-            if let Some(path) = &config.decisions_log {
-                decisions_file = Some(
+            let decisions_file = match &config.decisions_log {
+                Some(path) => Some(
                     crate::jsonl::JsonLines::open(path, metrics.decisions_log_dropped.clone())
                         .map_err(|source| ServeError::DecisionsLog {
                             path: path.display().to_string(),
                             source,
                         })?,
-                );
-            }
+                ),
+                None => None,
+            };
             let capture = match &config.capture {
                 Some(path) => Some(
                     crate::capture::Capture::open(path, metrics.capture_dropped.clone()).map_err(
@@ -151,6 +151,9 @@ impl Gateway {
                 }
                 None => None,
             };
+            cluster = config
+                .cluster_config()
+                .map(|c| crate::cluster::prepare(c, &metrics.cluster));
             Ok::<_, ServeError>(crate::state::StartParts {
                 token_cache: Some(Arc::new(crate::token_cache::TokenCache::new(
                     rule,
@@ -162,11 +165,9 @@ impl Gateway {
                 cluster: cluster
                     .as_ref()
                     .map(|c| c.cluster.clone() as Arc<dyn crate::state::ReplicaLink>),
+                decisions_file,
             })
         })?;
-        if let Some(file) = decisions_file {
-            shared.decisions.set_file(file);
-        }
         if config.pods.is_empty() && config.discovery == DiscoveryKind::Static {
             // Kept as before (a start has no previous config to fall back on), but said: every
             // request answers 503 and /readyz stays 503 until a reload names a pod.
@@ -266,7 +267,10 @@ impl Gateway {
     /// readiness turns NOT_SERVING, while the traffic listener still accepts and serves, so
     /// that load balancers polling readiness stop sending before it closes. Idempotent.
     pub fn begin_drain(&self) {
-        self.shared.shutting_down.store(true, Ordering::Release);
+        self.shared
+            .admission
+            .shutting_down
+            .store(true, Ordering::Release);
         let _ = self.draining.send(true);
     }
 
@@ -302,11 +306,11 @@ impl Gateway {
         {
             tracing::warn!(
                 grace_ms = grace.as_millis() as u64,
-                streams = self.shared.grace_end.streams(),
+                streams = self.shared.admission.grace_end.streams(),
                 "shutdown grace over; ending the streams in flight with an error event and \
                  cutting the other requests"
             );
-            self.shared.grace_end.end(grace);
+            self.shared.admission.grace_end.end(grace);
             if tokio::time::timeout(GRACE_END_WRITE, &mut task)
                 .await
                 .is_err()
@@ -317,10 +321,10 @@ impl Gateway {
         }
         // ext_proc streams live in their own tasks and hold an admission slot until Envoy's
         // response ends: they get the same grace.
-        while self.shared.admission.active() > 0 {
+        while self.shared.admission.slots.active() > 0 {
             if tokio::time::Instant::now() >= deadline {
                 tracing::warn!(
-                    active = self.shared.admission.active(),
+                    active = self.shared.admission.slots.active(),
                     "shutdown grace over; cutting the ext_proc streams still in flight"
                 );
                 break;
@@ -328,9 +332,9 @@ impl Gateway {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
         // The other replicas release this one's charges now rather than after its lease.
-        crate::cluster::leave(&self.shared, std::time::Duration::from_millis(200)).await;
+        crate::cluster::leave(&self.shared.session, std::time::Duration::from_millis(200)).await;
         // The spans of the requests just ended go out before the process exits.
-        if let Some(tracing) = self.shared.otel.as_ref() {
+        if let Some(tracing) = self.shared.telemetry.otel.as_ref() {
             tracing.shutdown().await;
         }
     }
@@ -341,19 +345,19 @@ impl Gateway {
 
     /// The in-flight counters of the pod at `url` (None: no such pod).
     pub fn in_flight(&self, url: &str) -> Option<InFlight> {
-        let pod = self.shared.pods.by_url(url)?;
-        Some(self.shared.session.lock().in_flight(pod.id))
+        let pod = self.shared.fleet.pods.by_url(url)?;
+        Some(self.shared.session.in_flight(pod.id))
     }
 
     /// Whether the pod at `url` is currently considered healthy.
     pub fn pod_healthy(&self, url: &str) -> Option<bool> {
-        self.shared.pods.by_url(url).map(|p| p.is_healthy())
+        self.shared.fleet.pods.by_url(url).map(|p| p.is_healthy())
     }
 }
 
 impl Drop for Gateway {
     fn drop(&mut self) {
-        for pod in self.shared.pods.all().iter() {
+        for pod in self.shared.fleet.pods.all().iter() {
             pod.removed.store(true, Ordering::Relaxed);
         }
         for t in self.tasks.iter().chain(&self.traffic_task) {
@@ -402,7 +406,7 @@ async fn summarise_log_lines(shared: std::sync::Arc<crate::state::Shared>) {
     let mut ticker = tokio::time::interval(crate::log_limit::WINDOW);
     loop {
         ticker.tick().await;
-        for (kind, n) in shared.log_limit.flush(std::time::Instant::now()) {
+        for (kind, n) in shared.telemetry.log_limit.flush(std::time::Instant::now()) {
             crate::log_limit::report(kind, n);
         }
     }

@@ -50,7 +50,7 @@ const NO_EXPLORE: &str = "[router]\nepsilon_explore_sticky = 0.0\n";
 /// Waits until every gateway is connected and knows `peers` other replicas.
 async fn joined(gws: &[&Gateway], peers: usize) {
     for gw in gws {
-        let c = Cluster::of(gw.shared()).expect("cluster on");
+        let c = Cluster::of(&gw.shared().session).expect("cluster on");
         eventually("connected and peers known", || {
             c.is_connected() && c.peer_stats().peers >= peers
         })
@@ -231,7 +231,7 @@ async fn routed_index_entries_are_shared_and_a_new_replica_warms_up_from_its_pee
         let s = gw.shared().session.lock();
         pods.iter()
             .map(|p| {
-                let id = gw.shared().pods.by_url(&p.url).unwrap().id;
+                let id = gw.shared().fleet.pods.by_url(&p.url).unwrap().id;
                 s.index().routed.pod_blocks(id)
             })
             .collect::<Vec<_>>()
@@ -316,7 +316,7 @@ async fn nats_killed_mid_run_fails_no_request_and_the_replicas_converge_after_it
     let (la, lb) = (load(&a), load(&b));
     tokio::time::sleep(Duration::from_millis(150)).await;
     nats.kill();
-    let ca = Cluster::of(a.shared()).unwrap();
+    let ca = Cluster::of(&a.shared().session).unwrap();
     eventually("A notices NATS is gone", || !ca.is_connected()).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(metric(&a, "kvgate_cluster_connected"), 0.0);
@@ -352,7 +352,7 @@ async fn nats_killed_mid_run_fails_no_request_and_the_replicas_converge_after_it
     // NATS back: the snapshots bring B up to date with A's stream.
     let t = Instant::now();
     nats.up();
-    let cb = Cluster::of(b.shared()).unwrap();
+    let cb = Cluster::of(&b.shared().session).unwrap();
     eventually("both reconnected", || {
         ca.is_connected() && cb.is_connected()
     })
@@ -568,13 +568,13 @@ async fn a_dead_replicas_charges_expire_after_its_lease_and_a_leaving_one_is_rel
     let a2 = replica(&pods, &nats).await;
     joined(&[&a2], 1).await;
     eventually("B knows A2", || {
-        Cluster::of(b.shared()).unwrap().peer_stats().peers == 1
+        Cluster::of(&b.shared().session).unwrap().peer_stats().peers == 1
     })
     .await;
     a2.shutdown(Duration::from_millis(100)).await;
     let left = Instant::now();
     eventually("B forgot A2", || {
-        Cluster::of(b.shared()).unwrap().peer_stats().peers == 0
+        Cluster::of(&b.shared().session).unwrap().peer_stats().peers == 0
     })
     .await;
     assert!(

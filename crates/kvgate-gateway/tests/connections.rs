@@ -244,9 +244,15 @@ async fn a_client_that_stops_reading_a_stream_is_cut_and_its_slot_and_in_flight_
     );
     s.write_all(head.as_bytes()).await.unwrap();
     let shared = gw.shared().clone();
-    eventually("the stream holds a slot", || shared.admission.active() == 1).await;
+    eventually("the stream holds a slot", || {
+        shared.admission.slots.active() == 1
+    })
+    .await;
     // Never read: the gateway's writes stall, and 300 ms later the connection is closed.
-    eventually("the slot is given back", || shared.admission.active() == 0).await;
+    eventually("the slot is given back", || {
+        shared.admission.slots.active() == 0
+    })
+    .await;
     assert_eq!(
         gw.in_flight(&pod.url),
         Some(kvgate_core::InFlight::default())
@@ -286,7 +292,10 @@ async fn streams_in_flight_when_the_shutdown_grace_ends_get_the_shutting_down_ev
         let req = post(&gw, "/v1/chat/completions", &chat_body("a", true));
         async move { send(&client(), req).await }
     });
-    eventually("the stream is in flight", || shared.admission.active() == 1).await;
+    eventually("the stream is in flight", || {
+        shared.admission.slots.active() == 1
+    })
+    .await;
     let t0 = Instant::now();
     gw.shutdown(Duration::from_millis(300)).await;
     let took = t0.elapsed();
@@ -306,7 +315,7 @@ async fn streams_in_flight_when_the_shutdown_grace_ends_get_the_shutting_down_ev
     assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
     let m = shared.metrics_text().unwrap();
     assert!(m.contains("status=\"shutdown\"} 1"), "{m}");
-    assert_eq!(shared.admission.active(), 0);
+    assert_eq!(shared.admission.slots.active(), 0);
     eventually("the upstream stream is cancelled", || {
         pod.state.active_streams.load(Ordering::SeqCst) == 0
     })

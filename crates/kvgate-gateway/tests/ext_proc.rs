@@ -204,7 +204,7 @@ async fn buffered_body_routes_and_the_response_phase_ends_the_request() {
         .iter()
         .find(|p| p.url == format!("http://{dest}"))
         .expect("destination is one of the pods");
-    let decisions = gw.shared().decisions.snapshot();
+    let decisions = gw.shared().telemetry.decisions.snapshot();
     assert_eq!(decisions.len(), 1);
     assert_eq!(&*decisions[0].decision.pod, chosen.url);
     assert_eq!(decisions[0].request_id, "envoy-test-1");
@@ -310,7 +310,7 @@ async fn bad_body_is_400_and_no_pod_is_503() {
     assert_eq!(r.status.unwrap().code, 400);
     let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
     assert_eq!(v["error"]["code"], "invalid_json");
-    assert!(gw.shared().decisions.snapshot().is_empty());
+    assert!(gw.shared().telemetry.decisions.snapshot().is_empty());
 
     for p in &pods {
         p.kill();
@@ -361,6 +361,7 @@ async fn a_mixed_model_fleet_names_only_pods_of_the_models_and_an_unknown_model_
         pods.iter().all(|p| {
             gw.pod_healthy(&p.url) == Some(true)
                 && shared
+                    .fleet
                     .pods
                     .by_url(&p.url)
                     .is_some_and(|p| p.served_models().is_some())
@@ -387,7 +388,7 @@ async fn a_mixed_model_fleet_names_only_pods_of_the_models_and_an_unknown_model_
             assert_eq!(format!("http://{dest}"), pod.url, "{model}");
         }
     }
-    let decided = gw.shared().decisions.snapshot().len();
+    let decided = gw.shared().telemetry.decisions.snapshot().len();
     let mut envoy = FakeEnvoy::connect(&gw).await;
     envoy.send(request_headers()).await;
     let _ = envoy.recv().await;
@@ -404,7 +405,7 @@ async fn a_mixed_model_fleet_names_only_pods_of_the_models_and_an_unknown_model_
     assert_eq!(r.status.unwrap().code, 404);
     let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
     assert_eq!(v["error"]["code"], "model_not_found");
-    assert_eq!(gw.shared().decisions.snapshot().len(), decided);
+    assert_eq!(gw.shared().telemetry.decisions.snapshot().len(), decided);
 }
 
 /// `metadata_context` with the subset hint `endpoints`.
@@ -525,7 +526,7 @@ async fn over_the_slots_and_queue_is_429_with_retry_after() {
             .is_err(),
         "B was answered while A holds the only slot"
     );
-    eventually("B queued", || gw.shared().admission.queued() == 1).await;
+    eventually("B queued", || gw.shared().admission.slots.queued() == 1).await;
     // C finds the slot and the queue full.
     let mut c = FakeEnvoy::connect(&gw).await;
     c.send(request_headers()).await;
@@ -558,7 +559,7 @@ async fn over_the_slots_and_queue_is_429_with_retry_after() {
         b.recv().await,
         processing_response::Response::RequestHeaders(_)
     ));
-    assert_eq!(gw.shared().admission.queued(), 0);
+    assert_eq!(gw.shared().admission.slots.queued(), 0);
     // B waited ≥ 300 ms in the queue; its TTFT starts at admission, so that wait is not
     // trained on.
     b.send(processing_request::Request::RequestBody(body(
@@ -623,7 +624,10 @@ async fn grpc_readiness_turns_not_serving_on_shutdown() {
         async move { common::send(&c, req).await }
     });
     let shared = gw.shared().clone();
-    eventually("the stream is in flight", || shared.admission.active() == 1).await;
+    eventually("the stream is in flight", || {
+        shared.admission.slots.active() == 1
+    })
+    .await;
     let shutdown = tokio::spawn(gw.shutdown(std::time::Duration::from_secs(5)));
     let mut status = 0;
     for _ in 0..50 {
@@ -649,7 +653,7 @@ async fn shutdown_gives_ext_proc_streams_in_flight_the_grace_period() {
         processing_response::Response::RequestHeaders(_)
     ));
     let shared = gw.shared().clone();
-    assert_eq!(shared.admission.active(), 1);
+    assert_eq!(shared.admission.slots.active(), 1);
     let shutdown = tokio::spawn(gw.shutdown(Duration::from_secs(5)));
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
@@ -662,7 +666,7 @@ async fn shutdown_gives_ext_proc_streams_in_flight_the_grace_period() {
         .await
         .expect("shutdown waits for the stream, not the whole grace")
         .unwrap();
-    assert_eq!(shared.admission.active(), 0);
+    assert_eq!(shared.admission.slots.active(), 0);
 }
 
 /// Request headers with SLO headers added.
@@ -700,7 +704,7 @@ async fn slo_headers_route_a_policy_that_reads_them_and_a_bad_one_is_400() {
         full.response,
         Some(processing_response::Response::RequestBody(_))
     ));
-    let decisions = gw.shared().decisions.snapshot();
+    let decisions = gw.shared().telemetry.decisions.snapshot();
     assert_eq!(decisions.len(), 1);
     assert_eq!(decisions[0].slo_ttft_ms, Some(60000.0));
     let slo = decisions[0]
@@ -722,7 +726,7 @@ async fn slo_headers_route_a_policy_that_reads_them_and_a_bad_one_is_400() {
         )))
         .await;
     assert_rejected_400(&gw, &mut envoy, "invalid_slo_header", "x-slo-ttft-ms").await;
-    assert_eq!(gw.shared().decisions.snapshot().len(), 1);
+    assert_eq!(gw.shared().telemetry.decisions.snapshot().len(), 1);
 }
 
 /// The stream's answer is a 400 with OpenAI error `code` naming `param`, counted once in
@@ -776,9 +780,9 @@ async fn flow_control_holds_the_body_answer_releases_high_priority_first_and_exp
         held.push(s);
     }
     let mut low = routed_stream(&gw, &[("x-kvgate-tenant", "batch")]).await;
-    eventually("low queued", || gw.shared().flow.queued() == 1).await;
+    eventually("low queued", || gw.shared().admission.flow.queued() == 1).await;
     let mut high = routed_stream(&gw, &[("x-kvgate-priority", "5")]).await;
-    eventually("high queued", || gw.shared().flow.queued() == 2).await;
+    eventually("high queued", || gw.shared().admission.flow.queued() == 2).await;
     assert!(
         tokio::time::timeout(Duration::from_millis(200), high.rx.message())
             .await
@@ -792,9 +796,10 @@ async fn flow_control_holds_the_body_answer_releases_high_priority_first_and_exp
         high.recv().await,
         processing_response::Response::RequestBody(_)
     ));
-    assert_eq!(gw.shared().flow.queued(), 1);
+    assert_eq!(gw.shared().admission.flow.queued(), 1);
     let rec = gw
         .shared()
+        .telemetry
         .decisions
         .snapshot()
         .into_iter()
@@ -825,9 +830,9 @@ async fn flow_control_holds_the_body_answer_releases_high_priority_first_and_exp
     );
     // A stream Envoy cancels while queued leaves the queue.
     let gone = routed_stream(&gw, &[]).await;
-    eventually("queued", || gw.shared().flow.queued() == 1).await;
+    eventually("queued", || gw.shared().admission.flow.queued() == 1).await;
     drop(gone);
-    eventually("cancelled", || gw.shared().flow.queued() == 0).await;
+    eventually("cancelled", || gw.shared().admission.flow.queued() == 0).await;
     assert_eq!(metric(&gw, "kvgate_flow_cancelled_total"), 1.0);
 }
 

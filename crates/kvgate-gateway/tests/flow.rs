@@ -75,7 +75,7 @@ async fn flow_control_off_by_default_leaves_bodies_headers_and_decisions_as_they
     assert_eq!(r.status, 200);
     let body = pod.state.last_body.lock().unwrap().clone().unwrap();
     assert!(body.get("priority").is_none(), "{body}");
-    let decisions = gw.shared().decisions.snapshot();
+    let decisions = gw.shared().telemetry.decisions.snapshot();
     assert!(decisions[0].flow.is_none());
     let json = serde_json::to_value(&decisions[0]).unwrap();
     assert!(json.get("flow").is_none());

@@ -152,7 +152,7 @@ fn counter(
         prometheus_client::metrics::counter::Counter,
     >,
 ) -> u64 {
-    pick(&gw.shared().metrics)
+    pick(&gw.shared().telemetry.metrics)
         .get_or_create(&PodLabel {
             pod: url.to_string(),
         })
@@ -389,7 +389,7 @@ async fn a_tokenizer_json_makes_text_prompts_match_the_events_token_blocks() {
     )
     .await;
     assert_eq!(resp.status, 200);
-    let decisions = gw.shared().decisions.snapshot();
+    let decisions = gw.shared().telemetry.decisions.snapshot();
     let last = decisions.last().expect("a decision");
     assert_eq!(last.decision.pods.len(), 1);
     assert_eq!(last.decision.pods[0].prefix_score, 1.0);

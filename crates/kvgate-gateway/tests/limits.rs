@@ -26,7 +26,7 @@ async fn beyond_the_concurrency_limit_and_queue_requests_get_429_with_retry_afte
     });
     let shared = gw.shared().clone();
     eventually("the first request holds the slot", || {
-        shared.admission.active() == 1
+        shared.admission.slots.active() == 1
     })
     .await;
     let second = send(&c, post(&gw, "/v1/chat/completions", &chat_body("b", true))).await;
@@ -43,7 +43,7 @@ async fn beyond_the_concurrency_limit_and_queue_requests_get_429_with_retry_afte
         first.text()
     );
     eventually("slots and queue back to zero", || {
-        shared.admission.active() == 0 && shared.admission.queued() == 0
+        shared.admission.slots.active() == 0 && shared.admission.slots.queued() == 0
     })
     .await;
     assert_idle(&gw, &[&pod]).await;
@@ -137,7 +137,10 @@ async fn shutdown_turns_readiness_false_lets_streams_finish_then_refuses_connect
         async move { send(&c, req).await }
     });
     let shared = gw.shared().clone();
-    eventually("the stream is in flight", || shared.admission.active() == 1).await;
+    eventually("the stream is in flight", || {
+        shared.admission.slots.active() == 1
+    })
+    .await;
     let shutdown = tokio::spawn(gw.shutdown(std::time::Duration::from_secs(5)));
     let readyz = http::Request::get(format!("http://{admin}/readyz"))
         .body(Default::default())
@@ -274,7 +277,7 @@ async fn a_pod_stalling_mid_stream_gives_a_clean_error_event_and_counters_return
     assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
     assert_idle(&gw, &[&pod]).await;
     let shared = gw.shared().clone();
-    eventually("slot given back", || shared.admission.active() == 0).await;
+    eventually("slot given back", || shared.admission.slots.active() == 0).await;
     eventually("the upstream stream is cancelled", || {
         pod.state
             .active_streams
@@ -307,11 +310,11 @@ async fn a_request_within_the_queue_waits_for_a_slot_and_is_served() {
     };
     let first = spawn_stream("a");
     eventually("the first holds the slot", || {
-        shared.admission.active() == 1
+        shared.admission.slots.active() == 1
     })
     .await;
     let second = spawn_stream("b");
-    eventually("the second waits", || shared.admission.queued() == 1).await;
+    eventually("the second waits", || shared.admission.slots.queued() == 1).await;
     let third = send(&c, post(&gw, "/v1/chat/completions", &chat_body("c", true))).await;
     assert_eq!(third.status, http::StatusCode::TOO_MANY_REQUESTS);
     for r in [first.await.unwrap(), second.await.unwrap()] {
@@ -320,7 +323,7 @@ async fn a_request_within_the_queue_waits_for_a_slot_and_is_served() {
     }
     assert_eq!(pod.requests(), 2);
     eventually("slots and queue back to zero", || {
-        shared.admission.active() == 0 && shared.admission.queued() == 0
+        shared.admission.slots.active() == 0 && shared.admission.slots.queued() == 0
     })
     .await;
     assert_idle(&gw, &[&pod]).await;
@@ -565,7 +568,7 @@ async fn clients_trickling_their_bodies_hold_no_slot() {
         slow.push(trickling_client(&gw, 10_000_000, 10).await);
     }
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    assert_eq!(gw.shared().admission.active(), 0);
+    assert_eq!(gw.shared().admission.slots.active(), 0);
     let r = send(
         &client(),
         post(&gw, "/v1/chat/completions", &chat_body("a", false)),
@@ -585,7 +588,7 @@ async fn clients_trickling_their_bodies_hold_no_slot() {
         assert!(text.contains("body_timeout"), "{text}");
     }
     eventually("every body's bytes returned to the budget", || {
-        gw.shared().body_budget.held() == 0
+        gw.shared().admission.body_budget.held() == 0
     })
     .await;
     assert_idle(&gw, &[&pod]).await;
@@ -607,7 +610,7 @@ async fn request_bodies_beyond_the_memory_budget_get_503_and_the_budget_comes_ba
     // One client holds 900 bytes of the 1,000-byte budget while it trickles.
     let hog = trickling_client(&gw, 5_000, 900).await;
     eventually("the hog's bytes are in the budget", || {
-        gw.shared().body_budget.held() == 900
+        gw.shared().admission.body_budget.held() == 900
     })
     .await;
     let body = chat_body(&"x".repeat(200), false);
@@ -622,7 +625,7 @@ async fn request_bodies_beyond_the_memory_budget_get_503_and_the_budget_comes_ba
     assert_eq!(r.header("retry-after").as_deref(), Some("1"));
     // The hog times out (408) and its bytes come back: the same request is served.
     eventually("the hog's bytes returned", || {
-        gw.shared().body_budget.held() == 0
+        gw.shared().admission.body_budget.held() == 0
     })
     .await;
     let r = send(&client(), post(&gw, "/v1/chat/completions", &body)).await;
@@ -654,7 +657,7 @@ async fn time_queued_counts_against_the_request_timeout() {
     });
     let shared = gw.shared().clone();
     eventually("the first request holds the slot", || {
-        shared.admission.active() == 1
+        shared.admission.slots.active() == 1
     })
     .await;
     // The second waits in the queue for ~600 ms, so its deadline (600 ms from its arrival) is

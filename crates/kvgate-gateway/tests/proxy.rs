@@ -585,7 +585,7 @@ async fn debug_score_reports_where_a_prompt_is_cached_without_routing_it() {
     let r = send(&c, post(&gw, "/v1/chat/completions", &body)).await;
     assert_eq!(r.status, 200);
     let served_by = r.header("x-kvgate-pod").unwrap();
-    let decisions = gw.shared().decisions.snapshot().len();
+    let decisions = gw.shared().telemetry.decisions.snapshot().len();
     let requests: Vec<u32> = pods.iter().map(FakePod::requests).collect();
 
     let score = |body: &str| {
@@ -615,7 +615,7 @@ async fn debug_score_reports_where_a_prompt_is_cached_without_routing_it() {
     let other = pods.iter().find(|p| p.url != served_by).unwrap();
     assert_eq!(view(&other.url)["prefix_score"], 0.0, "{report}");
     // A dry run: no decision logged, no pod called, nothing left in flight.
-    assert_eq!(gw.shared().decisions.snapshot().len(), decisions);
+    assert_eq!(gw.shared().telemetry.decisions.snapshot().len(), decisions);
     let after: Vec<u32> = pods.iter().map(FakePod::requests).collect();
     assert_eq!(after, requests);
     assert_idle(&gw, &refs).await;
@@ -820,7 +820,11 @@ async fn a_slow_metrics_answer_is_not_an_outage_until_it_repeats() {
             .sum::<f64>()
     };
     assert!(errors(&gw) >= 1.0, "the timeout is counted");
-    assert_eq!(gw.shared().pods.all()[0].outages(), 0, "but no outage");
+    assert_eq!(
+        gw.shared().fleet.pods.all()[0].outages(),
+        0,
+        "but no outage"
+    );
     // Scrapes that keep timing out do make it unhealthy.
     pod.state.metrics_delay_ms.store(5_000, Ordering::SeqCst);
     tokio::time::timeout(Duration::from_secs(20), async {

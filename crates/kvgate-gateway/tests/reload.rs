@@ -44,7 +44,7 @@ async fn config_reload_applies_valid_files_and_keeps_the_old_config_on_invalid_o
         assert_eq!(gw.shared().config().pods.len(), 1);
         assert_eq!(gw.shared().config().router.affinity_gate_tau, 0.8);
     }
-    assert_eq!(gw.shared().metrics.config_reload_errors.get(), 3);
+    assert_eq!(gw.shared().telemetry.metrics.config_reload_errors.get(), 3);
 
     // Valid: the watcher picks it up by itself (mtime/size poll every second).
     std::fs::write(

@@ -232,7 +232,7 @@ fn status_line(gw: &Gateway, pods: &[RunningPod], elapsed: Duration) -> String {
         "-".into()
     };
     let in_flight: u32 = {
-        let pods = gw.shared().pods.all();
+        let pods = gw.shared().fleet.pods.all();
         let session = gw.shared().session.lock();
         pods.iter().map(|p| session.in_flight(p.id).requests).sum()
     };

@@ -109,7 +109,7 @@ async fn score_after_a_request_is_one_minus_the_last_partial_block_from_events_a
     let urls: Vec<String> = pods.iter().map(RunningPod::url).collect();
     let ids: Vec<_> = urls
         .iter()
-        .map(|u| gw.shared().pods.by_url(u).unwrap().id)
+        .map(|u| gw.shared().fleet.pods.by_url(u).unwrap().id)
         .collect();
     wait_until("every pod healthy and followed by the engine index", || {
         let session = gw.shared().session.lock();
@@ -251,7 +251,7 @@ async fn bursts(
     let urls: Vec<String> = pods.iter().map(RunningPod::url).collect();
     let ids: Vec<_> = urls
         .iter()
-        .map(|u| gw.shared().pods.by_url(u).unwrap().id)
+        .map(|u| gw.shared().fleet.pods.by_url(u).unwrap().id)
         .collect();
     wait_until("every pod healthy and followed by the engine index", || {
         let session = gw.shared().session.lock();

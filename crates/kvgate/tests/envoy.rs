@@ -117,6 +117,7 @@ async fn envoy_routes_every_request_to_the_pod_kvgate_chose() {
     // kvgate's decisions, in order (the script sends one request at a time).
     let chosen: Vec<String> = gw
         .shared()
+        .telemetry
         .decisions
         .snapshot()
         .into_iter()
@@ -434,7 +435,7 @@ async fn envoy_sends_each_request_to_the_data_parallel_engine_kvgate_chose() {
     .await
     .unwrap();
     wait_until("both engines healthy", || {
-        let pods = gw.shared().pods.all();
+        let pods = gw.shared().fleet.pods.all();
         pods.len() == 2 && pods.iter().all(|p| p.is_healthy())
     })
     .await;
@@ -471,6 +472,7 @@ async fn envoy_sends_each_request_to_the_data_parallel_engine_kvgate_chose() {
         let after = [queries(0).await, queries(1).await];
         let chosen = gw
             .shared()
+            .telemetry
             .decisions
             .snapshot()
             .last()

@@ -135,7 +135,7 @@ async fn chat_saying(
 }
 
 fn flow_queued(gw: &Gateway) -> usize {
-    gw.shared().flow.queued()
+    gw.shared().admission.flow.queued()
 }
 
 fn metric_sum(gw: &Gateway, prefix: &str) -> f64 {
@@ -237,7 +237,7 @@ async fn high_priority_is_served_before_low_priority_queued_earlier() {
         high.done_ms
     );
     // /debug/decisions shows its class and its time in the queue.
-    let decisions = gw.shared().decisions.snapshot();
+    let decisions = gw.shared().telemetry.decisions.snapshot();
     let rec = decisions
         .iter()
         .find(|d| d.request_id == "high")
@@ -350,7 +350,7 @@ async fn a_released_request_goes_to_the_pod_with_room_not_to_its_full_sticky_pod
         released.done_ms,
         long.done_ms
     );
-    let decisions = gw.shared().decisions.snapshot();
+    let decisions = gw.shared().telemetry.decisions.snapshot();
     let pod_of = |id: &str| {
         decisions
             .iter()

@@ -59,7 +59,7 @@ async fn gateway(pod: &RunningPod) -> Gateway {
     .await
     .unwrap();
     wait_until("both engines healthy", || {
-        let pods = gw.shared().pods.all();
+        let pods = gw.shared().fleet.pods.all();
         pods.len() == 2 && pods.iter().all(|p| p.is_healthy())
     })
     .await;
@@ -126,6 +126,7 @@ async fn each_engine_of_a_dp_server_keeps_its_conversations_and_serves_them_from
     let base = format!("http://{}", gw.traffic_addr);
     let names: Vec<String> = gw
         .shared()
+        .fleet
         .pods
         .all()
         .iter()
@@ -159,6 +160,7 @@ async fn each_engine_of_a_dp_server_keeps_its_conversations_and_serves_them_from
     // The scrape splits the server's metrics by engine: each gets its own block size.
     wait_until("each engine's block size scraped", || {
         gw.shared()
+            .fleet
             .pods
             .all()
             .iter()
@@ -213,7 +215,7 @@ async fn each_engine_of_a_dp_server_keeps_its_conversations_and_serves_them_from
     }
     // The in-flight ledger is back to zero on both engines.
     let session = gw.shared().session.lock();
-    for p in gw.shared().pods.all().iter() {
+    for p in gw.shared().fleet.pods.all().iter() {
         assert_eq!(session.in_flight(p.id).requests, 0, "{}", p.url);
     }
 }
@@ -223,7 +225,7 @@ async fn each_ranks_kv_events_reach_only_that_engines_index_entry() {
     let pod = dp_pod(true).await;
     let gw = gateway(&pod).await;
     let base = format!("http://{}", gw.traffic_addr);
-    let pods = gw.shared().pods.all().clone();
+    let pods = gw.shared().fleet.pods.all().clone();
     let ids: Vec<_> = pods.iter().map(|p| p.id).collect();
     wait_until("both engines followed by the engine index", || {
         let session = gw.shared().session.lock();

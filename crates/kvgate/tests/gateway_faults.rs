@@ -39,7 +39,7 @@ async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
 
 async fn assert_idle(gw: &Gateway, pods: &[&RunningPod]) {
     wait_until("in-flight counters and slots back to zero", || {
-        gw.shared().admission.active() == 0
+        gw.shared().admission.slots.active() == 0
             && pods.iter().all(|p| {
                 gw.in_flight(&p.url())
                     .is_none_or(|f| f == kvgate_core::InFlight::default())

@@ -56,6 +56,7 @@ async fn two_models_behind_one_gateway_each_request_reaches_a_pod_of_its_model()
     wait_until("both pods' models learnt", || {
         [&url_a, &url_b].iter().all(|u| {
             shared
+                .fleet
                 .pods
                 .by_url(u)
                 .is_some_and(|p| p.served_models().is_some())
@@ -86,7 +87,7 @@ async fn two_models_behind_one_gateway_each_request_reaches_a_pod_of_its_model()
     }
 
     // An unknown model: kvgate's own 404, nothing charged, decided or sent to a pod.
-    let decided = shared.decisions.snapshot().len();
+    let decided = shared.telemetry.decisions.snapshot().len();
     let resp = http
         .post(format!("{base}/v1/completions"))
         .json(&completion("model-c", 0))
@@ -98,7 +99,7 @@ async fn two_models_behind_one_gateway_each_request_reaches_a_pod_of_its_model()
     assert_eq!(body["error"]["code"], "model_not_found");
     assert_eq!(body["error"]["type"], "NotFoundError");
     assert_eq!(body["error"]["param"], "model");
-    assert_eq!(shared.decisions.snapshot().len(), decided);
+    assert_eq!(shared.telemetry.decisions.snapshot().len(), decided);
     for u in [&url_a, &url_b] {
         assert_eq!(gw.in_flight(u), Some(kvgate_core::InFlight::default()));
         let pod_metrics = http
@@ -195,7 +196,7 @@ async fn a_declared_model_routes_before_the_pod_is_asked_and_a_pod_back_up_is_le
     .await
     .unwrap();
     let shared = gw.shared().clone();
-    let served = |u: &str| shared.pods.by_url(u).and_then(|p| p.served_models());
+    let served = |u: &str| shared.fleet.pods.by_url(u).and_then(|p| p.served_models());
     wait_until("pod a learnt", || served(&url_a).is_some()).await;
     let base = format!("http://{}", gw.traffic_addr);
     let http = reqwest::Client::new();
@@ -214,7 +215,7 @@ async fn a_declared_model_routes_before_the_pod_is_asked_and_a_pod_back_up_is_le
         )))
     );
     // The predictor learns each pod under its hardware class and its model.
-    let class = |u: &str| shared.pods.by_url(u).unwrap().predictor_class();
+    let class = |u: &str| shared.fleet.pods.by_url(u).unwrap().predictor_class();
     assert_eq!(&*class(&url_b), "default@model-b");
 
     // Pod b comes up serving model-b2 (not what was declared): its own list is learnt.

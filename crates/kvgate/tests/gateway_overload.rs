@@ -116,7 +116,7 @@ async fn a_deep_queue_on_slow_pods_cuts_no_stream_and_trips_no_breaker() {
     );
     assert_eq!(metric(&m, "kvgate_upstream_timeouts_total"), 0.0, "{m}");
     let deadline = Instant::now() + Duration::from_secs(10);
-    while gw.shared().admission.active() != 0 {
+    while gw.shared().admission.slots.active() != 0 {
         assert!(Instant::now() < deadline, "slots back to zero");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

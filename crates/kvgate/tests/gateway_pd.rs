@@ -44,7 +44,7 @@ async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
 
 async fn assert_idle(gw: &Gateway, pods: &[&RunningPod]) {
     wait_until("in-flight counters and slots back to zero", || {
-        gw.shared().admission.active() == 0
+        gw.shared().admission.slots.active() == 0
             && pods.iter().all(|p| {
                 gw.in_flight(&p.url())
                     .is_none_or(|f| f == kvgate_core::InFlight::default())
@@ -194,7 +194,7 @@ async fn completions_and_chat_stream_and_not_are_prefilled_on_one_pod_and_decode
     assert_eq!(pod_metric(&p, "vllm:generation_tokens_total").await, 4.0);
     assert_eq!(pod_metric(&d, "vllm:generation_tokens_total").await, 20.0);
     // The decision explains both picks.
-    let decisions = gw.shared().decisions.snapshot();
+    let decisions = gw.shared().telemetry.decisions.snapshot();
     let last = serde_json::to_value(decisions.last().unwrap()).unwrap();
     assert_eq!(last["pod"], p.url());
     assert_eq!(last["decode"]["pod"], d.url());

@@ -30,6 +30,7 @@ async fn fleet(config_file: Option<std::path::PathBuf>) -> (Vec<RunningPod>, Gat
         gw.pod_healthy(url) == Some(true)
             && gw
                 .shared()
+                .fleet
                 .pods
                 .by_url(url)
                 .is_some_and(|p| p.served_models().is_some())

@@ -285,6 +285,7 @@ async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
 fn table(gw: &Gateway) -> Vec<String> {
     let mut urls: Vec<String> = gw
         .shared()
+        .fleet
         .pods
         .all()
         .iter()
@@ -370,7 +371,7 @@ async fn the_pod_table_follows_ready_pods_through_list_and_watch() {
     let text = gw.shared().metrics_text().unwrap();
     assert!(text.contains("kvgate_discovered_pods 2\n"), "{text}");
     // Ids: configured 0, a 1, b 2, x 3; a and b left, so c took the smallest free id, a's.
-    let id_of = |url: &str| gw.shared().pods.by_url(url).map(|p| p.id.0);
+    let id_of = |url: &str| gw.shared().fleet.pods.by_url(url).map(|p| p.id.0);
     assert_eq!(
         [
             id_of(&configured),

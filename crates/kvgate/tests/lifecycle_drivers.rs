@@ -285,7 +285,7 @@ fn gateway_args(pods: &[String]) -> ServeArgs {
 
 /// Every pod of `gw` healthy, idle on its last scrape, and nothing in flight in its session.
 fn idle(gw: &Gateway, pods: usize) -> bool {
-    let all = gw.shared().pods.all();
+    let all = gw.shared().fleet.pods.all();
     let session = gw.shared().session.lock();
     all.len() == pods
         && all.iter().all(|p| {
@@ -323,6 +323,7 @@ async fn send(client: &reqwest::Client, base: &str, body: &Value) {
 /// The routes in `gw`'s decision log, oldest first.
 fn logged_routes(gw: &Gateway) -> Routes {
     gw.shared()
+        .telemetry
         .decisions
         .snapshot()
         .iter()
@@ -366,7 +367,7 @@ async fn through_the_gateway(
         settle(|| idle(&gw, roles.len())).await;
         send(&client, &base, body).await;
     }
-    let kv_blocks = gw.shared().pods.all()[0].snapshot().kv_blocks;
+    let kv_blocks = gw.shared().fleet.pods.all()[0].snapshot().kv_blocks;
     (logged_routes(&gw), kv_blocks)
 }
 
@@ -388,7 +389,7 @@ async fn through_two_replicas(bodies: &[Value], nats: &Nats) -> Routes {
         replicas.push((gw, k));
     }
     for (gw, k) in &replicas {
-        let cluster = Cluster::of(gw.shared()).expect("cluster on");
+        let cluster = Cluster::of(&gw.shared().session).expect("cluster on");
         settle(|| cluster.is_connected() && cluster.peer_stats().peers >= 1).await;
         gw.shared().session.lock().reseed(SEED + k);
     }
@@ -617,7 +618,10 @@ async fn flow_order_in_the_gateway(bodies: &[Value]) -> Vec<u64> {
         }));
         // The long request is routed; each of the backlog waits in the queue.
         let deadline = Instant::now() + Duration::from_secs(10);
-        while (gw.shared().decisions.snapshot().len() + gw.shared().flow.queued()) < i + 1 {
+        while (gw.shared().telemetry.decisions.snapshot().len()
+            + gw.shared().admission.flow.queued())
+            < i + 1
+        {
             assert!(
                 Instant::now() < deadline,
                 "request {i} neither routed nor queued"
@@ -625,7 +629,7 @@ async fn flow_order_in_the_gateway(bodies: &[Value]) -> Vec<u64> {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         assert_eq!(
-            gw.shared().decisions.snapshot().len(),
+            gw.shared().telemetry.decisions.snapshot().len(),
             1,
             "the pod has no room"
         );
@@ -634,6 +638,7 @@ async fn flow_order_in_the_gateway(bodies: &[Value]) -> Vec<u64> {
         s.await.unwrap();
     }
     gw.shared()
+        .telemetry
         .decisions
         .snapshot()
         .iter()

@@ -553,7 +553,7 @@ async fn dashboard_queries_answer_and_alerts_fire_in_a_real_prometheus() {
     // Stop every pod: requests get 503 no_healthy_pod.
     drop(pods);
     let deadline = Instant::now() + Duration::from_secs(20);
-    while gw.shared().pods.all().iter().any(|p| p.is_healthy()) {
+    while gw.shared().fleet.pods.all().iter().any(|p| p.is_healthy()) {
         assert!(Instant::now() < deadline, "pods still healthy");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -540,6 +540,7 @@ async fn envoy_sends_each_request_to_the_real_pod_kvgate_chose() {
         assert_eq!(body.contains("data: [DONE]"), stream, "{body}");
         let chosen = gw
             .shared()
+            .telemetry
             .decisions
             .snapshot()
             .last()

@@ -142,6 +142,7 @@ async fn each_request_reaches_a_real_pod_of_its_model_and_an_unknown_model_is_kv
             both.iter().all(|p| {
                 gw.pod_healthy(&p.url) == Some(true)
                     && shared
+                        .fleet
                         .pods
                         .by_url(&p.url)
                         .is_some_and(|pod| pod.served_models().is_some())
@@ -180,13 +181,13 @@ async fn each_request_reaches_a_real_pod_of_its_model_and_an_unknown_model_is_kv
     }
 
     // An unknown model: kvgate's own 404, nothing decided.
-    let decided = shared.decisions.snapshot().len();
+    let decided = shared.telemetry.decisions.snapshot().len();
     let (status, pod, body) = chat(&base, "no-such-model", false).await;
     assert_eq!(status, 404, "{body}");
     assert!(pod.is_empty(), "no pod: {pod}");
     let err: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(err["error"]["code"], "model_not_found", "{body}");
-    assert_eq!(shared.decisions.snapshot().len(), decided);
+    assert_eq!(shared.telemetry.decisions.snapshot().len(), decided);
 
     // Behind a real Envoy (ext_proc): the same, the pod being the one kvgate decided.
     let mut envoy = envoy_harness::Envoy::start(&envoy_bin, gw.ext_proc_addr.unwrap().port());
@@ -198,6 +199,7 @@ async fn each_request_reaches_a_real_pod_of_its_model_and_an_unknown_model_is_kv
         assert_eq!(status, 200, "{body}\n{}", envoy.log_text());
         assert_eq!(answered_model(&body).as_deref(), Some(p.model.as_str()));
         let chosen = shared
+            .telemetry
             .decisions
             .snapshot()
             .last()

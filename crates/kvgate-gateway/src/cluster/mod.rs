@@ -48,9 +48,11 @@
 pub mod wire;
 
 pub use crate::config::{ClusterConfig, DEFAULT_CLUSTER_NAME, DEFAULT_LEASE_MS, valid_name};
+use crate::handles::session::{ReplicaLink, SessionHandle};
 pub use crate::metrics::{ClusterMetrics, ClusterReasonLabel, DeliveryHistogram};
 use crate::pods::Pod;
-use crate::state::{ReplicaLink, Shared};
+use crate::pods::PodTable;
+use crate::state::Shared;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use kvgate_core::session::peers::{PeerConfig, PeerStats};
@@ -95,6 +97,8 @@ pub struct Cluster {
     /// [`QUEUED_HEADER`], so peers measure the delivery delay.
     oldest_queued_us: AtomicU64,
     link: Arc<Link>,
+    /// `kvgate_cluster_*`, counted into by every transition and task.
+    metrics: ClusterMetrics,
     /// The machine's clock: `now_ms` is milliseconds since this instant.
     epoch: Instant,
 }
@@ -112,39 +116,30 @@ impl ReplicaLink for Cluster {
     /// A request was routed (or charged unrouted: no blocks); returns its cluster request id.
     fn routed(
         &self,
-        shared: &Shared,
         pod: &Pod,
         blocks: &[BlockHash],
         input_tokens: u32,
         prefill_tokens: u64,
     ) -> u64 {
         let key = wire::pod_key(&pod.url);
-        self.outbound(shared, |m| {
-            m.route(key, blocks, input_tokens, prefill_tokens)
-        })
+        self.outbound(|m| m.route(key, blocks, input_tokens, prefill_tokens))
     }
 
     /// The request's first token; with a training sample (its TTFT, learnt at the first
     /// token), that goes out too, for the other replicas' predictors.
-    fn first_token(
-        &self,
-        shared: &Shared,
-        request: u64,
-        decode_tokens: u64,
-        sample: Option<TrainingSample>,
-    ) {
-        self.outbound(shared, |m| m.first_token(request, decode_tokens, sample));
+    fn first_token(&self, request: u64, decode_tokens: u64, sample: Option<TrainingSample>) {
+        self.outbound(|m| m.first_token(request, decode_tokens, sample));
     }
 
     /// `tokens` more decode tokens (the machine reports them in steps of 32).
-    fn tokens(&self, shared: &Shared, request: u64, tokens: u64) {
-        self.outbound(shared, |m| m.tokens(request, tokens));
+    fn tokens(&self, request: u64, tokens: u64) {
+        self.outbound(|m| m.tokens(request, tokens));
     }
 
     /// The request ended; with a training sample (it completed normally), that goes out
     /// too, for the other replicas' predictors.
-    fn finish(&self, shared: &Shared, request: u64, sample: Option<TrainingSample>) {
-        self.outbound(shared, |m| m.finish(request, sample));
+    fn finish(&self, request: u64, sample: Option<TrainingSample>) {
+        self.outbound(|m| m.finish(request, sample));
     }
 
     /// Refreshes the `kvgate_cluster_*` gauges.
@@ -221,8 +216,8 @@ struct GatewayPods {
 }
 
 impl GatewayPods {
-    fn of(shared: &Shared) -> Self {
-        let all = shared.pods.all();
+    fn of(pods: &PodTable) -> Self {
+        let all = pods.all();
         GatewayPods {
             pods: all.iter().map(|p| (wire::pod_key(&p.url), p.id)).collect(),
             classes: all
@@ -245,7 +240,7 @@ impl PodKeys for GatewayPods {
 
 impl Cluster {
     /// Replica `replica`'s membership, its machine started now.
-    fn new(config: ClusterConfig, replica: u64) -> Cluster {
+    fn new(config: ClusterConfig, replica: u64, metrics: ClusterMetrics) -> Cluster {
         let machine = ReplicaMachine::new(
             replica,
             ReplicaConfig {
@@ -271,12 +266,14 @@ impl Cluster {
                 reconnected: tokio::sync::Notify::new(),
             }),
             epoch: Instant::now(),
+            metrics,
         }
     }
 
-    /// This replica's membership, when `--cluster` started one ([`Shared::cluster`]).
-    pub fn of(shared: &Shared) -> Option<Arc<Cluster>> {
-        shared.cluster.clone()?.into_any().downcast().ok()
+    /// This replica's membership, when `--cluster` started one (the session's observer,
+    /// [`SessionHandle::cluster`]).
+    pub fn of(session: &SessionHandle) -> Option<Arc<Cluster>> {
+        session.cluster().cloned()?.into_any().downcast().ok()
     }
 
     fn now_ms(&self) -> u64 {
@@ -295,7 +292,7 @@ impl Cluster {
     /// Runs one of this replica's own transitions in the machine; counts what a full outbox
     /// dropped, stamps the queue time of the first event since the publisher's last take, and
     /// wakes the publisher.
-    fn outbound<T>(&self, shared: &Shared, f: impl FnOnce(&mut ReplicaMachine) -> T) -> T {
+    fn outbound<T>(&self, f: impl FnOnce(&mut ReplicaMachine) -> T) -> T {
         let mut m = self.machine.lock();
         let (pending, dropped) = (m.pending_events(), m.stats().outbox_dropped);
         let out = f(&mut m);
@@ -305,9 +302,7 @@ impl Cluster {
         );
         drop(m);
         if dropped > 0 {
-            shared
-                .metrics
-                .cluster
+            self.metrics
                 .events_dropped
                 .get_or_create(&ClusterReasonLabel {
                     reason: "queue_full",
@@ -388,9 +383,9 @@ pub struct Prepared {
 }
 
 /// This replica's [`Cluster`], not connected yet.
-pub fn prepare(config: ClusterConfig) -> Prepared {
+pub fn prepare(config: ClusterConfig, metrics: &ClusterMetrics) -> Prepared {
     Prepared {
-        cluster: Arc::new(Cluster::new(config, random_replica_id())),
+        cluster: Arc::new(Cluster::new(config, random_replica_id(), metrics.clone())),
     }
 }
 
@@ -401,10 +396,10 @@ pub async fn start(shared: &Arc<Shared>, prepared: Prepared) -> Vec<JoinHandle<(
     let replica = cluster.replica;
     // Before anything routes, and whether or not NATS is usable.
     let seed = decision_seed(shared.config().seed, replica);
-    shared.session.lock().reseed(seed);
+    shared.session.reseed(seed);
     let link = cluster.link.clone();
     let cb_link = link.clone();
-    let cb_shared = shared.clone();
+    let cb_metrics = cluster.metrics.clone();
     let options = async_nats::ConnectOptions::new()
         .name(format!("kvgate-{replica:016x}"))
         .retry_on_initial_connect()
@@ -415,14 +410,14 @@ pub async fn start(shared: &Arc<Shared>, prepared: Prepared) -> Vec<JoinHandle<(
         })
         .event_callback(move |event| {
             let link = cb_link.clone();
-            let shared = cb_shared.clone();
+            let metrics = cb_metrics.clone();
             async move {
                 match event {
                     async_nats::Event::Connected => {
                         link.connected.store(true, Ordering::Release);
                         *link.down_since.lock() = None;
                         if link.connects.fetch_add(1, Ordering::AcqRel) > 0 {
-                            shared.metrics.cluster.reconnects.inc();
+                            metrics.reconnects.inc();
                         }
                         tracing::info!("cluster: connected to NATS");
                         link.reconnected.notify_one();
@@ -459,11 +454,8 @@ pub async fn start(shared: &Arc<Shared>, prepared: Prepared) -> Vec<JoinHandle<(
     ]
 }
 
-fn count_dropped(shared: &Shared, events: u64) {
-    shared
-        .metrics
-        .cluster
-        .events_dropped
+fn count_dropped(m: &ClusterMetrics, events: u64) {
+    m.events_dropped
         .get_or_create(&ClusterReasonLabel {
             reason: "disconnected",
         })
@@ -473,14 +465,13 @@ fn count_dropped(shared: &Shared, events: u64) {
 /// Publishes one encoded message of `events` events on `subject`; dropped and counted while
 /// disconnected.
 async fn publish(
-    shared: &Shared,
+    m: &ClusterMetrics,
     client: &async_nats::Client,
     subject: &str,
     bytes: Vec<u8>,
     events: usize,
     queued_us: u64,
 ) {
-    let m = &shared.metrics.cluster;
     let len = bytes.len();
     let mut headers = async_nats::HeaderMap::new();
     headers.insert(QUEUED_HEADER, queued_us.to_string().as_str());
@@ -493,7 +484,7 @@ async fn publish(
             m.bytes_sent.inc_by(len as u64);
         }
         Err(e) => {
-            count_dropped(shared, events as u64);
+            count_dropped(m, events as u64);
             tracing::debug!(error = %e, "cluster: publish failed");
         }
     }
@@ -501,29 +492,28 @@ async fn publish(
 
 /// Sends every message the machine has waiting (or, while disconnected, drops and counts
 /// their events).
-async fn flush(shared: &Shared, cluster: &Cluster, client: &async_nats::Client, subject: &str) {
+async fn flush(cluster: &Cluster, client: &async_nats::Client, subject: &str) {
     let queued = cluster.take_queued_us();
     loop {
         if !cluster.is_connected() {
             let n = cluster.machine.lock().discard_pending();
             if n > 0 {
-                count_dropped(shared, n as u64);
+                count_dropped(&cluster.metrics, n as u64);
             }
             return;
         }
         let Some((bytes, events)) = cluster.next_message() else {
             return;
         };
-        publish(shared, client, subject, bytes, events, queued).await;
+        publish(&cluster.metrics, client, subject, bytes, events, queued).await;
     }
 }
 
 /// Logs and counts what a timeout's lease expiry did.
-fn report_expired(shared: &Shared, expired: Expired) {
+fn report_expired(m: &ClusterMetrics, expired: Expired) {
     if expired.peers == 0 {
         return;
     }
-    let m = &shared.metrics.cluster;
     m.expired_peers.inc_by(expired.peers);
     m.expired_requests.inc_by(expired.requests);
     tracing::warn!(
@@ -549,12 +539,12 @@ async fn publisher(shared: Arc<Shared>, cluster: Arc<Cluster>, client: async_nat
                     let mut session = shared.session.lock();
                     m.handle_timeout(now, &mut session)
                 };
-                report_expired(&shared, expired);
+                report_expired(&cluster.metrics, expired);
             }
             // After a (re)connect: say what is live now, and ask for the routes missed.
             _ = cluster.link.reconnected.notified() => cluster.machine.lock().reconnected(),
         }
-        flush(&shared, &cluster, &client, &subject).await;
+        flush(&cluster, &client, &subject).await;
     }
 }
 
@@ -572,20 +562,34 @@ async fn receiver(shared: Arc<Shared>, cluster: Arc<Cluster>, client: async_nats
     let direct = subscribe(direct_subject(&cluster.config.name, cluster.replica)).await;
     let mut messages = futures_util::stream::select(events, direct);
     while let Some(m) = messages.next().await {
-        if let Some(asker) = handle(&shared, &cluster, &m.payload, m.headers.as_ref()) {
-            answer_sync(&shared, &cluster, &client, asker).await;
+        if let Some(asker) = handle(
+            &shared.session,
+            &shared.fleet.pods,
+            &cluster,
+            &m.payload,
+            m.headers.as_ref(),
+        ) {
+            answer_sync(
+                &shared.session,
+                &shared.fleet.pods,
+                &cluster,
+                &client,
+                asker,
+            )
+            .await;
         }
     }
 }
 
 /// Applies one message; returns the asking replica when it asked for a warm-up answer.
 fn handle(
-    shared: &Shared,
+    session: &SessionHandle,
+    pods: &PodTable,
     cluster: &Cluster,
     payload: &[u8],
     headers: Option<&async_nats::HeaderMap>,
 ) -> Option<u64> {
-    let m = &shared.metrics.cluster;
+    let m = &cluster.metrics;
     let arrived_us = unix_us();
     let msg = match wire::decode_counting_retired(payload) {
         Ok((msg, retired)) => {
@@ -604,10 +608,10 @@ fn handle(
     }
     m.messages_received.inc();
     observe_delivery(m, headers, arrived_us);
-    let pods = GatewayPods::of(shared);
+    let pods = GatewayPods::of(pods);
     let got = {
         let mut machine = cluster.machine.lock();
-        let mut session = shared.session.lock();
+        let mut session = session.lock();
         machine.handle_message(cluster.now_ms(), &mut session, &pods, &msg)
     };
     if got.duplicate {
@@ -626,22 +630,28 @@ fn handle(
 }
 
 /// Answers a warm-up request: this replica's routed index, per pod, oldest first.
-async fn answer_sync(shared: &Shared, cluster: &Cluster, client: &async_nats::Client, asker: u64) {
+async fn answer_sync(
+    session: &SessionHandle,
+    pods: &PodTable,
+    cluster: &Cluster,
+    client: &async_nats::Client,
+    asker: u64,
+) {
     let subject = direct_subject(&cluster.config.name, asker);
-    for pod in shared.pods.all().iter() {
+    for pod in pods.all().iter() {
         let messages = {
             let mut m = cluster.machine.lock();
-            let session = shared.session.lock();
+            let session = session.lock();
             m.index_answer(&session, pod.id, wire::pod_key(&pod.url))
         };
         for msg in messages {
             let events = msg.events.len();
             if !cluster.is_connected() {
-                count_dropped(shared, events as u64);
+                count_dropped(&cluster.metrics, events as u64);
                 continue;
             }
             publish(
-                shared,
+                &cluster.metrics,
                 client,
                 &subject,
                 wire::encode(&msg),
@@ -655,8 +665,8 @@ async fn answer_sync(shared: &Shared, cluster: &Cluster, client: &async_nats::Cl
 
 /// Says goodbye (the peers release this replica's charges at once); best effort, bounded by
 /// `wait`.
-pub async fn leave(shared: &Shared, wait: Duration) {
-    let Some(cluster) = Cluster::of(shared) else {
+pub async fn leave(session: &SessionHandle, wait: Duration) {
+    let Some(cluster) = Cluster::of(session) else {
         return;
     };
     cluster.machine.lock().leave();
@@ -681,6 +691,10 @@ mod tests {
     use wire::Event;
 
     fn cluster(share_samples: bool) -> Cluster {
+        cluster_counting_into(share_samples, &ClusterMetrics::default())
+    }
+
+    fn cluster_counting_into(share_samples: bool, metrics: &ClusterMetrics) -> Cluster {
         Cluster::new(
             ClusterConfig {
                 url: "nats://127.0.0.1:1".into(),
@@ -689,6 +703,7 @@ mod tests {
                 share_samples,
             },
             1,
+            metrics.clone(),
         )
     }
 
@@ -742,11 +757,10 @@ mod tests {
     #[tokio::test]
     async fn a_batch_is_stamped_with_its_oldest_events_queue_time() {
         let c = cluster(true);
-        let shared = shared();
         let before = unix_us();
-        c.outbound(&shared, |m| m.route(7, &[], 100, 100));
+        c.outbound(|m| m.route(7, &[], 100, 100));
         std::thread::sleep(Duration::from_millis(5));
-        c.outbound(&shared, |m| m.route(7, &[], 100, 100));
+        c.outbound(|m| m.route(7, &[], 100, 100));
         let stamp = c.take_queued_us();
         assert!(
             stamp >= before && stamp < before + 5_000,
@@ -759,14 +773,13 @@ mod tests {
     #[test]
     fn a_message_holds_at_most_its_event_count_and_byte_bound_and_numbers_follow() {
         let c = cluster(true);
-        let shared = shared();
         // Routes of 8,192 blocks: 64 KiB each, so the fourth passes the byte bound.
         let blocks: Vec<u64> = (0..8_192).collect();
         for _ in 0..6 {
-            c.outbound(&shared, |m| m.route(7, &blocks, 100, 100));
+            c.outbound(|m| m.route(7, &blocks, 100, 100));
         }
         for _ in 0..MAX_MESSAGE_EVENTS {
-            c.outbound(&shared, |m| m.route(7, &[], 1, 1));
+            c.outbound(|m| m.route(7, &[], 1, 1));
         }
         let mut sizes = Vec::new();
         while let Some((bytes, events)) = c.next_message() {
@@ -782,12 +795,12 @@ mod tests {
     async fn a_peers_training_sample_teaches_this_replicas_predictor_unless_sharing_is_off() {
         for share in [true, false] {
             let shared = shared();
-            shared.pods.replace(
+            shared.fleet.pods.replace(
                 &[crate::pods::PodEntry::new("http://127.0.0.1:9", "default")],
                 1000,
             );
-            let c = cluster(share);
-            let pod = shared.pods.all()[0].clone();
+            let c = cluster_counting_into(share, &shared.telemetry.metrics.cluster);
+            let pod = shared.fleet.pods.all()[0].clone();
             let key = wire::pod_key(&pod.url);
             let sample = TrainingSample {
                 features: kvgate_core::predictor::Features {
@@ -809,16 +822,22 @@ mod tests {
                     },
                 ],
             };
-            handle(&shared, &c, &wire::encode(&msg), None);
+            handle(
+                &shared.session,
+                &shared.fleet.pods,
+                &c,
+                &wire::encode(&msg),
+                None,
+            );
             let learnt = shared.session.lock().predictor().accuracy().samples;
             assert_eq!(learnt, u64::from(share), "share_samples = {share}");
             assert_eq!(
-                shared.metrics.cluster.samples_applied.get(),
+                shared.telemetry.metrics.cluster.samples_applied.get(),
                 u64::from(share)
             );
             // A local request that completed sends its sample after its finish.
-            let r = c.routed(&shared, &pod, &[], 100, 100);
-            c.finish(&shared, r, Some(sample));
+            let r = c.routed(&pod, &[], 100, 100);
+            c.finish(r, Some(sample));
             let out = sent(&c);
             assert!(matches!(out[1], Event::Finish { .. }));
             assert_eq!(out.len(), 2 + usize::from(share), "{out:?}");
@@ -831,10 +850,10 @@ mod tests {
                 tpot_ms: None,
                 ..sample
             };
-            let r = c.routed(&shared, &pod, &[], 100, 100);
-            c.first_token(&shared, r, 101, Some(ttft));
-            let r2 = c.routed(&shared, &pod, &[], 100, 100);
-            c.first_token(&shared, r2, 101, None);
+            let r = c.routed(&pod, &[], 100, 100);
+            c.first_token(r, 101, Some(ttft));
+            let r2 = c.routed(&pod, &[], 100, 100);
+            c.first_token(r2, 101, None);
             let out = sent(&c);
             assert!(matches!(out[1], Event::FirstToken { request } if request == r));
             assert_eq!(out.len(), 4 + usize::from(share), "{out:?}");

@@ -36,7 +36,7 @@ use std::time::Instant;
 pub fn count_failure(shared: &crate::state::Shared, pod: &crate::pods::Pod, why: &'static str) {
     let cfg = shared.config();
     let now = Instant::now();
-    let may_open = may_avoid_another(&shared.pods.all(), pod, now);
+    let may_open = may_avoid_another(&shared.fleet.pods.all(), pod, now);
     let trip = pod.breaker.failure(
         now,
         cfg.pod_failure_threshold,
@@ -45,11 +45,12 @@ pub fn count_failure(shared: &crate::state::Shared, pod: &crate::pods::Pod, why:
     );
     if let Trip::Withheld(n) = trip {
         shared
+            .telemetry
             .metrics
             .pod_cooldowns_withheld
             .get_or_create(&pod.label())
             .inc();
-        if shared.log_limit.allow("pod_cooldown_withheld") {
+        if shared.telemetry.log_limit.allow("pod_cooldown_withheld") {
             tracing::warn!(
                 pod = %pod.url,
                 failures_in_a_row = n,
@@ -59,6 +60,7 @@ pub fn count_failure(shared: &crate::state::Shared, pod: &crate::pods::Pod, why:
     }
     if let Trip::Opened(n) = trip {
         shared
+            .telemetry
             .metrics
             .pod_cooldowns
             .get_or_create(&pod.label())
@@ -126,14 +128,14 @@ pub fn panic_fill(
 
 /// [`panic_fill`], counted in `kvgate_panic_routes_total` and logged (rate-limited).
 pub fn panic_route(
-    shared: &crate::state::Shared,
+    telemetry: &crate::handles::telemetry::Telemetry,
     pods: &[std::sync::Arc<crate::pods::Pod>],
     snaps: &mut [kvgate_core::PodSnapshot],
     excluded: &[kvgate_core::PodId],
 ) {
     if panic_fill(pods, snaps, excluded) {
-        shared.metrics.panic_routes.inc();
-        if shared.log_limit.allow("panic_route") {
+        telemetry.metrics.panic_routes.inc();
+        if telemetry.log_limit.allow("panic_route") {
             tracing::warn!(
                 "every usable pod is avoided by its breaker but still answers its scrape; \
                  routing among them (panic mode) rather than answering 503"

@@ -32,7 +32,10 @@
 //!   [`MAX_REPLAY_BATCHES`] batches with [`REPLAY_TIMEOUT`] per message; payloads over the core's
 //!   `MAX_BATCH_BYTES` are rejected before decoding.
 
+use crate::config::GatewayConfig;
 use crate::config::{IndexKind, PodEvents};
+use crate::handles::session::SessionHandle;
+use crate::metrics::Metrics;
 use crate::pods::Pod;
 use crate::pods::PodMetrics;
 use crate::state::Shared;
@@ -61,8 +64,7 @@ const HEALTH_CHECK: Duration = Duration::from_millis(250);
 /// The pod's events config, if it publishes events and the engine index is on. For engine r of
 /// a data-parallel server: the server's endpoints with their port + r (vLLM's rule,
 /// [`crate::config::rank_endpoint`]).
-fn events_of(shared: &Shared, pod: &Pod) -> Option<PodEvents> {
-    let cfg = shared.config();
+fn events_of(cfg: &GatewayConfig, pod: &Pod) -> Option<PodEvents> {
     if cfg.index != IndexKind::Engine {
         return None;
     }
@@ -92,29 +94,29 @@ pub fn clock_ms() -> f64 {
 /// After each scrape: moves the pending routes' clock (so they expire within a scrape interval
 /// of their lifetime), and registers an event-publishing pod in the engine index once its model
 /// is known.
-pub fn on_scrape(shared: &Shared, pod: &Pod, m: &PodMetrics) {
-    let Some(events) = events_of(shared, pod) else {
+pub fn on_scrape(session: &SessionHandle, cfg: &GatewayConfig, pod: &Pod, m: &PodMetrics) {
+    let Some(events) = events_of(cfg, pod) else {
         return;
     };
     let now = clock_ms();
-    let mut session = shared.session.lock();
-    let engine = &mut session.index_mut().engine;
-    engine.advance_clock(now);
-    let Some(model) = events.model.or_else(|| m.model_name.clone()) else {
-        return;
-    };
-    if engine.is_live(pod.id) || engine.is_stale(pod.id) {
-        return;
-    }
-    engine.add_pod(pod.id, &model);
-    let blocks = pod.snapshot().kv_blocks;
-    engine.set_capacity(pod.id, blocks);
-    tracing::info!(pod = %pod.url, %model, "engine index follows the pod's KV events");
+    session.engine_index(|engine| {
+        engine.advance_clock(now);
+        let Some(model) = events.model.or_else(|| m.model_name.clone()) else {
+            return;
+        };
+        if engine.is_live(pod.id) || engine.is_stale(pod.id) {
+            return;
+        }
+        engine.add_pod(pod.id, &model);
+        let blocks = pod.snapshot().kv_blocks;
+        engine.set_capacity(pod.id, blocks);
+        tracing::info!(pod = %pod.url, %model, "engine index follows the pod's KV events");
+    });
 }
 
 /// Starts the pod's subscriber task if it publishes events and `--index engine` is on.
 pub fn spawn_for(shared: &Arc<Shared>, pod: &Arc<Pod>) -> Option<tokio::task::JoinHandle<()>> {
-    let events = events_of(shared, pod)?;
+    let events = events_of(&shared.config(), pod)?;
     Some(tokio::spawn(subscribe_loop(
         shared.clone(),
         pod.clone(),
@@ -122,21 +124,20 @@ pub fn spawn_for(shared: &Arc<Shared>, pod: &Arc<Pod>) -> Option<tokio::task::Jo
     )))
 }
 
-fn registered(shared: &Shared, pod: &Pod) -> bool {
-    let session = shared.session.lock();
-    let engine = &session.index().engine;
-    engine.is_live(pod.id) || engine.is_stale(pod.id)
+fn registered(session: &SessionHandle, pod: &Pod) -> bool {
+    session.engine_index(|engine| engine.is_live(pod.id) || engine.is_stale(pod.id))
 }
 
 async fn subscribe_loop(shared: Arc<Shared>, pod: Arc<Pod>, events: PodEvents) {
-    while !registered(&shared, &pod) {
+    while !registered(&shared.session, &pod) {
         if pod.removed.load(Ordering::Relaxed) {
             return;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let mut follower = Follower {
-        shared: &shared,
+        session: &shared.session,
+        metrics: &shared.telemetry.metrics,
         pod: &pod,
         replay: events.replay.as_deref(),
         sequence: KvEventFollower::new(pod.id, STALE_REBUILD.as_secs_f64() * 1e3),
@@ -235,7 +236,8 @@ fn parse_frames(frames: &[Bytes]) -> Option<(u64, &Bytes)> {
 
 /// One pod's subscription: the core's sequence follower and the I/O around it.
 struct Follower<'a> {
-    shared: &'a Arc<Shared>,
+    session: &'a SessionHandle,
+    metrics: &'a Metrics,
     pod: &'a Arc<Pod>,
     replay: Option<&'a str>,
     sequence: KvEventFollower,
@@ -249,8 +251,7 @@ impl Follower<'_> {
     }
 
     fn reject(&self, why: &str) {
-        self.shared
-            .metrics
+        self.metrics
             .kv_events_rejected
             .get_or_create(&self.pod.label())
             .inc();
@@ -283,14 +284,14 @@ impl Follower<'_> {
             Ok(batch) => {
                 {
                     let now = clock_ms();
-                    let mut session = self.shared.session.lock();
-                    let engine = &mut session.index_mut().engine;
-                    engine.advance_clock(now);
-                    for event in &batch.events {
-                        engine.apply(self.pod.id, event);
-                    }
+                    self.session.engine_index(|engine| {
+                        engine.advance_clock(now);
+                        for event in &batch.events {
+                            engine.apply(self.pod.id, event);
+                        }
+                    });
                 }
-                self.count(&self.shared.metrics.kv_events_batches);
+                self.count(&self.metrics.kv_events_batches);
                 self.pod.last_kv_batch_unix_ms.store(
                     crate::decisions::unix_ms(),
                     std::sync::atomic::Ordering::Relaxed,
@@ -302,11 +303,10 @@ impl Follower<'_> {
 
     async fn on_batch(&mut self, seq: u64, payload: &Bytes) {
         let now = self.now_ms();
-        let step = {
-            let mut session = self.shared.session.lock();
-            self.sequence
-                .on_batch(seq, now, &mut session.index_mut().engine)
-        };
+        let sequence = &mut self.sequence;
+        let step = self
+            .session
+            .engine_index(|engine| sequence.on_batch(seq, now, engine));
         match step {
             BatchStep::Skip => {
                 tracing::debug!(pod = %self.pod.url, seq, "duplicate KV events batch skipped");
@@ -314,7 +314,7 @@ impl Follower<'_> {
             }
             BatchStep::Apply { restarted: false } => {}
             BatchStep::Apply { restarted: true } => {
-                self.count(&self.shared.metrics.kv_events_restarts);
+                self.count(&self.metrics.kv_events_restarts);
                 tracing::info!(pod = %self.pod.url, "KV events restarted from 0: engine restarted, its entries cleared");
             }
             BatchStep::JoinedLate { to } => {
@@ -325,23 +325,22 @@ impl Follower<'_> {
                 }
             }
             BatchStep::Restarted { to } => {
-                self.count(&self.shared.metrics.kv_events_restarts);
+                self.count(&self.metrics.kv_events_restarts);
                 tracing::info!(pod = %self.pod.url, seq, "KV events sequence went backwards: a new engine; its entries cleared, resyncing from 0");
                 if self.replay.is_some() {
                     let _ = self.fill(0, to).await;
                 }
             }
             BatchStep::Gap { from, to } => {
-                self.count(&self.shared.metrics.kv_events_gaps);
+                self.count(&self.metrics.kv_events_gaps);
                 let complete = self.fill(from, to).await;
                 let now = self.now_ms();
-                let outcome = {
-                    let mut session = self.shared.session.lock();
-                    self.sequence
-                        .gap_result(complete, now, &mut session.index_mut().engine)
-                };
+                let sequence = &mut self.sequence;
+                let outcome = self
+                    .session
+                    .engine_index(|engine| sequence.gap_result(complete, now, engine));
                 if outcome == GapOutcome::Stale {
-                    self.count(&self.shared.metrics.kv_events_replay_failures);
+                    self.count(&self.metrics.kv_events_replay_failures);
                     tracing::warn!(pod = %self.pod.url, missing_from = from, missing_to = to, "KV events lost and not replayed: pod's engine index is stale, routed index stands in");
                 }
             }
@@ -353,10 +352,10 @@ impl Follower<'_> {
     /// again.
     fn restarted(&mut self) {
         let now = self.now_ms();
-        let mut session = self.shared.session.lock();
-        self.sequence
-            .restarted(now, &mut session.index_mut().engine);
-        self.count(&self.shared.metrics.kv_events_restarts);
+        let sequence = &mut self.sequence;
+        self.session
+            .engine_index(|engine| sequence.restarted(now, engine));
+        self.count(&self.metrics.kv_events_restarts);
     }
 
     /// On (re)subscribe: replays the pod's whole buffer, so blocks it cached before kvgate
@@ -374,7 +373,7 @@ impl Follower<'_> {
                 tracing::info!(pod = %self.pod.url, batches = batches.len(), "KV events replayed on subscribe");
             }
             Err(why) => {
-                self.count(&self.shared.metrics.kv_events_replay_failures);
+                self.count(&self.metrics.kv_events_replay_failures);
                 tracing::warn!(pod = %self.pod.url, %why, "KV events replay on subscribe failed; only new events are learnt");
             }
         }
@@ -386,10 +385,10 @@ impl Follower<'_> {
             return;
         }
         let now = self.now_ms();
-        let rebuilt = {
-            let mut session = self.shared.session.lock();
-            self.sequence.tick(now, &mut session.index_mut().engine)
-        };
+        let sequence = &mut self.sequence;
+        let rebuilt = self
+            .session
+            .engine_index(|engine| sequence.tick(now, engine));
         if rebuilt {
             tracing::info!(pod = %self.pod.url, "KV events view rebuilt; engine index live again");
         }

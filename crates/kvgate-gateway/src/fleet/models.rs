@@ -17,7 +17,7 @@ use crate::errors::{no_healthy_pod, upstream_failed};
 use crate::pods::Pod;
 use crate::reject::reject;
 use crate::request_id::request_id;
-use crate::state::Shared;
+use crate::state::{Shared, UpstreamClient};
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::Response;
@@ -112,6 +112,7 @@ pub fn merge(answers: &[(String, Bytes)], max_ids: usize) -> Option<Merged> {
 pub async fn models(State(shared): State<Arc<Shared>>, req: Request) -> Response {
     let rid = request_id(req.headers());
     let pods: Vec<Arc<Pod>> = shared
+        .fleet
         .pods
         .all()
         .iter()
@@ -119,16 +120,17 @@ pub async fn models(State(shared): State<Arc<Shared>>, req: Request) -> Response
         .cloned()
         .collect();
     if pods.is_empty() {
-        return reject(&shared, no_healthy_pod(), &rid);
+        return reject(&shared.telemetry, no_healthy_pod(), &rid);
     }
     let mut tasks = tokio::task::JoinSet::new();
     for (i, pod) in pods.into_iter().enumerate() {
         let shared = shared.clone();
         tasks.spawn(async move {
-            let answer = tokio::time::timeout(MODELS_TIMEOUT, fetch_models(&shared, &pod))
-                .await
-                .ok()
-                .flatten();
+            let answer =
+                tokio::time::timeout(MODELS_TIMEOUT, fetch_models(&shared.fleet.client, &pod))
+                    .await
+                    .ok()
+                    .flatten();
             (i, answer.map(|body| (pod.url.clone(), body)))
         });
     }
@@ -147,12 +149,12 @@ pub async fn models(State(shared): State<Arc<Shared>>, req: Request) -> Response
         .flatten();
     let Some(merged) = merged else {
         return reject(
-            &shared,
+            &shared.telemetry,
             upstream_failed("no pod answered /v1/models".into()),
             &rid,
         );
     };
-    if merged.dropped_ids > 0 && shared.log_limit.allow("models_truncated") {
+    if merged.dropped_ids > 0 && shared.telemetry.log_limit.allow("models_truncated") {
         tracing::warn!(
             request_id = %rid,
             dropped_ids = merged.dropped_ids,
@@ -173,10 +175,10 @@ pub async fn models(State(shared): State<Arc<Shared>>, req: Request) -> Response
 
 /// One pod's `/v1/models` body (2xx, at most [`MAX_MODELS_BYTES`]); parsed later, off the
 /// async workers.
-pub(crate) async fn fetch_models(shared: &Shared, pod: &Pod) -> Option<Bytes> {
+pub(crate) async fn fetch_models(client: &UpstreamClient, pod: &Pod) -> Option<Bytes> {
     let uri = pod.uri_for("/v1/models").ok()?;
     let req = http::Request::get(uri).body(Full::new(Bytes::new())).ok()?;
-    let resp = shared.client.request(req).await.ok()?;
+    let resp = client.request(req).await.ok()?;
     if !resp.status().is_success() {
         return None;
     }

@@ -48,7 +48,7 @@ pub fn reload_now(shared: &Arc<Shared>, args: &ServeArgs, path: &Path) -> Result
                      or put their running values back",
                     restart_needed.join(", ")
                 );
-                shared.metrics.config_reload_errors.inc();
+                shared.telemetry.metrics.config_reload_errors.inc();
                 tracing::error!(path = %path.display(), %why, "config file refused; keeping the old config");
                 return Err(why);
             }
@@ -61,7 +61,7 @@ pub fn reload_now(shared: &Arc<Shared>, args: &ServeArgs, path: &Path) -> Result
             Ok(())
         }
         Err(why) => {
-            shared.metrics.config_reload_errors.inc();
+            shared.telemetry.metrics.config_reload_errors.inc();
             tracing::warn!(path = %path.display(), %why, "config file rejected; keeping the old config");
             Err(why)
         }
@@ -137,7 +137,7 @@ mod tests {
         let why = reload_now(&shared, &args, &path).unwrap_err();
         assert!(why.contains("sead"), "{why}");
         assert_eq!(shared.config().router, RouterConfig::seed());
-        assert_eq!(shared.metrics.config_reload_errors.get(), 1);
+        assert_eq!(shared.telemetry.metrics.config_reload_errors.get(), 1);
     }
 
     fn temp_config(name: &str, text: &str) -> std::path::PathBuf {
@@ -177,16 +177,19 @@ mod tests {
                 "{bad:?}: {why}"
             );
             assert_eq!(shared.config().pods.len(), 1, "{bad:?}");
-            assert_eq!(shared.pods.all().len(), 1, "{bad:?}");
+            assert_eq!(shared.fleet.pods.all().len(), 1, "{bad:?}");
             assert_eq!(shared.config().max_retries, 1, "{bad:?}");
-            assert_eq!(shared.metrics.config_reload_errors.get(), n as u64 + 1);
+            assert_eq!(
+                shared.telemetry.metrics.config_reload_errors.get(),
+                n as u64 + 1
+            );
         }
         // Asked for explicitly: no pods is a config.
         std::fs::write(&path, "pods = []\nallow_empty_pods = true\n").unwrap();
         reload_now(&shared, &args, &path).unwrap();
         assert!(shared.config().pods.is_empty());
-        assert!(shared.pods.all().is_empty());
-        assert_eq!(shared.metrics.config_reload_errors.get(), 4);
+        assert!(shared.fleet.pods.all().is_empty());
+        assert_eq!(shared.telemetry.metrics.config_reload_errors.get(), 4);
         // An empty file is refused even then: it cannot say what it means.
         std::fs::write(&path, "").unwrap();
         assert!(reload_now(&shared, &args, &path).is_err());
@@ -207,12 +210,12 @@ mod tests {
         assert!(why.contains("index") && why.contains("restart"), "{why}");
         assert_eq!(shared.config().max_retries, 1);
         assert_eq!(shared.config().index, crate::config::IndexKind::Routed);
-        assert_eq!(shared.metrics.config_reload_errors.get(), 1);
+        assert_eq!(shared.telemetry.metrics.config_reload_errors.get(), 1);
         // The start-only key back to its running value: the live change applies.
         std::fs::write(&path, "pods = [\"http://127.0.0.1:9\"]\nmax_retries = 0\n").unwrap();
         reload_now(&shared, &args, &path).unwrap();
         assert_eq!(shared.config().max_retries, 0);
-        assert_eq!(shared.metrics.config_reload_errors.get(), 1);
+        assert_eq!(shared.telemetry.metrics.config_reload_errors.get(), 1);
     }
 
     #[tokio::test]
@@ -239,7 +242,7 @@ mod tests {
             Duration::from_millis(1234)
         );
         assert_eq!(shared.config().capture, None);
-        assert_eq!(shared.metrics.config_reload_errors.get(), 1);
+        assert_eq!(shared.telemetry.metrics.config_reload_errors.get(), 1);
     }
 
     #[tokio::test]
@@ -260,6 +263,6 @@ mod tests {
         // Still, an empty file is a write caught half way.
         std::fs::write(&path, "").unwrap();
         assert!(reload_now(&shared, &args, &path).is_err());
-        assert_eq!(shared.metrics.config_reload_errors.get(), 1);
+        assert_eq!(shared.telemetry.metrics.config_reload_errors.get(), 1);
     }
 }

@@ -30,10 +30,12 @@
 //! for the engine's progress counters only ([`crate::progress`]): a slow `/metrics` is a busy
 //! pod's, and its queued requests keep waiting.
 
-use crate::config::IndexKind;
+use crate::config::{GatewayConfig, IndexKind};
+use crate::handles::session::SessionHandle;
+use crate::metrics::Metrics;
 use crate::pods::Pod;
 pub use crate::pods::{LoraInfo, PodMetrics};
-use crate::state::Shared;
+use crate::state::{Shared, UpstreamClient};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use kvgate_core::AdapterSet;
@@ -316,6 +318,7 @@ pub async fn scrape_loop(shared: Arc<Shared>, pod: Arc<Pod>) {
         }
         let interval = pace.interval(shared.config().scrape_interval);
         shared
+            .telemetry
             .metrics
             .scrape_interval_seconds
             .get_or_create(&pod.label())
@@ -332,21 +335,24 @@ pub async fn scrape_once(shared: &Arc<Shared>, pod: &Arc<Pod>) -> bool {
     let interval = shared.config().scrape_interval;
     let timeout = (interval * 4).max(MIN_SCRAPE_TIMEOUT);
     let ranks = match pod.rank {
-        Some(_) => shared.pods.ranks_of(pod),
+        Some(_) => shared.fleet.pods.ranks_of(pod),
         None => Vec::new(),
     };
-    let (s, p) = (shared.clone(), pod.clone());
-    let mut fetch = Box::pin(async move { fetch_metrics(&s, &p).await });
+    let (client, p) = (shared.fleet.client.clone(), pod.clone());
+    let mut fetch = Box::pin(async move { fetch_metrics(&client, &p).await });
     let result = tokio::time::timeout(timeout, &mut fetch).await;
     if result.is_err() {
         await_late_answer(pod, &ranks, fetch);
     }
     let answered = matches!(result, Ok(Ok(_)));
+    let cfg = shared.config();
+    let metrics = &shared.telemetry.metrics;
+    let scraped = |pod: &Pod, m: &PodMetrics| scraped(&shared.session, metrics, &cfg, pod, m);
     if ranks.is_empty() {
         match result {
-            Ok(Ok(text)) => scraped(shared, pod, &parse_metrics(&text)),
-            Ok(Err(why)) => scrape_failed(shared, pod, &why),
-            Err(_) => scrape_timed_out(shared, pod),
+            Ok(Ok(text)) => scraped(pod, &parse_metrics(&text)),
+            Ok(Err(why)) => scrape_failed(metrics, pod, &why),
+            Err(_) => scrape_timed_out(metrics, cfg.scrape_interval, pod),
         }
         return answered;
     }
@@ -356,12 +362,14 @@ pub async fn scrape_once(shared: &Arc<Shared>, pod: &Arc<Pod>) -> bool {
             for rank in &ranks {
                 let r = rank.rank.and_then(|r| usize::try_from(r).ok()).unwrap_or(0);
                 if let Some(m) = per.get(r) {
-                    scraped(shared, rank, m);
+                    scraped(rank, m);
                 }
             }
         }
-        Ok(Err(why)) => ranks.iter().for_each(|r| scrape_failed(shared, r, &why)),
-        Err(_) => ranks.iter().for_each(|r| scrape_timed_out(shared, r)),
+        Ok(Err(why)) => ranks.iter().for_each(|r| scrape_failed(metrics, r, &why)),
+        Err(_) => ranks
+            .iter()
+            .for_each(|r| scrape_timed_out(metrics, cfg.scrape_interval, r)),
     }
     answered
 }
@@ -409,11 +417,16 @@ fn routed_block_size(index: IndexKind, pod_size: u32, router_size: u32) -> u32 {
     }
 }
 
-/// A scrape of `pod` that answered `m`.
-fn scraped(shared: &Shared, pod: &Pod, m: &PodMetrics) {
+/// A scrape of `pod` that answered `m`: the pod's KV capacity into the session's index.
+fn scraped(
+    session: &SessionHandle,
+    metrics: &Metrics,
+    cfg: &GatewayConfig,
+    pod: &Pod,
+    m: &PodMetrics,
+) {
     if m.skipped_lines > 0 {
-        shared
-            .metrics
+        metrics
             .scrape_skipped_lines
             .get_or_create(&pod.label())
             .inc_by(m.skipped_lines);
@@ -422,10 +435,9 @@ fn scraped(shared: &Shared, pod: &Pod, m: &PodMetrics) {
     if let Some(blocks) = m.num_gpu_blocks
         && pod.apply_capacity(blocks)
     {
-        let cfg = shared.config();
         let router_size = cfg.router.block_size_tokens;
         let pod_size = m.block_size.unwrap_or(router_size);
-        shared.session.lock().index_mut().set_pod_kv(
+        session.set_pod_kv(
             pod.id,
             blocks,
             pod_size,
@@ -437,16 +449,15 @@ fn scraped(shared: &Shared, pod: &Pod, m: &PodMetrics) {
         pod.progress.on_counters(total, std::time::Instant::now());
     }
     pod.apply_metrics(m);
-    crate::kv_events::on_scrape(shared, pod, m);
+    crate::kv_events::on_scrape(session, cfg, pod, m);
     if !pod.healthy.swap(true, Ordering::Relaxed) {
         tracing::info!(pod = %pod.url, "pod is healthy");
     }
 }
 
-fn scrape_timed_out(shared: &Shared, pod: &Pod) {
+fn scrape_timed_out(metrics: &Metrics, interval: Duration, pod: &Pod) {
     let n = pod.scrape_timeouts_in_a_row.fetch_add(1, Ordering::Relaxed) + 1;
     // A pod still streaming tokens is busy, not gone: its slow `/metrics` does not take it out.
-    let interval = shared.config().scrape_interval;
     let timeout = (interval * 4).max(MIN_SCRAPE_TIMEOUT);
     let streaming = pod.progress.within(
         std::time::Instant::now(),
@@ -456,38 +467,26 @@ fn scrape_timed_out(shared: &Shared, pod: &Pod) {
         ),
     );
     if n >= SCRAPE_TIMEOUTS_TO_UNHEALTHY && !streaming {
-        scrape_failed(shared, pod, "scrape timed out, again");
+        scrape_failed(metrics, pod, "scrape timed out, again");
     } else {
-        shared
-            .metrics
-            .scrape_errors
-            .get_or_create(&pod.label())
-            .inc();
+        metrics.scrape_errors.get_or_create(&pod.label()).inc();
         tracing::debug!(pod = %pod.url, in_a_row = n, "scrape timed out; pod kept healthy");
     }
 }
 
-fn scrape_failed(shared: &Shared, pod: &Pod, why: &str) {
-    shared
-        .metrics
-        .scrape_errors
-        .get_or_create(&pod.label())
-        .inc();
+fn scrape_failed(metrics: &Metrics, pod: &Pod, why: &str) {
+    metrics.scrape_errors.get_or_create(&pod.label()).inc();
     if pod.mark_unhealthy() {
         tracing::warn!(pod = %pod.url, %why, "scrape failed; pod marked unhealthy");
     }
 }
 
-async fn fetch_metrics(shared: &Shared, pod: &Pod) -> Result<String, String> {
+async fn fetch_metrics(client: &UpstreamClient, pod: &Pod) -> Result<String, String> {
     let uri = pod.uri_for("/metrics").map_err(|e| e.to_string())?;
     let req = http::Request::get(uri)
         .body(Full::new(Bytes::new()))
         .map_err(|e| e.to_string())?;
-    let resp = shared
-        .client
-        .request(req)
-        .await
-        .map_err(|e| e.to_string())?;
+    let resp = client.request(req).await.map_err(|e| e.to_string())?;
     if !resp.status().is_success() {
         return Err(format!("status {}", resp.status()));
     }

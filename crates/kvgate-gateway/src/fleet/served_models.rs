@@ -21,8 +21,9 @@
 //! ids × 8 bytes ([`kvgate_core::models::MAX_SERVED_MODELS`]); one task per pod.
 
 use crate::errors::ApiError;
-use crate::pods::Pod;
-use crate::state::Shared;
+use crate::handles::telemetry::Telemetry;
+use crate::pods::{Pod, PodTable};
+use crate::state::{Shared, UpstreamClient};
 use http::StatusCode;
 use kvgate_core::{AdapterId, ModelPods, PodId, ServedModels};
 use std::sync::Arc;
@@ -34,14 +35,14 @@ use std::time::Duration;
 const HEALTH_POLL: Duration = Duration::from_millis(100);
 
 /// Where a request for `model` may go now, over the whole pod table (healthy or not).
-pub(crate) fn pods_for(shared: &Shared, model: AdapterId) -> ModelPods {
-    let pods = shared.pods.all();
+pub(crate) fn pods_for(pods: &PodTable, model: AdapterId) -> ModelPods {
+    let pods = pods.all();
     kvgate_core::pods_for_model(model, pods.iter().map(|p| (p.id, p.served_models())))
 }
 
 /// The pipeline's model check: a model no pod serves is kvgate's own 404.
-pub(crate) fn check(shared: &Shared, model: &str) -> Result<(), ApiError> {
-    match pods_for(shared, AdapterId::of(model)) {
+pub(crate) fn check(pods: &PodTable, model: &str) -> Result<(), ApiError> {
+    match pods_for(pods, AdapterId::of(model)) {
         ModelPods::Nowhere => Err(model_not_found(model)),
         ModelPods::Anywhere | ModelPods::Except(_) => Ok(()),
     }
@@ -49,11 +50,11 @@ pub(crate) fn check(shared: &Shared, model: &str) -> Result<(), ApiError> {
 
 /// The pods a request for `model` must not go to: those known not to serve it (all of them
 /// when none does, which leaves the decision no pod: 503).
-pub(crate) fn not_serving(shared: &Shared, model: AdapterId) -> Vec<PodId> {
-    match pods_for(shared, model) {
+pub(crate) fn not_serving(pods: &PodTable, model: AdapterId) -> Vec<PodId> {
+    match pods_for(pods, model) {
         ModelPods::Anywhere => Vec::new(),
         ModelPods::Except(pods) => pods,
-        ModelPods::Nowhere => shared.pods.all().iter().map(|p| p.id).collect(),
+        ModelPods::Nowhere => pods.all().iter().map(|p| p.id).collect(),
     }
 }
 
@@ -83,17 +84,17 @@ pub async fn models_loop(shared: Arc<Shared>, pod: Arc<Pod>) {
         if pod.healthy.load(Ordering::Relaxed) && due {
             read_after_outages = Some(outages);
             next_refresh = now + shared.config().models_refresh_interval;
-            learn(&shared, &pod).await;
+            learn(&shared.fleet.client, &shared.telemetry, &pod).await;
         }
         tokio::time::sleep(HEALTH_POLL).await;
     }
 }
 
 /// One read of the pod's `/v1/models`.
-async fn learn(shared: &Shared, pod: &Pod) {
+async fn learn(client: &UpstreamClient, telemetry: &Telemetry, pod: &Pod) {
     let answer = tokio::time::timeout(
         crate::models::MODELS_TIMEOUT,
-        crate::models::fetch_models(shared, pod),
+        crate::models::fetch_models(client, pod),
     )
     .await;
     let list = match answer {
@@ -109,12 +110,12 @@ async fn learn(shared: &Shared, pod: &Pod) {
             }
         }
         Err(why) => {
-            shared
+            telemetry
                 .metrics
                 .models_refresh_errors
                 .get_or_create(&pod.label())
                 .inc();
-            if shared.log_limit.allow("models_refresh_failed") {
+            if telemetry.log_limit.allow("models_refresh_failed") {
                 tracing::warn!(pod = %pod.url, %why, "reading the pod's /v1/models failed; its model list is kept");
             }
         }
@@ -129,7 +130,7 @@ mod tests {
 
     fn shared_with(pods: &[PodEntry]) -> Arc<Shared> {
         let shared = Shared::new(GatewayConfig::from_args(&ServeArgs::default()).unwrap());
-        shared.pods.replace(pods, 100);
+        shared.fleet.pods.replace(pods, 100);
         shared
     }
 
@@ -140,14 +141,23 @@ mod tests {
             PodEntry::new("http://b:1", "x").with_model(Some("model-b".into())),
         ]);
         let (a, b) = (PodId(0), PodId(1));
-        assert_eq!(not_serving(&shared, AdapterId::of("model-a")), vec![b]);
-        assert_eq!(not_serving(&shared, AdapterId::of("model-b")), vec![a]);
-        assert!(check(&shared, "model-a").is_ok());
-        let e = check(&shared, "model-c").unwrap_err();
+        assert_eq!(
+            not_serving(&shared.fleet.pods, AdapterId::of("model-a")),
+            vec![b]
+        );
+        assert_eq!(
+            not_serving(&shared.fleet.pods, AdapterId::of("model-b")),
+            vec![a]
+        );
+        assert!(check(&shared.fleet.pods, "model-a").is_ok());
+        let e = check(&shared.fleet.pods, "model-c").unwrap_err();
         assert_eq!(e.status, StatusCode::NOT_FOUND);
         assert_eq!((e.kind, e.code), ("NotFoundError", "model_not_found"));
         assert_eq!(e.param.as_deref(), Some("model"));
-        assert_eq!(not_serving(&shared, AdapterId::of("model-c")), vec![a, b]);
+        assert_eq!(
+            not_serving(&shared.fleet.pods, AdapterId::of("model-c")),
+            vec![a, b]
+        );
     }
 
     #[test]
@@ -157,31 +167,31 @@ mod tests {
             PodEntry::new("http://b:1", "x"),
         ]);
         // Pod b's list is unknown: it may serve anything, so no model is a 404 yet.
-        assert!(check(&shared, "adapter-1").is_ok());
+        assert!(check(&shared.fleet.pods, "adapter-1").is_ok());
         assert_eq!(
-            not_serving(&shared, AdapterId::of("adapter-1")),
+            not_serving(&shared.fleet.pods, AdapterId::of("adapter-1")),
             vec![PodId(0)]
         );
-        let fleet = shared.pods.all();
+        let fleet = shared.fleet.pods.all();
         let (pod_a, pod_b) = (&fleet[0], &fleet[1]);
         assert!(pod_a.learn_models(ServedModels::from_names(["model-a", "adapter-1"])));
         assert!(!pod_a.learn_models(ServedModels::from_names(["adapter-1", "model-a"])));
         assert!(pod_b.learn_models(ServedModels::from_names(["model-b"])));
         assert_eq!(
-            not_serving(&shared, AdapterId::of("adapter-1")),
+            not_serving(&shared.fleet.pods, AdapterId::of("adapter-1")),
             vec![PodId(1)]
         );
-        assert!(check(&shared, "adapter-2").is_err());
+        assert!(check(&shared.fleet.pods, "adapter-2").is_err());
         // A reload that declares another model keeps the learnt list in force.
-        shared.pods.replace(
+        shared.fleet.pods.replace(
             &[
                 PodEntry::new("http://a:1", "x").with_model(Some("model-z".into())),
                 PodEntry::new("http://b:1", "x"),
             ],
             100,
         );
-        assert!(check(&shared, "model-z").is_err());
-        assert!(check(&shared, "model-a").is_ok());
+        assert!(check(&shared.fleet.pods, "model-z").is_err());
+        assert!(check(&shared.fleet.pods, "model-a").is_ok());
     }
 
     #[test]
@@ -191,7 +201,7 @@ mod tests {
             PodEntry::new("http://b:1", "x").with_model(Some("tiny".into())),
         ]);
         assert_eq!(
-            not_serving(&shared, AdapterId::of("tiny")),
+            not_serving(&shared.fleet.pods, AdapterId::of("tiny")),
             Vec::<PodId>::new()
         );
     }
@@ -199,9 +209,9 @@ mod tests {
     #[test]
     fn an_empty_pod_table_is_no_healthy_pod_not_an_unknown_model() {
         let shared = shared_with(&[]);
-        assert!(check(&shared, "any-model").is_ok());
+        assert!(check(&shared.fleet.pods, "any-model").is_ok());
         assert_eq!(
-            not_serving(&shared, AdapterId::of("any-model")),
+            not_serving(&shared.fleet.pods, AdapterId::of("any-model")),
             Vec::<PodId>::new()
         );
     }

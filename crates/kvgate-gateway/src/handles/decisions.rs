@@ -11,7 +11,6 @@ use kvgate_core::{Decision, Observed, PodSnapshot};
 use parking_lot::Mutex;
 use serde::Serialize;
 use std::collections::VecDeque;
-use std::sync::OnceLock;
 
 /// One logged decision: the core's `Decision` serialisation plus request id and time.
 #[derive(Debug, Clone, Serialize)]
@@ -97,33 +96,30 @@ pub struct FlowNote {
 pub struct DecisionLog {
     ring: Mutex<VecDeque<DecisionRecord>>,
     capacity: usize,
-    /// `--decisions-log FILE`, set at start.
-    file: OnceLock<JsonLines<DecisionRecord>>,
+    /// `--decisions-log FILE`, given at start.
+    file: Option<JsonLines<DecisionRecord>>,
 }
 
 impl DecisionLog {
-    pub fn new(capacity: usize) -> Self {
+    /// A ring of `capacity` records; with `file`, every routed request's completed record is
+    /// also written there.
+    pub fn new(capacity: usize, file: Option<JsonLines<DecisionRecord>>) -> Self {
         let capacity = capacity.max(1);
         DecisionLog {
             ring: Mutex::new(VecDeque::with_capacity(capacity.min(4096))),
             capacity,
-            file: OnceLock::new(),
+            file,
         }
-    }
-
-    /// Starts writing every routed request's completed record to `file`.
-    pub fn set_file(&self, file: JsonLines<DecisionRecord>) {
-        let _ = self.file.set(file);
     }
 
     /// Whether `--decisions-log` is on (then a request's guard carries its record to its end).
     pub fn logs_outcomes(&self) -> bool {
-        self.file.get().is_some()
+        self.file.is_some()
     }
 
     /// A request ended now: its record, completed, goes to the file (if any).
     pub fn ended(&self, mut record: DecisionRecord, observed: Option<Observed>) {
-        if let Some(file) = self.file.get() {
+        if let Some(file) = &self.file {
             record.observed = observed;
             record.ended_ms = Some(unix_ms());
             file.send(record);
@@ -151,7 +147,7 @@ mod tests {
 
     #[test]
     fn ring_keeps_only_the_last_capacity_records() {
-        let log = DecisionLog::new(2);
+        let log = DecisionLog::new(2, None);
         for i in 0..5 {
             log.push(DecisionRecord {
                 request_id: i.to_string(),

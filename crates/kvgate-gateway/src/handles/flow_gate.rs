@@ -1,6 +1,6 @@
-//! Flow control's state held in [`crate::state::Shared::flow`]: the core's queue of waiting
-//! requests, the requests let go and not yet routed, the latest predicted TTFT per pod and the
-//! driver's wake-up; a request's [`Turn`]. The rules, the driver and the answers are
+//! Flow control's state held in [`crate::state::AdmissionHandle::flow`]: the core's queue of
+//! waiting requests, the requests let go and not yet routed, the latest predicted TTFT per pod
+//! and the driver's wake-up; a request's [`Turn`]. The rules, the driver and the answers are
 //! [`crate::flow`]'s.
 
 use crate::decisions::FlowNote;
@@ -25,7 +25,7 @@ pub(crate) enum Verdict {
     Evicted,
 }
 
-/// The gateway's flow-control state (in [`crate::state::Shared::flow`]).
+/// The gateway's flow-control state (in [`crate::state::AdmissionHandle::flow`]).
 pub struct FlowGate {
     pub(crate) queue: Mutex<FlowQueue<oneshot::Sender<Verdict>>>,
     /// Requests let go (at once or from the queue) and not yet routed.

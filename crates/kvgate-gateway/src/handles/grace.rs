@@ -1,5 +1,5 @@
 //! The end of the shutdown grace (`--shutdown-grace-ms`), told to every stream in flight
-//! ([`GraceEnd`], held in [`crate::state::Shared::grace_end`]; the streams are
+//! ([`GraceEnd`], held in [`crate::state::AdmissionHandle::grace_end`]; the streams are
 //! [`crate::body`]'s).
 //!
 //! Bound: one waker per stream in flight (at most `max_concurrent_requests`).

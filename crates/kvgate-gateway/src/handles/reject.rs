@@ -3,16 +3,16 @@
 //! [`crate::errors`].
 
 use crate::errors::ApiError;
-use crate::state::Shared;
+use crate::handles::telemetry::Telemetry;
 use axum::response::Response;
 
 /// Counts (`kvgate_rejected_requests{reason}`, every one) and logs a request the gateway answers
 /// itself: client errors at info, the gateway's and the pods' failures at warn, at most
 /// [`crate::log_limit::LINES_PER_WINDOW`] lines a second per `code` (a flood of 429s or 503s
 /// must not flood the log; the suppressed lines are reported as a count).
-pub fn log_reject(shared: &Shared, err: &ApiError, request_id: &str) {
-    shared.metrics.reject(err.code);
-    if !shared.log_limit.allow(err.code) {
+pub fn log_reject(telemetry: &Telemetry, err: &ApiError, request_id: &str) {
+    telemetry.metrics.reject(err.code);
+    if !telemetry.log_limit.allow(err.code) {
         return;
     }
     match err.status.as_u16() {
@@ -24,8 +24,8 @@ pub fn log_reject(shared: &Shared, err: &ApiError, request_id: &str) {
 }
 
 /// [`log_reject`], then the error as the client's answer.
-pub fn reject(shared: &Shared, err: ApiError, request_id: &str) -> Response {
-    log_reject(shared, &err, request_id);
+pub fn reject(telemetry: &Telemetry, err: ApiError, request_id: &str) -> Response {
+    log_reject(telemetry, &err, request_id);
     err.into_response(request_id)
 }
 
@@ -60,11 +60,11 @@ mod tests {
             .with_writer(move || writer.clone())
             .with_max_level(tracing::Level::INFO)
             .finish();
-        let too_many = crate::limits::too_many_requests(&shared.admission);
+        let too_many = crate::limits::too_many_requests(&shared.admission.slots);
         tracing::subscriber::with_default(subscriber, || {
             for i in 0..2000 {
-                log_reject(&shared, &too_many, &format!("r{i}"));
-                log_reject(&shared, &no_healthy_pod(), &format!("n{i}"));
+                log_reject(&shared.telemetry, &too_many, &format!("r{i}"));
+                log_reject(&shared.telemetry, &no_healthy_pod(), &format!("n{i}"));
             }
         });
         let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();

@@ -1,109 +1,46 @@
-//! State shared by every task of one gateway: config, pod table, router state, metrics, the
-//! decision log and the upstream HTTP client.
+//! [`Shared`]: one gateway's state, as a composition of the handles that own it — the session
+//! ([`SessionHandle`], with the cluster link observing it), the fleet ([`FleetHandle`]: pods,
+//! discovery, the upstream client), admission ([`AdmissionHandle`]: slots, body budget, flow,
+//! retries, shutdown) and telemetry ([`Telemetry`]: metrics, logs, decisions, traces).
 //!
-//! The core's request lifecycle ([`RouterSession`]: router, prefix index, predictor, RNG and
-//! in-flight ledger) is single-threaded by design, so it sits behind one mutex held only for a
-//! transition (a decision, a first token, a finish: microseconds), never across an `.await`.
+//! A function that needs one or two of them takes those; the request entry points (the HTTP
+//! proxy, the ext_proc picker), the admin routes, the start and the spawned tasks take the
+//! whole. Two things stay here because every layer reads them and none owns them: the config
+//! (swapped whole on reload, read as one snapshot per request) and token mode's tokenizer with
+//! its cache (given at start, read by the pipeline and the admin `/debug/score`). Everything is
+//! given at start; nothing is set later.
+//!
+//! Memory: the handles' own bounds (each module says its); the config and tokenizer are fixed
+//! in size, the token cache ≤ `--tokenization-cache-mib`.
+
+pub use crate::handles::admission_handle::AdmissionHandle;
+pub use crate::handles::fleet_handle::{FleetHandle, UpstreamClient};
+pub use crate::handles::session::{ReplicaLink, SessionHandle};
+pub use crate::handles::telemetry::Telemetry;
 
 use crate::config::GatewayConfig;
-use crate::decisions::DecisionLog;
-use crate::metrics::{ClusterMetrics, Metrics};
-use crate::pods::{Pod, PodTable};
+use crate::decisions::{DecisionLog, DecisionRecord};
+use crate::metrics::Metrics;
+use crate::pods::PodChanges;
 use arc_swap::ArcSwap;
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
-use kvgate_core::predictor::{LatencyPredictor, PredictorConfig};
-use kvgate_core::{BlockHash, RouterSession, TrainingSample};
-use parking_lot::Mutex;
+use kvgate_core::RouterSession;
+use kvgate_core::predictor::PredictorConfig;
 use std::sync::Arc;
-use std::time::Duration;
-
-/// The upstream client (hyper-util legacy: pooled keep-alive, frame-by-frame bodies).
-pub type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
-
-/// `--cluster`'s link to the other replicas, as the rest of the gateway uses it: the request
-/// transitions [`crate::lifecycle::TicketGuard`] reports, and the gauges refreshed before
-/// `/metrics` is encoded. Implemented by [`crate::cluster::Cluster`] (set at start in
-/// [`Shared::cluster`]); a trait, so that this module does not depend on the cluster's.
-pub trait ReplicaLink: Send + Sync {
-    /// A request was routed to `pod` (its prompt's `blocks`); returns its id for the
-    /// transitions below.
-    fn routed(
-        &self,
-        shared: &Shared,
-        pod: &Pod,
-        blocks: &[BlockHash],
-        input_tokens: u32,
-        prefill_tokens: u64,
-    ) -> u64;
-
-    /// The request's first token (with the training sample learnt at it, if any).
-    fn first_token(
-        &self,
-        shared: &Shared,
-        request: u64,
-        decode_tokens: u64,
-        sample: Option<TrainingSample>,
-    );
-
-    /// `tokens` more decode tokens.
-    fn tokens(&self, shared: &Shared, request: u64, tokens: u64);
-
-    /// The request ended (with its training sample when it completed normally).
-    fn finish(&self, shared: &Shared, request: u64, sample: Option<TrainingSample>);
-
-    /// Refreshes `kvgate_cluster_*`'s gauges.
-    fn refresh_gauges(&self, m: &ClusterMetrics);
-
-    /// The implementation itself, for [`crate::cluster::Cluster::of`].
-    fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync>;
-}
 
 pub struct Shared {
     config: ArcSwap<GatewayConfig>,
-    pub pods: PodTable,
     /// The core's request lifecycle: every decision, charge and training sample goes through
     /// it (its index is routed for every pod, engine for pods with live KV events).
-    pub session: Mutex<RouterSession>,
-    pub metrics: Metrics,
-    /// The rate limit of per-request log lines (the counters in `metrics` stay exact).
-    pub log_limit: crate::log_limit::LogLimiter,
-    pub decisions: DecisionLog,
-    /// The live page's branch counters and sampled history ([`crate::live`]).
-    pub live: crate::live::LiveHistory,
-    pub client: UpstreamClient,
+    pub session: SessionHandle,
+    pub fleet: FleetHandle,
+    pub admission: AdmissionHandle,
+    /// Shared apart too: a traffic connection holds only this.
+    pub telemetry: Arc<Telemetry>,
     /// Token mode's tokenizer (`--tokenizer FILE`, else the built-in cl100k), given at start.
     pub tokenizer: Option<crate::tokenizer::GatewayTokenizer>,
-    /// `--cluster`: this replica's membership, given at start ([`crate::cluster::Cluster`];
-    /// its tasks start once they can hold the `Shared`).
-    pub cluster: Option<Arc<dyn ReplicaLink>>,
     /// Token mode's tokenization reuse (`--tokenization-cache-mib`), given at start with the
     /// tokenizer; none, every prompt is tokenized whole.
     pub token_cache: Option<Arc<crate::token_cache::TokenCache>>,
-    /// `--capture FILE`, when given.
-    pub capture: Option<Arc<crate::capture::Capture>>,
-    /// `[tracing]`: the OpenTelemetry tracer when tracing is on ([`crate::otel`]); none, every
-    /// tracing hook is a no-op.
-    pub otel: Option<crate::otel::Tracing>,
-    /// Slots and queue of the traffic listener (sized at start).
-    pub admission: crate::limits::Admission,
-    /// Request-body bytes held now (`max_body_bytes_in_flight` bounds it).
-    pub body_budget: Arc<crate::limits::BodyBudget>,
-    /// Flow control's queue and driver state ([`crate::flow_gate`], driven by [`crate::flow`]).
-    pub flow: crate::flow_gate::FlowGate,
-    /// Set by [`crate::Gateway::shutdown`]: `/readyz` answers 503.
-    pub shutting_down: std::sync::atomic::AtomicBool,
-    /// Set when [`crate::Gateway::shutdown`]'s grace is over: streams in flight end with an SSE
-    /// error event and `[DONE]`.
-    pub grace_end: Arc<crate::grace::GraceEnd>,
-    /// Retries in flight, bounded by the requests in flight ([`crate::retry_budget`]).
-    pub retry_budget: Arc<crate::retry_budget::RetryBudget>,
-    /// Pods found by `--discovery` (routed to besides the config's pods). Its lock also
-    /// serialises pod-table updates, so a config reload and a discovery change never race.
-    discovered: Mutex<Vec<crate::pods::PodEntry>>,
 }
 
 /// What a gateway is given at start besides its config; none of it changes afterwards.
@@ -114,6 +51,8 @@ pub struct StartParts {
     pub capture: Option<Arc<crate::capture::Capture>>,
     pub otel: Option<crate::otel::Tracing>,
     pub cluster: Option<Arc<dyn ReplicaLink>>,
+    /// `--decisions-log FILE`.
+    pub decisions_file: Option<crate::jsonl::JsonLines<DecisionRecord>>,
 }
 
 impl Shared {
@@ -135,13 +74,6 @@ impl Shared {
     ) -> Result<Arc<Shared>, E> {
         let metrics = Metrics::new();
         let parts = parts(&metrics)?;
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(config.connect_timeout));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .pool_max_idle_per_host(1024)
-            .build(connector);
         let session = RouterSession::new(
             config.router,
             config.policy,
@@ -149,29 +81,23 @@ impl Shared {
             config.seed,
         );
         Ok(Arc::new(Shared {
-            admission: crate::limits::Admission::new(
+            session: SessionHandle::new(session, parts.cluster),
+            fleet: FleetHandle::new(config.connect_timeout),
+            admission: AdmissionHandle::new(
                 config.max_concurrent_requests,
                 config.max_waiting_requests,
             ),
-            body_budget: Arc::default(),
-            flow: crate::flow_gate::FlowGate::default(),
-            decisions: DecisionLog::new(config.decision_log_size),
-            live: crate::live::LiveHistory::default(),
+            telemetry: Arc::new(Telemetry {
+                decisions: DecisionLog::new(config.decision_log_size, parts.decisions_file),
+                live: crate::live::LiveHistory::default(),
+                metrics,
+                log_limit: crate::log_limit::LogLimiter::default(),
+                capture: parts.capture,
+                otel: parts.otel,
+            }),
             config: ArcSwap::from_pointee(config),
-            pods: PodTable::default(),
-            session: Mutex::new(session),
-            metrics,
-            log_limit: crate::log_limit::LogLimiter::default(),
-            client,
-            capture: parts.capture,
-            otel: parts.otel,
-            cluster: parts.cluster,
             tokenizer: parts.tokenizer,
             token_cache: parts.token_cache,
-            shutting_down: std::sync::atomic::AtomicBool::new(false),
-            grace_end: Arc::default(),
-            retry_budget: Arc::default(),
-            discovered: Mutex::new(Vec::new()),
         }))
     }
 
@@ -184,26 +110,14 @@ impl Shared {
     /// Listener addresses are not changed. Returns the added pods (the caller starts their
     /// scrape loops).
     pub fn apply_config(&self, new: GatewayConfig) -> Vec<Arc<crate::pods::Pod>> {
-        let discovered = self.discovered.lock();
         let old = self.config.load_full();
-        let changes = self.pods.replace(
-            &wanted_pods(&new.pods, &discovered),
-            new.router.lru_capacity_per_server,
-        );
-        {
-            let mut session = self.session.lock();
-            if old.router != new.router || old.policy != new.policy {
-                session.set_router(new.router, new.policy);
-            }
-            if PredictorConfig::for_router(&old.router) != PredictorConfig::for_router(&new.router)
-            {
-                session.set_predictor(LatencyPredictor::new(PredictorConfig::for_router(
-                    &new.router,
-                )));
-            }
-        }
-        self.forget_removed(&changes);
-        self.config.store(Arc::new(new));
+        let new = Arc::new(new);
+        let lru = new.router.lru_capacity_per_server;
+        let changes = self.fleet.set_configured(&new.pods, lru, |changes| {
+            self.session.reconfigure(&old, &new);
+            self.forget_removed(changes);
+            self.config.store(Arc::clone(&new));
+        });
         changes.added
     }
 
@@ -211,28 +125,17 @@ impl Shared {
     /// `pods`, as [`Shared::apply_config`] does. Returns the added pods (the caller starts
     /// their scrape loops).
     pub fn set_discovered(&self, pods: Vec<crate::pods::PodEntry>) -> Vec<Arc<crate::pods::Pod>> {
-        let mut discovered = self.discovered.lock();
-        *discovered = pods;
-        let cfg = self.config.load_full();
-        let changes = self.pods.replace(
-            &wanted_pods(&cfg.pods, &discovered),
-            cfg.router.lru_capacity_per_server,
-        );
+        let changes = self.fleet.set_discovered(pods, || self.config.load_full());
         self.forget_removed(&changes);
         changes.added
     }
 
     /// A removed pod's index entries and in-flight counters go away; both kinds of change are
     /// logged.
-    fn forget_removed(&self, changes: &crate::pods::PodChanges) {
-        {
-            let mut session = self.session.lock();
-            for pod in &changes.removed {
-                session.remove_pod(pod.id);
-            }
-        }
+    fn forget_removed(&self, changes: &PodChanges) {
+        self.session.remove_pods(&changes.removed);
         for pod in &changes.removed {
-            self.metrics.forget_pod(&pod.label());
+            self.telemetry.metrics.forget_pod(&pod.label());
             tracing::info!(pod = %pod.url, "pod removed");
         }
         for pod in &changes.added {
@@ -244,22 +147,22 @@ impl Shared {
     pub fn metrics_text(&self) -> Result<String, std::fmt::Error> {
         self.refresh_gauges();
         let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &self.metrics.registry)?;
+        prometheus_client::encoding::text::encode(&mut text, &self.telemetry.metrics.registry)?;
         Ok(text)
     }
 
     /// Refreshes the gauges computed from state (called before encoding `/metrics`).
     pub fn refresh_gauges(&self) {
-        let m = &self.metrics;
-        if let Some(c) = &self.cluster {
+        let m = &self.telemetry.metrics;
+        if let Some(c) = self.session.cluster() {
             c.refresh_gauges(&m.cluster);
         }
         m.active_requests
-            .set(i64::try_from(self.admission.active()).unwrap_or(i64::MAX));
+            .set(i64::try_from(self.admission.slots.active()).unwrap_or(i64::MAX));
         m.queued_requests
-            .set(i64::try_from(self.admission.queued()).unwrap_or(i64::MAX));
-        self.flow.refresh_gauges(&m.flow);
-        let pods = self.pods.all();
+            .set(i64::try_from(self.admission.slots.queued()).unwrap_or(i64::MAX));
+        self.admission.flow.refresh_gauges(&m.flow);
+        let pods = self.fleet.pods.all();
         let in_flight: Vec<kvgate_core::InFlight> = {
             let session = self.session.lock();
             pods.iter().map(|p| session.in_flight(p.id)).collect()
@@ -355,14 +258,6 @@ impl Shared {
                 .saturating_add(engine_blocks.saturating_mul(ENGINE_INDEX_BYTES_PER_BLOCK)),
         );
     }
-}
-
-/// The pod table's wanted (url, class) list: configured pods first, then discovered ones.
-fn wanted_pods(
-    configured: &[crate::pods::PodEntry],
-    discovered: &[crate::pods::PodEntry],
-) -> Vec<crate::pods::PodEntry> {
-    configured.iter().chain(discovered).cloned().collect()
 }
 
 /// Memory bound per indexed block of the routed index (ARCHITECTURE.md, measured in the core).

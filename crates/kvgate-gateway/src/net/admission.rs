@@ -19,9 +19,10 @@ use std::task::{Context, Poll};
 use tower::{Layer, Service};
 
 /// The traffic listener's admission, as a tower layer: a request waits for a slot of
-/// [`Shared::admission`] (in its queue if need be) before it reaches the inner service, and
-/// holds the slot until its response body ends or is dropped; with slots and queue full it gets
-/// 429 `too_many_requests` with `Retry-After` and never reaches the inner service.
+/// [`crate::state::AdmissionHandle::slots`] (in its queue if need be) before it reaches the
+/// inner service, and holds the slot until its response body ends or is dropped; with slots and
+/// queue full it gets 429 `too_many_requests` with `Retry-After` and never reaches the inner
+/// service.
 #[derive(Clone)]
 pub struct AdmissionLayer {
     shared: Arc<Shared>,
@@ -78,7 +79,7 @@ where
             let read = read_body_within(
                 body,
                 cfg.max_body_bytes,
-                &shared.body_budget,
+                &shared.admission.body_budget,
                 cfg.max_body_bytes_in_flight,
                 read_by,
             )
@@ -87,7 +88,7 @@ where
                 Ok(read) => read,
                 Err(e) => {
                     let retry = e.status == StatusCode::SERVICE_UNAVAILABLE;
-                    let mut resp = reject(&shared, e, &request_id(&parts.headers));
+                    let mut resp = reject(&shared.telemetry, e, &request_id(&parts.headers));
                     if retry {
                         resp.headers_mut()
                             .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_S));
@@ -99,18 +100,23 @@ where
             let req = Request::from_parts(parts, Body::from(bytes));
             // Waiting for a slot counts against the request's deadline.
             let deadline = arrived + cfg.request_timeout;
-            let Ok(admitted) = tokio::time::timeout_at(deadline, shared.admission.admit()).await
+            let Ok(admitted) =
+                tokio::time::timeout_at(deadline, shared.admission.slots.admit()).await
             else {
                 let rid = request_id(req.headers());
                 return Ok(reject(
-                    &shared,
+                    &shared.telemetry,
                     crate::errors::request_timeout(cfg.request_timeout),
                     &rid,
                 ));
             };
             let Some(slot) = admitted else {
                 let rid = request_id(req.headers());
-                let mut resp = reject(&shared, too_many_requests(&shared.admission), &rid);
+                let mut resp = reject(
+                    &shared.telemetry,
+                    too_many_requests(&shared.admission.slots),
+                    &rid,
+                );
                 resp.headers_mut()
                     .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_S));
                 return Ok(resp);
@@ -191,7 +197,7 @@ mod tests {
         let first = svc.clone().oneshot(request()).await.unwrap();
         assert_eq!(first.status(), StatusCode::OK);
         // The response's body still holds the only slot, and no one may queue.
-        assert_eq!(shared.admission.active(), 1);
+        assert_eq!(shared.admission.slots.active(), 1);
         let refused = svc.clone().oneshot(request()).await.unwrap();
         assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(refused.headers()[header::RETRY_AFTER], "1");
@@ -209,7 +215,7 @@ mod tests {
         // Reading the first body to its end gives the slot back.
         let body = first.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(&body[..], b"inner");
-        assert_eq!(shared.admission.active(), 0);
+        assert_eq!(shared.admission.slots.active(), 0);
         let again = svc.oneshot(request()).await.unwrap();
         assert_eq!(again.status(), StatusCode::OK);
     }

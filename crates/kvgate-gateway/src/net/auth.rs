@@ -10,7 +10,7 @@ pub use crate::config::ApiKeys;
 use crate::errors::ApiError;
 use crate::reject::reject;
 use crate::request_id::request_id;
-use crate::state::Shared;
+use crate::state::{Shared, Telemetry};
 use axum::extract::Request;
 use axum::response::Response;
 use http::{HeaderValue, StatusCode, header};
@@ -74,13 +74,13 @@ where
         {
             return Box::pin(self.inner.call(req));
         }
-        let unauthorized = unauthorized(&self.shared, &request_id(req.headers()));
+        let unauthorized = unauthorized(&self.shared.telemetry, &request_id(req.headers()));
         Box::pin(std::future::ready(Ok(unauthorized)))
     }
 }
 
 /// The 401 of a request without a valid key, counted and logged.
-fn unauthorized(shared: &Shared, rid: &str) -> Response {
+fn unauthorized(telemetry: &Telemetry, rid: &str) -> Response {
     let err = ApiError {
         status: StatusCode::UNAUTHORIZED,
         kind: "invalid_request_error",
@@ -88,7 +88,7 @@ fn unauthorized(shared: &Shared, rid: &str) -> Response {
         message: "missing or invalid API key: send Authorization: Bearer <key>".into(),
         param: None,
     };
-    let mut resp = reject(shared, err, rid);
+    let mut resp = reject(telemetry, err, rid);
     resp.headers_mut()
         .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
     resp

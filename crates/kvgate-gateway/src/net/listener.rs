@@ -43,7 +43,7 @@
 
 pub use crate::metrics::ConnectionMetrics;
 use crate::metrics::timeout_label;
-use crate::state::Shared;
+use crate::state::{Shared, Telemetry};
 use axum::body::Body;
 use bytes::Bytes;
 use futures_util::task::AtomicWaker;
@@ -91,7 +91,7 @@ pub async fn serve(
     let (closing, closing_rx) = watch::channel(false);
     let mut conns = tokio::task::JoinSet::new();
     let mut pause = ACCEPT_PAUSE_MIN;
-    let metrics = &shared.metrics.connections;
+    let metrics = &shared.telemetry.metrics.connections;
     loop {
         let accepted = tokio::select! {
             _ = stop.wait_for(|s| *s) => break,
@@ -106,7 +106,7 @@ pub async fn serve(
             Err(e) if is_connection_error(&e) => continue,
             Err(e) => {
                 metrics.accept_errors.inc();
-                if shared.log_limit.allow("accept_error") {
+                if shared.telemetry.log_limit.allow("accept_error") {
                     tracing::warn!(error = %e, pause_ms = pause.as_millis() as u64, "accept error on the traffic listener; pausing accepts");
                 }
                 tokio::select! {
@@ -119,7 +119,7 @@ pub async fn serve(
         };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
             metrics.refused.inc();
-            if shared.log_limit.allow("connection_refused") {
+            if shared.telemetry.log_limit.allow("connection_refused") {
                 tracing::warn!(
                     max_connections,
                     "connection refused: max_connections are open"
@@ -154,13 +154,13 @@ fn is_connection_error(e: &io::Error) -> bool {
 
 /// An open connection in `kvgate_open_connections`, holding its place under the cap.
 struct Open {
-    shared: Arc<Shared>,
+    telemetry: Arc<Telemetry>,
     _slot: OwnedSemaphorePermit,
 }
 
 impl Drop for Open {
     fn drop(&mut self) {
-        self.shared.metrics.connections.open.dec();
+        self.telemetry.metrics.connections.open.dec();
     }
 }
 
@@ -171,9 +171,9 @@ async fn connection(
     shared: Arc<Shared>,
     mut closing: watch::Receiver<bool>,
 ) {
-    shared.metrics.connections.open.inc();
+    shared.telemetry.metrics.connections.open.inc();
     let _open = Open {
-        shared: shared.clone(),
+        telemetry: shared.telemetry.clone(),
         _slot: slot,
     };
     let timeouts = {
@@ -185,7 +185,7 @@ async fn connection(
         }
     };
     let state = Arc::new(ConnState::new(timeouts));
-    let io = TokioIo::new(ConnIo::new(stream, state.clone(), shared));
+    let io = TokioIo::new(ConnIo::new(stream, state.clone(), shared.telemetry.clone()));
     let service = hyper::service::service_fn(move |req: http::Request<Incoming>| {
         let request = state.request_started(req.version());
         let mut app = app.clone();
@@ -321,7 +321,7 @@ impl http_body::Body for OnConnection {
 struct ConnIo {
     stream: TcpStream,
     state: Arc<ConnState>,
-    shared: Arc<Shared>,
+    telemetry: Arc<Telemetry>,
     read_timer: Pin<Box<Sleep>>,
     /// The instant `read_timer` is set to, if armed.
     read_timer_at: Option<Instant>,
@@ -331,12 +331,12 @@ struct ConnIo {
 }
 
 impl ConnIo {
-    fn new(stream: TcpStream, state: Arc<ConnState>, shared: Arc<Shared>) -> Self {
+    fn new(stream: TcpStream, state: Arc<ConnState>, telemetry: Arc<Telemetry>) -> Self {
         let now = Instant::now();
         ConnIo {
             stream,
             state,
-            shared,
+            telemetry,
             read_timer: Box::pin(tokio::time::sleep_until(now)),
             read_timer_at: None,
             write_timer: Box::pin(tokio::time::sleep_until(now)),
@@ -345,12 +345,12 @@ impl ConnIo {
     }
 
     fn timed_out(&self, kind: &'static str) -> io::Error {
-        let connections = &self.shared.metrics.connections;
+        let connections = &self.telemetry.metrics.connections;
         connections
             .timeouts
             .get_or_create(&timeout_label(kind))
             .inc();
-        if kind != "idle" && self.shared.log_limit.allow("connection_timeout") {
+        if kind != "idle" && self.telemetry.log_limit.allow("connection_timeout") {
             tracing::info!(
                 kind,
                 peer = ?self.stream.peer_addr().ok(),

@@ -72,7 +72,7 @@ async fn not_found(State(shared): State<Arc<Shared>>, req: Request) -> Response 
         message: format!("no route for {} {}", req.method(), req.uri().path()),
         param: None,
     };
-    reject(&shared, err, &id)
+    reject(&shared.telemetry, err, &id)
 }
 
 /// The request's deadline: its request timeout counted from its arrival at the gateway
@@ -117,12 +117,17 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
     let start = Instant::now();
     let (parts, body) = req.into_parts();
     let rid = request_id(&parts.headers);
-    let trace = RequestTrace::start(shared.otel.as_ref(), &parts.headers, parts.uri.path(), &rid);
+    let trace = RequestTrace::start(
+        shared.telemetry.otel.as_ref(),
+        &parts.headers,
+        parts.uri.path(),
+        &rid,
+    );
     let cfg = shared.config().clone();
     let deadline = request_deadline(&parts, &cfg);
     let body = match read_body_until(body, cfg.max_body_bytes, deadline).await {
         Ok(b) => b,
-        Err(e) => return reject(&shared, e, &rid),
+        Err(e) => return reject(&shared.telemetry, e, &rid),
     };
     let path = parts.uri.path();
     // Prepare, class and price the request, then its flow turn (at once with flow control
@@ -143,7 +148,7 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
         turn,
     } = match ready {
         Ok(r) => r,
-        Err(e) => return trace.answered(crate::flow::reject(&shared, e, &rid)),
+        Err(e) => return trace.answered(crate::flow::reject(&shared.telemetry, e, &rid)),
     };
     trace.flow_queue(&cfg.flow, class.priority, &class.tenant, turn.queued);
     let queued = turn.queued;
@@ -168,6 +173,7 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
     // A fleet with P/D roles: the request may be split, and its decode body is built from the
     // JSON (a copy kept only then: the common path forwards the body as it came).
     let split = shared
+        .fleet
         .pods
         .all()
         .iter()
@@ -213,8 +219,8 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
     };
     let resp = match crate::pipeline::dispatch(dispatch, &mut fwd).await {
         Ok(resp) => resp,
-        Err(DispatchError::NoPod) => reject(&shared, no_healthy_pod(), &rid),
-        Err(DispatchError::Gateway(e)) => reject(&shared, e, &rid),
+        Err(DispatchError::NoPod) => reject(&shared.telemetry, no_healthy_pod(), &rid),
+        Err(DispatchError::Gateway(e)) => reject(&shared.telemetry, e, &rid),
         Err(DispatchError::Pod(answer)) => {
             let mut resp = Response::new(Body::from(answer.body));
             *resp.status_mut() = answer.status;
@@ -268,7 +274,7 @@ impl Deliver for Forward<'_> {
             Delivery::Answer(_) => "ok",
             Delivery::Failed(_) => "failed",
         };
-        self.shared.metrics.pd.stage("decode", outcome);
+        self.shared.telemetry.metrics.pd.stage("decode", outcome);
         sent
     }
 }
@@ -306,7 +312,7 @@ impl Forward<'_> {
             body,
         ) {
             Ok(r) => r,
-            Err(e) => return Delivery::Answer(reject(shared, upstream_failed(e), rid)),
+            Err(e) => return Delivery::Answer(reject(&shared.telemetry, upstream_failed(e), rid)),
         };
         let span = self.trace.upstream(&pod.url, up.headers_mut());
         let sent = send(shared, cfg, &pod, up, self.deadline).await;
@@ -315,7 +321,7 @@ impl Forward<'_> {
         let failure = match sent {
             Sent::RequestTimeout => {
                 drop(guard);
-                return Delivery::Answer(request_timed_out(shared, cfg, &pod, rid));
+                return Delivery::Answer(request_timed_out(&shared.telemetry, cfg, &pod, rid));
             }
             Sent::FirstByteTimeout(why) => Failure::counted(why),
             Sent::Answer(Ok(resp)) if !resp.status().is_server_error() => {
@@ -378,8 +384,8 @@ impl Forward<'_> {
             }
         };
         drop(guard);
-        attempt_failed(shared, &pod, policy, branch);
-        if shared.log_limit.allow("attempt_failed") {
+        attempt_failed(&shared.telemetry.metrics, &pod, policy, branch);
+        if shared.telemetry.log_limit.allow("attempt_failed") {
             tracing::warn!(request_id = %rid, why = %failure.why, "attempt failed before any byte was sent; retrying elsewhere");
         }
         Delivery::Failed(failure)
@@ -420,16 +426,16 @@ pub async fn passthrough(State(shared): State<Arc<Shared>>, req: Request) -> Res
             "the request path has a `.` or `..` segment (decoded or not)".into(),
             None,
         );
-        return reject(&shared, err, &rid);
+        return reject(&shared.telemetry, err, &rid);
     }
     let cfg = shared.config().clone();
     let deadline = request_deadline(&parts, &cfg);
     let body = match read_body_until(body, cfg.max_body_bytes, deadline).await {
         Ok(b) => b,
-        Err(e) => return reject(&shared, e, &rid),
+        Err(e) => return reject(&shared.telemetry, e, &rid),
     };
     let Some((pod, guard)) = crate::routing::least_loaded(&shared, &[]) else {
-        return reject(&shared, no_healthy_pod(), &rid);
+        return reject(&shared.telemetry, no_healthy_pod(), &rid);
     };
     let path_and_query = parts
         .uri
@@ -446,13 +452,13 @@ pub async fn passthrough(State(shared): State<Arc<Shared>>, req: Request) -> Res
         body,
     ) {
         Ok(r) => r,
-        Err(e) => return reject(&shared, upstream_failed(e), &rid),
+        Err(e) => return reject(&shared.telemetry, upstream_failed(e), &rid),
     };
     let answer = match send(&shared, &cfg, &pod, up, deadline).await {
         Sent::Answer(answer) => answer,
-        Sent::RequestTimeout => return request_timed_out(&shared, &cfg, &pod, &rid),
+        Sent::RequestTimeout => return request_timed_out(&shared.telemetry, &cfg, &pod, &rid),
         Sent::FirstByteTimeout(failure) => {
-            return reject(&shared, upstream_failed(failure), &rid);
+            return reject(&shared.telemetry, upstream_failed(failure), &rid);
         }
     };
     match answer {
@@ -499,7 +505,7 @@ pub async fn passthrough(State(shared): State<Arc<Shared>>, req: Request) -> Res
                 pod.mark_unhealthy();
             }
             reject(
-                &shared,
+                &shared.telemetry,
                 upstream_failed(format!("pod {} failed: {e}", pod.url)),
                 &rid,
             )

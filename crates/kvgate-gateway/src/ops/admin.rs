@@ -77,19 +77,26 @@ fn json<T: serde::Serialize>(value: &T) -> Response {
 }
 
 async fn live_pods(State(shared): State<Arc<Shared>>) -> Response {
-    json(&crate::ui::pods(&shared))
+    json(&crate::ui::pods(&shared.fleet.pods, &shared.session))
 }
 
 async fn live_branches(State(shared): State<Arc<Shared>>) -> Response {
-    json(&crate::ui::branches(&shared))
+    json(&crate::ui::branches(&shared.telemetry.live))
 }
 
 async fn live_predictor(State(shared): State<Arc<Shared>>) -> Response {
-    json(&crate::ui::predictor(&shared))
+    json(&crate::ui::predictor(
+        &shared.session,
+        &shared.telemetry.live,
+    ))
 }
 
 async fn live_queue(State(shared): State<Arc<Shared>>) -> Response {
-    json(&crate::ui::queue(&shared))
+    json(&crate::ui::queue(
+        &shared.admission,
+        &shared.telemetry.live,
+        &shared.config(),
+    ))
 }
 
 async fn live_page() -> Response {
@@ -101,7 +108,8 @@ async fn live_page() -> Response {
 }
 
 async fn decisions(State(shared): State<Arc<Shared>>) -> Response {
-    let body = serde_json::to_string(&shared.decisions.snapshot()).unwrap_or_else(|_| "[]".into());
+    let body = serde_json::to_string(&shared.telemetry.decisions.snapshot())
+        .unwrap_or_else(|_| "[]".into());
     with_type(body, "application/json", StatusCode::OK)
 }
 
@@ -127,6 +135,7 @@ async fn config(State(shared): State<Arc<Shared>>) -> Response {
 
 async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
     if shared
+        .admission
         .shutting_down
         .load(std::sync::atomic::Ordering::Acquire)
     {
@@ -136,7 +145,13 @@ async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
             StatusCode::SERVICE_UNAVAILABLE,
         );
     }
-    let healthy = shared.pods.all().iter().filter(|p| p.is_healthy()).count();
+    let healthy = shared
+        .fleet
+        .pods
+        .all()
+        .iter()
+        .filter(|p| p.is_healthy())
+        .count();
     if healthy > 0 {
         with_type(
             format!("ready: {healthy} healthy pods\n"),
@@ -183,22 +198,28 @@ async fn score(shared: Arc<Shared>, path: &str, req: axum::extract::Request) -> 
     let (body, _hold) = match crate::limits::read_body_within(
         body,
         cfg.max_body_bytes,
-        &shared.body_budget,
+        &shared.admission.body_budget,
         cfg.max_body_bytes_in_flight,
         read_by,
     )
     .await
     {
         Ok(read) => read,
-        Err(e) => return crate::reject::reject(&shared, e, &rid),
+        Err(e) => return crate::reject::reject(&shared.telemetry, e, &rid),
     };
     let prepared = match crate::routing::prepare(&shared, &cfg, path, &body, &headers).await {
         Ok(p) => p,
-        Err(e) => return crate::reject::reject(&shared, e, &rid),
+        Err(e) => return crate::reject::reject(&shared.telemetry, e, &rid),
     };
     let request = prepared.route_request();
-    let mut snaps: Vec<_> = shared.pods.all().iter().map(|p| p.snapshot()).collect();
-    let pods = shared.session.lock().score(&request, &mut snaps);
+    let mut snaps: Vec<_> = shared
+        .fleet
+        .pods
+        .all()
+        .iter()
+        .map(|p| p.snapshot())
+        .collect();
+    let pods = shared.session.score(&request, &mut snaps);
     let report = ScoreReport {
         input_tokens: prepared.input_tokens,
         block_size_tokens: prepared.block_size_tokens,

@@ -1,10 +1,13 @@
 //! The live page on the admin listener, `/ui`: one static HTML file with its script
 //! (`ui/index.html`, embedded; no build step, no outside assets), and the JSON it reads, built
-//! from [`Shared`] and the history in [`crate::live`]: `/debug/pods`, `/debug/branches`,
+//! from the handles each view reads (the pods, the session, admission) and the history in
+//! [`crate::live`]: `/debug/pods`, `/debug/branches`,
 //! `/debug/predictor`, `/debug/queue` (and `/debug/decisions`, [`crate::decisions`]).
 
-use crate::live::{SAMPLE_INTERVAL, Sample};
-use crate::state::Shared;
+use crate::config::GatewayConfig;
+use crate::live::{LiveHistory, SAMPLE_INTERVAL, Sample};
+use crate::pods::PodTable;
+use crate::state::{AdmissionHandle, SessionHandle, Shared};
 use serde::Serialize;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -12,19 +15,19 @@ use std::sync::atomic::Ordering;
 /// The page itself.
 pub const PAGE_HTML: &str = include_str!("ui/index.html");
 
-/// Takes a sample of `shared` now.
-pub fn sample(shared: &Shared) -> Sample {
-    let acc = shared.session.lock().predictor().accuracy();
+/// Takes a sample now: the predictor's accuracy, the branch counts, the queues.
+pub fn sample(session: &SessionHandle, admission: &AdmissionHandle, live: &LiveHistory) -> Sample {
+    let acc = session.accuracy();
     Sample {
         t_ms: crate::decisions::unix_ms(),
-        branch_totals: shared.live.branch_totals(),
+        branch_totals: live.branch_totals(),
         ttft_mape: acc.ttft_mape,
         tpot_mape: acc.tpot_mape,
         ttft_p90_coverage: acc.ttft_p90_coverage,
         predictor_samples: acc.samples,
-        active_requests: shared.admission.active(),
-        admission_queued: shared.admission.queued(),
-        flow_queued: shared.flow.queued(),
+        active_requests: admission.slots.active(),
+        admission_queued: admission.slots.queued(),
+        flow_queued: admission.flow.queued(),
     }
 }
 
@@ -35,7 +38,11 @@ pub async fn sample_loop(shared: Arc<Shared>) {
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
-        shared.live.push(sample(&shared));
+        shared.telemetry.live.push(sample(
+            &shared.session,
+            &shared.admission,
+            &shared.telemetry.live,
+        ));
     }
 }
 
@@ -67,10 +74,10 @@ pub struct PodView {
     pub kv_events_last_batch_age_seconds: Option<f64>,
 }
 
-pub fn pods(shared: &Shared) -> Vec<PodView> {
-    let pods = shared.pods.all();
+pub fn pods(pods: &PodTable, session: &SessionHandle) -> Vec<PodView> {
+    let pods = pods.all();
     let (in_flight, stale): (Vec<_>, Vec<_>) = {
-        let session = shared.session.lock();
+        let session = session.lock();
         pods.iter()
             .map(|p| {
                 (
@@ -129,8 +136,8 @@ pub struct BranchInterval {
     pub counts: std::collections::BTreeMap<&'static str, u64>,
 }
 
-pub fn branches(shared: &Shared) -> BranchesView {
-    let samples = shared.live.samples();
+pub fn branches(live: &LiveHistory) -> BranchesView {
+    let samples = live.samples();
     let intervals = samples
         .windows(2)
         .map(|w| {
@@ -152,7 +159,7 @@ pub fn branches(shared: &Shared) -> BranchesView {
         .collect();
     BranchesView {
         interval_s: SAMPLE_INTERVAL.as_secs(),
-        totals: shared.live.branch_totals().into_iter().collect(),
+        totals: live.branch_totals().into_iter().collect(),
         intervals,
     }
 }
@@ -175,9 +182,9 @@ pub struct PredictorPoint {
     pub predictor_samples: u64,
 }
 
-pub fn predictor(shared: &Shared) -> PredictorView {
+pub fn predictor(session: &SessionHandle, live: &LiveHistory) -> PredictorView {
     let (now, classes) = {
-        let session = shared.session.lock();
+        let session = session.lock();
         (
             session.predictor().accuracy(),
             session.predictor().class_reports(),
@@ -186,8 +193,7 @@ pub fn predictor(shared: &Shared) -> PredictorView {
     PredictorView {
         now,
         classes,
-        history: shared
-            .live
+        history: live
             .samples()
             .into_iter()
             .map(|s| PredictorPoint {
@@ -228,9 +234,9 @@ pub struct QueuePoint {
     pub flow_queued: usize,
 }
 
-pub fn queue(shared: &Shared) -> QueueView {
+pub fn queue(admission: &AdmissionHandle, live: &LiveHistory, cfg: &GatewayConfig) -> QueueView {
     let flow = {
-        let q = shared.flow.queue.lock();
+        let q = admission.flow.queue.lock();
         q.queued_by_class()
             .into_iter()
             .map(|(band, tenant, queued)| FlowClassView {
@@ -241,12 +247,11 @@ pub fn queue(shared: &Shared) -> QueueView {
             .collect()
     };
     QueueView {
-        active_requests: shared.admission.active(),
-        admission_queued: shared.admission.queued(),
-        flow_control: shared.config().flow.enabled,
+        active_requests: admission.slots.active(),
+        admission_queued: admission.slots.queued(),
+        flow_control: cfg.flow.enabled,
         flow,
-        history: shared
-            .live
+        history: live
             .samples()
             .into_iter()
             .map(|s| QueuePoint {

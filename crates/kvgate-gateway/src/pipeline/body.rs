@@ -104,7 +104,7 @@ impl Tracker {
         self.finish_inner(status, usage);
         // A finished request frees room on its pod: the flow-control driver re-checks now
         // rather than at its next tick (a no-op wake-up when nothing is queued).
-        shared.flow.request_finished();
+        shared.admission.flow.request_finished();
     }
 
     fn finish_inner(mut self, status: Status, usage: Option<Usage>) {
@@ -116,7 +116,7 @@ impl Tracker {
         let dispatched = self.start + self.before_dispatch;
         let ttft = self.first_token_at.map(|t| t - dispatched);
         self.trace.stream.stream_end(status.as_str(), ttft);
-        let m = &self.shared.metrics;
+        let m = &self.shared.telemetry.metrics;
         m.requests
             .get_or_create(&RequestLabels {
                 pod: self.guard.pod().url.clone(),
@@ -126,11 +126,15 @@ impl Tracker {
             })
             .inc();
         match status {
-            Status::ClientAbort if self.shared.log_limit.allow("client_went_away") => {
+            Status::ClientAbort if self.shared.telemetry.log_limit.allow("client_went_away") => {
                 tracing::info!(request_id = %self.request_id, pod = %self.guard.pod().url, "client went away; upstream request cancelled");
             }
             Status::UpstreamError
-                if self.shared.log_limit.allow("upstream_failed_mid_response") =>
+                if self
+                    .shared
+                    .telemetry
+                    .log_limit
+                    .allow("upstream_failed_mid_response") =>
             {
                 tracing::warn!(request_id = %self.request_id, pod = %self.guard.pod().url, "upstream failed mid-response");
             }
@@ -261,7 +265,7 @@ impl ObservedBody {
         strip_usage: bool,
         timeouts: BodyTimeouts,
     ) -> Self {
-        let grace = stream.then(|| tracker.shared.grace_end.watch());
+        let grace = stream.then(|| tracker.shared.admission.grace_end.watch());
         ObservedBody {
             grace,
             idle_timeout: timeouts.idle,
@@ -325,6 +329,7 @@ impl ObservedBody {
             .within(Instant::now(), self.progress_window);
         if busy {
             t.shared
+                .telemetry
                 .metrics
                 .busy_waits
                 .get_or_create(&crate::metrics::timeout_label("idle_chunk"))
@@ -338,6 +343,7 @@ impl ObservedBody {
         self.done = true;
         if let Some(t) = &self.tracker {
             t.shared
+                .telemetry
                 .metrics
                 .upstream_timeouts
                 .get_or_create(&crate::metrics::timeout_label("idle_chunk"))
@@ -359,11 +365,16 @@ impl ObservedBody {
         self.done = true;
         if let Some(t) = &self.tracker {
             t.shared
+                .telemetry
                 .metrics
                 .upstream_timeouts
                 .get_or_create(&crate::metrics::timeout_label("request"))
                 .inc();
-            if t.shared.log_limit.allow("request_timeout_mid_response") {
+            if t.shared
+                .telemetry
+                .log_limit
+                .allow("request_timeout_mid_response")
+            {
                 tracing::warn!(request_id = %t.request_id, pod = %t.guard.pod().url, timeout_ms = self.request_timeout.as_millis() as u64, "request timeout; response ended");
             }
         }
@@ -383,7 +394,7 @@ impl ObservedBody {
             .as_ref()
             .map_or(0, |g| g.end.grace_ms.load(Ordering::Relaxed));
         if let Some(t) = &self.tracker
-            && t.shared.log_limit.allow("stream_cut_at_shutdown")
+            && t.shared.telemetry.log_limit.allow("stream_cut_at_shutdown")
         {
             tracing::warn!(request_id = %t.request_id, pod = %t.guard.pod().url, grace_ms = grace, "shutdown grace over; stream ended");
         }

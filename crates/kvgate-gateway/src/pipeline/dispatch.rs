@@ -34,7 +34,7 @@ use crate::lifecycle::TicketGuard;
 use crate::pods::Pod;
 use crate::retry_budget::RetryToken;
 use crate::routing::{DecisionMeta, Pick, Routed, SplitRouted};
-use crate::state::Shared;
+use crate::state::{AdmissionHandle, Shared, Telemetry};
 use bytes::Bytes;
 use http::{HeaderMap, Method, StatusCode};
 use kvgate_core::{PodId, RouteRequest};
@@ -158,7 +158,7 @@ pub(crate) async fn dispatch<D: Deliver>(
     } = d;
     // Model-aware fleets: the pods of other models are never candidates.
     if let Some(model) = request.adapter {
-        excluded.extend(crate::served_models::not_serving(shared, model));
+        excluded.extend(crate::served_models::not_serving(&shared.fleet.pods, model));
     }
     let flow = turn.note.clone();
     let mut turn = Some(turn);
@@ -172,7 +172,7 @@ pub(crate) async fn dispatch<D: Deliver>(
         if attempt > 0 {
             // This request's earlier retry, which failed, leaves the budget first.
             drop(retry.take());
-            match retry_token(shared, rid, &mut last) {
+            match retry_token(&shared.admission, &shared.telemetry, rid, &mut last) {
                 Some(token) => retry = token,
                 None => break,
             }
@@ -225,7 +225,7 @@ pub(crate) async fn dispatch<D: Deliver>(
                         t
                     }
                     Prefill::Failed(pod, failure) => {
-                        if shared.log_limit.allow("pd_prefill_failed") {
+                        if shared.telemetry.log_limit.allow("pd_prefill_failed") {
                             tracing::warn!(request_id = %rid, %attempt, why = %failure.why, "prefill failed; routing again");
                         }
                         last = failure;
@@ -271,19 +271,24 @@ pub(crate) fn decide(
 
 /// A retry's place in the retry budget (`Some(None)`: a retry after a lost connection, free of
 /// it), or `None` when the budget is spent (counted, logged, and said in `last`).
-fn retry_token(shared: &Shared, rid: &str, last: &mut Failure) -> Option<Option<RetryToken>> {
+fn retry_token(
+    admission: &AdmissionHandle,
+    telemetry: &Telemetry,
+    rid: &str,
+    last: &mut Failure,
+) -> Option<Option<RetryToken>> {
     if last.connection_lost {
-        shared.metrics.retries.inc();
+        telemetry.metrics.retries.inc();
         return Some(None);
     }
-    match shared.retry_budget.try_start(shared.admission.active()) {
+    match admission.retry_budget.try_start(admission.slots.active()) {
         Some(token) => {
-            shared.metrics.retries.inc();
+            telemetry.metrics.retries.inc();
             Some(Some(token))
         }
         None => {
-            shared.metrics.retries_refused.inc();
-            if shared.log_limit.allow("retry_refused") {
+            telemetry.metrics.retries_refused.inc();
+            if telemetry.log_limit.allow("retry_refused") {
                 tracing::warn!(request_id = %rid, why = %last.why, "retry budget spent; not retried");
             }
             last.why
@@ -341,7 +346,7 @@ async fn prefill(
         }
         crate::pd::Prefilled::RequestTimeout => Prefill::Stop(DispatchError::Gateway(
             crate::upstream::request_timeout_error(
-                shared,
+                &shared.telemetry,
                 call.cfg,
                 &s.prefill_pod,
                 call.request_id,

@@ -49,10 +49,12 @@
 //! Bounds: the core's (entries ≤ `max_queued_requests`, bytes ≤ `max_queued_bytes`); the
 //! predicted-TTFT table ≤ 2 × pods entries.
 
+use crate::config::GatewayConfig;
 pub use crate::decisions::FlowNote;
 use crate::errors::ApiError;
 use crate::flow_gate::{Dispatching, Verdict};
 pub use crate::flow_gate::{FlowGate, Turn};
+use crate::handles::telemetry::Telemetry;
 use crate::metrics::band_label;
 pub use crate::metrics::{ClassLabels, DispatchLabels, FlowMetrics, ShedLabels};
 use crate::state::Shared;
@@ -90,7 +92,7 @@ pub struct FlowClass {
 /// the session's in-flight ledger, the latest predicted TTFTs, less the requests being
 /// dispatched.
 fn view(shared: &Shared, cfg: &FlowConfig) -> FleetRoom {
-    let pods = shared.pods.all();
+    let pods = shared.fleet.pods.all();
     let mut snaps: Vec<_> = pods.iter().map(|p| p.snapshot()).collect();
     // Read under the session's lock: a routed request leaves `dispatching` under it, in the
     // step that charges it to the ledger (`Dispatching`).
@@ -99,12 +101,12 @@ fn view(shared: &Shared, cfg: &FlowConfig) -> FleetRoom {
         for s in &mut snaps {
             s.in_flight = session.in_flight(s.id);
         }
-        shared.flow.dispatching.load(Ordering::Acquire)
+        shared.admission.flow.dispatching.load(Ordering::Acquire)
     };
     FleetRoom::of(
         &cfg.saturation,
         &snaps,
-        &shared.flow.predicted_ttft_ms.lock(),
+        &shared.admission.flow.predicted_ttft_ms.lock(),
         dispatching,
     )
 }
@@ -112,23 +114,26 @@ fn view(shared: &Shared, cfg: &FlowConfig) -> FleetRoom {
 /// The request's class with flow control on ([`class_of`]); with it off, a neutral class and
 /// no header is read (so no request gets a 400 it did not get before).
 pub fn request_class(
-    shared: &Shared,
-    cfg: &FlowConfig,
+    cfg: &GatewayConfig,
     headers: &HeaderMap,
     body: &Value,
 ) -> Result<FlowClass, ApiError> {
-    if !cfg.enabled {
+    if !cfg.flow.enabled {
         return Ok(FlowClass {
             priority: 0,
             priority_from_header: false,
             tenant: kvgate_core::flow::DEFAULT_TENANT.to_string(),
         });
     }
-    class_of(shared, headers, body)
+    class_of(cfg, headers, body)
 }
 
 /// The request's class from its headers and body (see the module docs), or 400.
-pub fn class_of(shared: &Shared, headers: &HeaderMap, body: &Value) -> Result<FlowClass, ApiError> {
+pub fn class_of(
+    cfg: &GatewayConfig,
+    headers: &HeaderMap,
+    body: &Value,
+) -> Result<FlowClass, ApiError> {
     let (priority, priority_from_header) = match headers.get(PRIORITY_HEADER) {
         Some(v) => {
             let p = v
@@ -162,7 +167,7 @@ pub fn class_of(shared: &Shared, headers: &HeaderMap, body: &Value) -> Result<Fl
         let d = xxhash_rust::xxh3::xxh3_64(k.as_bytes());
         format!("key-{:08x}", d >> 32)
     };
-    let keys_on = !shared.config().api_keys.is_empty();
+    let keys_on = !cfg.api_keys.is_empty();
     let tenant = match (keys_on, bearer, headers.get(TENANT_HEADER)) {
         (true, Some(k), _) => key_tenant(k),
         (_, _, Some(h)) => {
@@ -276,9 +281,9 @@ pub fn retry_after(err: &ApiError) -> bool {
 }
 
 /// The error as the client's answer, with `Retry-After` when [`retry_after`] says so.
-pub fn reject(shared: &Shared, err: ApiError, request_id: &str) -> axum::response::Response {
+pub fn reject(telemetry: &Telemetry, err: ApiError, request_id: &str) -> axum::response::Response {
     let retry = retry_after(&err);
-    let mut resp = crate::reject::reject(shared, err, request_id);
+    let mut resp = crate::reject::reject(telemetry, err, request_id);
     if retry {
         resp.headers_mut().insert(
             http::header::RETRY_AFTER,
@@ -288,11 +293,8 @@ pub fn reject(shared: &Shared, err: ApiError, request_id: &str) -> axum::respons
     resp
 }
 
-fn count_shed(shared: &Shared, band: i32, tenant: &str, reason: &str) {
-    shared
-        .metrics
-        .flow
-        .shed
+fn count_shed(m: &FlowMetrics, band: i32, tenant: &str, reason: &str) {
+    m.shed
         .get_or_create(&ShedLabels {
             band: band_label(band),
             tenant: tenant.to_string(),
@@ -301,8 +303,7 @@ fn count_shed(shared: &Shared, band: i32, tenant: &str, reason: &str) {
         .inc();
 }
 
-fn count_dispatch(shared: &Shared, band: i32, tenant: &str, queued: Option<f64>) {
-    let m = &shared.metrics.flow;
+fn count_dispatch(m: &FlowMetrics, band: i32, tenant: &str, queued: Option<f64>) {
     m.dispatched
         .get_or_create(&DispatchLabels {
             band: band_label(band),
@@ -333,10 +334,10 @@ impl Drop for Waiting {
         let Some(mut rx) = self.rx.take() else {
             return;
         };
-        let gate = &self.shared.flow;
+        let gate = &self.shared.admission.flow;
         let now = gate.now_ms();
         if gate.queue.lock().remove(self.id, now).is_some() {
-            self.shared.metrics.flow.cancelled.inc();
+            self.shared.telemetry.metrics.flow.cancelled.inc();
             return;
         }
         if let Ok(Verdict::Go { .. }) = rx.try_recv() {
@@ -364,7 +365,7 @@ pub async fn wait_turn(
     if !cfg.enabled {
         return Ok(Turn::free());
     }
-    let gate = &shared.flow;
+    let gate = &shared.admission.flow;
     let room = view(shared, &cfg).room();
     let now = gate.now_ms();
     let (tx, rx) = oneshot::channel();
@@ -384,7 +385,7 @@ pub async fn wait_turn(
         (offer, tenant, q.take_forgotten())
     };
     for name in forgotten {
-        shared.metrics.flow.forget_tenant(&name);
+        shared.telemetry.metrics.flow.forget_tenant(&name);
     }
     let note = |queue_ms: f64| FlowNote {
         priority: class.priority,
@@ -395,7 +396,7 @@ pub async fn wait_turn(
     let id = match offer {
         Offer::Dispatch(_) => {
             let dispatching = Dispatching::enter(&gate.dispatching);
-            count_dispatch(shared, band, &tenant, None);
+            count_dispatch(&shared.telemetry.metrics.flow, band, &tenant, None);
             return Ok(Turn {
                 dispatching: Some(dispatching),
                 wake: Some(gate.wake.clone()),
@@ -405,13 +406,18 @@ pub async fn wait_turn(
             });
         }
         Offer::Rejected(r, _) => {
-            count_shed(shared, band, &tenant, r.code());
+            count_shed(&shared.telemetry.metrics.flow, band, &tenant, r.code());
             return Err(rejection_error(r, &cfg));
         }
         Offer::Queued(id, evicted) => {
             for e in evicted {
                 let name = gate.queue.lock().tenant_name(e.tenant).to_string();
-                count_shed(shared, e.band, &name, "flow_evicted");
+                count_shed(
+                    &shared.telemetry.metrics.flow,
+                    e.band,
+                    &name,
+                    "flow_evicted",
+                );
                 let _ = e.payload.send(Verdict::Evicted);
             }
             id
@@ -446,7 +452,7 @@ pub async fn wait_turn(
             };
             // The slot lent while waiting (dropping `turn` on a timeout ends its dispatch).
             if let Some(slot) = slot
-                && tokio::time::timeout_at(deadline, slot.reclaim(&shared.admission))
+                && tokio::time::timeout_at(deadline, slot.reclaim(&shared.admission.slots))
                     .await
                     .is_err()
             {
@@ -465,11 +471,16 @@ pub async fn wait_turn(
 }
 
 fn start_driver(shared: &Arc<Shared>) {
-    if shared.flow.driver_started.swap(true, Ordering::AcqRel) {
+    if shared
+        .admission
+        .flow
+        .driver_started
+        .swap(true, Ordering::AcqRel)
+    {
         return;
     }
     let weak = Arc::downgrade(shared);
-    let wake = shared.flow.wake.clone();
+    let wake = shared.admission.flow.wake.clone();
     tokio::spawn(drive(weak, wake));
 }
 
@@ -488,7 +499,7 @@ async fn drive(weak: Weak<Shared>, wake: Arc<Notify>) {
 
 /// One round of the driver; true while the queue holds requests.
 fn pump(shared: &Shared) -> bool {
-    let gate = &shared.flow;
+    let gate = &shared.admission.flow;
     let cfg = shared.config().flow;
     let now = gate.now_ms();
     let expired = gate.queue.lock().expire(now);
@@ -498,7 +509,7 @@ fn pump(shared: &Shared) -> bool {
             Expiry::Ttl => "flow_queue_ttl",
             Expiry::Deadline => "request_timeout",
         };
-        count_shed(shared, l.band, &name, reason);
+        count_shed(&shared.telemetry.metrics.flow, l.band, &name, reason);
         let _ = l.payload.send(Verdict::Expired(why, l.queued_ms));
     }
     if gate.queue.lock().is_empty() {
@@ -530,7 +541,12 @@ fn pump(shared: &Shared) -> bool {
         },
     );
     for (band, tenant, queued_ms) in dispatched {
-        count_dispatch(shared, band, &tenant, Some(queued_ms));
+        count_dispatch(
+            &shared.telemetry.metrics.flow,
+            band,
+            &tenant,
+            Some(queued_ms),
+        );
     }
     !gate.queue.lock().is_empty()
 }
@@ -560,13 +576,13 @@ mod tests {
     fn the_priority_header_wins_and_the_body_field_is_vllms_negated() {
         let s = shared(&[]);
         let body = serde_json::json!({"priority": 3});
-        let c = class_of(&s, &headers(&[(PRIORITY_HEADER, "5")]), &body).unwrap();
+        let c = class_of(&s.config(), &headers(&[(PRIORITY_HEADER, "5")]), &body).unwrap();
         assert_eq!((c.priority, c.priority_from_header), (5, true));
-        let c = class_of(&s, &HeaderMap::new(), &body).unwrap();
+        let c = class_of(&s.config(), &HeaderMap::new(), &body).unwrap();
         assert_eq!((c.priority, c.priority_from_header), (-3, false));
-        let c = class_of(&s, &HeaderMap::new(), &serde_json::json!({})).unwrap();
+        let c = class_of(&s.config(), &HeaderMap::new(), &serde_json::json!({})).unwrap();
         assert_eq!(c.priority, 0);
-        let e = class_of(&s, &headers(&[(PRIORITY_HEADER, "high")]), &body).unwrap_err();
+        let e = class_of(&s.config(), &headers(&[(PRIORITY_HEADER, "high")]), &body).unwrap_err();
         assert_eq!(
             (e.status, e.code),
             (StatusCode::BAD_REQUEST, "invalid_priority")
@@ -577,23 +593,36 @@ mod tests {
     fn the_tenant_is_the_api_key_digest_when_keys_are_on_else_the_header() {
         let open = shared(&[]);
         let h = headers(&[(TENANT_HEADER, "team-a"), ("authorization", "Bearer sk-1")]);
-        assert_eq!(class_of(&open, &h, &Value::Null).unwrap().tenant, "team-a");
+        assert_eq!(
+            class_of(&open.config(), &h, &Value::Null).unwrap().tenant,
+            "team-a"
+        );
         let keyed = shared(&["sk-1"]);
-        let t = class_of(&keyed, &h, &Value::Null).unwrap().tenant;
+        let t = class_of(&keyed.config(), &h, &Value::Null).unwrap().tenant;
         assert!(
             t.starts_with("key-") && t.len() == 12 && !t.contains("sk-1"),
             "{t}"
         );
         let only_key = headers(&[("authorization", "Bearer sk-1")]);
-        assert_eq!(class_of(&open, &only_key, &Value::Null).unwrap().tenant, t);
         assert_eq!(
-            class_of(&open, &HeaderMap::new(), &Value::Null)
+            class_of(&open.config(), &only_key, &Value::Null)
+                .unwrap()
+                .tenant,
+            t
+        );
+        assert_eq!(
+            class_of(&open.config(), &HeaderMap::new(), &Value::Null)
                 .unwrap()
                 .tenant,
             "default"
         );
         for bad in ["a b", "x/y", &"t".repeat(65)] {
-            let e = class_of(&open, &headers(&[(TENANT_HEADER, bad)]), &Value::Null).unwrap_err();
+            let e = class_of(
+                &open.config(),
+                &headers(&[(TENANT_HEADER, bad)]),
+                &Value::Null,
+            )
+            .unwrap_err();
             assert_eq!(e.code, "invalid_tenant");
         }
     }
@@ -630,7 +659,7 @@ mod tests {
     #[test]
     fn the_fleet_view_closes_pods_without_headroom_and_bulk_sees_the_lowered_kv_threshold() {
         let s = shared(&[]);
-        s.pods.replace(
+        s.fleet.pods.replace(
             &[
                 crate::pods::PodEntry::new("http://a", "c"),
                 crate::pods::PodEntry::new("http://b", "c"),
@@ -638,7 +667,7 @@ mod tests {
             ],
             1000,
         );
-        let pods = s.pods.all();
+        let pods = s.fleet.pods.all();
         for (p, kv) in pods.iter().zip([0.9, 0.6, 0.2]) {
             p.healthy.store(true, Ordering::Relaxed);
             p.apply_metrics(&crate::pods::PodMetrics {
@@ -661,7 +690,7 @@ mod tests {
         // c takes one bulk request (the bulk queue depth, 5 − the reserve 4).
         assert_eq!(v.bulk_room, 1);
         // Requests let go and not yet routed count against both.
-        s.flow.dispatching.store(6, Ordering::Release);
+        s.admission.flow.dispatching.store(6, Ordering::Release);
         let v = view(&s, &cfg);
         assert_eq!(v.saturation, Saturation::Headroom(4));
         assert_eq!(v.bulk_room, 0);

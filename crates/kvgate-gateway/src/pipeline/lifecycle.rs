@@ -1,16 +1,16 @@
 //! The gateway's side of the core request lifecycle ([`kvgate_core::RouterSession`]): a
 //! request's [`Ticket`] held with the pod it went to, given back exactly once.
 //!
-//! The session (behind [`crate::state::Shared::session`]'s mutex, held for microseconds)
+//! The session ([`crate::handles::session::SessionHandle`]: its mutex held for microseconds)
 //! decides, charges and trains; [`TicketGuard`] only carries the ticket between the
 //! transitions the HTTP proxy and the ext_proc picker observe (first token, more tokens, the
 //! end) and returns it in `Drop` whatever path the request ends on (done, upstream error,
 //! client abort, retry elsewhere), so no ending can leak a charge.
 //!
-//! With `--cluster` the guard also reports each transition to the core's replica machine
-//! ([`crate::cluster`]): the route with its blocks and charge, the first token, every decode
-//! token (the machine sends them in steps of 32), the end. The other replicas apply them as
-//! the same transitions of their own sessions.
+//! With `--cluster` the session handle also reports each transition to its observer, the
+//! core's replica machine ([`crate::cluster`]): the route with its blocks and charge, the first
+//! token, every decode token (the machine sends them in steps of 32), the end. The other
+//! replicas apply them as the same transitions of their own sessions.
 
 use crate::decisions::DecisionRecord;
 use crate::pods::Pod;
@@ -42,15 +42,7 @@ impl TicketGuard {
     /// A routed request's ticket; `blocks` are the prompt's blocks recorded for the pod (what
     /// the other replicas record too).
     pub fn new(shared: Arc<Shared>, pod: Arc<Pod>, ticket: Ticket, blocks: &[BlockHash]) -> Self {
-        let shared_as = shared.cluster.as_ref().map(|c| {
-            c.routed(
-                &shared,
-                &pod,
-                blocks,
-                ticket.input_tokens(),
-                ticket.prefill_tokens(),
-            )
-        });
+        let shared_as = shared.session.routed(&pod, &ticket, blocks);
         TicketGuard {
             shared,
             pod,
@@ -69,7 +61,7 @@ impl TicketGuard {
     /// A request the router does not decide (other `/v1/*`, bodiless): charged as one request
     /// on `pod`, never trained on.
     pub fn unrouted(shared: Arc<Shared>, pod: Arc<Pod>) -> Self {
-        let ticket = shared.session.lock().charge_unrouted(&pod.snapshot());
+        let ticket = shared.session.charge_unrouted(&pod);
         TicketGuard::new(shared, pod, ticket, &[])
     }
 
@@ -86,10 +78,7 @@ impl TicketGuard {
         if let Some(t) = self.ticket.as_mut()
             && !t.has_first_token()
         {
-            let sample = self.shared.session.lock().first_token_seen(t, ttft_ms);
-            if let (Some(c), Some(id)) = (self.shared.cluster.as_ref(), self.shared_as) {
-                c.first_token(&self.shared, id, t.decode_tokens(), sample);
-            }
+            self.shared.session.first_token(t, ttft_ms, self.shared_as);
         }
     }
 
@@ -99,10 +88,9 @@ impl TicketGuard {
             return;
         }
         if let Some(t) = self.ticket.as_mut() {
-            self.shared.session.lock().tokens_generated(t, tokens);
-            if let (Some(c), Some(id)) = (self.shared.cluster.as_ref(), self.shared_as) {
-                c.tokens(&self.shared, id, tokens);
-            }
+            self.shared
+                .session
+                .tokens_generated(t, tokens, self.shared_as);
         }
     }
 
@@ -134,14 +122,11 @@ impl TicketGuard {
                 );
             }
             if let Some(record) = self.record.take() {
-                self.shared.decisions.ended(*record, observed);
+                self.shared.telemetry.decisions.ended(*record, observed);
             }
-            self.shared.session.lock().finish(t, observed);
-            if let (Some(c), Some(id)) = (self.shared.cluster.as_ref(), self.shared_as.take()) {
-                // A sample with nothing left to teach (the TTFT went out with the first token,
-                // no TPOT with under two tokens) is not sent: the machine filters it.
-                c.finish(&self.shared, id, sample);
-            }
+            self.shared
+                .session
+                .finish(t, observed, sample, self.shared_as.take());
         }
     }
 }

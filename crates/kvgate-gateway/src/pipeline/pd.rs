@@ -38,6 +38,7 @@
 
 use crate::config::GatewayConfig;
 use crate::lifecycle::TicketGuard;
+use crate::metrics::Metrics;
 pub use crate::metrics::{PdMetrics, RouteLabel, StageLabels};
 use crate::pods::Pod;
 use crate::state::Shared;
@@ -133,17 +134,27 @@ pub(crate) async fn prefill(
         prefill_body(value),
     ) {
         Ok(r) => r,
-        Err(e) => return failed(shared, call, pod, "failed", format!("pod {}: {e}", pod.url)),
+        Err(e) => {
+            return failed(
+                &shared.telemetry.metrics,
+                call,
+                pod,
+                "failed",
+                format!("pod {}: {e}", pod.url),
+            );
+        }
     };
     let resp = match send(shared, call.cfg, pod, up, call.deadline).await {
         Sent::RequestTimeout => return Prefilled::RequestTimeout,
-        Sent::FirstByteTimeout(why) => return failed(shared, call, pod, "failed", why),
+        Sent::FirstByteTimeout(why) => {
+            return failed(&shared.telemetry.metrics, call, pod, "failed", why);
+        }
         Sent::Answer(Err(e)) => {
             if e.is_connect() {
                 pod.mark_unhealthy();
             }
             let why = format!("prefill pod {} failed: {e}", pod.url);
-            return failed(shared, call, pod, "failed", why);
+            return failed(&shared.telemetry.metrics, call, pod, "failed", why);
         }
         Sent::Answer(Ok(resp)) => resp,
     };
@@ -157,16 +168,16 @@ pub(crate) async fn prefill(
         Err(_) => return Prefilled::RequestTimeout,
         Ok(Err(e)) => {
             let why = format!("prefill pod {}: answer unreadable: {e}", pod.url);
-            return failed(shared, call, pod, "failed", why);
+            return failed(&shared.telemetry.metrics, call, pod, "failed", why);
         }
         Ok(Ok(c)) => c.to_bytes(),
     };
     if parts.status.is_server_error() {
         let why = format!("prefill pod {} answered {}", pod.url, parts.status);
-        return failed(shared, call, pod, "failed", why);
+        return failed(&shared.telemetry.metrics, call, pod, "failed", why);
     }
     if !parts.status.is_success() {
-        shared.metrics.pd.stage("prefill", "client_error");
+        shared.telemetry.metrics.pd.stage("prefill", "client_error");
         return Prefilled::ClientError(parts.status, parts.headers, body);
     }
     let Some(params) = transfer_params(&body) else {
@@ -174,12 +185,18 @@ pub(crate) async fn prefill(
             "prefill pod {} answered without kv_transfer_params (is it a kv_producer?)",
             pod.url
         );
-        return failed(shared, call, pod, "no_transfer_params", why);
+        return failed(
+            &shared.telemetry.metrics,
+            call,
+            pod,
+            "no_transfer_params",
+            why,
+        );
     };
     pod.breaker.success();
     let ms = started.elapsed().as_secs_f64() * 1e3;
-    shared.metrics.pd.prefill_ms.observe(ms);
-    shared.metrics.pd.stage("prefill", "ok");
+    shared.telemetry.metrics.pd.prefill_ms.observe(ms);
+    shared.telemetry.metrics.pd.stage("prefill", "ok");
     guard.finish(Some(Observed {
         ttft_ms: ms,
         tpot_ms: None,
@@ -188,14 +205,14 @@ pub(crate) async fn prefill(
 }
 
 fn failed(
-    shared: &Shared,
+    metrics: &Metrics,
     call: &PrefillCall<'_>,
     pod: &Pod,
     outcome: &'static str,
     why: String,
 ) -> Prefilled {
-    shared.metrics.pd.stage("prefill", outcome);
-    attempt_failed(shared, pod, call.policy, call.branch);
+    metrics.pd.stage("prefill", outcome);
+    attempt_failed(metrics, pod, call.policy, call.branch);
     Prefilled::Failed(why)
 }
 

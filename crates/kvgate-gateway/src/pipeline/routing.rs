@@ -6,9 +6,10 @@
 //! limit on its own, so the two enforce the same rules.
 
 use crate::config::{GatewayConfig, IndexKind};
-use crate::decisions::{DecisionRecord, PodLoad};
+use crate::decisions::{DecisionLog, DecisionRecord, PodLoad};
 use crate::errors::ApiError;
 use crate::lifecycle::TicketGuard;
+use crate::metrics::Metrics;
 use crate::pods::Pod;
 use crate::state::Shared;
 use crate::token_cache::{EncodeStats, TokenCache};
@@ -90,6 +91,7 @@ pub(crate) async fn prepare(
         ));
     }
     let capture = shared
+        .telemetry
         .capture
         .as_ref()
         .map(|c| c.ticket(&blocks, input_tokens, parsed.max_tokens));
@@ -230,11 +232,11 @@ struct TokenizationMetrics {
 }
 
 impl TokenizationMetrics {
-    fn of(shared: &Shared) -> Self {
+    fn of(metrics: &Metrics) -> Self {
         TokenizationMetrics {
-            tokenizations: shared.metrics.tokenizations.clone(),
-            reused_bytes: shared.metrics.tokenization_reused_bytes.clone(),
-            tokenized_bytes: shared.metrics.tokenization_tokenized_bytes.clone(),
+            tokenizations: metrics.tokenizations.clone(),
+            reused_bytes: metrics.tokenization_reused_bytes.clone(),
+            tokenized_bytes: metrics.tokenization_tokenized_bytes.clone(),
         }
     }
 
@@ -293,7 +295,7 @@ async fn chat_template_tokens(
         return Ok(None);
     }
     let max = cfg.max_prompt_tokens;
-    let metrics = TokenizationMetrics::of(shared);
+    let metrics = TokenizationMetrics::of(&shared.telemetry.metrics);
     let cache = shared.token_cache.as_ref();
     let outcome = if body.len() <= INLINE_TOKENIZE_BYTES {
         render_and_encode(tokenizer, cache.map(|c| &**c), body, max, &metrics)
@@ -311,8 +313,8 @@ async fn chat_template_tokens(
         // engine's (so it scores cold), but its token count is the prompt's, not 0, so the
         // prompt-length limit, the pod's prefill charge and the predictor's sample stay right.
         Tokenized::Tokens(Err(why)) => {
-            shared.metrics.tokenizer_errors.inc();
-            if shared.log_limit.allow("chat_template_failed") {
+            shared.telemetry.metrics.tokenizer_errors.inc();
+            if shared.telemetry.log_limit.allow("chat_template_failed") {
                 let why: String = why.chars().take(MAX_LOGGED_REASON_CHARS).collect();
                 tracing::warn!(why = %why, "chat template failed on a chat prompt; it scores cold");
             }
@@ -344,8 +346,8 @@ async fn token_mode_blocks(
             if tokenizer.certainly_over(text.len(), max) {
                 return Err(over_limit_untokenized(text.len(), &tokenizer, max));
             }
-            shared.metrics.tokenizations.inc();
-            let metrics = TokenizationMetrics::of(shared);
+            shared.telemetry.metrics.tokenizations.inc();
+            let metrics = TokenizationMetrics::of(&shared.telemetry.metrics);
             let cache = shared.token_cache.as_ref();
             let result = if text.len() <= INLINE_TOKENIZE_BYTES {
                 let (ids, stats) = tokenizer.encode_reusing(cache.map(|c| &**c), text, true);
@@ -368,7 +370,7 @@ async fn token_mode_blocks(
                 }
             };
             encoded = result.unwrap_or_else(|why| {
-                shared.metrics.tokenizer_errors.inc();
+                shared.telemetry.metrics.tokenizer_errors.inc();
                 tracing::warn!(why = %why, "tokenizer failed on a prompt; it scores cold");
                 Vec::new()
             });
@@ -376,6 +378,7 @@ async fn token_mode_blocks(
         }
     };
     let reported: Vec<Option<u32>> = shared
+        .fleet
         .pods
         .all()
         .iter()
@@ -470,9 +473,9 @@ pub(crate) fn decide_for(
     meta: DecisionMeta<'_>,
 ) -> Pick {
     let span = meta.trace.decide(meta.attempt);
-    let pods = shared.pods.all();
+    let pods = shared.fleet.pods.all();
     let mut snaps: Vec<_> = pods.iter().map(|p| p.snapshot()).collect();
-    crate::breaker::panic_route(shared, &pods, &mut snaps, excluded);
+    crate::breaker::panic_route(&shared.telemetry, &pods, &mut snaps, excluded);
     let (routed, policy) = {
         let now_ms = crate::kv_events::clock_ms();
         let mut session = shared.session.lock();
@@ -505,18 +508,21 @@ pub(crate) fn decide_for(
         }
     };
     if meta.split && snaps.iter().any(|s| s.role != kvgate_core::PodRole::Both) {
-        shared.metrics.pd.route("whole");
+        shared.telemetry.metrics.pd.route("whole");
     }
     let decision = routed.decision;
-    shared.flow.observe_decision(&decision, pods.len());
+    shared
+        .admission
+        .flow
+        .observe_decision(&decision, pods.len());
     let charged_prefill_tokens = routed.ticket.prefill_tokens();
     // `snaps` came from this table, so the chosen id is in it.
     let Some(pod) = pods.get(decision.pod_id).cloned() else {
-        shared.session.lock().finish(routed.ticket, None);
+        shared.session.finish(routed.ticket, None, None, None);
         return Pick::NoDecision;
     };
     span.decided(&decision, &pod.url, policy);
-    let series = shared.metrics.pod_series(&pod);
+    let series = shared.telemetry.metrics.pod_series(&pod);
     let prompt_tokens = u64::from(request.input_tokens);
     series.prompt_tokens.inc_by(prompt_tokens);
     series
@@ -525,19 +531,21 @@ pub(crate) fn decide_for(
     let blocks = recorded_blocks(request, &pods, &snaps, pod.id);
     let mut guard = TicketGuard::new(shared.clone(), pod.clone(), routed.ticket, blocks);
     let branch = decision.branch.as_str();
-    shared.live.count_branch(branch);
+    shared.telemetry.live.count_branch(branch);
     if let Some(e) = decision.pods.iter().find(|p| p.id == decision.pod) {
         shared
+            .telemetry
             .metrics
             .predicted_ttft_ms
             .observe(e.predicted_ttft_ms);
         shared
+            .telemetry
             .metrics
             .predicted_tpot_ms
             .observe(e.predicted_tpot_ms);
     }
     if let Some(record) = record_decision(
-        shared,
+        &shared.telemetry.decisions,
         request,
         &snaps,
         meta,
@@ -571,7 +579,7 @@ fn recorded_blocks<'a>(
 /// Records the decision in `/debug/decisions`; with `--decisions-log`, returns the record for
 /// the request's guard to complete when the request ends.
 fn record_decision(
-    shared: &Shared,
+    decisions: &DecisionLog,
     request: &RouteRequest<'_>,
     snaps: &[kvgate_core::PodSnapshot],
     meta: DecisionMeta<'_>,
@@ -593,8 +601,8 @@ fn record_decision(
         ended_ms: None,
         decision,
     };
-    let kept = shared.decisions.logs_outcomes().then(|| record.clone());
-    shared.decisions.push(record);
+    let kept = decisions.logs_outcomes().then(|| record.clone());
+    decisions.push(record);
     kept
 }
 
@@ -614,7 +622,10 @@ fn split_pick(
         prefill,
         decode,
     } = pd;
-    shared.flow.observe_decision(&decision, pods.len());
+    shared
+        .admission
+        .flow
+        .observe_decision(&decision, pods.len());
     let find = |id: PodId| pods.get(id).cloned();
     let (Some(prefill_pod), Some(decode_pod)) = (find(prefill.pod()), find(decode.pod())) else {
         let mut session = shared.session.lock();
@@ -625,10 +636,12 @@ fn split_pick(
     let blocks_of = |id: PodId| recorded_blocks(request, pods, snaps, id);
     let charged_prefill_tokens = prefill.prefill_tokens();
     shared
+        .telemetry
         .metrics
         .predicted_ttft_ms
         .observe(prefill.predicted_ttft_ms());
     shared
+        .telemetry
         .metrics
         .predicted_tpot_ms
         .observe(decode.predicted_tpot_ms());
@@ -645,11 +658,11 @@ fn split_pick(
         blocks_of(decode_pod.id),
     );
     let branch = decision.branch.as_str();
-    shared.live.count_branch(branch);
-    shared.metrics.pd.route("split");
+    shared.telemetry.live.count_branch(branch);
+    shared.telemetry.metrics.pd.route("split");
     // The client's first token comes from the decode pod: its guard completes the record.
     if let Some(record) = record_decision(
-        shared,
+        &shared.telemetry.decisions,
         request,
         snaps,
         meta,
@@ -675,10 +688,10 @@ pub(crate) fn least_loaded(
     shared: &Arc<Shared>,
     excluded: &[PodId],
 ) -> Option<(Arc<Pod>, TicketGuard)> {
-    let pods = shared.pods.all();
+    let pods = shared.fleet.pods.all();
     let mut snaps: Vec<_> = pods.iter().map(|p| p.snapshot()).collect();
-    crate::breaker::panic_route(shared, &pods, &mut snaps, excluded);
-    let id = shared.session.lock().least_loaded(&mut snaps, excluded)?;
+    crate::breaker::panic_route(&shared.telemetry, &pods, &mut snaps, excluded);
+    let id = shared.session.least_loaded(&mut snaps, excluded)?;
     let pod = pods.get(id).cloned()?;
     let guard = TicketGuard::unrouted(shared.clone(), pod.clone());
     Some((pod, guard))

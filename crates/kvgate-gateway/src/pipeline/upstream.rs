@@ -18,6 +18,8 @@
 
 use crate::body::BodyTimeouts;
 use crate::config::GatewayConfig;
+use crate::handles::telemetry::Telemetry;
+use crate::metrics::Metrics;
 use crate::metrics::{Status, timeout_label};
 use crate::pods::Pod;
 use crate::reject::reject;
@@ -239,7 +241,7 @@ pub async fn send(
     deadline: tokio::time::Instant,
 ) -> Sent {
     let window = crate::progress::window(cfg.first_byte_timeout, cfg.scrape_interval);
-    let mut answer = std::pin::pin!(shared.client.request(up));
+    let mut answer = std::pin::pin!(shared.fleet.client.request(up));
     loop {
         let wait = cfg
             .first_byte_timeout
@@ -249,6 +251,7 @@ pub async fn send(
             Err(_) if tokio::time::Instant::now() >= deadline => return Sent::RequestTimeout,
             Err(_) if pod.progress.within(std::time::Instant::now(), window) => {
                 shared
+                    .telemetry
                     .metrics
                     .busy_waits
                     .get_or_create(&timeout_label("first_byte"))
@@ -256,6 +259,7 @@ pub async fn send(
             }
             Err(_) => {
                 shared
+                    .telemetry
                     .metrics
                     .upstream_timeouts
                     .get_or_create(&timeout_label("first_byte"))
@@ -286,23 +290,32 @@ pub fn body_timeouts(cfg: &GatewayConfig, deadline: tokio::time::Instant) -> Bod
 }
 
 /// The request timeout ran out before the pod answered: 504, counted as a `request` timeout.
-pub fn request_timed_out(shared: &Shared, cfg: &GatewayConfig, pod: &Pod, rid: &str) -> Response {
-    reject(shared, request_timeout_error(shared, cfg, pod, rid), rid)
+pub fn request_timed_out(
+    telemetry: &Telemetry,
+    cfg: &GatewayConfig,
+    pod: &Pod,
+    rid: &str,
+) -> Response {
+    reject(
+        telemetry,
+        request_timeout_error(telemetry, cfg, pod, rid),
+        rid,
+    )
 }
 
 /// [`request_timed_out`]'s error, counted and logged, for a transport to answer.
 pub fn request_timeout_error(
-    shared: &Shared,
+    telemetry: &Telemetry,
     cfg: &GatewayConfig,
     pod: &Pod,
     rid: &str,
 ) -> crate::errors::ApiError {
-    shared
+    telemetry
         .metrics
         .upstream_timeouts
         .get_or_create(&timeout_label("request"))
         .inc();
-    if shared.log_limit.allow("request_timeout") {
+    if telemetry.log_limit.allow("request_timeout") {
         tracing::warn!(request_id = %rid, pod = %pod.url, "request timeout before the pod answered");
     }
     crate::errors::request_timeout(cfg.request_timeout)
@@ -310,9 +323,8 @@ pub fn request_timeout_error(
 
 /// Counts an attempt that failed before any byte reached the client
 /// (`status="attempt_failed"`); the proxy then retries elsewhere.
-pub fn attempt_failed(shared: &Shared, pod: &Pod, policy: &str, branch: &str) {
-    shared
-        .metrics
+pub fn attempt_failed(metrics: &Metrics, pod: &Pod, policy: &str, branch: &str) {
+    metrics
         .requests
         .get_or_create(&crate::metrics::RequestLabels {
             pod: pod.url.clone(),

@@ -76,7 +76,7 @@ pub async fn run(shared: Arc<Shared>, client: Client, target: KubernetesTarget) 
                 }
             }
             Err(e) => {
-                shared.metrics.discovery_errors.inc();
+                shared.telemetry.metrics.discovery_errors.inc();
                 tracing::warn!(error = %e, %namespace, "kubernetes discovery: watch error; retrying");
             }
         }
@@ -87,6 +87,7 @@ pub async fn run(shared: Arc<Shared>, client: Client, target: KubernetesTarget) 
 fn publish(shared: &Arc<Shared>, pods: &DiscoveredPods) {
     let wanted = pods.entries();
     shared
+        .telemetry
         .metrics
         .discovered_pods
         .set(i64::try_from(wanted.len()).unwrap_or(i64::MAX));

@@ -305,7 +305,7 @@ impl Exchange {
     }
 
     fn reject(&self, err: ApiError) -> Outcome {
-        crate::reject::log_reject(&self.shared, &err, &self.request_id);
+        crate::reject::log_reject(&self.shared.telemetry, &err, &self.request_id);
         Outcome::Done(Box::new(immediate(&err, &self.request_id)))
     }
 
@@ -313,7 +313,7 @@ impl Exchange {
     fn outside_subset(&self) -> Vec<PodId> {
         match &self.subset {
             None => Vec::new(),
-            Some(subset) => pods_outside(&self.shared.pods.all(), subset),
+            Some(subset) => pods_outside(&self.shared.fleet.pods.all(), subset),
         }
     }
 
@@ -339,12 +339,12 @@ impl Exchange {
     async fn admit(&mut self) -> Result<Option<()>, ApiError> {
         let answers = self.answers.clone();
         tokio::select! {
-            slot = self.shared.admission.admit() => match slot {
+            slot = self.shared.admission.slots.admit() => match slot {
                 Some(slot) => {
                     self.slot = Some(slot);
                     Ok(Some(()))
                 }
-                None => Err(crate::limits::too_many_requests(&self.shared.admission)),
+                None => Err(crate::limits::too_many_requests(&self.shared.admission.slots)),
             },
             _ = answers.closed() => Ok(None),
         }
@@ -367,7 +367,7 @@ impl Exchange {
             }
         }
         self.request_id = crate::request_id::request_id(&self.headers);
-        let otel = self.shared.otel.as_ref();
+        let otel = self.shared.telemetry.otel.as_ref();
         self.trace = RequestTrace::start(otel, &self.headers, &self.path, &self.request_id);
         if self.slot.is_none() {
             match self.admit().await {
