@@ -26,7 +26,8 @@
 
 use xxhash_rust::xxh3::{Xxh3, xxh3_64, xxh3_64_with_seed};
 
-use crate::request::{ParsedRequest, Prompt};
+use crate::request::{ParsedRequest, Prompt, RequestError, TextSink, parse_value_into};
+use serde_json::Value;
 
 /// One chained block hash.
 pub type BlockHash = u64;
@@ -106,13 +107,112 @@ impl BlockHasher {
         }
     }
 
-    /// Clears `out` and fills it with the blocks of a parsed request.
+    /// Clears `out` and fills it with the blocks of a parsed request. A [`Prompt::Hashed`]
+    /// has no text left to hash: `out` stays empty (its blocks are those
+    /// [`BlockHasher::hash_value`] gave).
     pub fn hash_request(&self, request: &ParsedRequest, out: &mut Vec<BlockHash>) {
         out.clear();
         let seed = Self::chain_seed(&request.model, request.cache_salt.as_deref());
         match &request.prompt {
             Prompt::Text(text) => self.hash_text(seed, text, out),
             Prompt::Tokens(tokens) => self.hash_tokens(seed, tokens, out),
+            Prompt::Hashed { .. } => {}
+        }
+    }
+
+    /// Parses an already-decoded body as [`crate::request::parse_request_value`] does, and
+    /// clears `out` and fills it with the request's blocks, the same as
+    /// [`BlockHasher::hash_request`] of that parse, without rendering the prompt: a text
+    /// prompt (a chat conversation, a completions string) is hashed piece by piece where it
+    /// lies in `body`, only the bytes of a block that straddles two pieces being copied. The
+    /// returned request's prompt is then [`Prompt::Hashed`] (token prompts stay
+    /// [`Prompt::Tokens`]). For a long prompt this saves copying it whole and allocating
+    /// its rendering (~400 KB for a ~400,000-character chat).
+    ///
+    /// # Errors
+    /// Those of [`crate::request::parse_request_value`]; `out` then holds no meaningful blocks.
+    pub fn hash_value(
+        &self,
+        path: &str,
+        body: &Value,
+        out: &mut Vec<BlockHash>,
+    ) -> Result<ParsedRequest, RequestError> {
+        out.clear();
+        // The chain seed needs the model and salt, read before the prompt: the fields are read
+        // twice (cheap: a few map lookups), the prompt once.
+        let seed = body
+            .as_object()
+            .map(|o| {
+                let model = o.get("model").and_then(Value::as_str).unwrap_or_default();
+                let salt = o.get("cache_salt").and_then(Value::as_str);
+                Self::chain_seed(model, salt)
+            })
+            .unwrap_or_default();
+        let mut sink = TextBlocks::new(self.text_block_bytes(), seed, out);
+        let request = parse_value_into(path, body, &mut sink, |sink| Prompt::Hashed {
+            text_bytes: sink.text_bytes,
+        })?;
+        if let Prompt::Tokens(tokens) = &request.prompt {
+            self.hash_tokens(seed, tokens, out);
+        }
+        Ok(request)
+    }
+}
+
+/// A text prompt's blocks, hashed as its pieces are written ([`TextSink`]): the blocks of
+/// [`BlockHasher::hash_text`] on the pieces joined. A block within one piece is hashed where it
+/// lies; one that straddles pieces is gathered in `partial` first.
+struct TextBlocks<'a> {
+    block_bytes: usize,
+    previous: BlockHash,
+    /// The first bytes of the block being filled (fewer than `block_bytes`).
+    partial: Vec<u8>,
+    text_bytes: usize,
+    out: &'a mut Vec<BlockHash>,
+}
+
+impl<'a> TextBlocks<'a> {
+    fn new(block_bytes: usize, seed: BlockHash, out: &'a mut Vec<BlockHash>) -> Self {
+        TextBlocks {
+            block_bytes,
+            previous: seed,
+            partial: Vec::new(),
+            text_bytes: 0,
+            out,
+        }
+    }
+}
+
+impl TextSink for TextBlocks<'_> {
+    fn push_str(&mut self, piece: &str) {
+        self.text_bytes += piece.len();
+        if self.block_bytes == 0 {
+            return;
+        }
+        let mut rest = piece.as_bytes();
+        if !self.partial.is_empty() {
+            let take = rest.len().min(self.block_bytes - self.partial.len());
+            let (head, tail) = rest.split_at(take);
+            self.partial.extend_from_slice(head);
+            rest = tail;
+            if self.partial.len() < self.block_bytes {
+                return;
+            }
+            self.previous = xxh3_64_with_seed(&self.partial, self.previous);
+            self.out.push(self.previous);
+            self.partial.clear();
+        }
+        let mut blocks = rest.chunks_exact(self.block_bytes);
+        for block in &mut blocks {
+            self.previous = xxh3_64_with_seed(block, self.previous);
+            self.out.push(self.previous);
+        }
+        self.partial.extend_from_slice(blocks.remainder());
+    }
+
+    fn reserve(&mut self, bytes: usize) {
+        if let Some(blocks) = bytes.checked_div(self.block_bytes) {
+            self.out.reserve(blocks);
         }
     }
 }
@@ -411,6 +511,136 @@ mod tests {
         }
         let request = parse_request_value(CHAT_COMPLETIONS_PATH, &body).unwrap();
         hashes(&request)
+    }
+
+    /// Text that JSON escapes or encodes in several bytes: quotes, backslashes, control
+    /// characters, accents, CJK and emoji (blocks cut through their bytes).
+    fn awkward_text() -> impl Strategy<Value = String> {
+        prop_oneof![
+            ".{0,120}",
+            "[a-z\"\\\n\t\r\u{0}\u{1f} /éß中文😀]{0,300}",
+            "[ab😀]{200,700}",
+        ]
+    }
+
+    /// A chat message with [`awkward_text`] in its content (a string or text parts).
+    fn awkward_message() -> impl Strategy<Value = Value> {
+        (
+            message(),
+            prop::option::of(awkward_text()),
+            prop::collection::vec(awkward_text(), 0..3),
+        )
+            .prop_map(|(mut m, text, parts)| {
+                if let Some(text) = text {
+                    m["content"] = json!(text);
+                } else if !parts.is_empty() {
+                    let parts: Vec<Value> = parts
+                        .into_iter()
+                        .map(|t| json!({"type": "text", "text": t}))
+                        .collect();
+                    m["content"] = Value::Array(parts);
+                }
+                m
+            })
+    }
+
+    /// A request body: chat (with tools, awkward messages) or completions (a string, several
+    /// strings, token ids), optionally salted; sometimes malformed.
+    fn request_body() -> impl Strategy<Value = (&'static str, Value)> {
+        let chat = (prop::collection::vec(awkward_message(), 0..6), tools()).prop_map(
+            |(messages, tools)| {
+                let mut body = json!({"model": "m😀", "messages": messages, "stream": true});
+                if let Some(tools) = tools {
+                    body["tools"] = tools;
+                }
+                ("/v1/chat/completions", body)
+            },
+        );
+        let completions = prop_oneof![
+            awkward_text().prop_map(Value::String),
+            prop::collection::vec(awkward_text(), 1..4)
+                .prop_map(|t| Value::Array(t.into_iter().map(Value::String).collect())),
+            prop::collection::vec(any::<u32>(), 0..100).prop_map(|ids| json!(ids)),
+            Just(json!(["a", 1])),
+            Just(json!(7)),
+        ]
+        .prop_map(|prompt| ("/v1/completions", json!({"model": "m", "prompt": prompt})));
+        (
+            prop_oneof![chat, completions],
+            prop::option::of("[a-z]{0,4}"),
+        )
+            .prop_map(|((path, mut body), salt)| {
+                if let Some(salt) = salt {
+                    body["cache_salt"] = json!(salt);
+                }
+                (path, body)
+            })
+    }
+
+    proptest! {
+        /// `hash_value` (in place, no rendering) gives the blocks, the fields and the
+        /// input-token estimate of parsing, rendering and hashing the rendering, or the same
+        /// error, on bodies that went through their JSON bytes (so escapes were decoded).
+        #[test]
+        fn hashing_in_place_equals_hashing_the_rendering(
+            (path, body) in request_body(),
+            block_size_tokens in 0u32..20,
+            chars_per_token in 1u32..6,
+        ) {
+            let body: Value =
+                serde_json::from_slice(&serde_json::to_vec(&body).unwrap()).unwrap();
+            let hasher = BlockHasher { block_size_tokens, chars_per_token };
+            let mut in_place = vec![1, 2, 3];
+            let hashed = hasher.hash_value(path, &body, &mut in_place);
+            match crate::request::parse_request_value(path, &body) {
+                Err(e) => prop_assert_eq!(hashed.err(), Some(e)),
+                Ok(rendered) => {
+                    let hashed = hashed.unwrap();
+                    let mut expected = Vec::new();
+                    hasher.hash_request(&rendered, &mut expected);
+                    prop_assert_eq!(&in_place, &expected);
+                    prop_assert_eq!(
+                        hashed.estimated_input_tokens(),
+                        rendered.estimated_input_tokens()
+                    );
+                    match &rendered.prompt {
+                        Prompt::Text(text) => prop_assert_eq!(
+                            &hashed.prompt,
+                            &Prompt::Hashed { text_bytes: text.len() }
+                        ),
+                        prompt => prop_assert_eq!(&hashed.prompt, prompt),
+                    }
+                    prop_assert_eq!(
+                        ParsedRequest { prompt: Prompt::Tokens(Vec::new()), ..hashed },
+                        ParsedRequest { prompt: Prompt::Tokens(Vec::new()), ..rendered }
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn hashing_in_place_matches_a_block_that_straddles_two_messages() {
+        let body = json!({"model": "m", "messages": [
+            {"role": "system", "content": "é".repeat(100)},
+            {"role": "user", "content": "a\"b\\c\n😀".repeat(50)},
+        ]});
+        let rendered = parse_request_value(CHAT_COMPLETIONS_PATH, &body).unwrap();
+        let mut in_place = Vec::new();
+        let hashed = HASHER
+            .hash_value(CHAT_COMPLETIONS_PATH, &body, &mut in_place)
+            .unwrap();
+        let Prompt::Text(text) = &rendered.prompt else {
+            panic!("a chat renders to text")
+        };
+        assert_eq!(
+            hashed.prompt,
+            Prompt::Hashed {
+                text_bytes: text.len()
+            }
+        );
+        assert_eq!(in_place.len(), text.len() / 64);
+        assert_eq!(in_place, hashes(&rendered));
     }
 
     proptest! {

@@ -110,6 +110,10 @@ pub enum Prompt {
     Text(String),
     /// Token ids given by the client (hashed in token blocks).
     Tokens(Vec<u32>),
+    /// A text prompt cut into blocks where it lay in the body, without rendering it
+    /// ([`crate::blocks::BlockHasher::hash_value`]): only its length in bytes is kept (the
+    /// input-token estimate's). [`parse_request`] and [`parse_request_value`] never return it.
+    Hashed { text_bytes: usize },
 }
 
 /// A parsed OpenAI request: what routing needs, nothing more.
@@ -148,6 +152,9 @@ impl ParsedRequest {
         let tokens = match &self.prompt {
             Prompt::Tokens(ids) => ids.len() as u64,
             Prompt::Text(text) => (text.len() as u64).div_ceil(u64::from(DEFAULT_CHARS_PER_TOKEN)),
+            Prompt::Hashed { text_bytes } => {
+                (*text_bytes as u64).div_ceil(u64::from(DEFAULT_CHARS_PER_TOKEN))
+            }
         };
         u32::try_from(tokens).unwrap_or(u32::MAX)
     }
@@ -176,6 +183,38 @@ pub fn parse_request(path: &str, body: &[u8]) -> Result<ParsedRequest, RequestEr
 /// [`RequestError::MissingField`] / [`RequestError::WrongType`] naming the offending field
 /// (`messages[].content` and the like for fields inside a message).
 pub fn parse_request_value(path: &str, body: &Value) -> Result<ParsedRequest, RequestError> {
+    let mut text = String::new();
+    parse_value_into(path, body, &mut text, |text| {
+        Prompt::Text(std::mem::take(text))
+    })
+}
+
+/// Where a text prompt goes as it is written: a `String` (the rendering), or a block hasher
+/// that cuts it into blocks piece by piece without holding it
+/// ([`crate::blocks::BlockHasher::hash_value`]). The pieces written, joined, are the rendering.
+pub(crate) trait TextSink {
+    fn push_str(&mut self, piece: &str);
+    /// About how many bytes will follow (a hint for buffers).
+    fn reserve(&mut self, _bytes: usize) {}
+}
+
+impl TextSink for String {
+    fn push_str(&mut self, piece: &str) {
+        String::push_str(self, piece);
+    }
+    fn reserve(&mut self, bytes: usize) {
+        String::reserve(self, bytes);
+    }
+}
+
+/// [`parse_request_value`] with a text prompt written to `sink`; `text_prompt` turns the sink
+/// into the request's [`Prompt`] once the text is written (token prompts do not use it).
+pub(crate) fn parse_value_into<S: TextSink>(
+    path: &str,
+    body: &Value,
+    sink: &mut S,
+    text_prompt: impl FnOnce(&mut S) -> Prompt,
+) -> Result<ParsedRequest, RequestError> {
     let endpoint =
         Endpoint::from_path(path).ok_or_else(|| RequestError::UnsupportedPath(path.to_owned()))?;
     let body = body.as_object().ok_or(RequestError::NotAnObject)?;
@@ -195,14 +234,18 @@ pub fn parse_request_value(path: &str, body: &Value) -> Result<ParsedRequest, Re
     let max_tokens = max_completion_tokens.or(optional_u32(body, "max_tokens")?);
 
     let prompt = match endpoint {
-        Endpoint::Completions => completions_prompt(body)?,
+        Endpoint::Completions => match completions_prompt(body, sink)? {
+            Some(tokens) => Prompt::Tokens(tokens),
+            None => text_prompt(sink),
+        },
         Endpoint::ChatCompletions => {
             let messages = match body.get("messages") {
                 None | Some(Value::Null) => return Err(RequestError::MissingField("messages")),
                 Some(Value::Array(messages)) => messages,
                 Some(_) => return Err(wrong_type("messages", "an array of messages")),
             };
-            Prompt::Text(render_chat(messages, body.get("tools"))?)
+            render_chat_into(sink, messages, body.get("tools"))?;
+            text_prompt(sink)
         }
     };
 
@@ -223,22 +266,33 @@ pub fn parse_request_value(path: &str, body: &Value) -> Result<ParsedRequest, Re
 /// # Errors
 /// The field errors of [`parse_request_value`] for a malformed message or `tools`.
 pub fn render_chat(messages: &[Value], tools: Option<&Value>) -> Result<String, RequestError> {
+    let mut out = String::new();
+    render_chat_into(&mut out, messages, tools)?;
+    Ok(out)
+}
+
+/// [`render_chat`] written to `out` piece by piece.
+fn render_chat_into<S: TextSink>(
+    out: &mut S,
+    messages: &[Value],
+    tools: Option<&Value>,
+) -> Result<(), RequestError> {
     // Sized for the messages' text up front: a long prompt is copied once, not once per
     // doubling of the buffer.
-    let mut out = String::with_capacity(rendered_text_bytes(messages));
+    out.reserve(rendered_text_bytes(messages));
     match tools {
         None | Some(Value::Null) => {}
         Some(tools @ Value::Array(_)) => {
             let json = canonical_json(tools, "tools")?;
-            push_field(&mut out, 'T', &json);
-            out.push('\n');
+            push_field(out, 'T', &json);
+            out.push_str("\n");
         }
         Some(_) => return Err(wrong_type("tools", "an array of tool definitions")),
     }
     for message in messages {
-        render_message(&mut out, message)?;
+        render_message(out, message)?;
     }
-    Ok(out)
+    Ok(())
 }
 
 /// The bytes of the messages' string fields (role, name, content and its text parts) plus a
@@ -263,7 +317,7 @@ fn rendered_text_bytes(messages: &[Value]) -> usize {
 }
 
 /// Appends the rendering of one chat message to `out`.
-fn render_message(out: &mut String, message: &Value) -> Result<(), RequestError> {
+fn render_message<S: TextSink>(out: &mut S, message: &Value) -> Result<(), RequestError> {
     let message = message
         .as_object()
         .ok_or_else(|| wrong_type("messages[]", "an object"))?;
@@ -315,7 +369,7 @@ fn render_message(out: &mut String, message: &Value) -> Result<(), RequestError>
         push_field(out, 'i', id);
     }
 
-    out.push('\n');
+    out.push_str("\n");
     Ok(())
 }
 
@@ -329,12 +383,19 @@ fn text_part(part: &Value) -> Option<&str> {
     part.get("text")?.as_str()
 }
 
-fn completions_prompt(body: &Map<String, Value>) -> Result<Prompt, RequestError> {
+/// A completions prompt: its text written to `out` (`None`), or its token ids.
+fn completions_prompt<S: TextSink>(
+    body: &Map<String, Value>,
+    out: &mut S,
+) -> Result<Option<Vec<u32>>, RequestError> {
     const EXPECTED: &str = "a string, an array of strings, an array of token ids (u32) \
                             or an array of token-id arrays";
     let items = match body.get("prompt") {
         None | Some(Value::Null) => return Err(RequestError::MissingField("prompt")),
-        Some(Value::String(text)) => return Ok(Prompt::Text(text.clone())),
+        Some(Value::String(text)) => {
+            out.push_str(text);
+            return Ok(None);
+        }
         Some(Value::Array(items)) => items,
         Some(_) => return Err(wrong_type("prompt", EXPECTED)),
     };
@@ -342,18 +403,19 @@ fn completions_prompt(body: &Map<String, Value>) -> Result<Prompt, RequestError>
         None => Err(wrong_type("prompt", "a non-empty array")),
         Some(Value::String(first)) => {
             if items.len() == 1 {
-                return Ok(Prompt::Text(first.clone()));
+                out.push_str(first);
+                return Ok(None);
             }
-            let mut joined = String::new();
-            for item in items {
-                let text = item
-                    .as_str()
-                    .ok_or_else(|| wrong_type("prompt", EXPECTED))?;
-                push_len_prefixed(&mut joined, text);
+            // Checked before anything is written, so a rejected prompt writes nothing.
+            if items.iter().any(|item| !item.is_string()) {
+                return Err(wrong_type("prompt", EXPECTED));
             }
-            Ok(Prompt::Text(joined))
+            for text in items.iter().filter_map(Value::as_str) {
+                push_len_prefixed(out, text);
+            }
+            Ok(None)
         }
-        Some(Value::Number(_)) => Ok(Prompt::Tokens(token_ids(items)?)),
+        Some(Value::Number(_)) => Ok(Some(token_ids(items)?)),
         Some(Value::Array(first)) => {
             let routed = token_ids(first)?;
             for item in &items[1..] {
@@ -362,7 +424,7 @@ fn completions_prompt(body: &Map<String, Value>) -> Result<Prompt, RequestError>
                     .ok_or_else(|| wrong_type("prompt", EXPECTED))?;
                 token_ids(ids)?;
             }
-            Ok(Prompt::Tokens(routed))
+            Ok(Some(routed))
         }
         Some(_) => Err(wrong_type("prompt", EXPECTED)),
     }
@@ -409,22 +471,42 @@ fn wrong_type(field: &'static str, expected: &'static str) -> RequestError {
 }
 
 /// `{tag}{byte length}:{value}`.
-fn push_field(out: &mut String, tag: char, value: &str) {
-    out.push(tag);
-    push_len_prefixed(out, value);
+fn push_field<S: TextSink>(out: &mut S, tag: char, value: &str) {
+    push_count(out, tag, value.len());
+    out.push_str(value);
 }
 
 /// `{len}:{value}`.
-fn push_len_prefixed(out: &mut String, value: &str) {
-    // Writing to a String cannot fail.
-    let _ = write!(out, "{}:", value.len());
+fn push_len_prefixed<S: TextSink>(out: &mut S, value: &str) {
+    push_decimal(out, value.len());
     out.push_str(value);
 }
 
 /// `{tag}{count}:`.
-fn push_count(out: &mut String, tag: char, count: usize) {
-    out.push(tag);
-    let _ = write!(out, "{count}:");
+fn push_count<S: TextSink>(out: &mut S, tag: char, count: usize) {
+    let mut tag_bytes = [0u8; 4];
+    out.push_str(tag.encode_utf8(&mut tag_bytes));
+    push_decimal(out, count);
+}
+
+/// `{n}:` (`n` in decimal, as `format!("{n}:")` writes it) in one piece.
+fn push_decimal<S: TextSink>(out: &mut S, n: usize) {
+    // 20 digits hold u64::MAX, then the colon.
+    let mut text = [b':'; 21];
+    let mut start = text.len() - 1;
+    let mut rest = n;
+    loop {
+        start -= 1;
+        text[start] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    // Only ASCII digits and a colon were written.
+    if let Ok(text) = std::str::from_utf8(&text[start..]) {
+        out.push_str(text);
+    }
 }
 
 /// Compact JSON with object keys sorted, independent of the map's iteration order.

@@ -508,6 +508,8 @@ async fn render(st: &PodState, path: &str, headers: &HeaderMap, body: &[u8]) -> 
         let tokens = match parsed.prompt {
             Prompt::Tokens(t) => t,
             Prompt::Text(text) => encode_off_runtime(st.tokenizer, text).await,
+            // Only `BlockHasher::hash_value` gives it; the pod parses with the rendering.
+            Prompt::Hashed { .. } => Vec::new(),
         };
         if tokens.is_empty() {
             return reject(
@@ -672,6 +674,8 @@ async fn tokenize(State(st): State<Arc<PodState>>, body: Bytes) -> Response {
     let tokens = match parsed.prompt {
         Prompt::Tokens(t) => t,
         Prompt::Text(text) => encode_off_runtime(st.tokenizer, text).await,
+        // Only `BlockHasher::hash_value` gives it; the pod parses with the rendering.
+        Prompt::Hashed { .. } => Vec::new(),
     };
     if let Some(&bad) = tokens.iter().find(|&&t| t >= st.tokenizer.vocab_size()) {
         return reject(
@@ -739,6 +743,8 @@ async fn generate(st: &PodState, path: &str, headers: &HeaderMap, body: &[u8]) -
     let tokens = match parsed.prompt {
         Prompt::Tokens(t) => t,
         Prompt::Text(text) => encode_off_runtime(st.tokenizer, text).await,
+        // Only `BlockHasher::hash_value` gives it; the pod parses with the rendering.
+        Prompt::Hashed { .. } => Vec::new(),
     };
     if let Some(&bad) = tokens.iter().find(|&&t| t >= st.tokenizer.vocab_size()) {
         return reject(

@@ -165,6 +165,10 @@ impl Drop for BodyHold {
     }
 }
 
+/// Frames at least this long are kept as they came until the body is joined; shorter ones
+/// are copied together as they arrive.
+const MIN_KEPT_FRAME_BYTES: usize = 4096;
+
 /// Reads a whole body by `deadline`, at most `limit` bytes, taking each chunk's bytes from
 /// `budget` (at most `budget_max` held over all requests) as it arrives.
 pub async fn read_body_within(
@@ -180,7 +184,13 @@ pub async fn read_body_within(
         bytes: 0,
     };
     let mut body = body;
-    let mut buf = bytes::BytesMut::new();
+    // The frames as they came (hyper's slices of its read buffer, not copied), joined once at
+    // the end: growing one buffer frame by frame would copy a long body about twice over.
+    // Frames under `MIN_KEPT_FRAME_BYTES` are gathered in `small` first, so the list holds at
+    // most two entries per `MIN_KEPT_FRAME_BYTES` of body however the client cuts it.
+    let mut frames: Vec<Bytes> = Vec::new();
+    let mut small = bytes::BytesMut::new();
+    let mut read = 0usize;
     loop {
         let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
             Err(_) => return Err(body_timeout()),
@@ -197,7 +207,7 @@ pub async fn read_body_within(
         let Ok(data) = frame.into_data() else {
             continue;
         };
-        if buf.len() + data.len() > limit {
+        if read + data.len() > limit {
             return Err(ApiError {
                 status: StatusCode::PAYLOAD_TOO_LARGE,
                 kind: "invalid_request_error",
@@ -218,9 +228,31 @@ pub async fn read_body_within(
             });
         }
         hold.bytes += data.len();
-        buf.extend_from_slice(&data);
+        read += data.len();
+        if data.len() < MIN_KEPT_FRAME_BYTES {
+            small.extend_from_slice(&data);
+        } else {
+            if !small.is_empty() {
+                frames.push(small.split().freeze());
+            }
+            frames.push(data);
+        }
     }
-    Ok((buf.freeze(), hold))
+    if !small.is_empty() {
+        frames.push(small.freeze());
+    }
+    let body = match frames.len() {
+        0 => Bytes::new(),
+        1 => frames.pop().unwrap_or_default(),
+        _ => {
+            let mut joined = bytes::BytesMut::with_capacity(read);
+            for frame in &frames {
+                joined.extend_from_slice(frame);
+            }
+            joined.freeze()
+        }
+    };
+    Ok((body, hold))
 }
 
 /// 408: the body did not arrive in time.
@@ -301,5 +333,51 @@ mod tests {
         assert_eq!(a.active(), 1, "held until the last holder goes");
         drop(clone);
         assert_eq!(a.active(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_body_in_frames_of_every_size_reads_back_whole_and_counted() {
+        // Frames under, at and over MIN_KEPT_FRAME_BYTES, in every order, and a single one.
+        let sizes: [&[usize]; 4] = [
+            &[
+                1,
+                2,
+                MIN_KEPT_FRAME_BYTES,
+                3,
+                70_000,
+                0,
+                5,
+                MIN_KEPT_FRAME_BYTES - 1,
+            ],
+            &[100_000],
+            &[3, 3, 3],
+            &[],
+        ];
+        for sizes in sizes {
+            let frames: Vec<Bytes> = sizes
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| Bytes::from(vec![b'a' + i as u8; n]))
+                .collect();
+            let whole: Vec<u8> = frames.iter().flat_map(|f| f.iter().copied()).collect();
+            let stream = futures_util::stream::iter(
+                frames.into_iter().map(Ok::<_, std::convert::Infallible>),
+            );
+            let budget = Arc::new(BodyBudget::default());
+            let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+            let (body, hold) = read_body_within(
+                Body::from_stream(stream),
+                1 << 20,
+                &budget,
+                1 << 20,
+                deadline,
+            )
+            .await
+            .unwrap();
+            assert_eq!(&body[..], &whole[..], "frames {sizes:?}");
+            assert_eq!(budget.held(), whole.len());
+            drop(hold);
+            assert_eq!(budget.held(), 0);
+        }
     }
 }

@@ -76,10 +76,22 @@ pub(crate) async fn prepare(
 ) -> Result<Prepared, ApiError> {
     let value: Value = serde_json::from_slice(body)
         .map_err(|e| crate::errors::request_error(RequestError::InvalidJson(e.to_string())))?;
-    let parsed = parse_request_value(path, &value).map_err(crate::errors::request_error)?;
+    let mut blocks = Vec::new();
+    let parsed = if cfg.index == IndexKind::Engine {
+        parse_request_value(path, &value)
+    } else {
+        // The routed index's blocks, hashed where the prompt lies in the body: a long prompt
+        // is neither copied nor rendered (the same blocks as hashing its rendering).
+        let hasher = BlockHasher {
+            block_size_tokens: cfg.router.block_size_tokens,
+            chars_per_token: cfg.router.chars_per_token,
+        };
+        hasher.hash_value(path, &value, &mut blocks)
+    }
+    .map_err(crate::errors::request_error)?;
     let slo = crate::slo::request_slo(headers)?;
     let (blocks, input_tokens, block_size_tokens, other_sizes) =
-        request_blocks(shared, cfg, &parsed, body).await?;
+        request_blocks(shared, cfg, &parsed, body, blocks).await?;
     if input_tokens > cfg.max_prompt_tokens {
         return Err(ApiError::bad_request(
             "context_length_exceeded",
@@ -109,7 +121,8 @@ pub(crate) async fn prepare(
 }
 
 /// The request's prefix blocks, input-token count, block size and the blocks at the fleet's
-/// other block sizes, as the configured index cuts them; in token mode, 400
+/// other block sizes, as the configured index cuts them (the routed index's `blocks` are
+/// already hashed, by [`BlockHasher::hash_value`]); in token mode, 400
 /// `context_length_exceeded` for a prompt whose byte length alone shows it is over
 /// `max_prompt_tokens` ([`GatewayTokenizer::certainly_over`]), before tokenizing it.
 async fn request_blocks(
@@ -117,8 +130,8 @@ async fn request_blocks(
     cfg: &GatewayConfig,
     parsed: &ParsedRequest,
     body: &[u8],
+    mut blocks: Vec<BlockHash>,
 ) -> Result<(Vec<BlockHash>, u32, u32, Vec<SizedBlocks>), ApiError> {
-    let mut blocks = Vec::new();
     if cfg.index == IndexKind::Engine {
         let tokenizer = shared
             .tokenizer
@@ -145,11 +158,6 @@ async fn request_blocks(
             token_mode_blocks(shared, cfg, tokenizer, parsed, &mut blocks).await?;
         Ok((blocks, tokens, block_size, others))
     } else {
-        let hasher = BlockHasher {
-            block_size_tokens: cfg.router.block_size_tokens,
-            chars_per_token: cfg.router.chars_per_token,
-        };
-        hasher.hash_request(parsed, &mut blocks);
         Ok((
             blocks,
             parsed.estimated_input_tokens(),
@@ -341,6 +349,8 @@ async fn token_mode_blocks(
     let encoded;
     let tokens: &[u32] = match &parsed.prompt {
         Prompt::Tokens(t) => t,
+        // Token mode parses with the rendering ([`prepare`]): never hashed in place.
+        Prompt::Hashed { .. } => &[],
         Prompt::Text(text) => {
             let max = cfg.max_prompt_tokens;
             if tokenizer.certainly_over(text.len(), max) {
