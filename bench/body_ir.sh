@@ -43,25 +43,7 @@ rm -f "$out"/callgrind.out.*
 
 . bench/lib.sh
 
-python3 - "$out" <<'PY'
-import json, sys
-# bench/cost.sh's generator, its 400k body.
-words = "the router pod cache prefix token block engine request latency model fleet gate score".split()
-def text(chars, seed):
-    s, x = [], seed
-    n = 0
-    while n < chars:
-        x = (x * 6364136223846793005 + 1442695040888963407) % 2**64
-        w = words[(x >> 60) % len(words)]
-        s.append(w); n += len(w) + 1
-        if len(s) % 40 == 0: s.append("\n")
-    return " ".join(s)[:chars]
-chars = 400_000
-body = {"model": "m", "messages": [{"role": "system", "content": text(chars * 7 // 8, 1)},
-                                   {"role": "user", "content": "@@N@@ " + text(chars // 8, 2)}],
-        "max_tokens": 1}
-open(f"{sys.argv[1]}/body-400k.json", "w").write(json.dumps(body))
-PY
+python3 bench/bodies.py "$out" 400k
 
 pod_ports=$(seq "$base" $((base + 3)))
 "$bench" pod $pod_ports >"$out/pods.log" 2>&1 &

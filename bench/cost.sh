@@ -7,7 +7,7 @@
 #
 # - Pods: `cost_bench pod` (crates/kvgate-gateway/examples/cost_bench.rs), 4 of them, answering
 #   every chat request at once with the same small completion (no tokenizer, no engine model).
-# - Bodies: short (~200 chars), ~32,000 chars and ~400,000 chars; each a shared system prompt
+# - Bodies (bench/bodies.py): short (~200 chars), ~32,000 chars and ~400,000 chars; each a shared system prompt
 #   plus a user message that starts with the request's number (`@@N@@`), so every request is a
 #   new turn after a shared prefix (for the engine index: the system prompt's ids are reused,
 #   the user message is tokenized; its share is 1/8 of the body).
@@ -74,26 +74,7 @@ pod_pid=$!
 pids+=("$pod_pid")
 for p in $pod_ports; do wait_http "http://127.0.0.1:$p/health" 20 || { echo "!! pod $p did not start"; exit 1; }; done
 
-python3 - "$out" <<'PY'
-import json, sys
-out = sys.argv[1]
-words = "the router pod cache prefix token block engine request latency model fleet gate score".split()
-def text(chars, seed):
-    s, x = [], seed
-    n = 0
-    while n < chars:
-        x = (x * 6364136223846793005 + 1442695040888963407) % 2**64
-        w = words[(x >> 60) % len(words)]
-        s.append(w); n += len(w) + 1
-        if len(s) % 40 == 0: s.append("\n")
-    return " ".join(s)[:chars]
-for name, chars in [("short", 200), ("32k", 32_000), ("400k", 400_000)]:
-    system = text(chars * 7 // 8, 1)
-    user = "@@N@@ " + text(chars // 8, 2)
-    body = {"model": "m", "messages": [{"role": "system", "content": system},
-                                       {"role": "user", "content": user}], "max_tokens": 1}
-    open(f"{out}/body-{name}.json", "w").write(json.dumps(body))
-PY
+python3 bench/bodies.py "$out"
 [ -f "$out/body-400k.json" ] || { echo "!! bodies not written"; exit 1; }
 
 router_port=$((base + 10))
