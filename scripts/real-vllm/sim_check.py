@@ -108,6 +108,11 @@ def report(out_dir, w, kvgate, profile, keep_disturbed, resamples):
     for (k, name), c in cells.items():
         if name in POLICY and (keep_disturbed or not c.disturbed):
             real[name][k] = real_figures(c)
+    # A router whose every run was disturbed has nothing to compare.
+    routers = [n for n in routers if real[n]]
+    if not routers:
+        print(f"!! {wdir}: no kept run of a kvgate policy", file=sys.stderr)
+        return
     policies = [POLICY[n] for n in routers]
     sim = {k: simulate(kvgate, profile, params, k, policies, out_dir) for k in rounds}
     print(f"\n### {w}: {params.get('npods', '2')} pod(s), {params['requests']} requests, rate ×{params['rate_scale']}"
