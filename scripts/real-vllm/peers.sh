@@ -352,7 +352,7 @@ if [ "$todo" -gt 0 ]; then
     echo "calibrating the simulator's profile on $p0 (kvgate calibrate --probe)"
     "$kvgate" calibrate --probe "$p0" --profile-out "$out/profile.json.tmp" --name tiny-llama-cpu-calibrated \
       --max-prompt-tokens "${CALIBRATE_MAX_PROMPT:-3584}" --max-batch "${CALIBRATE_MAX_BATCH:-32}" \
-      --max-num-batched-tokens 2048 --max-num-seqs 128 --max-seconds "${CALIBRATE_SECONDS:-180}" \
+      --max-num-batched-tokens 2048 --max-num-seqs 128 --max-seconds "${CALIBRATE_SECONDS:-180}" --observations-out "$out/calibrate-observations.jsonl" \
       2>&1 | tee "$out/calibrate.txt"
     mv "$out/profile.json.tmp" "$out/profile.json"
   fi

@@ -65,8 +65,9 @@ pub struct MockPodArgs {
     /// such blocks).
     pub kv_blocks: Option<u32>,
     /// Tokens per KV block: 16 (vLLM's CUDA default) or e.g. 128 (vLLM CPU's default). The
-    /// engine model, prefix hits, KV events and `vllm:cache_config_info` follow it.
-    pub block_size: u32,
+    /// engine model, prefix hits, KV events and `vllm:cache_config_info` follow it. Default:
+    /// the profile's `block_size_tokens`.
+    pub block_size: Option<u32>,
     /// Serve `/v1/completions/render` and `/v1/chat/completions/render` (vLLM's
     /// `--enable-scale-out`); without it they answer 403 as vLLM does.
     pub enable_scale_out: bool,
@@ -158,10 +159,11 @@ impl PodConfig {
         if let Some(len) = args.max_model_len {
             profile.max_model_len = len;
         }
+        let block_size_tokens = args.block_size.unwrap_or(profile.block_size_tokens);
         let config = PodConfig {
             profile,
             kv_blocks: args.kv_blocks,
-            block_size_tokens: args.block_size,
+            block_size_tokens,
             enable_scale_out: args.enable_scale_out,
             time_scale: args.time_scale,
             model: args.model.clone(),

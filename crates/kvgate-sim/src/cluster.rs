@@ -388,7 +388,7 @@ impl Cluster {
         let engines: Vec<Engine> = fleet
             .iter()
             .map(|profile| {
-                let mut engine = Engine::new(profile, config.kv_blocks);
+                let mut engine = Engine::for_profile(profile, config.kv_blocks);
                 engine.set_record_kv_events(wants_events);
                 engine.set_lora(config.lora);
                 engine
@@ -1019,6 +1019,11 @@ impl Cluster {
         }
     }
 
+    /// `r` as `pod`'s engine takes it, in blocks of its size.
+    fn engine_request(&self, pod: usize, r: &SimRequest) -> EngineRequest {
+        EngineRequest::for_block_size(r, self.engines[pod].block_size_tokens())
+    }
+
     /// Sends `r` to the pod the session chose: the index's accuracy noted, the engine given
     /// the request (a refusal ends the attempt).
     fn dispatch(
@@ -1034,7 +1039,14 @@ impl Cluster {
         let index_blocks = self.sessions[replica]
             .router()
             .matched_blocks(decision.pod_id);
-        let true_blocks = self.engines[pod].cached_prefix_blocks(&r.blocks) as u32;
+        // In 16-token blocks, as the index counts them (whole engine blocks only).
+        let engine = &self.engines[pod];
+        let stride = engine.block_size_tokens() / SIM_BLOCK_SIZE_TOKENS;
+        let true_blocks = if stride <= 1 {
+            engine.cached_prefix_blocks(&r.blocks) as u32
+        } else {
+            engine.cached_prefix_blocks(&self.engine_request(pod, r).blocks) as u32 * stride
+        };
         self.indexes[0].observe(index_blocks, true_blocks);
         // The step-phase diagnostic: a stepping pod takes the request when its step ends.
         let phase_wait = match self.busy[pod] {
@@ -1042,10 +1054,8 @@ impl Cluster {
             false => 0.0,
         };
         self.recorder.step_phase(r.id, phase_wait);
-        if self.engines[pod]
-            .add_request(now, EngineRequest::from(r))
-            .is_err()
-        {
+        let req = self.engine_request(pod, r);
+        if self.engines[pod].add_request(now, req).is_err() {
             self.sessions[replica].finish(ticket, None);
             return Outcome::NoPod;
         }
@@ -1094,7 +1104,7 @@ impl Cluster {
         let pod = prefill.pod().index();
         let req = EngineRequest {
             output_tokens: 1,
-            ..EngineRequest::from(r)
+            ..self.engine_request(pod, r)
         };
         let slot = self.in_flight.get_mut(r.id as usize);
         if slot.is_none() || self.engines[pod].add_request(now, req).is_err() {
@@ -1130,10 +1140,8 @@ impl Cluster {
             return;
         };
         let pod = t.ticket.pod().index();
-        let added = self.up[pod]
-            && self.engines[pod]
-                .add_transferred_request(now, EngineRequest::from(r))
-                .is_ok();
+        let req = self.engine_request(pod, r);
+        let added = self.up[pod] && self.engines[pod].add_transferred_request(now, req).is_ok();
         if !added {
             self.sessions[t.replica as usize].finish(t.ticket, None);
             if !self.up[pod] {

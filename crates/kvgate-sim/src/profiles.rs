@@ -78,6 +78,10 @@ pub struct Profile {
     pub q_us_per_prefill_pair: f64,
     /// GPU KV-cache blocks of 16 tokens.
     pub kv_blocks: u32,
+    /// Tokens per block of the engine's prefix cache, a multiple of 16: prefix hits are whole
+    /// blocks of this size (vLLM's CUDA default 16; vLLM CPU uses 128). `kv_blocks` still
+    /// counts 16-token blocks.
+    pub block_size_tokens: u32,
     /// Token budget of one step (vLLM `max_num_batched_tokens`).
     pub max_num_batched_tokens: u32,
     /// Most requests running at once (vLLM `max_num_seqs`).
@@ -95,6 +99,10 @@ const H100_HBM_BYTES_PER_US: f64 = 3.35e6;
 /// A100-80GB SXM HBM2e bandwidth in bytes per microsecond (2.039 TB/s).
 const A100_HBM_BYTES_PER_US: f64 = 2.039e6;
 
+fn default_block_size() -> u32 {
+    16
+}
+
 /// The profiles, default first. See the module docs for where each number comes from.
 static PROFILES: [Profile; 5] = [
     Profile {
@@ -106,6 +114,7 @@ static PROFILES: [Profile; 5] = [
         k2_us_per_context_token_sq: 0.0,
         q_us_per_prefill_pair: 0.0,
         kv_blocks: 29_205,
+        block_size_tokens: 16,
         max_num_batched_tokens: 8192,
         max_num_seqs: 256,
         max_model_len: 131_072,
@@ -119,6 +128,7 @@ static PROFILES: [Profile; 5] = [
         k2_us_per_context_token_sq: 0.0,
         q_us_per_prefill_pair: 0.0,
         kv_blocks: 29_205,
+        block_size_tokens: 16,
         max_num_batched_tokens: 8192,
         max_num_seqs: 256,
         max_model_len: 131_072,
@@ -132,6 +142,7 @@ static PROFILES: [Profile; 5] = [
         k2_us_per_context_token_sq: 0.0,
         q_us_per_prefill_pair: 0.0,
         kv_blocks: 132_139,
+        block_size_tokens: 16,
         max_num_batched_tokens: 8192,
         max_num_seqs: 256,
         max_model_len: 131_072,
@@ -145,6 +156,7 @@ static PROFILES: [Profile; 5] = [
         k2_us_per_context_token_sq: 0.0,
         q_us_per_prefill_pair: 0.0,
         kv_blocks: 132_139,
+        block_size_tokens: 16,
         max_num_batched_tokens: 8192,
         max_num_seqs: 256,
         max_model_len: 131_072,
@@ -158,6 +170,7 @@ static PROFILES: [Profile; 5] = [
         k2_us_per_context_token_sq: 0.0,
         q_us_per_prefill_pair: 0.0,
         kv_blocks: 128_273,
+        block_size_tokens: 16,
         max_num_batched_tokens: 8192,
         max_num_seqs: 256,
         max_model_len: 131_072,
@@ -210,9 +223,9 @@ impl Profile {
 
     /// A profile from JSON: the fields of [`Profile`] by name (`name`, `t0_us`,
     /// `a_us_per_prefill_token`, `b_us_per_decode_seq`, `k_us_per_context_token`,
-    /// `k2_us_per_context_token_sq` and `q_us_per_prefill_pair` (optional, 0 when absent),
-    /// `kv_blocks`,
-    /// `max_num_batched_tokens`, `max_num_seqs`, `max_model_len`; unknown fields are refused),
+    /// `k2_us_per_context_token_sq` and `q_us_per_prefill_pair` (optional, 0 when absent), `kv_blocks`, `block_size_tokens` (optional, 16 when absent; a
+    /// multiple of 16 up to 4096), `max_num_batched_tokens`, `max_num_seqs`, `max_model_len`;
+    /// unknown fields are refused),
     /// every number finite, costs ≥ 0 and capacities ≥ 1. The profile lives as long as the
     /// process (it is leaked, like the built-in ones are static): load each file once.
     pub fn from_json(source_name: &str, text: &str) -> Result<&'static Profile, ProfileError> {
@@ -229,6 +242,8 @@ impl Profile {
             #[serde(default)]
             q_us_per_prefill_pair: f64,
             kv_blocks: u32,
+            #[serde(default = "default_block_size")]
+            block_size_tokens: u32,
             max_num_batched_tokens: u32,
             max_num_seqs: u32,
             max_model_len: u32,
@@ -258,6 +273,12 @@ impl Profile {
         if let Some((key, _)) = capacities.iter().find(|(_, v)| *v == 0) {
             return Err(err(format!("{key} = 0: expected at least 1")));
         }
+        if f.block_size_tokens == 0 || f.block_size_tokens % 16 != 0 || f.block_size_tokens > 4096 {
+            return Err(err(format!(
+                "block_size_tokens = {}: expected a multiple of 16, at most 4096",
+                f.block_size_tokens
+            )));
+        }
         if f.name.is_empty() {
             return Err(err("name is empty".into()));
         }
@@ -270,6 +291,7 @@ impl Profile {
             k2_us_per_context_token_sq: f.k2_us_per_context_token_sq,
             q_us_per_prefill_pair: f.q_us_per_prefill_pair,
             kv_blocks: f.kv_blocks,
+            block_size_tokens: f.block_size_tokens,
             max_num_batched_tokens: f.max_num_batched_tokens,
             max_num_seqs: f.max_num_seqs,
             max_model_len: f.max_model_len,
@@ -287,6 +309,7 @@ impl Profile {
             "k2_us_per_context_token_sq": self.k2_us_per_context_token_sq,
             "q_us_per_prefill_pair": self.q_us_per_prefill_pair,
             "kv_blocks": self.kv_blocks,
+            "block_size_tokens": self.block_size_tokens,
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "max_num_seqs": self.max_num_seqs,
             "max_model_len": self.max_model_len,

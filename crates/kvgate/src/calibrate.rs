@@ -87,6 +87,19 @@ pub struct CalibrateArgs {
     /// Seed of the probe prompts.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Also write every observation (fitted and held out: its family, step sums and measured
+    /// µs) to this file, one JSON object per line, to refit or inspect offline.
+    #[arg(long)]
+    observations_out: Option<PathBuf>,
+    /// With --from-capture: also fit these observations (a `--probe` run's --observations-out
+    /// file; its held-out ones stay held out). The probes, each alone on an idle pod, pin the
+    /// prefill terms; the captured traffic, the cost of the mixed steps it really ran.
+    #[arg(long, requires = "from_capture")]
+    add_observations: Option<PathBuf>,
+    /// With --from-capture: the pods' prefix-cache block in tokens (vLLM CPU: 128), written to
+    /// the profile as `block_size_tokens` (a capture does not record it).
+    #[arg(long, default_value_t = 16, requires = "from_capture")]
+    block_size: u32,
 }
 
 /// What the pod says about itself.
@@ -138,14 +151,31 @@ fn calibrate_from_capture(args: &CalibrateArgs, path: &std::path::Path) -> anyho
             fit_obs.push(o);
         }
     }
+    let captured = fit_obs.len();
+    if let Some(extra) = &args.add_observations {
+        let added = read_observations(extra)?;
+        eprintln!(
+            "{}: {} observations added to the fit, {} held out",
+            extra.display(),
+            added.iter().filter(|(held, _)| !held).count(),
+            added.iter().filter(|(held, _)| *held).count()
+        );
+        for (held, o) in added {
+            if held {
+                held_out.push(o);
+            } else {
+                fit_obs.push(o);
+            }
+        }
+    }
     let fit = calibrate::fit(&fit_obs)?;
     println!(
-        "calibrated from {} ({} requests, {} observations; decodes weighted by 1 / step time)",
+        "calibrated from {} ({} requests, {captured} observations, {} added; decodes weighted by 1 / step time)",
         path.display(),
         requests.len(),
-        fit_obs.len()
+        fit_obs.len() - captured
     );
-    print_fit(&fit, true);
+    print_fit(&fit, args.add_observations.is_none());
     for family in [calibrate::Family::Prefill, calibrate::Family::Decode] {
         let obs: Vec<Observation> = held_out
             .iter()
@@ -166,12 +196,83 @@ fn calibrate_from_capture(args: &CalibrateArgs, path: &std::path::Path) -> anyho
             calibrate::median(&mut abs)
         );
     }
-    let profile = fit.apply(&capacities(args, kv_blocks, max_model_len));
+    if let Some(out) = &args.observations_out {
+        let held: Vec<&Observation> = held_out.iter().collect();
+        write_observations(out, &fit_obs, &held)?;
+    }
+    let profile = fit.apply(&capacities(args, kv_blocks, max_model_len, args.block_size));
     write_profile(&args.profile_out, &profile)
 }
 
-/// A profile with every step-time term 0 and the given capacities.
-fn capacities(args: &CalibrateArgs, kv_blocks: u32, max_model_len: u32) -> Profile {
+/// The observations [`write_observations`] wrote: (held out, observation) per line.
+fn read_observations(path: &std::path::Path) -> anyhow::Result<Vec<(bool, Observation)>> {
+    #[derive(serde::Deserialize)]
+    struct Row {
+        held_out: bool,
+        family: String,
+        steps: f64,
+        prefill_tokens: f64,
+        decode_seqs: f64,
+        context_tokens: f64,
+        context_tokens_sq: f64,
+        prefill_pairs: f64,
+        /// Absent: a prefill's does, a decode's does not.
+        includes_request_overhead: Option<bool>,
+        measured_us: f64,
+    }
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut out = Vec::new();
+    for (n, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let r: Row = serde_json::from_str(line)
+            .with_context(|| format!("{} line {}: not an observation", path.display(), n + 1))?;
+        let family = [calibrate::Family::Prefill, calibrate::Family::Decode]
+            .into_iter()
+            .find(|f| f.name() == r.family)
+            .with_context(|| {
+                format!(
+                    "{} line {}: unknown family {:?}",
+                    path.display(),
+                    n + 1,
+                    r.family
+                )
+            })?;
+        let sums = calibrate::StepSums {
+            steps: r.steps,
+            prefill_tokens: r.prefill_tokens,
+            decode_seqs: r.decode_seqs,
+            context_tokens: r.context_tokens,
+            context_tokens_sq: r.context_tokens_sq,
+            prefill_pairs: r.prefill_pairs,
+        };
+        out.push((
+            r.held_out,
+            Observation {
+                family,
+                sums,
+                includes_request_overhead: r
+                    .includes_request_overhead
+                    .unwrap_or(family == calibrate::Family::Prefill),
+                measured_us: r.measured_us,
+            },
+        ));
+    }
+    Ok(out)
+}
+
+/// A profile with every step-time term 0 and the given capacities. `block_size` is the pod's
+/// prefix-cache block (from `vllm:cache_config_info`); one the simulator cannot model (not a
+/// multiple of 16) is written as 16.
+fn capacities(
+    args: &CalibrateArgs,
+    kv_blocks: u32,
+    max_model_len: u32,
+    block_size: u32,
+) -> Profile {
     Profile {
         name: Box::leak(args.name.clone().into_boxed_str()),
         t0_us: 0.0,
@@ -181,6 +282,11 @@ fn capacities(args: &CalibrateArgs, kv_blocks: u32, max_model_len: u32) -> Profi
         k2_us_per_context_token_sq: 0.0,
         q_us_per_prefill_pair: 0.0,
         kv_blocks: kv_blocks.max(1),
+        block_size_tokens: if block_size % 16 == 0 && (16..=4096).contains(&block_size) {
+            block_size
+        } else {
+            16
+        },
         max_num_batched_tokens: args.max_num_batched_tokens,
         max_num_seqs: args.max_num_seqs,
         max_model_len: max_model_len.max(1),
@@ -241,6 +347,7 @@ async fn calibrate_pod(args: CalibrateArgs) -> anyhow::Result<()> {
         deadline: Instant::now() + Duration::from_secs_f64(args.max_seconds),
         max_requests: args.max_requests,
         pod_prefill_timing: false,
+        client_extra_us: Vec::new(),
     };
     // Warm-up: the first request of a pod may pay one-time costs.
     prober.stream(1 + 16, 2).await?;
@@ -285,7 +392,7 @@ async fn calibrate_pod(args: CalibrateArgs) -> anyhow::Result<()> {
         held_out.push((*probe, prober.measure(probe).await?));
     }
 
-    let base_profile = capacities(&args, kv_blocks, info.max_model_len);
+    let base_profile = capacities(&args, kv_blocks, info.max_model_len, block_size);
     let profile = fit.apply(&base_profile);
     println!(
         "calibrated {} in {:.1} s, {} requests, {} observations",
@@ -312,7 +419,57 @@ async fn calibrate_pod(args: CalibrateArgs) -> anyhow::Result<()> {
             (predicted - measured) / measured * 100.0
         );
     }
+    if !prober.client_extra_us.is_empty() {
+        let mut extra = prober.client_extra_us.clone();
+        extra.sort_by(f64::total_cmp);
+        let at = |q: f64| extra[((extra.len() - 1) as f64 * q).round() as usize] / 1000.0;
+        println!(
+            "client TTFT beyond the pod's prefill time: median {:.1} ms (p10 {:.1}, p90 {:.1}) over {} probes: the HTTP path, the API server and the engine's queue, which the profile does not hold",
+            at(0.5),
+            at(0.1),
+            at(0.9),
+            extra.len()
+        );
+    }
+    if let Some(path) = &args.observations_out {
+        let held: Vec<&Observation> = held_out.iter().flat_map(|(_, o)| o).collect();
+        write_observations(path, &fit_obs, &held)?;
+    }
     write_profile(&args.profile_out, &profile)
+}
+
+/// One JSON object per observation: `held_out`, `family`, the step sums,
+/// `includes_request_overhead` and `measured_us`.
+fn write_observations(
+    path: &std::path::Path,
+    fitted: &[Observation],
+    held_out: &[&Observation],
+) -> anyhow::Result<()> {
+    let mut text = String::new();
+    let rows = fitted
+        .iter()
+        .map(|o| (false, o))
+        .chain(held_out.iter().map(|o| (true, *o)));
+    for (held, o) in rows {
+        let s = &o.sums;
+        let row = serde_json::json!({
+            "held_out": held,
+            "family": o.family.name(),
+            "steps": s.steps,
+            "prefill_tokens": s.prefill_tokens,
+            "decode_seqs": s.decode_seqs,
+            "context_tokens": s.context_tokens,
+            "context_tokens_sq": s.context_tokens_sq,
+            "prefill_pairs": s.prefill_pairs,
+            "includes_request_overhead": o.includes_request_overhead,
+            "measured_us": o.measured_us,
+        });
+        text.push_str(&row.to_string());
+        text.push('\n');
+    }
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+    eprintln!("observations written to {}", path.display());
+    Ok(())
 }
 
 /// Each term with its standard error, the constant, and R² and RMS per family.
@@ -478,6 +635,8 @@ struct Prober {
     /// Time prefills by the pod's `vllm:request_prefill_time_seconds` (sum and count before
     /// and after each probe) instead of the client's TTFT.
     pod_prefill_timing: bool,
+    /// With pod timing: each prefill probe's client TTFT minus the pod's prefill time, µs.
+    client_extra_us: Vec<f64>,
 }
 
 /// One streamed request: token arrival times (µs since `origin`), and the prompt tokens the
@@ -600,7 +759,13 @@ impl Prober {
                     let client_ttft_us = first - s.sent_us;
                     if self.pod_prefill_timing {
                         match (before, self.prefill_time_totals_after(before).await) {
-                            (Some(b), Some(a)) if a.1 == b.1 + 1.0 => ttfts.push((a.0 - b.0) * 1e6),
+                            (Some(b), Some(a)) if a.1 == b.1 + 1.0 => {
+                                let pod_us = (a.0 - b.0) * 1e6;
+                                ttfts.push(pod_us);
+                                if client_ttft_us.is_finite() {
+                                    self.client_extra_us.push(client_ttft_us - pod_us);
+                                }
+                            }
                             _ => bail!(
                                 "the pod's vllm:request_prefill_time_seconds did not count exactly this probe: is another client using the pod?"
                             ),
@@ -763,6 +928,26 @@ async fn stream_one(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn observations_written_are_read_back_and_garbage_is_an_error() {
+        let dir = std::env::temp_dir().join(format!("kvgate-obs-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("obs.jsonl");
+        let prefill = prefill_observation(256, 1024, 512, 80_000.0);
+        let decode = decode_observations(100, &[(0..12).map(|i| 9000.0 * f64::from(i)).collect()]);
+        write_observations(&path, &[prefill], &decode.iter().collect::<Vec<_>>()).unwrap();
+        let back = read_observations(&path).unwrap();
+        assert_eq!(back.len(), 1 + decode.len());
+        assert_eq!(back[0], (false, prefill));
+        assert_eq!(back[1], (true, decode[0]));
+        assert_eq!(back[0].1.sums.steps, 2.0, "768 new tokens in chunks of 512");
+        std::fs::write(&path, "{\"held_out\": false}\n").unwrap();
+        assert!(read_observations(&path).is_err());
+        std::fs::write(&path, "not json\n").unwrap();
+        assert!(read_observations(&path).is_err());
+        std::fs::remove_dir_all(&dir).ok();
+    }
 
     #[test]
     fn cache_config_is_read_from_the_info_line_and_garbage_gives_none() {

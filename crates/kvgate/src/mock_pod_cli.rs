@@ -5,7 +5,6 @@
 //! block size).
 
 use crate::cli_values::one_of;
-use kvgate_core::blocks::DEFAULT_BLOCK_SIZE_TOKENS;
 use kvgate_mock_pod::api::KvRole;
 use kvgate_mock_pod::{DEFAULT_MAX_TOKENS, DEFAULT_MODEL, KvEventsEncoding, MockPodArgs};
 use kvgate_sim::profiles::Profile;
@@ -28,9 +27,10 @@ pub struct MockPodCli {
     #[arg(long)]
     pub kv_blocks: Option<u32>,
     /// Tokens per KV block: 16 (vLLM's CUDA default) or e.g. 128 (vLLM CPU's default). The
-    /// engine model, prefix hits, KV events and `vllm:cache_config_info` follow it.
-    #[arg(long, default_value_t = DEFAULT_BLOCK_SIZE_TOKENS)]
-    pub block_size: u32,
+    /// engine model, prefix hits, KV events and `vllm:cache_config_info` follow it. Default:
+    /// the profile's `block_size_tokens` (16 in the built-in profiles).
+    #[arg(long)]
+    pub block_size: Option<u32>,
     /// Serve `/v1/completions/render` and `/v1/chat/completions/render` (vLLM's
     /// `--enable-scale-out`); without it they answer 403 as vLLM does.
     #[arg(long)]
@@ -184,7 +184,7 @@ mod tests {
             profile: "p.json".into(),
             time_scale: 2.5,
             kv_blocks: Some(3),
-            block_size: 128,
+            block_size: Some(128),
             enable_scale_out: true,
             max_model_len: Some(4),
             model: "m".into(),

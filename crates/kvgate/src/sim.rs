@@ -523,6 +523,16 @@ pub fn run(args: SimArgs) -> Result<()> {
         (None, None) => vec![profile; args.pods as usize],
     };
     let pods = fleet.len() as u32;
+    if args.index.contains(&SimIndexMode::Engine)
+        && let Some(p) = fleet.iter().find(|p| p.block_size_tokens != 16)
+    {
+        bail!(
+            "--index engine needs engines with 16-token blocks; profile {:?} has {}-token blocks \
+             (its KV events would name blocks the router does not hash): use --index routed",
+            p.name,
+            p.block_size_tokens
+        );
+    }
     let pod_roles = match &args.pd {
         Some(spec) => parse_pd(spec, pods)?,
         None => Vec::new(),

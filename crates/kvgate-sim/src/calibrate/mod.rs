@@ -30,7 +30,8 @@
 //!
 //! ## The fit
 //!
-//! Ordinary least squares of the measured µs on the step features (columns scaled to unit
+//! Weighted least squares of the measured µs on the step features, each observation weighted
+//! by the inverse of its measured time so that relative errors count (columns scaled to unit
 //! maximum, normal equations solved by Gauss–Jordan, which also gives the covariance for each
 //! term's standard error). A term whose fit is negative, or smaller than twice its standard
 //! error ([`MIN_T_STAT`]), is dropped (set to 0) and the rest refitted, least significant
@@ -616,7 +617,18 @@ fn family_quality(fit: &Fit, observations: &[Observation], family: Family) -> Fa
     }
 }
 
-/// Least squares of the measurements on `columns`: (coefficients, standard errors).
+/// An observation's weight in the fit: the inverse of its measured time, so that the fit
+/// minimises relative errors. Without it a sweep's few long intervals (a 32-sequence decode
+/// step of 70 ms, a 3,584-token prefill of 1.4 s) decide every term, and the short ones (a
+/// lone decode step of 9 ms, which pins `t0`) are left to the others' noise: on a real CPU pod
+/// the unweighted fit dropped `t0` and `b` (decode R² 0.74), the weighted one keeps both
+/// (R² 0.99; BENCHMARKS.md, "`kvgate calibrate` against the real engine").
+fn weight(o: &Observation) -> f64 {
+    1.0 / o.measured_us.max(1.0)
+}
+
+/// Weighted least squares of the measurements on `columns` ([`weight`]): (coefficients,
+/// standard errors).
 fn least_squares(
     observations: &[Observation],
     columns: &[Column],
@@ -635,7 +647,7 @@ fn least_squares(
         .map(|&c| {
             observations
                 .iter()
-                .map(|o| c.of(o).abs())
+                .map(|o| c.of(o).abs() * weight(o))
                 .fold(0.0, f64::max)
         })
         .collect();
@@ -646,7 +658,7 @@ fn least_squares(
         columns
             .iter()
             .zip(&scale)
-            .map(|(&c, s)| c.of(o) / s)
+            .map(|(&c, s)| c.of(o) * weight(o) / s)
             .collect()
     };
     // [XᵀX | I], reduced to [I | (XᵀX)⁻¹].
@@ -655,7 +667,7 @@ fn least_squares(
     for o in observations {
         let x = row(o);
         for i in 0..p {
-            xty[i] += x[i] * o.measured_us;
+            xty[i] += x[i] * o.measured_us * weight(o);
             for j in 0..p {
                 m[i][j] += x[i] * x[j];
             }
@@ -699,7 +711,7 @@ fn least_squares(
         .map(|o| {
             let x = row(o);
             let pred: f64 = x.iter().zip(&beta_scaled).map(|(a, b)| a * b).sum();
-            (o.measured_us - pred).powi(2)
+            (o.measured_us * weight(o) - pred).powi(2)
         })
         .sum();
     let sigma2 = rss / (n - p) as f64;
@@ -727,6 +739,7 @@ mod tests {
             k2_us_per_context_token_sq: 4e-6,
             q_us_per_prefill_pair: 0.004,
             kv_blocks: 40_000,
+            block_size_tokens: 16,
             max_num_batched_tokens: 8192,
             max_num_seqs: 64,
             max_model_len: 16_384,

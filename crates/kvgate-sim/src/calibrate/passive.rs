@@ -252,6 +252,7 @@ mod tests {
             k2_us_per_context_token_sq: 4e-6,
             q_us_per_prefill_pair: 0.004,
             kv_blocks: 40_000,
+            block_size_tokens: 16,
             max_num_batched_tokens: 8192,
             max_num_seqs: 64,
             max_model_len: 131_072,

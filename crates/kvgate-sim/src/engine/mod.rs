@@ -97,6 +97,29 @@ impl From<&SimRequest> for EngineRequest {
     }
 }
 
+impl EngineRequest {
+    /// `r` for an engine whose blocks are `block_size_tokens` long, a multiple of the
+    /// simulator's 16 (the profile's [`Profile::block_size_tokens`]): the hashes are chained, so
+    /// the hash of a 16-token block names its whole prefix, and a block of `16·s` tokens is
+    /// named by the hash of its last 16-token block (every `s`-th one).
+    pub fn for_block_size(r: &SimRequest, block_size_tokens: u32) -> Self {
+        let stride = (block_size_tokens / SIM_BLOCK_SIZE_TOKENS).max(1) as usize;
+        if stride == 1 {
+            return Self::from(r);
+        }
+        EngineRequest {
+            blocks: r
+                .blocks
+                .iter()
+                .skip(stride - 1)
+                .step_by(stride)
+                .copied()
+                .collect(),
+            ..Self::from(r)
+        }
+    }
+}
+
 /// LoRA serving (vLLM `--enable-lora --max-loras N`): at most `max_loras` adapters in the
 /// running batch; a waiting request whose adapter would be one too many is skipped (deferred,
 /// `vllm:num_requests_waiting_by_reason{reason="deferred"}`) while the requests behind it are
@@ -282,6 +305,17 @@ impl Engine {
     /// profile's KV-block count (tests, or a pod with less memory).
     pub fn new(profile: &Profile, kv_blocks_override: Option<u32>) -> Self {
         Self::with_block_size(profile, kv_blocks_override, SIM_BLOCK_SIZE_TOKENS)
+    }
+
+    /// An engine with the profile's block size ([`Profile::block_size_tokens`]), its capacity
+    /// `kv_blocks_override` or the profile's `kv_blocks` (16-token blocks) converted to blocks
+    /// of that size. Its requests come from [`EngineRequest::for_block_size`].
+    pub fn for_profile(profile: &Profile, kv_blocks_override: Option<u32>) -> Self {
+        let size = profile.block_size_tokens.max(SIM_BLOCK_SIZE_TOKENS);
+        let kv16 = u64::from(kv_blocks_override.unwrap_or(profile.kv_blocks));
+        let blocks = kv16 * u64::from(SIM_BLOCK_SIZE_TOKENS) / u64::from(size);
+        let blocks = u32::try_from(blocks).unwrap_or(u32::MAX).max(1);
+        Self::with_block_size(profile, Some(blocks), size)
     }
 
     /// Like [`Engine::new`] with blocks of `block_size_tokens` tokens (at least 1) instead of

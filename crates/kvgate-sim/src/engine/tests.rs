@@ -480,6 +480,48 @@ fn block_size_128_counts_hits_in_whole_128_token_blocks() {
 }
 
 #[test]
+fn a_profile_of_128_token_blocks_gives_an_engine_that_hits_whole_128_token_blocks() {
+    // The simulator hashes 16-token blocks; a profile of vLLM CPU's 128-token blocks gets an
+    // engine that hits only whole 128-token blocks of them, with the same token capacity.
+    let mut p = h100().clone();
+    p.block_size_tokens = 128;
+    p.kv_blocks = 800;
+    let mut e = Engine::for_profile(&p, None);
+    assert_eq!(e.block_size_tokens(), 128);
+    assert_eq!(
+        e.metrics().kv_blocks_total,
+        100,
+        "800 blocks of 16 = 100 of 128"
+    );
+    let sim = |id| SimRequest {
+        id,
+        arrival_ms: 0.0,
+        input_tokens: 981,
+        output_tokens: 2,
+        blocks: (0..981 / 16).map(|i| 1000 + i).collect(),
+        adapter: None,
+        session: None,
+    };
+    let first = EngineRequest::for_block_size(&sim(1), 128);
+    // Every 8th chained hash names a 128-token prefix: 61 blocks of 16 give 7 of 128.
+    assert_eq!(
+        &first.blocks[..],
+        &[1007, 1015, 1023, 1031, 1039, 1047, 1055]
+    );
+    run(&mut e, &[(0.0, first)], 100);
+    let steps = run(
+        &mut e,
+        &[(1000.0, EngineRequest::for_block_size(&sim(2), 128))],
+        100,
+    );
+    // 7 × 128 = 896 tokens hit, where 16-token blocks would hit 976.
+    assert_eq!(steps[0].prefill_tokens, 981 - 896);
+    assert_eq!(e.metrics().prefix_cache_hits_tokens, 896);
+    // The 16-token default is untouched.
+    assert_eq!(EngineRequest::for_block_size(&sim(3), 16).blocks.len(), 61);
+}
+
+#[test]
 fn abort_takes_a_running_request_out_and_frees_its_blocks_keeping_their_hashes() {
     let mut e = Engine::new(h100(), Some(20));
     e.add_request(0.0, req(1, 5, 64, 10)).unwrap();
