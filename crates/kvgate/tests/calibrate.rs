@@ -90,6 +90,7 @@ fn calibrating_a_mock_pod_recovers_its_profile_and_its_simulated_ttft() {
     let dir = scratch_dir();
     let true_path = dir.join("true.json");
     let fitted_path = dir.join("fitted.json");
+    let obs_path = dir.join("observations.jsonl");
     std::fs::write(&true_path, TRUE_PROFILE).unwrap();
     let truth = Profile::from_json("true.json", TRUE_PROFILE).unwrap();
 
@@ -130,6 +131,8 @@ fn calibrating_a_mock_pod_recovers_its_profile_and_its_simulated_ttft() {
         "64",
         "--max-seconds",
         "40",
+        "--observations-out",
+        obs_path.to_str().unwrap(),
     ]);
     eprintln!("calibrate took {:.1} s", started.elapsed().as_secs_f64());
     drop(pod);
@@ -159,6 +162,41 @@ fn calibrating_a_mock_pod_recovers_its_profile_and_its_simulated_ttft() {
     assert_eq!(fitted.max_model_len, truth.max_model_len);
     assert_eq!(fitted.max_num_batched_tokens, 8192);
     assert_eq!(fitted.max_num_seqs, 64);
+
+    // The probes' observations, written out and fitted again (with no traffic beside them), give
+    // the same profile: what `--add-observations` adds to a capture is exactly what was measured.
+    let refit_path = dir.join("refit.json");
+    let empty = dir.join("empty.jsonl");
+    std::fs::write(&empty, "").unwrap();
+    kvgate(&[
+        "calibrate",
+        "--from-capture",
+        empty.to_str().unwrap(),
+        "--add-observations",
+        obs_path.to_str().unwrap(),
+        "--kv-blocks",
+        "40000",
+        "--max-model-len",
+        "131072",
+        "--max-num-batched-tokens",
+        "8192",
+        "--max-num-seqs",
+        "64",
+        "--name",
+        "cpu-like-fitted",
+        "--profile-out",
+        refit_path.to_str().unwrap(),
+    ]);
+    let refit =
+        Profile::from_json("refit.json", &std::fs::read_to_string(&refit_path).unwrap()).unwrap();
+    for t in Term::ALL {
+        let (a, b) = (t.of(fitted), t.of(refit));
+        assert!(
+            (a - b).abs() <= 1e-9 * a.abs().max(1.0),
+            "{}: {a} vs {b}",
+            t.key()
+        );
+    }
 
     let trace = PathBuf::from(concat!(
         env!("CARGO_MANIFEST_DIR"),
