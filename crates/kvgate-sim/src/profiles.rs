@@ -273,7 +273,10 @@ impl Profile {
         if let Some((key, _)) = capacities.iter().find(|(_, v)| *v == 0) {
             return Err(err(format!("{key} = 0: expected at least 1")));
         }
-        if f.block_size_tokens == 0 || f.block_size_tokens % 16 != 0 || f.block_size_tokens > 4096 {
+        if f.block_size_tokens == 0
+            || !f.block_size_tokens.is_multiple_of(16)
+            || f.block_size_tokens > 4096
+        {
             return Err(err(format!(
                 "block_size_tokens = {}: expected a multiple of 16, at most 4096",
                 f.block_size_tokens
@@ -352,6 +355,33 @@ mod tests {
         assert_eq!(p.max_num_batched_tokens, 2048);
         // 9,000.5 + 80 × 100 + 300 × 2 + 0.01 × 1,000 µs.
         assert!((p.step_ms(100, 2, 1_000, 0) - 17.6105).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_block_size_is_read_16_when_absent_and_refused_unless_a_multiple_of_16() {
+        assert_eq!(
+            Profile::from_json("a.json", CALIBRATED)
+                .unwrap()
+                .block_size_tokens,
+            16
+        );
+        let with = |v: &str| {
+            CALIBRATED.replace(
+                r#""kv_blocks": 4096,"#,
+                &format!(r#""kv_blocks": 4096, "block_size_tokens": {v},"#),
+            )
+        };
+        let p = Profile::from_json("b.json", &with("128")).unwrap();
+        assert_eq!(p.block_size_tokens, 128);
+        assert!(p.to_json().contains(r#""block_size_tokens": 128"#));
+        for bad in ["0", "100", "8192"] {
+            let e = Profile::from_json("c.json", &with(bad)).unwrap_err();
+            assert!(
+                e.message.contains("block_size_tokens"),
+                "{bad}: {}",
+                e.message
+            );
+        }
     }
 
     #[test]

@@ -282,7 +282,7 @@ fn capacities(
         k2_us_per_context_token_sq: 0.0,
         q_us_per_prefill_pair: 0.0,
         kv_blocks: kv_blocks.max(1),
-        block_size_tokens: if block_size % 16 == 0 && (16..=4096).contains(&block_size) {
+        block_size_tokens: if block_size.is_multiple_of(16) && (16..=4096).contains(&block_size) {
             block_size
         } else {
             16
