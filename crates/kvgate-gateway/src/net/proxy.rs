@@ -36,8 +36,8 @@ use crate::request_id::request_id;
 use crate::routing::Prepared;
 use crate::state::Shared;
 use crate::upstream::{
-    QUEUE_MS_HEADER, Sent, StreamOptions, attempt_failed, body_timeouts, client_headers,
-    completion_body, queue_ms_value, request_timed_out, send, upstream_request,
+    QUEUE_MS_HEADER, Sent, attempt_failed, body_timeouts, client_headers, completion_body,
+    completion_body_of_value, queue_ms_value, request_timed_out, send, upstream_request,
 };
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -257,10 +257,7 @@ impl Deliver for Forward<'_> {
             let body = self.body.clone();
             return self.forward(target, body, None).await;
         };
-        let decode = handoff.decode_body;
-        let stream_options = StreamOptions::of(&kvgate_core::json::Json::from_value(&decode));
-        let bytes = Bytes::from(serde_json::to_vec(&decode).unwrap_or_default());
-        let (body, _) = completion_body(stream_options, bytes, self.stream);
+        let body = completion_body_of_value(handoff.decode_body, self.stream);
         let target = Target {
             handoff: None,
             ..target

@@ -175,6 +175,26 @@ impl StreamOptions {
 /// client asked for usage, go unchanged; a body without `stream_options` gets it spliced in;
 /// one whose `stream_options` must change is parsed again and re-serialised.
 pub fn completion_body(stream_options: StreamOptions, body: Bytes, stream: bool) -> (Bytes, bool) {
+    completion_body_with(stream_options, body, stream, |body| {
+        serde_json::from_slice::<Value>(body).ok()
+    })
+}
+
+/// [`completion_body`] of a body built as a `Value` (a P/D decode body): serialised once,
+/// and changed from the `Value` itself, not from its bytes parsed again.
+pub fn completion_body_of_value(value: Value, stream: bool) -> Bytes {
+    let stream_options = StreamOptions::of(&kvgate_core::json::Json::from_value(&value));
+    let body = Bytes::from(serde_json::to_vec(&value).unwrap_or_default());
+    let mut value = Some(value);
+    completion_body_with(stream_options, body, stream, |_| value.take()).0
+}
+
+fn completion_body_with(
+    stream_options: StreamOptions,
+    body: Bytes,
+    stream: bool,
+    value_of: impl FnOnce(&[u8]) -> Option<Value>,
+) -> (Bytes, bool) {
     if !stream || stream_options == StreamOptions::UsageAsked {
         return (body, false);
     }
@@ -183,7 +203,7 @@ pub fn completion_body(stream_options: StreamOptions, body: Bytes, stream: bool)
     {
         return (spliced, true);
     }
-    let Ok(mut value) = serde_json::from_slice::<Value>(&body) else {
+    let Some(mut value) = value_of(&body) else {
         return (body, true);
     };
     let Some(obj) = value.as_object_mut() else {
