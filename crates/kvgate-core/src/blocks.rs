@@ -26,6 +26,7 @@
 
 use xxhash_rust::xxh3::{Xxh3, xxh3_64, xxh3_64_with_seed};
 
+use crate::json::{Json, JsonStr};
 use crate::request::{ParsedRequest, Prompt, RequestError, TextSink, parse_value_into};
 use serde_json::Value;
 
@@ -137,17 +138,32 @@ impl BlockHasher {
         body: &Value,
         out: &mut Vec<BlockHash>,
     ) -> Result<ParsedRequest, RequestError> {
+        self.hash_json(path, &Json::from_value(body), out)
+    }
+
+    /// [`BlockHasher::hash_value`] of a body read by [`crate::json`]: its strings are read
+    /// where they lie in the body's bytes, escapes decoded on the way, so the prompt's text is
+    /// not copied at all (the gateway's routed path).
+    ///
+    /// # Errors
+    /// Those of [`crate::request::parse_request_value`].
+    pub fn hash_json(
+        &self,
+        path: &str,
+        body: &Json<'_>,
+        out: &mut Vec<BlockHash>,
+    ) -> Result<ParsedRequest, RequestError> {
         out.clear();
         // The chain seed needs the model and salt, read before the prompt: the fields are read
-        // twice (cheap: a few map lookups), the prompt once.
-        let seed = body
-            .as_object()
-            .map(|o| {
-                let model = o.get("model").and_then(Value::as_str).unwrap_or_default();
-                let salt = o.get("cache_salt").and_then(Value::as_str);
-                Self::chain_seed(model, salt)
-            })
-            .unwrap_or_default();
+        // twice (cheap: a few member lookups), the prompt once.
+        let seed = match body {
+            Json::Object(_) => {
+                let text = |key| body.get(key).and_then(Json::as_str).map(JsonStr::to_cow);
+                let model = text("model").unwrap_or_default();
+                Self::chain_seed(&model, text("cache_salt").as_deref())
+            }
+            _ => 0,
+        };
         let mut sink = TextBlocks::new(self.text_block_bytes(), seed, out);
         let request = parse_value_into(path, body, &mut sink, |sink| Prompt::Hashed {
             text_bytes: sink.text_bytes,
@@ -580,18 +596,33 @@ mod tests {
     proptest! {
         /// `hash_value` (in place, no rendering) gives the blocks, the fields and the
         /// input-token estimate of parsing, rendering and hashing the rendering, or the same
-        /// error, on bodies that went through their JSON bytes (so escapes were decoded).
+        /// error, on bodies that went through their JSON bytes (so escapes were decoded); and
+        /// `hash_json` on those bytes as [`crate::json`] reads them (escapes decoded piece by
+        /// piece where they lie) gives what `hash_value` gives.
         #[test]
         fn hashing_in_place_equals_hashing_the_rendering(
             (path, body) in request_body(),
             block_size_tokens in 0u32..20,
             chars_per_token in 1u32..6,
+            pretty in any::<bool>(),
         ) {
-            let body: Value =
-                serde_json::from_slice(&serde_json::to_vec(&body).unwrap()).unwrap();
+            let bytes = if pretty {
+                serde_json::to_vec_pretty(&body).unwrap()
+            } else {
+                serde_json::to_vec(&body).unwrap()
+            };
+            let body: Value = serde_json::from_slice(&bytes).unwrap();
             let hasher = BlockHasher { block_size_tokens, chars_per_token };
             let mut in_place = vec![1, 2, 3];
             let hashed = hasher.hash_value(path, &body, &mut in_place);
+            let read = crate::json::parse(&bytes);
+            prop_assert!(read.is_some());
+            let mut from_bytes = vec![4, 5];
+            let hashed_from_bytes = hasher.hash_json(path, &read.unwrap(), &mut from_bytes);
+            prop_assert_eq!(&hashed_from_bytes, &hashed);
+            if hashed.is_ok() {
+                prop_assert_eq!(&from_bytes, &in_place);
+            }
             match crate::request::parse_request_value(path, &body) {
                 Err(e) => prop_assert_eq!(hashed.err(), Some(e)),
                 Ok(rendered) => {

@@ -26,6 +26,7 @@ pub mod decision;
 pub mod fixture;
 pub mod flow;
 pub mod index;
+pub mod json;
 pub mod models;
 pub mod pod;
 pub mod policy;

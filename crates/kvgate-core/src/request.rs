@@ -64,11 +64,15 @@
 //!
 //! Nothing here panics on a body: invalid JSON (including nesting deeper than serde_json's
 //! limit of 128) is [`RequestError::InvalidJson`], the rest are typed errors naming the field.
+//! A raw body is read by [`crate::json`] (its strings are not copied; its errors are
+//! serde_json's), a `serde_json::Value` is read through the same code.
 
 use std::fmt::Write as _;
 
 use serde::Serialize;
-use serde_json::{Map, Value};
+use serde_json::Value;
+
+use crate::json::{Json, JsonStr};
 use thiserror::Error;
 
 /// Characters per token assumed where a prompt is not tokenized: the approximate block mode
@@ -171,9 +175,10 @@ pub fn parse_request(path: &str, body: &[u8]) -> Result<ParsedRequest, RequestEr
     if Endpoint::from_path(path).is_none() {
         return Err(RequestError::UnsupportedPath(path.to_owned()));
     }
-    let value: Value =
-        serde_json::from_slice(body).map_err(|e| RequestError::InvalidJson(e.to_string()))?;
-    parse_request_value(path, &value)
+    let mut fallback = None;
+    let json = crate::json::parse_with(body, &mut fallback)
+        .map_err(|e| RequestError::InvalidJson(e.to_string()))?;
+    parse_request_json(path, &json)
 }
 
 /// Parse an already-decoded JSON body.
@@ -183,6 +188,14 @@ pub fn parse_request(path: &str, body: &[u8]) -> Result<ParsedRequest, RequestEr
 /// [`RequestError::MissingField`] / [`RequestError::WrongType`] naming the offending field
 /// (`messages[].content` and the like for fields inside a message).
 pub fn parse_request_value(path: &str, body: &Value) -> Result<ParsedRequest, RequestError> {
+    parse_request_json(path, &Json::from_value(body))
+}
+
+/// [`parse_request_value`] of a body read by [`crate::json`] (its strings not copied).
+///
+/// # Errors
+/// Those of [`parse_request_value`].
+pub fn parse_request_json(path: &str, body: &Json<'_>) -> Result<ParsedRequest, RequestError> {
     let mut text = String::new();
     parse_value_into(path, body, &mut text, |text| {
         Prompt::Text(std::mem::take(text))
@@ -211,23 +224,25 @@ impl TextSink for String {
 /// into the request's [`Prompt`] once the text is written (token prompts do not use it).
 pub(crate) fn parse_value_into<S: TextSink>(
     path: &str,
-    body: &Value,
+    body: &Json<'_>,
     sink: &mut S,
     text_prompt: impl FnOnce(&mut S) -> Prompt,
 ) -> Result<ParsedRequest, RequestError> {
     let endpoint =
         Endpoint::from_path(path).ok_or_else(|| RequestError::UnsupportedPath(path.to_owned()))?;
-    let body = body.as_object().ok_or(RequestError::NotAnObject)?;
+    if !matches!(body, Json::Object(_)) {
+        return Err(RequestError::NotAnObject);
+    }
 
     let model = match body.get("model") {
-        None | Some(Value::Null) => return Err(RequestError::MissingField("model")),
-        Some(Value::String(model)) => model.clone(),
+        None | Some(Json::Null) => return Err(RequestError::MissingField("model")),
+        Some(Json::String(model)) => model.to_cow().into_owned(),
         Some(_) => return Err(wrong_type("model", "a string")),
     };
-    let cache_salt = optional_string(body, "cache_salt")?.map(str::to_owned);
+    let cache_salt = optional_string(body, "cache_salt")?.map(|s| s.to_cow().into_owned());
     let stream = match body.get("stream") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(stream)) => *stream,
+        None | Some(Json::Null) => false,
+        Some(Json::Bool(stream)) => *stream,
         Some(_) => return Err(wrong_type("stream", "a boolean")),
     };
     let max_completion_tokens = optional_u32(body, "max_completion_tokens")?;
@@ -240,8 +255,8 @@ pub(crate) fn parse_value_into<S: TextSink>(
         },
         Endpoint::ChatCompletions => {
             let messages = match body.get("messages") {
-                None | Some(Value::Null) => return Err(RequestError::MissingField("messages")),
-                Some(Value::Array(messages)) => messages,
+                None | Some(Json::Null) => return Err(RequestError::MissingField("messages")),
+                Some(Json::Array(messages)) => messages,
                 Some(_) => return Err(wrong_type("messages", "an array of messages")),
             };
             render_chat_into(sink, messages, body.get("tools"))?;
@@ -266,25 +281,27 @@ pub(crate) fn parse_value_into<S: TextSink>(
 /// # Errors
 /// The field errors of [`parse_request_value`] for a malformed message or `tools`.
 pub fn render_chat(messages: &[Value], tools: Option<&Value>) -> Result<String, RequestError> {
+    let messages: Vec<Json<'_>> = messages.iter().map(Json::from_value).collect();
+    let tools = tools.map(Json::from_value);
     let mut out = String::new();
-    render_chat_into(&mut out, messages, tools)?;
+    render_chat_into(&mut out, &messages, tools.as_ref())?;
     Ok(out)
 }
 
 /// [`render_chat`] written to `out` piece by piece.
 fn render_chat_into<S: TextSink>(
     out: &mut S,
-    messages: &[Value],
-    tools: Option<&Value>,
+    messages: &[Json<'_>],
+    tools: Option<&Json<'_>>,
 ) -> Result<(), RequestError> {
     // Sized for the messages' text up front: a long prompt is copied once, not once per
     // doubling of the buffer.
     out.reserve(rendered_text_bytes(messages));
     match tools {
-        None | Some(Value::Null) => {}
-        Some(tools @ Value::Array(_)) => {
+        None | Some(Json::Null) => {}
+        Some(tools @ Json::Array(_)) => {
             let json = canonical_json(tools, "tools")?;
-            push_field(out, 'T', &json);
+            push_str_field(out, 'T', &json);
             out.push_str("\n");
         }
         Some(_) => return Err(wrong_type("tools", "an array of tool definitions")),
@@ -297,15 +314,15 @@ fn render_chat_into<S: TextSink>(
 
 /// The bytes of the messages' string fields (role, name, content and its text parts) plus a
 /// little per field for tags and lengths: what [`render_chat`] writes for text-only messages.
-fn rendered_text_bytes(messages: &[Value]) -> usize {
+fn rendered_text_bytes(messages: &[Json<'_>]) -> usize {
     const PER_FIELD: usize = 16;
-    let text = |v: &Value| v.as_str().map_or(0, |s| s.len() + PER_FIELD);
+    let text = |v: &Json<'_>| v.as_str().map_or(0, |s| s.len() + PER_FIELD);
     messages
         .iter()
-        .filter_map(Value::as_object)
+        .filter(|m| matches!(m, Json::Object(_)))
         .map(|m| {
             let content = match m.get("content") {
-                Some(Value::Array(parts)) => {
+                Some(Json::Array(parts)) => {
                     parts.iter().map(|p| p.get("text").map_or(0, text)).sum()
                 }
                 Some(c) => text(c),
@@ -317,14 +334,14 @@ fn rendered_text_bytes(messages: &[Value]) -> usize {
 }
 
 /// Appends the rendering of one chat message to `out`.
-fn render_message<S: TextSink>(out: &mut S, message: &Value) -> Result<(), RequestError> {
-    let message = message
-        .as_object()
-        .ok_or_else(|| wrong_type("messages[]", "an object"))?;
+fn render_message<S: TextSink>(out: &mut S, message: &Json<'_>) -> Result<(), RequestError> {
+    if !matches!(message, Json::Object(_)) {
+        return Err(wrong_type("messages[]", "an object"));
+    }
 
     let role = match message.get("role") {
-        None | Some(Value::Null) => return Err(RequestError::MissingField("messages[].role")),
-        Some(Value::String(role)) => role,
+        None | Some(Json::Null) => return Err(RequestError::MissingField("messages[].role")),
+        Some(Json::String(role)) => role,
         Some(_) => return Err(wrong_type("messages[].role", "a string")),
     };
     push_field(out, 'r', role);
@@ -336,14 +353,14 @@ fn render_message<S: TextSink>(out: &mut S, message: &Value) -> Result<(), Reque
     }
 
     match message.get("content") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(text)) => push_field(out, 'c', text),
-        Some(Value::Array(parts)) => {
+        None | Some(Json::Null) => {}
+        Some(Json::String(text)) => push_field(out, 'c', text),
+        Some(Json::Array(parts)) => {
             push_count(out, 'l', parts.len());
             for part in parts {
                 match text_part(part) {
                     Some(text) => push_field(out, 't', text),
-                    None => push_field(out, 'p', &canonical_json(part, "messages[].content")?),
+                    None => push_str_field(out, 'p', &canonical_json(part, "messages[].content")?),
                 }
             }
         }
@@ -356,9 +373,9 @@ fn render_message<S: TextSink>(out: &mut S, message: &Value) -> Result<(), Reque
     }
 
     match message.get("tool_calls") {
-        None | Some(Value::Null) => {}
-        Some(calls @ Value::Array(_)) => {
-            push_field(out, 'f', &canonical_json(calls, "messages[].tool_calls")?)
+        None | Some(Json::Null) => {}
+        Some(calls @ Json::Array(_)) => {
+            push_str_field(out, 'f', &canonical_json(calls, "messages[].tool_calls")?)
         }
         Some(_) => return Err(wrong_type("messages[].tool_calls", "an array")),
     }
@@ -375,9 +392,8 @@ fn render_message<S: TextSink>(out: &mut S, message: &Value) -> Result<(), Reque
 
 /// The text of a `{"type": "text", "text": "..."}` content part; `None` for any other part,
 /// which is then rendered by its canonical JSON.
-fn text_part(part: &Value) -> Option<&str> {
-    let part = part.as_object()?;
-    if part.get("type")?.as_str()? != "text" {
+fn text_part<'j, 'a>(part: &'j Json<'a>) -> Option<&'j JsonStr<'a>> {
+    if !part.get("type")?.as_str()?.is("text") {
         return None;
     }
     part.get("text")?.as_str()
@@ -385,38 +401,38 @@ fn text_part(part: &Value) -> Option<&str> {
 
 /// A completions prompt: its text written to `out` (`None`), or its token ids.
 fn completions_prompt<S: TextSink>(
-    body: &Map<String, Value>,
+    body: &Json<'_>,
     out: &mut S,
 ) -> Result<Option<Vec<u32>>, RequestError> {
     const EXPECTED: &str = "a string, an array of strings, an array of token ids (u32) \
                             or an array of token-id arrays";
     let items = match body.get("prompt") {
-        None | Some(Value::Null) => return Err(RequestError::MissingField("prompt")),
-        Some(Value::String(text)) => {
-            out.push_str(text);
+        None | Some(Json::Null) => return Err(RequestError::MissingField("prompt")),
+        Some(Json::String(text)) => {
+            push_text(out, text);
             return Ok(None);
         }
-        Some(Value::Array(items)) => items,
+        Some(Json::Array(items)) => items,
         Some(_) => return Err(wrong_type("prompt", EXPECTED)),
     };
     match items.first() {
         None => Err(wrong_type("prompt", "a non-empty array")),
-        Some(Value::String(first)) => {
+        Some(Json::String(first)) => {
             if items.len() == 1 {
-                out.push_str(first);
+                push_text(out, first);
                 return Ok(None);
             }
             // Checked before anything is written, so a rejected prompt writes nothing.
             if items.iter().any(|item| !item.is_string()) {
                 return Err(wrong_type("prompt", EXPECTED));
             }
-            for text in items.iter().filter_map(Value::as_str) {
+            for text in items.iter().filter_map(Json::as_str) {
                 push_len_prefixed(out, text);
             }
             Ok(None)
         }
-        Some(Value::Number(_)) => Ok(Some(token_ids(items)?)),
-        Some(Value::Array(first)) => {
+        Some(Json::Number(_)) => Ok(Some(token_ids(items)?)),
+        Some(Json::Array(first)) => {
             let routed = token_ids(first)?;
             for item in &items[1..] {
                 let ids = item
@@ -430,7 +446,7 @@ fn completions_prompt<S: TextSink>(
     }
 }
 
-fn token_ids(items: &[Value]) -> Result<Vec<u32>, RequestError> {
+fn token_ids(items: &[Json<'_>]) -> Result<Vec<u32>, RequestError> {
     items
         .iter()
         .map(|item| {
@@ -441,23 +457,20 @@ fn token_ids(items: &[Value]) -> Result<Vec<u32>, RequestError> {
         .collect()
 }
 
-fn optional_string<'a>(
-    object: &'a Map<String, Value>,
+fn optional_string<'j, 'a>(
+    object: &'j Json<'a>,
     field: &'static str,
-) -> Result<Option<&'a str>, RequestError> {
+) -> Result<Option<&'j JsonStr<'a>>, RequestError> {
     match object.get(field) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s)),
+        None | Some(Json::Null) => Ok(None),
+        Some(Json::String(s)) => Ok(Some(s)),
         Some(_) => Err(wrong_type(field, "a string")),
     }
 }
 
-fn optional_u32(
-    object: &Map<String, Value>,
-    field: &'static str,
-) -> Result<Option<u32>, RequestError> {
+fn optional_u32(object: &Json<'_>, field: &'static str) -> Result<Option<u32>, RequestError> {
     match object.get(field) {
-        None | Some(Value::Null) => Ok(None),
+        None | Some(Json::Null) => Ok(None),
         Some(value) => value
             .as_u64()
             .and_then(|n| u32::try_from(n).ok())
@@ -470,16 +483,27 @@ fn wrong_type(field: &'static str, expected: &'static str) -> RequestError {
     RequestError::WrongType { field, expected }
 }
 
+/// `{tag}{byte length}:{value}` of a string of the body, its text written where it lies.
+fn push_field<S: TextSink>(out: &mut S, tag: char, value: &JsonStr<'_>) {
+    push_count(out, tag, value.len());
+    push_text(out, value);
+}
+
 /// `{tag}{byte length}:{value}`.
-fn push_field<S: TextSink>(out: &mut S, tag: char, value: &str) {
+fn push_str_field<S: TextSink>(out: &mut S, tag: char, value: &str) {
     push_count(out, tag, value.len());
     out.push_str(value);
 }
 
 /// `{len}:{value}`.
-fn push_len_prefixed<S: TextSink>(out: &mut S, value: &str) {
+fn push_len_prefixed<S: TextSink>(out: &mut S, value: &JsonStr<'_>) {
     push_decimal(out, value.len());
-    out.push_str(value);
+    push_text(out, value);
+}
+
+/// The text of a string of the body, in the pieces it lies in ([`JsonStr::for_each_piece`]).
+fn push_text<S: TextSink>(out: &mut S, value: &JsonStr<'_>) {
+    value.for_each_piece(|piece| out.push_str(piece));
 }
 
 /// `{tag}{count}:`.
@@ -512,7 +536,7 @@ fn push_decimal<S: TextSink>(out: &mut S, n: usize) {
 /// Compact JSON with object keys sorted, independent of the map's iteration order.
 /// `field` names the request field in the error for JSON nested deeper than
 /// [`MAX_JSON_DEPTH`].
-fn canonical_json(value: &Value, field: &'static str) -> Result<String, RequestError> {
+fn canonical_json(value: &Json<'_>, field: &'static str) -> Result<String, RequestError> {
     let mut out = String::new();
     if write_canonical(&mut out, value, 0) {
         Ok(out)
@@ -522,18 +546,18 @@ fn canonical_json(value: &Value, field: &'static str) -> Result<String, RequestE
 }
 
 /// Returns `false` when `value` is nested deeper than [`MAX_JSON_DEPTH`].
-fn write_canonical(out: &mut String, value: &Value, depth: usize) -> bool {
+fn write_canonical(out: &mut String, value: &Json<'_>, depth: usize) -> bool {
     if depth >= MAX_JSON_DEPTH {
         return false;
     }
     match value {
-        Value::Null => out.push_str("null"),
-        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-        Value::Number(n) => {
+        Json::Null => out.push_str("null"),
+        Json::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        Json::Number(n) => {
             let _ = write!(out, "{n}");
         }
-        Value::String(s) => write_json_string(out, s),
-        Value::Array(items) => {
+        Json::String(s) => write_json_string(out, &s.to_cow()),
+        Json::Array(items) => {
             out.push('[');
             for (i, item) in items.iter().enumerate() {
                 if i > 0 {
@@ -545,15 +569,25 @@ fn write_canonical(out: &mut String, value: &Value, depth: usize) -> bool {
             }
             out.push(']');
         }
-        Value::Object(map) => {
-            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
-            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        Json::Object(members) => {
+            // As serde_json's map holds them: the last of duplicate keys, sorted.
+            let mut entries: Vec<(std::borrow::Cow<'_, str>, &Json<'_>)> =
+                members.iter().map(|(k, v)| (k.to_cow(), v)).collect();
+            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            let mut kept = Vec::with_capacity(entries.len());
+            let mut entries = entries.into_iter().peekable();
+            while let Some(entry) = entries.next() {
+                if entries.peek().is_none_or(|next| next.0 != entry.0) {
+                    kept.push(entry);
+                }
+            }
+            let entries = kept;
             out.push('{');
             for (i, (key, item)) in entries.into_iter().enumerate() {
                 if i > 0 {
                     out.push(',');
                 }
-                write_json_string(out, key);
+                write_json_string(out, &key);
                 out.push(':');
                 if !write_canonical(out, item, depth + 1) {
                     return false;
@@ -823,7 +857,7 @@ mod tests {
             render_chat(&messages, Some(&b))
         );
         assert_eq!(
-            canonical_json(&a, "tools"),
+            canonical_json(&Json::from_value(&a), "tools"),
             Ok(r#"[{"a":1,"b":[true,null,"\u0001"]}]"#.to_owned())
         );
     }
@@ -1063,7 +1097,7 @@ mod tests {
         ];
         prop::collection::vec(prop::option::of(arbitrary_json()), fields.len()).prop_map(
             move |values| {
-                let mut body = Map::new();
+                let mut body = serde_json::Map::new();
                 for (field, value) in fields.iter().zip(values) {
                     if let Some(value) = value {
                         body.insert((*field).to_owned(), value);
@@ -1079,6 +1113,31 @@ mod tests {
         fn random_bytes_never_panic(body in prop::collection::vec(any::<u8>(), 0..512)) {
             let _ = parse_request(COMPLETIONS_PATH, &body);
             let _ = parse_request(CHAT_COMPLETIONS_PATH, &body);
+        }
+
+        /// A raw body, read by `crate::json`, parses exactly as serde_json's `Value` of it
+        /// does: the same request or the same error (invalid JSON included, word for word).
+        #[test]
+        fn raw_bodies_parse_as_their_serde_json_value(
+            body in arbitrary_body(),
+            pretty in any::<bool>(),
+            cut in any::<prop::sample::Index>(),
+        ) {
+            let bytes = if pretty {
+                serde_json::to_vec_pretty(&body).unwrap()
+            } else {
+                serde_json::to_vec(&body).unwrap()
+            };
+            // Whole, and cut short (invalid JSON).
+            let short = &bytes[..cut.index(bytes.len())];
+            for bytes in [&bytes[..], short] {
+                for path in [COMPLETIONS_PATH, CHAT_COMPLETIONS_PATH] {
+                    let through_value = serde_json::from_slice::<Value>(bytes)
+                        .map_err(|e| RequestError::InvalidJson(e.to_string()))
+                        .and_then(|v| parse_request_value(path, &v));
+                    prop_assert_eq!(parse_request(path, bytes), through_value);
+                }
+            }
         }
 
         #[test]

@@ -37,7 +37,7 @@ use crate::routing::Prepared;
 use crate::state::Shared;
 use crate::upstream::{
     QUEUE_MS_HEADER, Sent, attempt_failed, body_timeouts, client_headers, completion_body,
-    queue_ms_value, request_timed_out, send, upstream_request,
+    completion_body_of_value, queue_ms_value, request_timed_out, send, upstream_request,
 };
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -153,15 +153,12 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
     trace.flow_queue(&cfg.flow, class.priority, &class.tenant, turn.queued);
     let queued = turn.queued;
     let Prepared {
-        mut value,
+        fields,
         parsed,
         mut capture,
         ..
     } = prepared;
-    let body = match crate::flow::forward_priority(&cfg.flow, &class, &mut value) {
-        true => serde_json::to_vec(&value).map_or(body, Bytes::from),
-        false => body,
-    };
+    let body = crate::flow::forward_priority(&cfg.flow, &class, fields.has_priority, body);
     let request = RouteRequest {
         blocks: &prepared.blocks,
         input_tokens: prepared.input_tokens,
@@ -170,16 +167,16 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
         slo: prepared.slo,
         adapter: Some(prepared.adapter),
     };
-    // A fleet with P/D roles: the request may be split, and its decode body is built from the
-    // JSON (a copy kept only then: the common path forwards the body as it came).
+    // A fleet with P/D roles: the request may be split, and its prefill and decode bodies are
+    // built from this body (a handle kept only then: the common path forwards it as it came).
     let split = shared
         .fleet
         .pods
         .all()
         .iter()
         .any(|p| p.role != kvgate_core::PodRole::Both);
-    let pd_value = split.then(|| value.clone());
-    let (upstream_body, strip_usage) = completion_body(value, body, parsed.stream);
+    let pd_body = split.then(|| body.clone());
+    let (upstream_body, strip_usage) = completion_body(fields.stream_options, body, parsed.stream);
 
     let path_and_query = parts
         .uri
@@ -210,7 +207,7 @@ pub async fn completions(State(shared): State<Arc<Shared>>, req: Request) -> Res
         request_id: &rid,
         turn,
         excluded: Vec::new(),
-        split: pd_value.as_ref(),
+        split: pd_body.as_deref(),
         method: &parts.method,
         path_and_query: &path_and_query,
         headers: &parts.headers,
@@ -260,9 +257,7 @@ impl Deliver for Forward<'_> {
             let body = self.body.clone();
             return self.forward(target, body, None).await;
         };
-        let decode = handoff.decode_body;
-        let bytes = Bytes::from(serde_json::to_vec(&decode).unwrap_or_default());
-        let (body, _) = completion_body(decode, bytes, self.stream);
+        let body = completion_body_of_value(handoff.decode_body, self.stream);
         let target = Target {
             handoff: None,
             ..target

@@ -51,9 +51,10 @@ pub(crate) struct Dispatch<'a> {
     pub turn: Turn,
     /// Pods never to route to (ext_proc: those outside the subset hint).
     pub excluded: Vec<PodId>,
-    /// The client's request as JSON when it may be split in two stages (a fleet with P/D
-    /// roles); `None`: whole requests only.
-    pub split: Option<&'a Value>,
+    /// The client's request body when it may be split in two stages (a fleet with P/D roles;
+    /// parsed again for the prefill and decode bodies only when it is); `None`: whole requests
+    /// only.
+    pub split: Option<&'a [u8]>,
     /// What a prefill call is sent with: the client's method, path and headers, and the
     /// request's deadline.
     pub method: &'a Method,
@@ -314,13 +315,15 @@ async fn prefill(
     shared: &Shared,
     call: &crate::pd::PrefillCall<'_>,
     s: SplitRouted,
-    value: Option<&Value>,
+    body: Option<&[u8]>,
 ) -> Prefill {
-    let Some(value) = value else {
+    // The body was read as JSON before routing; a failure here cannot happen.
+    let Some(Ok(value)) = body.map(serde_json::from_slice::<Value>) else {
         // Cannot happen: a split is asked for (`DecisionMeta::split`) only with the body.
         let why = "no request body kept for P/D".to_string();
         return Prefill::Failed(s.prefill_pod.id, Failure::counted(why));
     };
+    let value = &value;
     let prefilled = crate::pd::prefill(shared, call, &s.prefill_pod, s.prefill_guard, value).await;
     match prefilled {
         crate::pd::Prefilled::Params(params) => Prefill::Decode(Target {

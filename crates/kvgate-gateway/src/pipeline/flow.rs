@@ -58,6 +58,7 @@ use crate::handles::telemetry::Telemetry;
 use crate::metrics::band_label;
 pub use crate::metrics::{ClassLabels, DispatchLabels, FlowMetrics, ShedLabels};
 use crate::state::Shared;
+use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use kvgate_core::flow::{
     Expiry, FleetRoom, FlowConfig, FlowRequest, Offer, Rejection, Released, release,
@@ -116,7 +117,7 @@ fn view(shared: &Shared, cfg: &FlowConfig) -> FleetRoom {
 pub fn request_class(
     cfg: &GatewayConfig,
     headers: &HeaderMap,
-    body: &Value,
+    body_priority: Option<i64>,
 ) -> Result<FlowClass, ApiError> {
     if !cfg.flow.enabled {
         return Ok(FlowClass {
@@ -125,14 +126,15 @@ pub fn request_class(
             tenant: kvgate_core::flow::DEFAULT_TENANT.to_string(),
         });
     }
-    class_of(cfg, headers, body)
+    class_of(cfg, headers, body_priority)
 }
 
-/// The request's class from its headers and body (see the module docs), or 400.
+/// The request's class from its headers and the body's `priority` (vLLM's, when an integer;
+/// see the module docs), or 400.
 pub fn class_of(
     cfg: &GatewayConfig,
     headers: &HeaderMap,
-    body: &Value,
+    body_priority: Option<i64>,
 ) -> Result<FlowClass, ApiError> {
     let (priority, priority_from_header) = match headers.get(PRIORITY_HEADER) {
         Some(v) => {
@@ -150,10 +152,8 @@ pub fn class_of(
             (p, true)
         }
         None => {
-            let vllm = body
-                .get("priority")
-                .and_then(Value::as_i64)
-                .map_or(0, |p| p.clamp(-i64::from(i32::MAX), i64::from(i32::MAX)));
+            let vllm =
+                body_priority.map_or(0, |p| p.clamp(-i64::from(i32::MAX), i64::from(i32::MAX)));
             (-(vllm as i32), false)
         }
     };
@@ -196,18 +196,25 @@ pub fn class_of(
 }
 
 /// With `forward_priority`, a header priority written into the body as vLLM's `priority`
-/// (negated: vLLM serves lower first), unless the body has one. True when `body` changed.
-pub fn forward_priority(cfg: &FlowConfig, class: &FlowClass, body: &mut Value) -> bool {
-    if cfg.enabled
-        && cfg.forward_priority
-        && class.priority_from_header
-        && let Some(obj) = body.as_object_mut()
-        && !obj.contains_key("priority")
-    {
-        obj.insert("priority".into(), Value::from(-i64::from(class.priority)));
-        return true;
+/// (negated: vLLM serves lower first), unless the body has one (`body_has_priority`): the body
+/// parsed again and re-serialised then, else returned as it is.
+pub fn forward_priority(
+    cfg: &FlowConfig,
+    class: &FlowClass,
+    body_has_priority: bool,
+    body: Bytes,
+) -> Bytes {
+    if !(cfg.enabled && cfg.forward_priority && class.priority_from_header) || body_has_priority {
+        return body;
     }
-    false
+    let Ok(mut value) = serde_json::from_slice::<Value>(&body) else {
+        return body;
+    };
+    let Some(obj) = value.as_object_mut() else {
+        return body;
+    };
+    obj.insert("priority".into(), Value::from(-i64::from(class.priority)));
+    serde_json::to_vec(&value).map_or(body, Bytes::from)
 }
 
 fn rejection_error(r: Rejection, cfg: &FlowConfig) -> ApiError {
@@ -575,14 +582,14 @@ mod tests {
     #[test]
     fn the_priority_header_wins_and_the_body_field_is_vllms_negated() {
         let s = shared(&[]);
-        let body = serde_json::json!({"priority": 3});
-        let c = class_of(&s.config(), &headers(&[(PRIORITY_HEADER, "5")]), &body).unwrap();
+        let body = Some(3);
+        let c = class_of(&s.config(), &headers(&[(PRIORITY_HEADER, "5")]), body).unwrap();
         assert_eq!((c.priority, c.priority_from_header), (5, true));
-        let c = class_of(&s.config(), &HeaderMap::new(), &body).unwrap();
+        let c = class_of(&s.config(), &HeaderMap::new(), body).unwrap();
         assert_eq!((c.priority, c.priority_from_header), (-3, false));
-        let c = class_of(&s.config(), &HeaderMap::new(), &serde_json::json!({})).unwrap();
+        let c = class_of(&s.config(), &HeaderMap::new(), None).unwrap();
         assert_eq!(c.priority, 0);
-        let e = class_of(&s.config(), &headers(&[(PRIORITY_HEADER, "high")]), &body).unwrap_err();
+        let e = class_of(&s.config(), &headers(&[(PRIORITY_HEADER, "high")]), body).unwrap_err();
         assert_eq!(
             (e.status, e.code),
             (StatusCode::BAD_REQUEST, "invalid_priority")
@@ -593,36 +600,23 @@ mod tests {
     fn the_tenant_is_the_api_key_digest_when_keys_are_on_else_the_header() {
         let open = shared(&[]);
         let h = headers(&[(TENANT_HEADER, "team-a"), ("authorization", "Bearer sk-1")]);
-        assert_eq!(
-            class_of(&open.config(), &h, &Value::Null).unwrap().tenant,
-            "team-a"
-        );
+        assert_eq!(class_of(&open.config(), &h, None).unwrap().tenant, "team-a");
         let keyed = shared(&["sk-1"]);
-        let t = class_of(&keyed.config(), &h, &Value::Null).unwrap().tenant;
+        let t = class_of(&keyed.config(), &h, None).unwrap().tenant;
         assert!(
             t.starts_with("key-") && t.len() == 12 && !t.contains("sk-1"),
             "{t}"
         );
         let only_key = headers(&[("authorization", "Bearer sk-1")]);
+        assert_eq!(class_of(&open.config(), &only_key, None).unwrap().tenant, t);
         assert_eq!(
-            class_of(&open.config(), &only_key, &Value::Null)
-                .unwrap()
-                .tenant,
-            t
-        );
-        assert_eq!(
-            class_of(&open.config(), &HeaderMap::new(), &Value::Null)
+            class_of(&open.config(), &HeaderMap::new(), None)
                 .unwrap()
                 .tenant,
             "default"
         );
         for bad in ["a b", "x/y", &"t".repeat(65)] {
-            let e = class_of(
-                &open.config(),
-                &headers(&[(TENANT_HEADER, bad)]),
-                &Value::Null,
-            )
-            .unwrap_err();
+            let e = class_of(&open.config(), &headers(&[(TENANT_HEADER, bad)]), None).unwrap_err();
             assert_eq!(e.code, "invalid_tenant");
         }
     }
@@ -639,21 +633,17 @@ mod tests {
             forward_priority: true,
             ..FlowConfig::default()
         };
-        let mut body = serde_json::json!({"model": "m"});
-        forward_priority(
-            &FlowConfig {
-                forward_priority: false,
-                ..on
-            },
-            &class,
-            &mut body,
-        );
-        assert!(body.get("priority").is_none());
-        forward_priority(&on, &class, &mut body);
-        assert_eq!(body["priority"], -4);
-        let mut own = serde_json::json!({"priority": 9});
-        forward_priority(&on, &class, &mut own);
-        assert_eq!(own["priority"], 9);
+        let body = Bytes::from_static(br#"{"model": "m"}"#);
+        let off = FlowConfig {
+            forward_priority: false,
+            ..on
+        };
+        assert_eq!(forward_priority(&off, &class, false, body.clone()), body);
+        let sent: Value =
+            serde_json::from_slice(&forward_priority(&on, &class, false, body)).unwrap();
+        assert_eq!(sent, serde_json::json!({"model": "m", "priority": -4}));
+        let own = Bytes::from_static(br#"{"priority": 9}"#);
+        assert_eq!(forward_priority(&on, &class, true, own.clone()), own);
     }
 
     #[test]

@@ -51,7 +51,7 @@ pub(crate) async fn ready(
     let prepared = crate::routing::prepare(shared, cfg, path, body, headers).await?;
     // A model no pod serves: kvgate's 404, before any queueing or charge.
     crate::served_models::check(&shared.fleet.pods, &prepared.parsed.model)?;
-    let class = crate::flow::request_class(cfg, headers, &prepared.value)?;
+    let class = crate::flow::request_class(cfg, headers, prepared.fields.priority)?;
     let cost = cost_tokens(&prepared);
     let turn =
         crate::flow::wait_turn(shared, &class, cost, body.len() as u64, deadline, slot).await?;

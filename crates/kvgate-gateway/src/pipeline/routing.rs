@@ -15,13 +15,13 @@ use crate::state::Shared;
 use crate::token_cache::{EncodeStats, TokenCache};
 use crate::tokenizer::GatewayTokenizer;
 use http::HeaderMap;
+use kvgate_core::json::Json;
 use kvgate_core::policy::RequestSlo;
-use kvgate_core::request::{Endpoint, ParsedRequest, Prompt, RequestError, parse_request_value};
+use kvgate_core::request::{Endpoint, ParsedRequest, Prompt, RequestError, parse_request_json};
 use kvgate_core::tokenizer::PromptTokenizer;
 use kvgate_core::{
     AdapterId, BlockHash, BlockHasher, PodId, Route, RouteError, RouteRequest, SizedBlocks,
 };
-use serde_json::Value;
 use std::sync::Arc;
 
 /// Prompts longer than this (bytes) are tokenized on the blocking pool, not a runtime worker,
@@ -35,8 +35,9 @@ pub const MAX_BLOCK_SIZES: usize = 4;
 
 /// A request ready to route.
 pub(crate) struct Prepared {
-    /// The body as JSON (the proxy may add `stream_options` before forwarding it).
-    pub value: Value,
+    /// The body's own fields the transports read after routing (the body itself is forwarded
+    /// as received, and parsed again only where it must change: [`crate::upstream`]).
+    pub fields: BodyFields,
     pub parsed: ParsedRequest,
     pub slo: RequestSlo,
     pub blocks: Vec<BlockHash>,
@@ -50,6 +51,27 @@ pub(crate) struct Prepared {
     /// The request's `model` as a LoRA adapter id (a pod serving it as its base model counts
     /// it as no adapter; see `kvgate_core::adapters`).
     pub adapter: AdapterId,
+}
+
+/// A body's top-level fields that flow control and forwarding read, beyond [`ParsedRequest`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct BodyFields {
+    /// vLLM's `priority` when it is an integer ([`crate::flow::class_of`]).
+    pub priority: Option<i64>,
+    /// The body has a `priority` member, whatever its value ([`crate::flow::forward_priority`]).
+    pub has_priority: bool,
+    pub stream_options: crate::upstream::StreamOptions,
+}
+
+impl BodyFields {
+    pub fn of(body: &Json<'_>) -> Self {
+        let priority = body.get("priority");
+        BodyFields {
+            priority: priority.and_then(Json::as_i64),
+            has_priority: priority.is_some(),
+            stream_options: crate::upstream::StreamOptions::of(body),
+        }
+    }
 }
 
 impl Prepared {
@@ -74,11 +96,13 @@ pub(crate) async fn prepare(
     body: &[u8],
     headers: &HeaderMap,
 ) -> Result<Prepared, ApiError> {
-    let value: Value = serde_json::from_slice(body)
+    // Read once, its strings left where they lie in `body` (kvgate_core::json).
+    let mut fallback = None;
+    let value = kvgate_core::json::parse_with(body, &mut fallback)
         .map_err(|e| crate::errors::request_error(RequestError::InvalidJson(e.to_string())))?;
     let mut blocks = Vec::new();
     let parsed = if cfg.index == IndexKind::Engine {
-        parse_request_value(path, &value)
+        parse_request_json(path, &value)
     } else {
         // The routed index's blocks, hashed where the prompt lies in the body: a long prompt
         // is neither copied nor rendered (the same blocks as hashing its rendering).
@@ -86,9 +110,11 @@ pub(crate) async fn prepare(
             block_size_tokens: cfg.router.block_size_tokens,
             chars_per_token: cfg.router.chars_per_token,
         };
-        hasher.hash_value(path, &value, &mut blocks)
+        hasher.hash_json(path, &value, &mut blocks)
     }
     .map_err(crate::errors::request_error)?;
+    let fields = BodyFields::of(&value);
+    drop(value);
     let slo = crate::slo::request_slo(headers)?;
     let (blocks, input_tokens, block_size_tokens, other_sizes) =
         request_blocks(shared, cfg, &parsed, body, blocks).await?;
@@ -109,7 +135,7 @@ pub(crate) async fn prepare(
         .map(|c| c.ticket(&blocks, input_tokens, parsed.max_tokens));
     Ok(Prepared {
         adapter: AdapterId::of(&parsed.model),
-        value,
+        fields,
         parsed,
         slo,
         blocks,
@@ -122,7 +148,7 @@ pub(crate) async fn prepare(
 
 /// The request's prefix blocks, input-token count, block size and the blocks at the fleet's
 /// other block sizes, as the configured index cuts them (the routed index's `blocks` are
-/// already hashed, by [`BlockHasher::hash_value`]); in token mode, 400
+/// already hashed, by [`BlockHasher::hash_json`]); in token mode, 400
 /// `context_length_exceeded` for a prompt whose byte length alone shows it is over
 /// `max_prompt_tokens` ([`GatewayTokenizer::certainly_over`]), before tokenizing it.
 async fn request_blocks(

@@ -138,29 +138,74 @@ pub fn client_headers(
     h
 }
 
+/// What a body's `stream_options` says of usage, read once with the request
+/// ([`crate::routing::BodyFields`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamOptions {
+    /// No `stream_options` member.
+    Absent,
+    /// The client asked for usage (`include_usage` anything but `false`).
+    UsageAsked,
+    /// `stream_options` is `null` or says `"include_usage": false`.
+    UsageNotAsked,
+}
+
+impl StreamOptions {
+    pub fn of(body: &kvgate_core::json::Json<'_>) -> Self {
+        match body.get("stream_options") {
+            None => StreamOptions::Absent,
+            Some(so) if so.is_null() => StreamOptions::UsageNotAsked,
+            Some(so) => {
+                if so
+                    .get("include_usage")
+                    .and_then(kvgate_core::json::Json::as_bool)
+                    .unwrap_or(true)
+                {
+                    StreamOptions::UsageAsked
+                } else {
+                    StreamOptions::UsageNotAsked
+                }
+            }
+        }
+    }
+}
+
 /// The body a completion is forwarded with, and whether the pod's `usage` must be stripped
-/// from the stream again (the client did not ask for it). Non-streams go unchanged.
-pub fn completion_body(mut value: Value, body: Bytes, stream: bool) -> (Bytes, bool) {
-    if !stream {
+/// from the stream again (the client did not ask for it). Non-streams, and streams whose
+/// client asked for usage, go unchanged; a body without `stream_options` gets it spliced in;
+/// one whose `stream_options` must change is parsed again and re-serialised.
+pub fn completion_body(stream_options: StreamOptions, body: Bytes, stream: bool) -> (Bytes, bool) {
+    completion_body_with(stream_options, body, stream, |body| {
+        serde_json::from_slice::<Value>(body).ok()
+    })
+}
+
+/// [`completion_body`] of a body built as a `Value` (a P/D decode body): serialised once,
+/// and changed from the `Value` itself, not from its bytes parsed again.
+pub fn completion_body_of_value(value: Value, stream: bool) -> Bytes {
+    let stream_options = StreamOptions::of(&kvgate_core::json::Json::from_value(&value));
+    let body = Bytes::from(serde_json::to_vec(&value).unwrap_or_default());
+    let mut value = Some(value);
+    completion_body_with(stream_options, body, stream, |_| value.take()).0
+}
+
+fn completion_body_with(
+    stream_options: StreamOptions,
+    body: Bytes,
+    stream: bool,
+    value_of: impl FnOnce(&[u8]) -> Option<Value>,
+) -> (Bytes, bool) {
+    if !stream || stream_options == StreamOptions::UsageAsked {
         return (body, false);
     }
-    let client_wants_usage = value
-        .get("stream_options")
-        .filter(|so| !so.is_null())
-        .map(|so| {
-            so.get("include_usage")
-                .and_then(Value::as_bool)
-                .unwrap_or(true)
-        })
-        .unwrap_or(false);
-    if client_wants_usage {
-        return (body, false);
-    }
-    if value.get("stream_options").is_none()
+    if stream_options == StreamOptions::Absent
         && let Some(spliced) = splice_include_usage(&body)
     {
         return (spliced, true);
     }
+    let Some(mut value) = value_of(&body) else {
+        return (body, true);
+    };
     let Some(obj) = value.as_object_mut() else {
         return (body, true);
     };
@@ -363,8 +408,9 @@ mod tests {
     }
 
     fn forwarded(body: &str, stream: bool) -> (Value, bool) {
-        let value: Value = serde_json::from_str(body).unwrap();
-        let (out, strip) = completion_body(value, Bytes::copy_from_slice(body.as_bytes()), stream);
+        let value = kvgate_core::json::parse(body.as_bytes()).unwrap();
+        let so = StreamOptions::of(&value);
+        let (out, strip) = completion_body(so, Bytes::copy_from_slice(body.as_bytes()), stream);
         (serde_json::from_slice(&out).unwrap(), strip)
     }
 

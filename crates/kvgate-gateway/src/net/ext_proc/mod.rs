@@ -514,7 +514,7 @@ impl Exchange {
             request_id: &self.request_id,
             turn,
             excluded: self.outside_subset(),
-            split: Some(&prepared.value),
+            split: Some(&body),
             method: &method,
             path_and_query: &self.path,
             headers: &self.headers,
