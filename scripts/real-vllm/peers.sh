@@ -36,6 +36,8 @@
 #   CALIBRATE  0 (default) | 1: at the first sitting, before any run, `kvgate calibrate --probe`
 #              fits the simulator's profile on pod b0 (b1 idle) into OUT_DIR/profile.json
 #              (its report: OUT_DIR/calibrate.txt); kept for later sittings. sim_check.py reads it.
+#   TOKENS_DETAILS  0 (default) | 1: vLLM pods started with --enable-prompt-tokens-details, so
+#              the capture records each request's cached tokens (calibrate --from-capture).
 #   PODS       vllm (default) | mock: `kvgate mock-pod` pods (the tiny model's profile,
 #              MOCK_TIME_SCALE 1), restarted before every run: a dry run of the harness, not a
 #              measurement (no kvgate-engine, no vllm-kv).
@@ -119,6 +121,9 @@ case "$layout" in
   mp) layout_env=() layout_args=() ;;
   *) echo "LAYOUT must be uni-pin or mp, not $layout" >&2; exit 2 ;;
 esac
+# The pods report each request's cached tokens (usage.prompt_tokens_details), which kvgate's
+# capture then records: the input `kvgate calibrate --from-capture` needs for prefills.
+[ "${TOKENS_DETAILS:-0}" = 1 ] && layout_args+=(--enable-prompt-tokens-details)
 quiet_pct=${QUIET_PCT:-5} quiet_s=${QUIET_SECONDS:-5}
 quiet_tries=${QUIET_TRIES:-10} quiet_wait=${QUIET_WAIT_S:-30}
 kvgate=${KVGATE_BIN:-$root/target/release/kvgate}
