@@ -3,7 +3,7 @@
 
     capture_cached.py OUT_DIR ROUTER OUT_FILE [--trace-block 512] [--pod-block 128]
 
-peers.sh's pods do not report cached tokens (vLLM without --enable-prompt-tokens-details), so
+Without TOKENS_DETAILS=1 peers.sh's pods do not report cached tokens (no --enable-prompt-tokens-details), so
 each captured request's `cached_tokens` is estimated from its `hash_ids`: the longest run of
 leading trace blocks (--trace-block tokens each) already sent to the same pod in that round,
 cut to whole pod blocks (--pod-block) and to the prompt minus one token. It ignores evictions
