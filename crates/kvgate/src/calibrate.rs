@@ -301,6 +301,11 @@ async fn calibrate_pod(args: CalibrateArgs) -> anyhow::Result<()> {
         .build()?;
     let info = pod_info(&client, &base).await?;
     let block_size = info.cache.map_or(16, |(_, b)| b);
+    if !(block_size.is_multiple_of(16) && (16..=4096).contains(&block_size)) {
+        eprintln!(
+            "the pod's prefix blocks are {block_size} tokens, which the simulator cannot model (a multiple of 16, at most 4096): the profile says 16"
+        );
+    }
     let kv_blocks = match (args.kv_blocks, info.cache) {
         (Some(b), _) => b,
         (None, Some((blocks, size))) => {
